@@ -1,0 +1,62 @@
+#include "common/grpc_util.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace shoal {
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    const std::string& listen, const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<GrpcServer> server(new GrpcServer());
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Never reuse a port another process holds (tests bind port 0).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
+                                               " (address in use or not local?)"));
+  }
+  server->address_ = absl::StrCat(HostOf(listen), ":", server->port_);
+  return server;
+}
+
+GrpcServer::~GrpcServer() { Shutdown(absl::ZeroDuration()); }
+
+void GrpcServer::Shutdown(absl::Duration grace) {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
+  server_->Shutdown(DeadlineIn(grace));
+  server_->Wait();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly after a peer or the coordinator comes back.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+}
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return address;
+  return address.substr(0, colon);
+}
+
+}  // namespace shoal

@@ -1,0 +1,61 @@
+// Server start-up and client channels, configured once for every Shoal
+// binary: health service, reflection, message size limits, port 0 binding.
+#ifndef SHOAL_COMMON_GRPC_UTIL_H_
+#define SHOAL_COMMON_GRPC_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shoal {
+
+// Tensor bytes travel in chunks of this size (1 MiB measured best here).
+inline constexpr size_t kChunkBytes = 1 << 20;
+// Largest chunk a receiver accepts.
+inline constexpr size_t kMaxChunkBytes = 4 << 20;
+// Largest message any Shoal server or client accepts; bigger ones get
+// RESOURCE_EXHAUSTED.
+inline constexpr int kMaxMessageBytes = 8 << 20;
+
+class GrpcServer {
+ public:
+  // Binds `listen` ("host:port", port 0 = any free port), registers the
+  // services plus gRPC health and reflection, and starts serving.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const std::string& listen, const std::vector<grpc::Service*>& services);
+
+  ~GrpcServer();
+
+  int port() const { return port_; }
+  // "host:port" with the port actually bound.
+  const std::string& address() const { return address_; }
+
+  // Marks every service NOT_SERVING, then stops, cancelling calls still
+  // running after `grace`.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  GrpcServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  bool shut_down_ = false;
+};
+
+// Channel to a Shoal server with Shoal's message limits.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Deadline `timeout` from now, for a ClientContext.
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout);
+
+// Host part of "host:port" (brackets kept for IPv6).
+std::string HostOf(const std::string& address);
+
+}  // namespace shoal
+
+#endif  // SHOAL_COMMON_GRPC_UTIL_H_

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Shoal needs to build, test and run.
+# Idempotent and non-interactive; everything comes from Debian's apt archive.
+#   scripts/install-deps.sh           build + test + demo packages
+#   scripts/install-deps.sh --bench   also what the benchmarks compare against
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libssl-dev zlib1g-dev
+  libtorch-dev libopenblas0-pthread libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+  clang-format iproute2 procps grpc-proto
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  PKGS+=(python3-torch linux-perf valgrind)
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+
+# LibTorch on CPU must use OpenBLAS: Debian's reference BLAS is ~20x slower.
+if [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]]; then
+  $SUDO update-alternatives --set libblas.so.3-x86_64-linux-gnu \
+    /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || true
+  $SUDO update-alternatives --set liblapack.so.3-x86_64-linux-gnu \
+    /usr/lib/x86_64-linux-gnu/openblas-pthread/liblapack.so.3 >/dev/null 2>&1 || true
+fi
+echo "install-deps: done"

@@ -1,0 +1,51 @@
+// Owns a running coordinator: the round engine, the gRPC service and server,
+// and the ticker thread that expires leases.
+#ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
+#define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_util.h"
+#include "services/coordinator/coordinator_service.h"
+#include "services/coordinator/core/round_engine.h"
+
+namespace shoal::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:50051";
+  EngineOptions engine;
+  absl::Duration tick_interval = absl::Milliseconds(250);
+};
+
+// Checks a run configuration; INVALID_ARGUMENT with the offending flag.
+absl::Status ValidateConfig(const shoal::v1::RunConfig& config);
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorOptions options,
+                                                                  const Clock* clock);
+  ~CoordinatorServer();
+
+  int port() const { return server_->port(); }
+  const std::string& address() const { return server_->address(); }
+  RoundEngine& engine() { return *engine_; }
+
+  void Shutdown(absl::Duration grace);
+
+ private:
+  CoordinatorServer() = default;
+  std::unique_ptr<RoundEngine> engine_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  absl::Notification stop_;
+  std::thread ticker_;
+  bool shut_down_ = false;
+};
+
+}  // namespace shoal::coordinator
+
+#endif  // SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
