@@ -29,9 +29,9 @@ absl::StatusOr<ChunkView> ChunkReceiver::Accept(const shoal::v1::TensorChunk& ch
         absl::StrCat("chunk of ", data.size(), " bytes exceeds the limit of ", kMaxChunkBytes));
   }
   if (data.empty() || data.size() % kBytesPerElement != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk size ", data.size(), " is not a positive multiple of ", kBytesPerElement,
-        " bytes (float32)"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk size ", data.size(),
+                                                   " is not a positive multiple of ",
+                                                   kBytesPerElement, " bytes (float32)"));
   }
   if (chunk.begin() != next_) {
     return absl::InvalidArgumentError(absl::StrCat("chunk starts at element ", chunk.begin(),
@@ -45,9 +45,8 @@ absl::StatusOr<ChunkView> ChunkReceiver::Accept(const shoal::v1::TensorChunk& ch
   }
   const uint32_t crc = Crc32c(data.data(), data.size());
   if (crc != chunk.crc32c()) {
-    return absl::DataLossError(absl::StrCat("checksum mismatch on chunk at element ",
-                                            chunk.begin(), ": got ", crc, ", chunk says ",
-                                            chunk.crc32c()));
+    return absl::DataLossError(absl::StrCat("checksum mismatch on chunk at element ", chunk.begin(),
+                                            ": got ", crc, ", chunk says ", chunk.crc32c()));
   }
   ChunkView view{chunk.begin(), reinterpret_cast<const float*>(data.data()), count};
   next_ += count;

@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   for (grpc::Service* s : services) builder.RegisterService(s);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
-                                               " (address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
   }
   server->address_ = absl::StrCat(HostOf(listen), ":", server->port_);
   return server;

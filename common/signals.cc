@@ -25,8 +25,7 @@ void ShutdownSignal::Install() {
   std::thread([set] {
     int sig = 0;
     if (sigwait(&set, &sig) == 0) {
-      SHOAL_LOG(INFO) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-                      << ", shutting down";
+      SHOAL_LOG(INFO) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
       Request();
     }
   }).detach();

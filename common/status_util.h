@@ -28,17 +28,17 @@ inline bool IsRetryable(const absl::Status& status) {
 #define SHOAL_STATUS_CONCAT_INNER_(a, b) a##b
 #define SHOAL_STATUS_CONCAT_(a, b) SHOAL_STATUS_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _shoal_status = (expr);     \
+#define RETURN_IF_ERROR(expr)                      \
+  do {                                             \
+    ::absl::Status _shoal_status = (expr);         \
     if (!_shoal_status.ok()) return _shoal_status; \
   } while (0)
 
 #define ASSIGN_OR_RETURN(lhs, expr) \
   SHOAL_ASSIGN_OR_RETURN_IMPL_(SHOAL_STATUS_CONCAT_(_shoal_statusor_, __LINE__), lhs, expr)
 
-#define SHOAL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                                 \
+#define SHOAL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)  \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

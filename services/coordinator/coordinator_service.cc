@@ -179,8 +179,8 @@ void CoordinatorService::Tick() {
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!active.count(it->first)) {
-      it->second->Close(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                     "worker was removed from the run; Join again"));
+      it->second->Close(
+          grpc::Status(grpc::StatusCode::NOT_FOUND, "worker was removed from the run; Join again"));
       it = sessions_.erase(it);
     } else {
       ++it;
@@ -217,12 +217,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   return reactor;
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::JoinRound(
-    grpc::CallbackServerContext* ctx, const shoal::v1::JoinRoundRequest* request,
-    shoal::v1::JoinRoundResponse* response) {
+grpc::ServerUnaryReactor* CoordinatorService::JoinRound(grpc::CallbackServerContext* ctx,
+                                                        const shoal::v1::JoinRoundRequest* request,
+                                                        shoal::v1::JoinRoundResponse* response) {
   auto* reactor = ctx->DefaultReactor();
   Directives out;
-  absl::StatusOr<uint64_t> admitted = engine_->JoinRound(request->worker_id(), request->round(), &out);
+  absl::StatusOr<uint64_t> admitted =
+      engine_->JoinRound(request->worker_id(), request->round(), &out);
   Deliver(out);
   if (admitted.ok()) response->set_admitted_round(*admitted);
   reactor->Finish(ToGrpcStatus(admitted.status()));

@@ -62,18 +62,17 @@ int main(int argc, char** argv) {
   const uint32_t shards = absl::GetFlag(FLAGS_data_shards);
   c.set_data_shards(shards == 0 ? c.min_participants() : shards);
   c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
-  c.set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
+  c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << server.status().message();
     return 2;
   }
-  SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address() << " run_id="
-                  << engine.run_id << " model=" << c.model() << " min_participants="
-                  << c.min_participants() << " local_steps=" << c.local_steps()
-                  << " rounds=" << c.rounds();
+  SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
+                  << " run_id=" << engine.run_id << " model=" << c.model()
+                  << " min_participants=" << c.min_participants()
+                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

@@ -28,8 +28,8 @@ absl::Status ValidatePeerAddress(const std::string& address) {
 }
 
 bool IsHexSha256(const std::string& s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c) && !std::isupper(c); });
+  return s.size() == 64 && std::all_of(s.begin(), s.end(),
+                                       [](char c) { return std::isxdigit(c) && !std::isupper(c); });
 }
 
 }  // namespace
@@ -39,12 +39,18 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
 
 const char* RoundEngine::StateName(MemberState s) {
   switch (s) {
-    case MemberState::kWaiting: return "waiting";
-    case MemberState::kTraining: return "training";
-    case MemberState::kReady: return "ready";
-    case MemberState::kSharing: return "sharing";
-    case MemberState::kLeft: return "left";
-    case MemberState::kEvicted: return "evicted";
+    case MemberState::kWaiting:
+      return "waiting";
+    case MemberState::kTraining:
+      return "training";
+    case MemberState::kReady:
+      return "ready";
+    case MemberState::kSharing:
+      return "sharing";
+    case MemberState::kLeft:
+      return "left";
+    case MemberState::kEvicted:
+      return "evicted";
   }
   return "unknown";
 }
@@ -82,8 +88,8 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     // process is gone (its port was reused).
     for (auto it = members_.begin(); it != members_.end(); ++it) {
       if (it->second.address == request.peer_address()) {
-        RemoveMember(it->first, MemberState::kLeft,
-                     "replaced by a new worker at the same address", &result.directives);
+        RemoveMember(it->first, MemberState::kLeft, "replaced by a new worker at the same address",
+                     &result.directives);
         break;
       }
     }
@@ -229,8 +235,8 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
         absl::StrCat("ready for round ", round, " is in the future: the run is at round ", round_));
   }
   if (!IsParticipant(request.worker_id())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", request.worker_id(), " is not a participant of round ", round_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
   }
   if (phase_ != shoal::v1::TRAINING) {
     if (member->ready) return absl::OkStatus();  // retried call
@@ -242,9 +248,9 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   }
   if (total_elements_ == 0) total_elements_ = request.total_elements();
   if (request.total_elements() != total_elements_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model has ", request.total_elements(), " elements, the run's model has ",
-                     total_elements_, " (different --model?)"));
+    return absl::InvalidArgumentError(absl::StrCat("model has ", request.total_elements(),
+                                                   " elements, the run's model has ",
+                                                   total_elements_, " (different --model?)"));
   }
   member->last_seen = clock_->Now();
   member->ready = true;
@@ -290,13 +296,13 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
     if (request.round() == last_completed_round_ && member->model_round == request.round()) {
       return absl::OkStatus();  // retried call for a round that completed
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("round ", request.round(), " is not sharing (run at round ", round_, ", ",
-                     shoal::v1::Phase_Name(phase_), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("round ", request.round(),
+                                                      " is not sharing (run at round ", round_,
+                                                      ", ", shoal::v1::Phase_Name(phase_), ")"));
   }
   if (!IsParticipant(request.worker_id())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", request.worker_id(), " is not a participant of round ", round_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
   }
   if (!IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
@@ -327,6 +333,12 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   for (const auto& [h, n] : votes) {
     if (n > best) best = n, hash = h;
   }
+  if (votes.size() > 1 && 2 * best <= participants_.size()) {
+    // No strict majority: nobody can tell which copy is right, so everyone
+    // rolls back and the round runs again.
+    AbortRound("participants reported different model hashes with no majority", out);
+    return;
+  }
   std::vector<std::string> disagree;
   for (const std::string& id : participants_) {
     if (members_.at(id).model_hash != hash) disagree.push_back(id);
@@ -335,13 +347,7 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
     SHOAL_LOG(ERROR) << "round " << round_ << ": worker " << id << " reported hash "
                      << members_.at(id).model_hash.substr(0, 12) << ", majority has "
                      << hash.substr(0, 12);
-    participants_.erase(std::find(participants_.begin(), participants_.end(), id));
-    Directives ignored;  // the round is completing; no abort for these
-    Member gone = members_.at(id);
-    gone.state = MemberState::kEvicted;
-    gone.reason = absl::StrCat("model hash mismatch in round ", round_);
-    members_.erase(id);
-    departed_.push_back(std::move(gone));
+    Depart(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_));
   }
 
   const absl::Time now = clock_->Now();
@@ -401,13 +407,11 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   MaybeStartRound(out);
 }
 
-void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
-                               const std::string& reason, Directives* out) {
+bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason) {
   auto it = members_.find(worker_id);
-  if (it == members_.end()) return;
+  if (it == members_.end()) return false;
   Member gone = std::move(it->second);
   members_.erase(it);
-  const bool was_participant = IsParticipant(worker_id);
   gone.state = why;
   gone.reason = reason;
   gone.connected = false;
@@ -417,8 +421,15 @@ void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
   departed_.push_back(std::move(gone));
   while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
   queued_.erase(std::remove(queued_.begin(), queued_.end(), worker_id), queued_.end());
-  if (!was_participant) return;
-  participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
+  auto p = std::find(participants_.begin(), participants_.end(), worker_id);
+  if (p == participants_.end()) return false;
+  participants_.erase(p);
+  return true;
+}
+
+void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
+                               const std::string& reason, Directives* out) {
+  if (!Depart(worker_id, why, reason)) return;
   if (phase_ == shoal::v1::TRAINING) {
     if (participants_.empty()) {
       phase_ = shoal::v1::WAITING_FOR_MEMBERS;
@@ -440,7 +451,14 @@ void RoundEngine::AbortRound(const std::string& reason, Directives* out) {
   std::vector<std::string> next = participants_;
   for (const std::string& id : participants_) {
     out->push_back({id, msg});
-    members_.at(id).state = MemberState::kWaiting;
+    Member& m = members_.at(id);
+    m.state = MemberState::kWaiting;
+    if (m.done && m.model_round == round_) {
+      // It rolls back to the last agreed model.
+      m.model_round = last_completed_round_;
+      m.model_hash = agreed_hash_;
+    }
+    m.ready = m.done = false;
   }
   for (const std::string& id : queued_) next.push_back(id);
   participants_.clear();
@@ -470,8 +488,8 @@ Directives RoundEngine::Tick() {
   std::vector<std::pair<std::string, std::string>> expired;
   for (const auto& [id, m] : members_) {
     if (m.connected && now - m.last_seen > options_.heartbeat_lease) {
-      expired.emplace_back(id, absl::StrCat("no heartbeat for ",
-                                            absl::FormatDuration(now - m.last_seen)));
+      expired.emplace_back(
+          id, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - m.last_seen)));
     } else if (!m.connected && now - m.last_seen > options_.session_grace) {
       expired.emplace_back(id, absl::StrCat("no session opened within ",
                                             absl::FormatDuration(options_.session_grace)));

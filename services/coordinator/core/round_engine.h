@@ -63,11 +63,9 @@ class RoundEngine {
 
   // Admits the worker to `round` or, when that round already has a ready
   // participant, to the next one. Returns the admitted round.
-  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round,
-                                     Directives* out);
+  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out);
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
-  absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
-                               Directives* out);
+  absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
 
   // Expires leases. Call periodically.
   Directives Tick();
@@ -107,6 +105,11 @@ class RoundEngine {
   void MaybeStartRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the member to departed_ and out of the queue and the round;
+  // returns true when it was a participant. No round consequences.
+  bool Depart(const std::string& worker_id, MemberState why, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Depart plus what it means for the round (plan, abort, wait).
   void RemoveMember(const std::string& worker_id, MemberState why, const std::string& reason,
                     Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRound(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,77 @@
+// The worker's calls to the coordinator, behind an interface so that tests
+// can fake the coordinator. Every unary call has a deadline; idempotent calls
+// are retried on UNAVAILABLE with capped, jittered backoff.
+#ifndef SHOAL_SERVICES_WORKER_COORDINATOR_CLIENT_H_
+#define SHOAL_SERVICES_WORKER_COORDINATOR_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+
+namespace shoal::worker {
+
+class CoordinatorClient {
+ public:
+  using MessageHandler = std::function<void(const shoal::v1::CoordinatorMessage&)>;
+  using ClosedHandler = std::function<void(const absl::Status&)>;
+
+  virtual ~CoordinatorClient() = default;
+  virtual absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) = 0;
+  virtual absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) = 0;
+  virtual absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) = 0;
+  virtual absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) = 0;
+  virtual absl::Status Leave(const std::string& worker_id, const std::string& reason) = 0;
+  // Opens the session stream: sends Hello, then a heartbeat every
+  // `heartbeat`. Directives go to `on_message` (from a reader thread); when
+  // the stream ends, `on_closed` gets why. One session at a time.
+  virtual absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,
+                                   MessageHandler on_message, ClosedHandler on_closed) = 0;
+  // Ends the session (if any) and waits for its threads.
+  virtual void CloseSession() = 0;
+};
+
+struct CoordinatorClientOptions {
+  std::string address;
+  // Deadline of each unary call.
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  // Retries of UNAVAILABLE calls stop after this long.
+  absl::Duration retry_window = absl::Seconds(30);
+};
+
+// Thread-safe.
+class GrpcCoordinatorClient : public CoordinatorClient {
+ public:
+  explicit GrpcCoordinatorClient(CoordinatorClientOptions options);
+  ~GrpcCoordinatorClient() override;
+
+  absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) override;
+  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) override;
+  absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
+  absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override;
+  absl::Status Leave(const std::string& worker_id, const std::string& reason) override;
+  absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,
+                           MessageHandler on_message, ClosedHandler on_closed) override;
+  void CloseSession() override;
+
+ private:
+  struct Session;
+  // Calls `call(ctx)` with a fresh deadline until it is not UNAVAILABLE or the
+  // retry window closes.
+  absl::Status CallWithRetry(const std::function<grpc::Status(grpc::ClientContext*)>& call,
+                             absl::Duration window);
+
+  const CoordinatorClientOptions options_;
+  std::unique_ptr<shoal::v1::Coordinator::Stub> stub_;
+  absl::Mutex mu_;
+  std::unique_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_COORDINATOR_CLIENT_H_

@@ -1,0 +1,76 @@
+// What a worker may serve to its peers right now: which round it is in,
+// whether its contribution is trained, which slice it owns and whether that
+// slice is averaged. The peer service asks it before reading model memory.
+//
+// Thread-safe: the worker's main thread updates it, gRPC threads read it.
+#ifndef SHOAL_SERVICES_WORKER_CORE_MODEL_STATE_H_
+#define SHOAL_SERVICES_WORKER_CORE_MODEL_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "shoal/v1/peer.pb.h"
+
+namespace shoal::worker {
+
+class ModelState {
+ public:
+  ModelState() = default;
+  ModelState(const float* params, uint64_t total_elements, std::string model) {
+    Bind(params, total_elements, std::move(model));
+  }
+
+  // Attaches the model memory (once, before the worker joins a round). Until
+  // then every read gets UNAVAILABLE.
+  void Bind(const float* params, uint64_t total_elements, std::string model);
+
+  void SetWorkerId(const std::string& id);
+  // The worker starts local training of `round`: nothing of it is served yet.
+  void BeginTraining(uint64_t round);
+  // Local training of `round` is done: its contribution may be read.
+  void SetReady(uint64_t round);
+  // The round's plan arrived: the worker owns [begin, end).
+  void SetPlan(uint64_t round, uint64_t begin, uint64_t end);
+  // The owned slice now holds the average.
+  void MarkAveraged(uint64_t round);
+  // The round was aborted; nothing of it is served any more.
+  void Abort(uint64_t round);
+  // The worker holds the averaged model of `round` with this hash.
+  void SetModel(uint64_t round, const std::string& hash);
+  void SetShuttingDown();
+
+  // OK when `request` may be served now from parameters(). UNAVAILABLE when it
+  // may be served later (slice not averaged yet, or shutting down); every
+  // other code is final: INVALID_ARGUMENT (empty range, no kind),
+  // OUT_OF_RANGE (past the end), FAILED_PRECONDITION (stale or future round,
+  // not trained yet, a slice the worker does not own).
+  absl::Status CheckRead(const shoal::v1::ReadSliceRequest& request) const;
+
+  shoal::v1::PeerInfo Info() const;
+  const float* parameters() const { return params_.load(); }
+  uint64_t total_elements() const { return total_.load(); }
+
+ private:
+  std::atomic<const float*> params_{nullptr};
+  std::atomic<uint64_t> total_{0};
+
+  mutable absl::Mutex mu_;
+  std::string model_ ABSL_GUARDED_BY(mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool has_plan_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t own_begin_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t own_end_ ABSL_GUARDED_BY(mu_) = 0;
+  bool averaged_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t model_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string model_hash_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_CORE_MODEL_STATE_H_

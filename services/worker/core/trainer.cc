@@ -1,0 +1,205 @@
+#include "services/worker/core/trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+
+namespace shoal::worker {
+namespace {
+
+// Fashion-MNIST pixel mean and standard deviation (over the training set).
+constexpr float kMean = 0.2860f;
+constexpr float kStd = 0.3530f;
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
+        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.view({x.size(0), 784});
+    x = torch::relu(fc1->forward(x));
+    x = torch::relu(fc2->forward(x));
+    return fc3->forward(x);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)))),
+        conv2(register_module("conv2",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)))),
+        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2->forward(x)), 2);
+    x = torch::relu(fc1->forward(x.view({x.size(0), 32 * 7 * 7})));
+    return fc2->forward(x);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+
+torch::Tensor ToTensor(const ImageSet& set, const std::vector<int64_t>& rows) {
+  const int64_t pixels = int64_t{set.rows} * set.cols;
+  torch::Tensor out = torch::empty({static_cast<int64_t>(rows.size()), 1, set.rows, set.cols});
+  float* dst = out.data_ptr<float>();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const uint8_t* src = set.pixels.data() + rows[i] * pixels;
+    for (int64_t p = 0; p < pixels; ++p) dst[i * pixels + p] = (src[p] / 255.0f - kMean) / kStd;
+  }
+  return out;
+}
+
+torch::Tensor Labels(const ImageSet& set, const std::vector<int64_t>& rows) {
+  torch::Tensor out = torch::empty({static_cast<int64_t>(rows.size())}, torch::kLong);
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < rows.size(); ++i) dst[i] = set.labels[rows[i]];
+  return out;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  TrainerOptions options;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(torch::Tensor)> forward;
+  torch::Tensor flat;
+  std::vector<LayerInfo> layers;
+  std::unique_ptr<torch::optim::SGD> optimizer;
+  torch::Tensor train_x, train_y, test_x, test_y;
+  std::vector<int64_t> order;
+  size_t cursor = 0;
+  std::mt19937_64 rng;
+};
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                         const FashionMnist* data) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const auto& config = options.config;
+  torch::set_num_threads(std::max(1, options.threads));
+  // Same seed, same module construction order: identical initial models on
+  // every worker of the run, with no transfer.
+  torch::manual_seed(config.seed());
+  if (config.model() == "mlp") {
+    auto m = std::make_shared<MlpImpl>();
+    impl->forward = [m](torch::Tensor x) { return m->forward(x); };
+    impl->module = m;
+  } else if (config.model() == "cnn") {
+    auto m = std::make_shared<CnnImpl>();
+    impl->forward = [m](torch::Tensor x) { return m->forward(x); };
+    impl->module = m;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model(), "'"));
+  }
+
+  // Move every parameter into one flat buffer and make it a view of it.
+  int64_t total = 0;
+  for (const auto& p : impl->module->parameters()) total += p.numel();
+  impl->flat = torch::empty({total}, torch::kFloat32);
+  int64_t offset = 0;
+  for (const auto& item : impl->module->named_parameters()) {
+    torch::Tensor p = item.value();
+    const int64_t n = p.numel();
+    torch::Tensor view = impl->flat.narrow(0, offset, n);
+    view.copy_(p.detach().reshape({n}));
+    p.set_data(view.view(p.sizes()));
+    impl->layers.push_back(
+        {item.key(), p.sizes().vec(), static_cast<uint64_t>(offset), static_cast<uint64_t>(n)});
+    offset += n;
+  }
+  impl->optimizer = std::make_unique<torch::optim::SGD>(
+      impl->module->parameters(),
+      torch::optim::SGDOptions(config.learning_rate()).momentum(config.momentum()));
+
+  // This worker's disjoint shard: every data_shards-th image.
+  const uint32_t shards = std::max<uint32_t>(1, config.data_shards());
+  const uint32_t shard = options.data_rank % shards;
+  std::vector<int64_t> rows;
+  for (int64_t i = shard; i < data->train.count; i += shards) rows.push_back(i);
+  impl->train_x = ToTensor(data->train, rows);
+  impl->train_y = Labels(data->train, rows);
+  std::vector<int64_t> test_rows(data->test.count);
+  std::iota(test_rows.begin(), test_rows.end(), 0);
+  if (options.eval_limit > 0 && options.eval_limit < test_rows.size()) {
+    test_rows.resize(options.eval_limit);
+  }
+  impl->test_x = ToTensor(data->test, test_rows);
+  impl->test_y = Labels(data->test, test_rows);
+  impl->order.resize(rows.size());
+  std::iota(impl->order.begin(), impl->order.end(), 0);
+  impl->rng.seed(config.seed() * 1000003 + options.data_rank);
+  std::shuffle(impl->order.begin(), impl->order.end(), impl->rng);
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+double Trainer::TrainSteps(uint32_t steps) {
+  Impl& s = *impl_;
+  s.module->train();
+  const int64_t batch = s.options.config.batch_size();
+  double loss_sum = 0;
+  for (uint32_t step = 0; step < steps; ++step) {
+    if (s.cursor + batch > s.order.size()) {  // next epoch over the shard
+      std::shuffle(s.order.begin(), s.order.end(), s.rng);
+      s.cursor = 0;
+    }
+    torch::Tensor idx = torch::from_blob(s.order.data() + s.cursor,
+                                         {std::min<int64_t>(batch, s.order.size())}, torch::kLong);
+    s.cursor += batch;
+    torch::Tensor x = s.train_x.index_select(0, idx);
+    torch::Tensor y = s.train_y.index_select(0, idx);
+    s.optimizer->zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(s.forward(x), y);
+    loss.backward();
+    s.optimizer->step();
+    loss_sum += loss.item<double>();
+  }
+  return steps == 0 ? 0 : loss_sum / steps;
+}
+
+shoal::v1::Metrics Trainer::Evaluate() {
+  Impl& s = *impl_;
+  torch::NoGradGuard no_grad;
+  s.module->eval();
+  const int64_t n = s.test_x.size(0);
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (int64_t begin = 0; begin < n; begin += 1000) {
+    const int64_t len = std::min<int64_t>(1000, n - begin);
+    torch::Tensor logits = s.forward(s.test_x.narrow(0, begin, len));
+    torch::Tensor y = s.test_y.narrow(0, begin, len);
+    loss_sum +=
+        torch::nn::functional::cross_entropy(
+            logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
+    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+  }
+  shoal::v1::Metrics m;
+  m.set_evaluated(true);
+  m.set_test_accuracy(n == 0 ? 0 : static_cast<double>(correct) / n);
+  m.set_test_loss(n == 0 ? 0 : loss_sum / n);
+  return m;
+}
+
+float* Trainer::parameters() { return impl_->flat.data_ptr<float>(); }
+uint64_t Trainer::num_elements() const { return impl_->flat.numel(); }
+const std::vector<LayerInfo>& Trainer::layers() const { return impl_->layers; }
+size_t Trainer::shard_size() const { return impl_->order.size(); }
+
+std::string HashParameters(const float* data, uint64_t count) {
+  return Sha256Hex(data, count * sizeof(float));
+}
+
+}  // namespace shoal::worker

@@ -1,0 +1,73 @@
+// Local training of one worker: the model (MLP or CNN, built in C++ with
+// deterministic initialisation from the run seed), its optimizer and its
+// disjoint shard of Fashion-MNIST.
+//
+// All parameters live in one flat float32 buffer (each parameter tensor is a
+// view into it), so slices of the model are plain memory ranges that the
+// exchange reads and writes in place, without whole-model copies.
+//
+// This header has no Torch types; only trainer.cc includes LibTorch.
+// Not thread-safe: one thread trains; the exchange touches the buffer only
+// between TrainSteps calls.
+#ifndef SHOAL_SERVICES_WORKER_CORE_TRAINER_H_
+#define SHOAL_SERVICES_WORKER_CORE_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/worker/core/idx_reader.h"
+#include "shoal/v1/common.pb.h"
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::worker {
+
+struct TrainerOptions {
+  shoal::v1::RunConfig config;
+  uint32_t data_rank = 0;
+  // Torch intra-op threads (several workers share a machine in the demo).
+  int threads = 1;
+  // Evaluate on at most this many test images (0 = all).
+  uint32_t eval_limit = 0;
+};
+
+// A parameter tensor's place in the flat buffer.
+struct LayerInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // first element
+  uint64_t elements = 0;
+};
+
+class Trainer {
+ public:
+  // INVALID_ARGUMENT for an unknown model name.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                         const FashionMnist* data);
+  ~Trainer();
+
+  // Runs `steps` SGD steps on the worker's shard; returns the mean loss.
+  double TrainSteps(uint32_t steps);
+  // Accuracy and mean loss on the test set.
+  shoal::v1::Metrics Evaluate();
+
+  float* parameters();
+  uint64_t num_elements() const;
+  const std::vector<LayerInfo>& layers() const;
+  // Number of training images in this worker's shard.
+  size_t shard_size() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// SHA-256 (hex) of `count` float32 elements.
+std::string HashParameters(const float* data, uint64_t count);
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_CORE_TRAINER_H_

@@ -1,0 +1,65 @@
+// One round's sharded average, bandwidth-optimal:
+//  1. reduce-scatter: the worker reads every other participant's copy of the
+//     slice it owns and adds it, chunk by chunk, into its own parameters;
+//     then divides by N;
+//  2. all-gather: it reads every other owner's averaged slice straight into
+//     its parameters.
+// Both phases run at once (one thread per read); an all-gather read of a
+// slice its owner has not averaged yet gets UNAVAILABLE and is retried after
+// a short backoff. Each worker moves about 2(N-1)/N of the model per round.
+// Reads resume where they stopped, so a retried read never adds twice.
+#ifndef SHOAL_SERVICES_WORKER_EXCHANGER_H_
+#define SHOAL_SERVICES_WORKER_EXCHANGER_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "services/worker/core/model_state.h"
+#include "services/worker/peer_client.h"
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::worker {
+
+struct ExchangeOptions {
+  // The whole exchange must finish within this time.
+  absl::Duration timeout = absl::Seconds(120);
+  // Backoff between retries of a read (not-yet-averaged, peer unavailable).
+  absl::Duration initial_backoff = absl::Milliseconds(1);
+  absl::Duration max_backoff = absl::Milliseconds(20);
+};
+
+struct ExchangeStats {
+  uint64_t bytes_received = 0;
+  int retries = 0;
+};
+
+class Exchanger {
+ public:
+  Exchanger(PeerClient* peers, ModelState* state, float* params, ExchangeOptions options)
+      : peers_(peers), state_(state), params_(params), options_(options) {}
+
+  // Runs the exchange of `plan` for the participant `self_id`. Returns early
+  // with ABORTED when *abort becomes true. Not thread-safe (one at a time).
+  absl::Status Run(const shoal::v1::RoundPlan& plan, const std::string& self_id,
+                   const std::atomic<bool>* abort, ExchangeStats* stats);
+
+ private:
+  // Reads [begin, end) of `kind` from `address`, resuming after failures;
+  // `apply` gets each checked chunk.
+  absl::Status ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind, uint64_t round,
+                             uint64_t begin, uint64_t end, const std::string& self_id,
+                             absl::Time deadline, const std::function<bool()>& stopped,
+                             const std::function<void(const ChunkView&)>& apply,
+                             std::atomic<int>* retries);
+
+  PeerClient* const peers_;
+  ModelState* const state_;
+  float* const params_;
+  const ExchangeOptions options_;
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_EXCHANGER_H_

@@ -1,0 +1,58 @@
+// shoal-worker: trains with LibTorch and averages its model with its peers.
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "services/worker/worker.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50060",
+          "Address of this worker's Peer service (port 0 picks a free port).");
+ABSL_FLAG(std::string, advertise, "",
+          "Address peers use to reach this worker; empty = the listen host with the bound port.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Directory with the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist).");
+ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
+ABSL_FLAG(int, torch_threads, 1, "LibTorch intra-op threads.");
+ABSL_FLAG(uint32_t, eval_limit, 0, "Evaluate on at most this many test images (0 = all 10000).");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
+          "Give up when the coordinator stays unreachable this long.");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(10), "Deadline of each coordinator call.");
+ABSL_FLAG(absl::Duration, exchange_timeout, absl::Seconds(120),
+          "Deadline of one round's weight exchange.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "shoal-worker: trains a model on its shard of Fashion-MNIST and averages it with its "
+      "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "
+      "--data_dir=/usr/share/datasets/fashion-mnist");
+  absl::ParseCommandLine(argc, argv);
+  shoal::SetLogTag("worker");
+  shoal::ShutdownSignal::Install();
+
+  shoal::worker::WorkerOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.name = absl::GetFlag(FLAGS_name);
+  options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
+  options.eval_limit = absl::GetFlag(FLAGS_eval_limit);
+  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  options.exchange.timeout = absl::GetFlag(FLAGS_exchange_timeout);
+
+  auto worker = shoal::worker::Worker::Create(options);
+  if (!worker.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << worker.status();
+    return 2;
+  }
+  SHOAL_LOG(INFO) << "shoal-worker listening on " << (*worker)->address();
+  absl::Status s = (*worker)->Run();
+  if (!s.ok()) {
+    SHOAL_LOG(ERROR) << s;
+    return 1;
+  }
+  return 0;
+}

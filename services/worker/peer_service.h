@@ -1,0 +1,28 @@
+// gRPC adapter of the worker's Peer service: streams slices of the flat
+// parameter vector, straight from model memory, once ModelState allows it.
+#ifndef SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
+#define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
+
+#include "services/worker/core/model_state.h"
+#include "shoal/v1/peer.grpc.pb.h"
+
+namespace shoal::worker {
+
+// Thread-safe (state lives in ModelState).
+class PeerService final : public shoal::v1::Peer::CallbackService {
+ public:
+  explicit PeerService(const ModelState* state) : state_(state) {}
+
+  grpc::ServerWriteReactor<shoal::v1::TensorChunk>* ReadSlice(
+      grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) override;
+  grpc::ServerUnaryReactor* GetPeerInfo(grpc::CallbackServerContext* ctx,
+                                        const shoal::v1::GetPeerInfoRequest* request,
+                                        shoal::v1::PeerInfo* response) override;
+
+ private:
+  const ModelState* const state_;
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_PEER_SERVICE_H_

@@ -1,0 +1,105 @@
+// A running worker: loads its data, serves its Peer service, joins the run
+// and follows the coordinator's directives round after round: train, report
+// ready, exchange, report the hash of the averaged model.
+//
+// Threads: Run() drives everything on the calling thread; gRPC threads serve
+// peers (reading ModelState and model memory); the coordinator session has a
+// reader and a heartbeat thread that only enqueue events.
+#ifndef SHOAL_SERVICES_WORKER_WORKER_H_
+#define SHOAL_SERVICES_WORKER_WORKER_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "services/worker/coordinator_client.h"
+#include "services/worker/core/idx_reader.h"
+#include "services/worker/core/model_state.h"
+#include "services/worker/core/trainer.h"
+#include "services/worker/exchanger.h"
+#include "services/worker/peer_client.h"
+#include "services/worker/peer_service.h"
+
+namespace shoal::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::string listen = "127.0.0.1:50060";
+  // Address peers use to reach us; empty = the listen host and bound port.
+  std::string advertise;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string name;
+  int torch_threads = 1;
+  uint32_t eval_limit = 0;
+  // Give up when the coordinator cannot be reached at start for this long.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  ExchangeOptions exchange;
+  // Set to stop Run() (tests); the binary uses the shutdown signal too.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+class Worker {
+ public:
+  // Loads the data and binds the Peer service. NOT_FOUND for a missing data
+  // directory, UNAVAILABLE when the listen address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options);
+  ~Worker();
+
+  // Joins and trains until the run finishes (OK), the worker is stopped (OK,
+  // after a graceful Leave) or an unrecoverable error.
+  absl::Status Run();
+
+  const std::string& address() const { return advertise_; }
+
+ private:
+  struct Event {
+    enum Kind { kMessage, kSessionClosed } kind;
+    shoal::v1::CoordinatorMessage message;
+    absl::Status status;
+  };
+
+  explicit Worker(WorkerOptions options) : options_(std::move(options)) {}
+  bool StopRequested() const;
+  absl::Status JoinRun(const std::string& previous_id);
+  absl::Status OpenSession();
+  void Push(Event event);
+  bool Pop(Event* event, absl::Duration timeout);
+  absl::Status OnRoundStart(const shoal::v1::RoundStart& start);
+  absl::Status OnRoundPlan(const shoal::v1::RoundPlan& plan);
+  void RestoreSnapshot(const std::string& why);
+  absl::Status Rejoin(const std::string& why);
+
+  WorkerOptions options_;
+  FashionMnist data_;
+  std::unique_ptr<Trainer> trainer_;  // created after Join (needs the run config)
+  std::unique_ptr<ModelState> state_;
+  std::unique_ptr<PeerService> peer_service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<GrpcPeerClient> peers_;
+  std::unique_ptr<GrpcCoordinatorClient> coordinator_;
+  std::string advertise_;
+
+  std::string worker_id_;
+  shoal::v1::RunConfig config_;
+  uint64_t round_ = 0;        // round being worked on
+  uint64_t model_round_ = 0;  // round of the averaged model we hold
+  std::string model_hash_;
+  std::vector<float> snapshot_;  // the averaged model of model_round_
+  double train_seconds_ = 0;
+  double train_loss_ = 0;
+  std::atomic<uint64_t> aborted_round_{0};
+
+  absl::Mutex mu_;
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_WORKER_H_

@@ -1,0 +1,942 @@
+// Unit tests of the coordinator's round state machine. No sockets, no sleeps:
+// time only moves when the test advances the FakeClock.
+#include "services/coordinator/core/round_engine.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using ::shoal::v1::CoordinatorMessage;
+using ::shoal::v1::RunStatus;
+using ::shoal::v1::WorkerStatus;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr uint64_t kTotal = 1000;
+constexpr auto kStart = CoordinatorMessage::kRoundStart;
+constexpr auto kPlan = CoordinatorMessage::kRoundPlan;
+constexpr auto kComplete = CoordinatorMessage::kRoundComplete;
+constexpr auto kFinished = CoordinatorMessage::kRunFinished;
+constexpr auto kAborted = CoordinatorMessage::kRoundAborted;
+
+// A well-formed SHA-256 hex digest made of one repeated digit.
+std::string Hash(char c) { return std::string(64, c); }
+
+std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+// Recipients of the directives of one kind, in order.
+std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
+  std::vector<std::string> ids;
+  for (const Directive& d : ds) {
+    if (d.message.kind_case() == kind) ids.push_back(d.worker_id);
+  }
+  return ids;
+}
+
+// The directive of `kind` for `id`; fails the test when there is none.
+CoordinatorMessage MessageFor(const Directives& ds, const std::string& id,
+                              CoordinatorMessage::KindCase kind) {
+  for (const Directive& d : ds) {
+    if (d.worker_id == id && d.message.kind_case() == kind) return d.message;
+  }
+  ADD_FAILURE() << "no directive of kind " << kind << " for " << id;
+  return CoordinatorMessage();
+}
+
+std::optional<WorkerStatus> FindWorker(const RunStatus& status, const std::string& id) {
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.id() == id) return w;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> Participants(const RunStatus& status) {
+  return {status.participants().begin(), status.participants().end()};
+}
+
+class RoundEngineTest : public ::testing::Test {
+ protected:
+  void Start(uint32_t min_participants, uint64_t rounds = 0, size_t max_departed_shown = 50) {
+    EngineOptions options;
+    options.config.set_model("mlp");
+    options.config.set_min_participants(min_participants);
+    options.config.set_rounds(rounds);
+    options.config.set_seed(7);
+    options.run_id = "run-test";
+    options.heartbeat_lease = absl::Seconds(10);
+    options.session_grace = absl::Seconds(10);
+    options.max_departed_shown = max_departed_shown;
+    engine_ = std::make_unique<RoundEngine>(options, &clock_);
+  }
+
+  absl::StatusOr<JoinResult> Join(int port, const std::string& previous_worker_id = "") {
+    v1::JoinRequest request;
+    request.set_peer_address(Address(port));
+    request.set_name(absl::StrCat("worker-", port));
+    request.set_previous_worker_id(previous_worker_id);
+    return engine_->Join(request);
+  }
+
+  // Joins a worker at 127.0.0.1:port and opens its session.
+  std::string AddMember(int port) {
+    absl::StatusOr<JoinResult> joined = Join(port);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    if (!joined.ok()) return "";
+    EXPECT_TRUE(engine_->Connect(joined->response.worker_id()).ok());
+    return joined->response.worker_id();
+  }
+
+  Directives JoinRoundOk(const std::string& id, uint64_t round, uint64_t expected_admitted) {
+    Directives out;
+    absl::StatusOr<uint64_t> admitted = engine_->JoinRound(id, round, &out);
+    EXPECT_TRUE(admitted.ok()) << admitted.status();
+    if (admitted.ok()) {
+      EXPECT_EQ(*admitted, expected_admitted);
+    }
+    return out;
+  }
+
+  absl::Status Ready(const std::string& id, uint64_t round, uint64_t total, Directives* out,
+                     double loss = 0.5) {
+    v1::ReportReadyRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_total_elements(total);
+    request.set_train_loss(loss);
+    return engine_->ReportReady(request, out);
+  }
+
+  Directives ReadyOk(const std::string& id, uint64_t round, double loss = 0.5) {
+    Directives out;
+    absl::Status s = Ready(id, round, kTotal, &out, loss);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  absl::Status Done(const std::string& id, uint64_t round, const std::string& hash, Directives* out,
+                    const v1::Metrics& metrics = {}, double exchange_seconds = 0) {
+    v1::ReportRoundDoneRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_model_hash(hash);
+    *request.mutable_metrics() = metrics;
+    request.set_exchange_seconds(exchange_seconds);
+    return engine_->ReportRoundDone(request, out);
+  }
+
+  Directives DoneOk(const std::string& id, uint64_t round, const std::string& hash) {
+    Directives out;
+    absl::Status s = Done(id, round, hash, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  // Adds `n` members (ports 9001..) and has them all join round 1; with
+  // min_participants == n the round starts.
+  std::vector<std::string> StartRoundOne(int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(AddMember(9001 + i));
+    for (const std::string& id : ids) JoinRoundOk(id, 1, 1);
+    EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+    return ids;
+  }
+
+  // Every id reports ready for `round`; returns the directives of the last.
+  Directives AllReady(const std::vector<std::string>& ids, uint64_t round) {
+    Directives last;
+    for (const std::string& id : ids) last = ReadyOk(id, round);
+    EXPECT_EQ(engine_->Status().phase(), v1::SHARING);
+    return last;
+  }
+
+  // Every id reports `hash` for `round`; returns the directives of the last.
+  Directives AllDone(const std::vector<std::string>& ids, uint64_t round, const std::string& hash) {
+    Directives last;
+    for (const std::string& id : ids) last = DoneOk(id, round, hash);
+    return last;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<RoundEngine> engine_;
+};
+
+// ---------------------------------------------------------------- Join
+
+TEST_F(RoundEngineTest, JoinAssignsSequentialIdsAndDataRanks) {
+  Start(3);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<JoinResult> joined = Join(9001 + i);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    const v1::JoinResponse& r = joined->response;
+    EXPECT_EQ(r.worker_id(), absl::StrCat("w", i + 1));
+    EXPECT_EQ(r.data_rank(), static_cast<uint32_t>(i));
+    EXPECT_EQ(r.run_id(), "run-test");
+    EXPECT_EQ(r.config().min_participants(), 3u);
+    EXPECT_EQ(r.config().seed(), 7u);
+    EXPECT_EQ(r.next_round(), 1u);
+    EXPECT_EQ(r.model_round(), 0u);
+    EXPECT_THAT(joined->directives, IsEmpty());
+  }
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 3u);
+  ASSERT_EQ(status.workers_size(), 3);
+  for (const WorkerStatus& w : status.workers()) EXPECT_EQ(w.state(), "waiting");
+}
+
+TEST_F(RoundEngineTest, JoinRejectsBadPeerAddress) {
+  Start(1);
+  for (const std::string address : {"", "localhost", "localhost:", "localhost:0", ":9000",
+                                    "localhost:65536", "localhost:http", "localhost:-1"}) {
+    v1::JoinRequest request;
+    request.set_peer_address(address);
+    absl::StatusOr<JoinResult> joined = engine_->Join(request);
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kInvalidArgument)
+        << "address '" << address << "'";
+  }
+  EXPECT_EQ(engine_->Status().members(), 0u);
+  // Rejected joins consume no id.
+  absl::StatusOr<JoinResult> joined = Join(9001);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->response.worker_id(), "w1");
+}
+
+TEST_F(RoundEngineTest, JoinAtAddressOfActiveMemberReplacesIt) {
+  Start(3);
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+  JoinRoundOk(w1, 1, 1);
+
+  absl::StatusOr<JoinResult> joined = Join(9001);  // w1's port, a new process
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  const std::string w3 = joined->response.worker_id();
+  EXPECT_EQ(w3, "w3");
+  EXPECT_EQ(joined->response.data_rank(), 0u);  // w1's rank is free again
+
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  const auto old = FindWorker(status, w1);
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(old->state(), "left");
+  EXPECT_THAT(old->reason(), HasSubstr("replaced"));
+  EXPECT_EQ(FindWorker(status, w3)->address(), Address(9001));
+  EXPECT_EQ(engine_->Connect(w1).code(), absl::StatusCode::kNotFound);
+
+  // w1 no longer counts towards round 1: two more are needed.
+  EXPECT_TRUE(engine_->Connect(w3).ok());
+  EXPECT_THAT(JoinRoundOk(w2, 1, 1), IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_THAT(To(JoinRoundOk(w3, 1, 1), kStart), IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+}
+
+TEST_F(RoundEngineTest, RejoinWithPreviousWorkerIdKeepsIdAndRank) {
+  Start(2);
+  const std::string w1 = AddMember(9001);
+  AddMember(9002);
+  absl::StatusOr<JoinResult> joined = Join(9003, w1);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->response.worker_id(), w1);
+  EXPECT_EQ(joined->response.data_rank(), 0u);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_EQ(FindWorker(status, w1)->address(), Address(9003));
+}
+
+// ---------------------------------------------------------------- Round start
+
+TEST_F(RoundEngineTest, WaitsForMinParticipantsThenStartsRoundOne) {
+  Start(3);
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+  const std::string w3 = AddMember(9003);
+
+  EXPECT_THAT(JoinRoundOk(w1, 1, 1), IsEmpty());
+  EXPECT_THAT(JoinRoundOk(w2, 1, 1), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 1u);
+  EXPECT_THAT(status.detail(), HasSubstr("2 of 3"));
+  EXPECT_THAT(JoinRoundOk(w1, 1, 1), IsEmpty());  // repeated: still waiting
+
+  const Directives out = JoinRoundOk(w3, 1, 1);
+  EXPECT_THAT(To(out, kStart), UnorderedElementsAre(w1, w2, w3));
+  EXPECT_EQ(out.size(), 3u);
+  for (const std::string& id : {w1, w2, w3}) {
+    const CoordinatorMessage msg = MessageFor(out, id, kStart);
+    EXPECT_EQ(msg.round_start().round(), 1u);
+    EXPECT_EQ(msg.round_start().base_model_round(), 0u);
+  }
+  status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(status.round(), 1u);
+  EXPECT_THAT(Participants(status), ElementsAre(w1, w2, w3));
+  for (const WorkerStatus& w : status.workers()) EXPECT_EQ(w.state(), "training");
+  // A participant asking again is told its round, with no new directive.
+  EXPECT_THAT(JoinRoundOk(w2, 1, 1), IsEmpty());
+}
+
+TEST_F(RoundEngineTest, NewcomerJoinsRunningRoundBeforeAnyoneIsReady) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+
+  absl::StatusOr<JoinResult> joined = Join(9003);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->response.next_round(), 1u);
+  const std::string w3 = joined->response.worker_id();
+  ASSERT_TRUE(engine_->Connect(w3).ok());
+
+  const Directives out = JoinRoundOk(w3, 1, 1);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].worker_id, w3);
+  ASSERT_EQ(out[0].message.kind_case(), kStart);
+  EXPECT_EQ(out[0].message.round_start().round(), 1u);
+  EXPECT_EQ(out[0].message.round_start().base_model_round(), 0u);
+  EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], w3));
+
+  // The plan now waits for the newcomer as well.
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+  EXPECT_THAT(ReadyOk(ids[1], 1), IsEmpty());
+  const Directives plan = ReadyOk(w3, 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[1], w3));
+  EXPECT_EQ(MessageFor(plan, w3, kPlan).round_plan().slices_size(), 3);
+}
+
+TEST_F(RoundEngineTest, NewcomerAfterFirstReadyIsAdmittedToNextRound) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+
+  absl::StatusOr<JoinResult> joined = Join(9003);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->response.next_round(), 2u);
+  const std::string w3 = joined->response.worker_id();
+  ASSERT_TRUE(engine_->Connect(w3).ok());
+
+  EXPECT_THAT(JoinRoundOk(w3, 1, 2), IsEmpty());
+  EXPECT_THAT(JoinRoundOk(w3, 2, 2), IsEmpty());  // repeated
+  EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(FindWorker(engine_->Status(), w3)->state(), "waiting");
+
+  // The newcomer is no participant of round 1: the plan has two slices.
+  const Directives plan = ReadyOk(ids[1], 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().slices_size(), 2);
+
+  DoneOk(ids[0], 1, Hash('a'));
+  const Directives out = DoneOk(ids[1], 1, Hash('a'));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1], w3));
+  const CoordinatorMessage start = MessageFor(out, w3, kStart);
+  EXPECT_EQ(start.round_start().round(), 2u);
+  EXPECT_EQ(start.round_start().base_model_round(), 1u);
+  EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], w3));
+}
+
+// ---------------------------------------------------------------- Ready barrier
+
+TEST_F(RoundEngineTest, PlanIsSentOnlyWhenEveryParticipantIsReady) {
+  Start(3);
+  const std::vector<std::string> ids = StartRoundOne(3);
+
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(FindWorker(status, ids[0])->state(), "ready");
+  EXPECT_THAT(status.detail(), HasSubstr("1/3"));
+  EXPECT_THAT(ReadyOk(ids[1], 1), IsEmpty());
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());  // retried
+
+  const Directives out = ReadyOk(ids[2], 1);
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_EQ(out.size(), 3u);
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(out, id, kPlan).round_plan();
+    EXPECT_EQ(plan.round(), 1u);
+    EXPECT_EQ(plan.total_elements(), kTotal);
+    ASSERT_EQ(plan.slices_size(), 3);
+    uint64_t next = 0;
+    for (int k = 0; k < plan.slices_size(); ++k) {
+      const v1::SliceAssignment& s = plan.slices(k);
+      EXPECT_EQ(s.worker_id(), ids[k]);
+      EXPECT_EQ(s.peer_address(), Address(9001 + k));
+      EXPECT_EQ(s.begin(), next);
+      EXPECT_GT(s.end(), s.begin());
+      next = s.end();
+    }
+    EXPECT_EQ(next, kTotal);
+  }
+  status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::SHARING);
+  for (const WorkerStatus& w : status.workers()) EXPECT_EQ(w.state(), "sharing");
+  // A retried ready report during sharing is accepted and changes nothing.
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::SHARING);
+}
+
+// ---------------------------------------------------------------- Round end
+
+TEST_F(RoundEngineTest, AgreeingHashesCompleteRoundAndNextStartsWithSameParticipants) {
+  Start(3);
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+
+  EXPECT_THAT(DoneOk(ids[0], 1, Hash('a')), IsEmpty());
+  EXPECT_THAT(DoneOk(ids[1], 1, Hash('a')), IsEmpty());
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("2/3"));
+  EXPECT_EQ(engine_->last_completed_round(), 0u);
+
+  const Directives out = DoneOk(ids[2], 1, Hash('a'));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1], ids[2]));
+  for (const std::string& id : ids) {
+    EXPECT_EQ(MessageFor(out, id, kComplete).round_complete().round(), 1u);
+    EXPECT_EQ(MessageFor(out, id, kComplete).round_complete().model_hash(), Hash('a'));
+    EXPECT_EQ(MessageFor(out, id, kStart).round_start().round(), 2u);
+    EXPECT_EQ(MessageFor(out, id, kStart).round_start().base_model_round(), 1u);
+  }
+  EXPECT_EQ(engine_->last_completed_round(), 1u);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(status.round(), 2u);
+  EXPECT_EQ(status.model_hash(), Hash('a'));
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1], ids[2]));
+
+  // A retried report for the completed round is accepted.
+  EXPECT_THAT(DoneOk(ids[0], 1, Hash('a')), IsEmpty());
+
+  // Round 2 runs the same way.
+  AllReady(ids, 2);
+  const Directives out2 = AllDone(ids, 2, Hash('b'));
+  EXPECT_THAT(To(out2, kComplete), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_EQ(engine_->last_completed_round(), 2u);
+  EXPECT_EQ(engine_->Status().round(), 3u);
+}
+
+TEST_F(RoundEngineTest, HashDisagreementEvictsMinority) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  const std::string w3 = AddMember(9003);
+  JoinRoundOk(w3, 1, 1);  // nobody ready yet: joins round 1
+  AllReady({ids[0], ids[1], w3}, 1);
+
+  DoneOk(ids[0], 1, Hash('a'));
+  DoneOk(ids[1], 1, Hash('b'));
+  const Directives out = DoneOk(w3, 1, Hash('a'));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], w3));
+  EXPECT_EQ(MessageFor(out, w3, kComplete).round_complete().model_hash(), Hash('a'));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], w3));
+
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.last_completed_round(), 1u);
+  EXPECT_EQ(status.model_hash(), Hash('a'));
+  EXPECT_EQ(status.members(), 2u);
+  const auto evicted = FindWorker(status, ids[1]);
+  ASSERT_TRUE(evicted.has_value());
+  EXPECT_EQ(evicted->state(), "evicted");
+  EXPECT_THAT(evicted->reason(), HasSubstr("hash"));
+  ASSERT_EQ(status.recent_rounds_size(), 1);
+  EXPECT_EQ(status.recent_rounds(0).model_hash(), Hash('a'));
+  EXPECT_EQ(status.recent_rounds(0).participants(), 2u);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], w3));
+  EXPECT_EQ(engine_->Heartbeat(ids[1]).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RoundEngineTest, RoundsLimitFinishesRun) {
+  Start(2, /*rounds=*/2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  const std::string w3 = AddMember(9003);  // queued for round 2
+  JoinRoundOk(w3, 1, 2);
+  const std::string w4 = AddMember(9004);  // a member that never asks for a round
+  AllDone(ids, 1, Hash('a'));
+  EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+  EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], w3));
+  EXPECT_FALSE(engine_->finished());
+
+  const std::vector<std::string> all = {ids[0], ids[1], w3};
+  AllReady(all, 2);
+  const Directives out = AllDone(all, 2, Hash('b'));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], ids[1], w3));
+  EXPECT_THAT(To(out, kFinished), UnorderedElementsAre(ids[0], ids[1], w3, w4));
+  EXPECT_THAT(To(out, kStart), IsEmpty());
+  EXPECT_EQ(MessageFor(out, w4, kFinished).run_finished().last_round(), 2u);
+  EXPECT_THAT(MessageFor(out, w4, kFinished).run_finished().reason(), HasSubstr("2 rounds"));
+
+  EXPECT_TRUE(engine_->finished());
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::FINISHED);
+  EXPECT_EQ(status.last_completed_round(), 2u);
+  EXPECT_THAT(status.detail(), HasSubstr("finished"));
+
+  EXPECT_EQ(Join(9009).status().code(), absl::StatusCode::kFailedPrecondition);
+  Directives ignored;
+  EXPECT_EQ(engine_->JoinRound(ids[0], 3, &ignored).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A retried report for the last round is still accepted.
+  EXPECT_THAT(DoneOk(ids[0], 2, Hash('b')), IsEmpty());
+}
+
+// ---------------------------------------------------------------- Bad input
+
+TEST_F(RoundEngineTest, UnknownWorkerIdIsNotFound) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  Directives out;
+
+  EXPECT_EQ(engine_->JoinRound("w99", 1, &out).status().code(), absl::StatusCode::kNotFound);
+  JoinRoundOk(ids[0], 1, 1);
+
+  EXPECT_EQ(Ready("w99", 1, kTotal, &out).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+
+  EXPECT_EQ(engine_->Heartbeat("w99").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->Heartbeat(ids[0]).ok());
+
+  EXPECT_EQ(engine_->Connect("w99").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->Connect(ids[0]).ok());
+
+  EXPECT_THAT(To(ReadyOk(ids[1], 1), kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(Done("w99", 1, Hash('a'), &out).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(out, IsEmpty());
+  DoneOk(ids[0], 1, Hash('a'));
+  EXPECT_THAT(To(DoneOk(ids[1], 1, Hash('a')), kComplete), ElementsAre(ids[0], ids[1]));
+
+  // Unknown ids leaving or expiring change nothing.
+  EXPECT_THAT(engine_->Disconnect("w99", "gone"), IsEmpty());
+  EXPECT_EQ(engine_->Status().members(), 2u);
+}
+
+TEST_F(RoundEngineTest, StaleAndFutureRoundsAreFailedPrecondition) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  AllDone(ids, 1, Hash('a'));
+  ASSERT_EQ(engine_->Status().round(), 2u);
+  const std::string w3 = AddMember(9003);
+  Directives out;
+
+  EXPECT_EQ(engine_->JoinRound(w3, 1, &out).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->JoinRound(w3, 4, &out).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_THAT(To(JoinRoundOk(w3, 2, 2), kStart), ElementsAre(w3));
+
+  EXPECT_EQ(Ready(ids[0], 1, kTotal, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Ready(ids[0], 3, kTotal, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+  ReadyOk(ids[0], 2);
+
+  // Done reports before sharing, for a round the worker did not finish, or
+  // for a future round.
+  EXPECT_EQ(Done(ids[0], 2, Hash('b'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  ReadyOk(ids[1], 2);
+  ReadyOk(w3, 2);
+  EXPECT_EQ(Done(w3, 1, Hash('a'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Done(ids[0], 3, Hash('b'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+  const Directives done = AllDone({ids[0], ids[1], w3}, 2, Hash('b'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1], w3));
+}
+
+TEST_F(RoundEngineTest, NonParticipantReportsAreFailedPrecondition) {
+  Start(2);
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+  const std::string w3 = AddMember(9003);
+  Directives out;
+
+  // Before round 1 starts nobody is a participant.
+  JoinRoundOk(w1, 1, 1);
+  EXPECT_EQ(Ready(w1, 1, kTotal, &out).code(), absl::StatusCode::kFailedPrecondition);
+  JoinRoundOk(w2, 1, 1);
+  ReadyOk(w1, 1);
+
+  // w3 is queued for round 2.
+  JoinRoundOk(w3, 1, 2);
+  EXPECT_EQ(Ready(w3, 1, kTotal, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_THAT(To(ReadyOk(w2, 1), kPlan), ElementsAre(w1, w2));
+  EXPECT_EQ(Done(w3, 1, Hash('a'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+  DoneOk(w1, 1, Hash('a'));
+  EXPECT_THAT(To(DoneOk(w2, 1, Hash('a')), kComplete), ElementsAre(w1, w2));
+}
+
+TEST_F(RoundEngineTest, BadTotalElementsIsInvalidArgument) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  Directives out;
+
+  EXPECT_EQ(Ready(ids[0], 1, 0, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[0])->state(), "training");
+  ReadyOk(ids[0], 1);
+  EXPECT_EQ(Ready(ids[1], 1, kTotal - 1, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ready(ids[1], 1, kTotal + 1, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+
+  const Directives plan = ReadyOk(ids[1], 1);
+  EXPECT_EQ(MessageFor(plan, ids[1], kPlan).round_plan().total_elements(), kTotal);
+}
+
+TEST_F(RoundEngineTest, MalformedModelHashIsInvalidArgument) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  Directives out;
+
+  std::string upper = Hash('a');
+  upper[10] = 'A';
+  for (const std::string& bad :
+       {std::string(), std::string("abc"), Hash('g'), upper, std::string(63, 'a'),
+        std::string(65, 'a'), std::string(32, 'a') + std::string(32, ' ')}) {
+    EXPECT_EQ(Done(ids[0], 1, bad, &out).code(), absl::StatusCode::kInvalidArgument)
+        << "hash '" << bad << "'";
+  }
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[0])->model_round(), 0u);
+
+  DoneOk(ids[0], 1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+  const Directives done =
+      DoneOk(ids[1], 1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
+}
+
+// ---------------------------------------------------------------- Leaving
+
+TEST_F(RoundEngineTest, DisconnectDuringTrainingLetsRoundGoOn) {
+  Start(3);
+  const std::vector<std::string> ids = StartRoundOne(3);
+  ReadyOk(ids[0], 1);
+  ReadyOk(ids[1], 1);
+
+  const Directives out = engine_->Disconnect(ids[2], "worker stopped");
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(out.size(), 2u);
+  const v1::RoundPlan plan = MessageFor(out, ids[0], kPlan).round_plan();
+  ASSERT_EQ(plan.slices_size(), 2);
+  EXPECT_EQ(plan.slices(0).begin(), 0u);
+  EXPECT_EQ(plan.slices(0).end(), plan.slices(1).begin());
+  EXPECT_EQ(plan.slices(1).end(), kTotal);
+  EXPECT_EQ(plan.slices(1).worker_id(), ids[1]);
+
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::SHARING);
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "left");
+  EXPECT_EQ(FindWorker(status, ids[2])->reason(), "worker stopped");
+  EXPECT_EQ(engine_->Heartbeat(ids[2]).code(), absl::StatusCode::kNotFound);
+
+  // The round completes with two; round 2 then needs a third participant.
+  const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('c'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(done, kStart), IsEmpty());
+  status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 2u);
+  EXPECT_EQ(status.last_completed_round(), 1u);
+
+  const std::string w4 = AddMember(9004);
+  EXPECT_THAT(To(JoinRoundOk(w4, 2, 2), kStart), ElementsAre(ids[0], ids[1], w4));
+}
+
+TEST_F(RoundEngineTest, DisconnectOfUnreadyParticipantSendsPlan) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  EXPECT_THAT(engine_->Disconnect(ids[0], "bye"), IsEmpty());  // nobody ready yet
+  EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+  const Directives plan = ReadyOk(ids[1], 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[1]));
+  const v1::RoundPlan p = MessageFor(plan, ids[1], kPlan).round_plan();
+  ASSERT_EQ(p.slices_size(), 1);
+  EXPECT_EQ(p.slices(0).begin(), 0u);
+  EXPECT_EQ(p.slices(0).end(), kTotal);
+}
+
+TEST_F(RoundEngineTest, DisconnectDuringSharingAbortsAndRestartsSameRound) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  const std::string w3 = AddMember(9003);
+  JoinRoundOk(w3, 1, 1);
+  AllReady({ids[0], ids[1], w3}, 1);
+  DoneOk(ids[0], 1, Hash('a'));
+
+  const Directives out = engine_->Disconnect(w3, "crashed");
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  for (const std::string& id : ids) {
+    const CoordinatorMessage aborted = MessageFor(out, id, kAborted);
+    EXPECT_EQ(aborted.round_aborted().round(), 1u);
+    EXPECT_THAT(aborted.round_aborted().reason(), HasSubstr(w3));
+    const CoordinatorMessage start = MessageFor(out, id, kStart);
+    EXPECT_EQ(start.round_start().round(), 1u);
+    EXPECT_EQ(start.round_start().base_model_round(), 0u);
+  }
+  // Each survivor hears of the abort before the restart.
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0].message.kind_case(), kAborted);
+  EXPECT_EQ(out[3].message.kind_case(), kStart);
+
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(status.round(), 1u);
+  EXPECT_EQ(status.last_completed_round(), 0u);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+
+  // The done report of the aborted attempt does not count.
+  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
+  const Directives plan = ReadyOk(ids[1], 1);
+  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().slices_size(), 2);
+  EXPECT_THAT(DoneOk(ids[0], 1, Hash('d')), IsEmpty());
+  EXPECT_THAT(To(DoneOk(ids[1], 1, Hash('d')), kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(engine_->last_completed_round(), 1u);
+  EXPECT_EQ(engine_->Status().model_hash(), Hash('d'));
+}
+
+TEST_F(RoundEngineTest, AbortWithTooFewSurvivorsWaitsForMembers) {
+  Start(3);
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+
+  const Directives out = engine_->Disconnect(ids[1], "crashed");
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[2]));
+  EXPECT_THAT(To(out, kStart), IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(engine_->Status().round(), 1u);
+
+  const std::string w4 = AddMember(9004);
+  const Directives start = JoinRoundOk(w4, 1, 1);
+  EXPECT_THAT(To(start, kStart), ElementsAre(ids[0], ids[2], w4));
+  EXPECT_EQ(MessageFor(start, w4, kStart).round_start().round(), 1u);
+}
+
+// ---------------------------------------------------------------- Leases
+
+TEST_F(RoundEngineTest, SilentConnectedMemberIsEvictedByTick) {
+  Start(2);
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+  clock_.Advance(absl::Seconds(4));  // w2 silent for exactly the lease
+  EXPECT_THAT(engine_->Tick(), IsEmpty());
+  EXPECT_EQ(engine_->Status().members(), 2u);
+
+  clock_.Advance(absl::Seconds(1));
+  engine_->Tick();
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 1u);
+  EXPECT_EQ(FindWorker(status, w2)->state(), "evicted");
+  EXPECT_THAT(FindWorker(status, w2)->reason(), HasSubstr("heartbeat"));
+  EXPECT_EQ(FindWorker(status, w1)->state(), "waiting");
+  EXPECT_EQ(FindWorker(status, w1)->last_seen_ms_ago(), 5000);
+  EXPECT_EQ(engine_->Heartbeat(w2).code(), absl::StatusCode::kNotFound);
+
+  // A member that keeps heartbeating stays.
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+    engine_->Tick();
+  }
+  EXPECT_EQ(FindWorker(engine_->Status(), w1)->state(), "waiting");
+}
+
+TEST_F(RoundEngineTest, LeaseExpiryDuringSharingAbortsRound) {
+  Start(2);
+  // Round 1 starts with two; the third joins it before anyone is ready.
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(engine_->Heartbeat(ids[0]).ok());
+  ASSERT_TRUE(engine_->Heartbeat(ids[1]).ok());
+  clock_.Advance(absl::Seconds(3));  // ids[2] silent for 11 s
+
+  const Directives out = engine_->Tick();
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "evicted");
+}
+
+TEST_F(RoundEngineTest, MemberWithoutSessionIsRemovedAfterGrace) {
+  Start(2);
+  const std::string w1 = AddMember(9001);
+  absl::StatusOr<JoinResult> joined = Join(9002);  // never opens a session
+  ASSERT_TRUE(joined.ok());
+  const std::string w2 = joined->response.worker_id();
+
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+  EXPECT_THAT(engine_->Tick(), IsEmpty());
+  clock_.Advance(absl::Seconds(5));  // exactly the grace
+  engine_->Tick();
+  EXPECT_EQ(engine_->Status().members(), 2u);
+
+  clock_.Advance(absl::Milliseconds(1));
+  engine_->Tick();
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 1u);
+  EXPECT_EQ(FindWorker(status, w2)->state(), "evicted");
+  EXPECT_THAT(FindWorker(status, w2)->reason(), HasSubstr("session"));
+  EXPECT_EQ(FindWorker(status, w1)->state(), "waiting");
+}
+
+// ---------------------------------------------------------------- Status
+
+TEST_F(RoundEngineTest, StatusDescribesRunWorkersAndRounds) {
+  Start(2);
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.run_id(), "run-test");
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 1u);
+  EXPECT_EQ(status.last_completed_round(), 0u);
+  EXPECT_EQ(status.min_participants(), 2u);
+  EXPECT_EQ(status.members(), 0u);
+  EXPECT_EQ(status.config().model(), "mlp");
+  EXPECT_EQ(status.started_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_THAT(status.workers(), IsEmpty());
+  EXPECT_THAT(status.recent_rounds(), IsEmpty());
+
+  const std::vector<std::string> ids = StartRoundOne(2);
+  clock_.Advance(absl::Seconds(2));
+  ReadyOk(ids[0], 1, /*loss=*/1.0);
+  ReadyOk(ids[1], 1, /*loss=*/3.0);
+  clock_.Advance(absl::Seconds(1));
+  v1::Metrics metrics;
+  metrics.set_evaluated(true);
+  metrics.set_test_accuracy(0.8);
+  metrics.set_test_loss(0.5);
+  Directives out;
+  ASSERT_TRUE(Done(ids[0], 1, Hash('e'), &out, metrics, /*exchange_seconds=*/0.2).ok());
+  ASSERT_TRUE(Done(ids[1], 1, Hash('e'), &out, {}, /*exchange_seconds=*/0.4).ok());
+
+  status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(status.round(), 2u);
+  EXPECT_EQ(status.last_completed_round(), 1u);
+  EXPECT_EQ(status.model_hash(), Hash('e'));
+  EXPECT_EQ(status.members(), 2u);
+  ASSERT_EQ(status.workers_size(), 2);
+
+  const WorkerStatus w1 = *FindWorker(status, ids[0]);
+  EXPECT_EQ(w1.address(), Address(9001));
+  EXPECT_EQ(w1.state(), "training");
+  EXPECT_EQ(w1.model_hash(), Hash('e'));
+  EXPECT_EQ(w1.model_round(), 1u);
+  EXPECT_DOUBLE_EQ(w1.test_accuracy(), 0.8);
+  EXPECT_DOUBLE_EQ(w1.test_loss(), 0.5);
+  EXPECT_EQ(w1.metrics_round(), 1u);
+  EXPECT_DOUBLE_EQ(w1.train_loss(), 1.0);
+  EXPECT_EQ(w1.data_rank(), 0u);
+  EXPECT_EQ(w1.rounds_completed(), 1u);
+  EXPECT_EQ(w1.last_seen_ms_ago(), 0);
+  EXPECT_EQ(w1.reason(), "");
+
+  const WorkerStatus w2 = *FindWorker(status, ids[1]);
+  EXPECT_EQ(w2.address(), Address(9002));
+  EXPECT_EQ(w2.data_rank(), 1u);
+  EXPECT_EQ(w2.model_round(), 1u);
+  EXPECT_EQ(w2.metrics_round(), 0u);  // did not evaluate
+  EXPECT_DOUBLE_EQ(w2.test_accuracy(), 0.0);
+
+  ASSERT_EQ(status.recent_rounds_size(), 1);
+  const v1::RoundSummary& r1 = status.recent_rounds(0);
+  EXPECT_EQ(r1.round(), 1u);
+  EXPECT_EQ(r1.participants(), 2u);
+  EXPECT_DOUBLE_EQ(r1.seconds(), 3.0);
+  EXPECT_DOUBLE_EQ(r1.train_loss(), 2.0);
+  EXPECT_TRUE(r1.evaluated());
+  EXPECT_DOUBLE_EQ(r1.test_accuracy(), 0.8);
+  EXPECT_DOUBLE_EQ(r1.test_loss(), 0.5);
+  EXPECT_EQ(r1.model_hash(), Hash('e'));
+  EXPECT_DOUBLE_EQ(r1.exchange_seconds(), 0.3);
+
+  // Round 2 without evaluation carries the latest test metrics forward.
+  AllReady(ids, 2);
+  AllDone(ids, 2, Hash('f'));
+  status = engine_->Status();
+  ASSERT_EQ(status.recent_rounds_size(), 2);
+  const v1::RoundSummary& r2 = status.recent_rounds(1);
+  EXPECT_EQ(r2.round(), 2u);
+  EXPECT_FALSE(r2.evaluated());
+  EXPECT_DOUBLE_EQ(r2.test_accuracy(), 0.8);
+  EXPECT_EQ(r2.model_hash(), Hash('f'));
+  EXPECT_EQ(FindWorker(status, ids[0])->rounds_completed(), 2u);
+  EXPECT_EQ(FindWorker(status, ids[0])->metrics_round(), 1u);
+}
+
+TEST_F(RoundEngineTest, DepartedMembersShownUpToLimit) {
+  Start(1, 0, /*max_departed_shown=*/2);
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = AddMember(9001 + i);
+    engine_->Disconnect(id, absl::StrCat("leave ", i));
+  }
+  const RunStatus status = engine_->Status();
+  ASSERT_EQ(status.workers_size(), 2);
+  EXPECT_EQ(status.workers(0).id(), "w4");
+  EXPECT_EQ(status.workers(1).id(), "w5");
+}
+
+// Members evicted for a hash mismatch count against max_departed_shown too.
+TEST_F(RoundEngineTest, HashEvictionRespectsMaxDepartedShown) {
+  Start(2, 0, /*max_departed_shown=*/1);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  const std::string w3 = AddMember(9003);
+  const std::string w4 = AddMember(9004);
+  JoinRoundOk(w3, 1, 1);
+  JoinRoundOk(w4, 1, 1);
+  engine_->Disconnect(w4, "left");  // departed: w4
+  AllReady({ids[0], ids[1], w3}, 1);
+  DoneOk(ids[0], 1, Hash('a'));
+  DoneOk(ids[1], 1, Hash('a'));
+  DoneOk(w3, 1, Hash('b'));  // evicted: departed would be w4, w3
+
+  const RunStatus status = engine_->Status();
+  int departed = 0;
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.state() == "left" || w.state() == "evicted") ++departed;
+  }
+  EXPECT_LE(departed, 1);
+  EXPECT_EQ(FindWorker(status, w3)->state(), "evicted");  // the newest stays
+}
+
+TEST_F(RoundEngineTest, HashTieWithoutMajorityAbortsTheRound) {
+  Start(2, 0);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  DoneOk(ids[0], 1, Hash('a'));
+  Directives out;
+  shoal::v1::ReportRoundDoneRequest done;
+  done.set_worker_id(ids[1]);
+  done.set_round(1);
+  done.set_model_hash(Hash('b'));
+  ASSERT_TRUE(engine_->ReportRoundDone(done, &out).ok());
+
+  // Nobody is evicted: both roll back and round 1 runs again.
+  int aborted = 0, restarted = 0;
+  for (const Directive& d : out) {
+    aborted += d.message.has_round_aborted();
+    restarted += d.message.has_round_start() && d.message.round_start().round() == 1;
+  }
+  EXPECT_EQ(aborted, 2);
+  EXPECT_EQ(restarted, 2);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.last_completed_round(), 0u);
+  EXPECT_EQ(status.members(), 2u);
+  for (const WorkerStatus& w : status.workers()) EXPECT_EQ(w.model_round(), 0u) << w.id();
+}
+
+}  // namespace
+}  // namespace shoal::coordinator

@@ -1,0 +1,101 @@
+// Unit tests of the shard planner: one contiguous, balanced slice per
+// participant covering the flat parameter vector exactly.
+#include "services/coordinator/core/shard_planner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shoal::coordinator {
+namespace {
+
+// Checks the documented invariants of a plan of `total` over `n`.
+void ExpectValidPlan(const std::vector<SliceRange>& slices, uint64_t total, size_t n) {
+  SCOPED_TRACE(::testing::Message() << "T=" << total << " N=" << n);
+  ASSERT_EQ(slices.size(), n);
+  uint64_t next = 0;
+  uint64_t smallest = std::numeric_limits<uint64_t>::max();
+  uint64_t largest = 0;
+  for (const SliceRange& s : slices) {
+    EXPECT_EQ(s.begin, next);
+    ASSERT_LE(s.begin, s.end);
+    smallest = std::min(smallest, s.end - s.begin);
+    largest = std::max(largest, s.end - s.begin);
+    next = s.end;
+  }
+  EXPECT_EQ(slices.front().begin, 0u);
+  EXPECT_EQ(next, total);
+  EXPECT_LE(largest - smallest, 1u);
+}
+
+TEST(ShardPlannerTest, CoversRangeExactlyAndBalanced) {
+  for (uint64_t total :
+       {0ull, 1ull, 2ull, 3ull, 7ull, 10ull, 100ull, 1000ull, 1001ull, 12345ull, 101770ull}) {
+    for (size_t n : {1u, 2u, 3u, 4u, 5u, 7u, 8u, 10u, 16u, 33u}) {
+      const std::vector<SliceRange> slices = PlanSlices(total, n);
+      ExpectValidPlan(slices, total, n);
+      // The documented formula: slice k = [floor(k*T/N), floor((k+1)*T/N)).
+      for (size_t k = 0; k < n; ++k) {
+        EXPECT_EQ(slices[k].begin, k * total / n);
+        EXPECT_EQ(slices[k].end, (k + 1) * total / n);
+      }
+    }
+  }
+}
+
+TEST(ShardPlannerTest, SingleParticipantOwnsEverything) {
+  const std::vector<SliceRange> slices = PlanSlices(101770, 1);
+  ASSERT_EQ(slices.size(), 1u);
+  EXPECT_EQ(slices[0].begin, 0u);
+  EXPECT_EQ(slices[0].end, 101770u);
+}
+
+TEST(ShardPlannerTest, KnownSplit) {
+  const std::vector<SliceRange> slices = PlanSlices(10, 3);
+  ASSERT_EQ(slices.size(), 3u);
+  EXPECT_EQ(slices[0].begin, 0u);
+  EXPECT_EQ(slices[0].end, 3u);
+  EXPECT_EQ(slices[1].begin, 3u);
+  EXPECT_EQ(slices[1].end, 6u);
+  EXPECT_EQ(slices[2].begin, 6u);
+  EXPECT_EQ(slices[2].end, 10u);
+}
+
+TEST(ShardPlannerTest, FewerElementsThanParticipantsLeavesSomeSlicesEmpty) {
+  const std::vector<SliceRange> slices = PlanSlices(3, 5);
+  ExpectValidPlan(slices, 3, 5);
+  int non_empty = 0;
+  for (const SliceRange& s : slices) {
+    EXPECT_LE(s.end - s.begin, 1u);
+    non_empty += s.end > s.begin;
+  }
+  EXPECT_EQ(non_empty, 3);
+
+  const std::vector<SliceRange> none = PlanSlices(0, 4);
+  ExpectValidPlan(none, 0, 4);
+  for (const SliceRange& s : none) EXPECT_EQ(s.begin, s.end);
+}
+
+TEST(ShardPlannerTest, LargeTotalsDoNotOverflow) {
+  const uint64_t trillion = 1'000'000'000'000ull;
+  std::vector<SliceRange> slices = PlanSlices(trillion, 7);
+  ExpectValidPlan(slices, trillion, 7);
+  EXPECT_EQ(slices[1].begin, 142'857'142'857ull);  // floor(1e12 / 7)
+  EXPECT_EQ(slices[6].begin, 857'142'857'142ull);  // floor(6e12 / 7)
+
+  // k * T needs more than 64 bits here.
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  slices = PlanSlices(max, 7);
+  ExpectValidPlan(slices, max, 7);
+  for (size_t k = 0; k < 7; ++k) {
+    EXPECT_EQ(slices[k].begin, static_cast<uint64_t>(static_cast<unsigned __int128>(max) * k / 7));
+  }
+  slices = PlanSlices(max - 3, 1000);
+  ExpectValidPlan(slices, max - 3, 1000);
+}
+
+}  // namespace
+}  // namespace shoal::coordinator

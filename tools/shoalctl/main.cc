@@ -1,0 +1,111 @@
+// shoalctl: the operator CLI.
+//   shoalctl status --coordinator=ADDR [--json]
+//   shoalctl watch  --coordinator=ADDR [--timeout=10m]
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/signals.h"
+#include "common/status_util.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+#include "tools/shoalctl/status_format.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
+ABSL_FLAG(bool, json, false, "status: print the RunStatus as JSON.");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5), "Deadline of each call.");
+ABSL_FLAG(absl::Duration, timeout, absl::Minutes(30),
+          "watch: give up (exit 1) when the run has not finished after this long.");
+ABSL_FLAG(absl::Duration, interval, absl::Milliseconds(250), "watch: polling interval.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "shoalctl: operate a Shoal training run.\n"
+    "  shoalctl status --coordinator=ADDR [--json]   the run's status as a table or JSON\n"
+    "  shoalctl watch --coordinator=ADDR [--timeout=30m]\n"
+    "      prints one line per completed round until the run finishes, then a summary line\n"
+    "      with test_accuracy=<value>";
+
+absl::StatusOr<shoal::v1::RunStatus> GetStatus(shoal::v1::Coordinator::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(shoal::DeadlineIn(absl::GetFlag(FLAGS_rpc_timeout)));
+  shoal::v1::RunStatus status;
+  grpc::Status s = stub->GetRunStatus(&ctx, shoal::v1::GetRunStatusRequest(), &status);
+  if (!s.ok()) return shoal::FromGrpcStatus(s);
+  return status;
+}
+
+int Status(shoal::v1::Coordinator::Stub* stub) {
+  auto status = GetStatus(stub);
+  if (!status.ok()) {
+    std::cerr << "shoalctl: cannot get status from " << absl::GetFlag(FLAGS_coordinator) << ": "
+              << status.status() << "\n";
+    return 1;
+  }
+  std::cout << (absl::GetFlag(FLAGS_json) ? shoal::ctl::FormatStatusJson(*status)
+                                          : shoal::ctl::FormatStatusTable(*status));
+  return 0;
+}
+
+int Watch(shoal::v1::Coordinator::Stub* stub) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
+  uint64_t printed = 0;
+  std::string last_error;
+  std::string last_detail;
+  while (true) {
+    auto status = GetStatus(stub);
+    if (!status.ok()) {
+      const std::string err = status.status().ToString();
+      if (err != last_error) std::cerr << "shoalctl: coordinator: " << err << " (retrying)\n";
+      last_error = err;
+    } else {
+      last_error.clear();
+      if (printed == 0 && status->last_completed_round() == 0 && status->detail() != last_detail) {
+        std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
+                  << status->detail() << std::endl;
+        last_detail = status->detail();
+      }
+      for (const auto& r : status->recent_rounds()) {
+        if (r.round() <= printed) continue;
+        std::cout << shoal::ctl::FormatRoundLine(r, status->config().rounds()) << std::endl;
+        printed = r.round();
+      }
+      if (status->phase() == shoal::v1::FINISHED) {
+        std::cout << shoal::ctl::FormatSummaryLine(*status,
+                                                   absl::ToDoubleSeconds(absl::Now() - start))
+                  << std::endl;
+        return shoal::ctl::HashesAgree(*status) ? 0 : 3;
+      }
+    }
+    if (absl::Now() >= give_up) {
+      std::cerr << "shoalctl: the run did not finish within " << absl::GetFlag(FLAGS_timeout)
+                << "\n";
+      return 1;
+    }
+    if (shoal::ShutdownSignal::WaitFor(absl::GetFlag(FLAGS_interval))) return 130;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::cerr << kUsage << "\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  shoal::ShutdownSignal::Install();
+  auto stub = shoal::v1::Coordinator::NewStub(shoal::MakeChannel(absl::GetFlag(FLAGS_coordinator)));
+  if (command == "status") return Status(stub.get());
+  if (command == "watch") return Watch(stub.get());
+  std::cerr << "shoalctl: unknown command '" << command << "'\n" << kUsage << "\n";
+  return 2;
+}

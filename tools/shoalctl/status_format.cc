@@ -1,0 +1,96 @@
+#include "tools/shoalctl/status_format.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace shoal::ctl {
+
+std::string PhaseName(shoal::v1::Phase phase) { return shoal::v1::Phase_Name(phase); }
+
+std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
+  std::string out = absl::StrFormat(
+      "run %s  phase %s  round %d  last_completed_round %d  min_participants %d  members %d\n",
+      s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
+      s.members());
+  if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  if (!s.model_hash().empty()) {
+    absl::StrAppend(&out, "  model_hash ", s.model_hash(), " (round ", s.last_completed_round(),
+                    ")\n");
+  }
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %s\n", "ID",
+                                        "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH", "TEST_ACC",
+                                        "TEST_LOSS", "SEEN", "REASON"));
+  for (const auto& w : s.workers()) {
+    const bool active = w.state() != "left" && w.state() != "evicted";
+    absl::StrAppend(
+        &out, absl::StrFormat("%-5s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %s\n", w.id(),
+                              w.address(), w.state(), w.model_round(),
+                              w.model_hash().empty() ? "-" : w.model_hash().substr(0, 12),
+                              w.metrics_round() ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
+                              w.metrics_round() ? absl::StrFormat("%.4f", w.test_loss()) : "-",
+                              active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-", w.reason()));
+  }
+  return out;
+}
+
+std::string FormatStatusJson(const shoal::v1::RunStatus& s) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(s, &json, options);
+  return json;
+}
+
+std::string FormatRoundLine(const shoal::v1::RoundSummary& r, uint64_t total_rounds) {
+  return absl::StrFormat(
+      "round %d%s  participants=%d  train_loss=%.4f  test_accuracy=%s  test_loss=%s  "
+      "time=%.2fs  exchange=%.3fs  hash=%s",
+      r.round(), total_rounds ? absl::StrCat("/", total_rounds) : "", r.participants(),
+      r.train_loss(), r.evaluated() ? absl::StrFormat("%.4f", r.test_accuracy()) : "-",
+      r.evaluated() ? absl::StrFormat("%.4f", r.test_loss()) : "-", r.seconds(),
+      r.exchange_seconds(), r.model_hash().substr(0, 12));
+}
+
+namespace {
+// Workers that reported the last completed round (also those that left
+// after it, as every worker does when the run finishes), evicted ones aside.
+bool ReportedLastRound(const shoal::v1::RunStatus& s, const shoal::v1::WorkerStatus& w) {
+  return w.state() != "evicted" && s.last_completed_round() > 0 &&
+         w.model_round() == s.last_completed_round();
+}
+}  // namespace
+
+bool HashesAgree(const shoal::v1::RunStatus& s) {
+  int reporting = 0;
+  for (const auto& w : s.workers()) {
+    if (!ReportedLastRound(s, w)) continue;
+    if (w.model_hash() != s.model_hash()) return false;
+    ++reporting;
+  }
+  return reporting > 0;
+}
+
+std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seconds) {
+  double accuracy = 0, loss = 0;
+  for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
+    if (it->evaluated()) {
+      accuracy = it->test_accuracy();
+      loss = it->test_loss();
+      break;
+    }
+  }
+  int active = 0;
+  for (const auto& w : s.workers()) active += ReportedLastRound(s, w);
+  return absl::StrFormat(
+      "summary: run_id=%s phase=%s rounds=%d workers=%d test_accuracy=%.4f test_loss=%.4f "
+      "hashes_agree=%s model_hash=%s elapsed=%.1fs",
+      s.run_id(), PhaseName(s.phase()), s.last_completed_round(), active, accuracy, loss,
+      HashesAgree(s) ? "true" : "false", s.model_hash().substr(0, 16), elapsed_seconds);
+}
+
+}  // namespace shoal::ctl

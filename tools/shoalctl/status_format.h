@@ -1,0 +1,27 @@
+// Renders RunStatus for people (a table, progress lines, a summary line) and
+// for programs (JSON). Pure functions; no I/O.
+#ifndef SHOAL_TOOLS_SHOALCTL_STATUS_FORMAT_H_
+#define SHOAL_TOOLS_SHOALCTL_STATUS_FORMAT_H_
+
+#include <string>
+
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::ctl {
+
+// Phase name without prefix, e.g. "TRAINING".
+std::string PhaseName(shoal::v1::Phase phase);
+std::string FormatStatusTable(const shoal::v1::RunStatus& status);
+std::string FormatStatusJson(const shoal::v1::RunStatus& status);
+// One line per completed round, e.g. "round 3/20 ... test_accuracy=0.8312".
+std::string FormatRoundLine(const shoal::v1::RoundSummary& round, uint64_t total_rounds);
+// True when every worker that reported the last completed round holds the
+// agreed hash (and at least one did). Workers that left after reporting it
+// count; evicted ones do not.
+bool HashesAgree(const shoal::v1::RunStatus& status);
+// The run's closing line; contains "test_accuracy=<value>".
+std::string FormatSummaryLine(const shoal::v1::RunStatus& status, double elapsed_seconds);
+
+}  // namespace shoal::ctl
+
+#endif  // SHOAL_TOOLS_SHOALCTL_STATUS_FORMAT_H_
