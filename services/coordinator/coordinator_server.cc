@@ -47,10 +47,11 @@ CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(1)); }
 void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  stop_.Notify();
+  if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  service_->CloseAllSessions();
-  server_->Shutdown(grace);
+  // Start() may have failed before everything existed.
+  if (service_) service_->CloseAllSessions();
+  if (server_) server_->Shutdown(grace);
 }
 
 }  // namespace shoal::coordinator

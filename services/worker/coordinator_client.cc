@@ -32,7 +32,9 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
   Backoff backoff(absl::Milliseconds(100), absl::Seconds(2));
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(options_.rpc_timeout));
+    // Never wait past the retry window.
+    ctx.set_deadline(DeadlineIn(
+        std::max(absl::Milliseconds(100), std::min(options_.rpc_timeout, give_up - absl::Now()))));
     absl::Status s = FromGrpcStatus(call(&ctx));
     if (!absl::IsUnavailable(s) || absl::Now() >= give_up) return s;
     SHOAL_VLOG(1) << "coordinator unavailable (" << s.message() << "), retrying";
@@ -43,12 +45,9 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
 absl::StatusOr<shoal::v1::JoinResponse> GrpcCoordinatorClient::Join(
     const shoal::v1::JoinRequest& request) {
   shoal::v1::JoinResponse response;
-  absl::Status s = CallWithRetry(
-      [&](grpc::ClientContext* ctx) {
-        ctx->set_wait_for_ready(true);  // the coordinator may still be starting
-        return stub_->Join(ctx, request, &response);
-      },
-      options_.retry_window);
+  absl::Status s =
+      CallWithRetry([&](grpc::ClientContext* ctx) { return stub_->Join(ctx, request, &response); },
+                    options_.retry_window);
   if (!s.ok()) return s;
   return response;
 }

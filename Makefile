@@ -1,0 +1,44 @@
+# Shoal: the two commands are `make demo` and `make test`.
+BUILD      ?= build
+BUILD_TYPE ?= RelWithDebInfo
+SANITIZE   ?= OFF
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build demo test test-unit test-integration test-e2e format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DSHOAL_SANITIZE=$(SANITIZE) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 || \
+	  { cat $(BUILD).configure.log; exit 1; }
+
+build: configure
+	@ninja -C $(BUILD)
+
+# Coordinator + 3 workers on 127.0.0.1, Fashion-MNIST, progress per round,
+# one summary line with test_accuracy=... at the end.
+demo: build
+	@bash scripts/demo.sh $(BUILD)/bin
+
+# Every tier: unit, integration, e2e (e2e tests run one at a time).
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j2 --timeout 900
+
+test-unit: build
+	@cd $(BUILD) && ctest --output-on-failure -j2 -L unit
+
+test-integration: build
+	@cd $(BUILD) && ctest --output-on-failure -j2 -L integration
+
+test-e2e: build
+	@cd $(BUILD) && ctest --output-on-failure -L e2e
+
+format:
+	@clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(BUILD).configure.log
