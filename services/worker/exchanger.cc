@@ -41,6 +41,7 @@ absl::Status Exchanger::ReadWithRetry(const std::string& address, shoal::v1::Sli
       return !stopped();
     });
     if (last.ok()) return last;
+    if (stopped()) return absl::AbortedError("round aborted");
     // Only transient failures are retried; bad data or a refused request
     // (wrong round, wrong range) would fail the same way again.
     if (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last)) return last;

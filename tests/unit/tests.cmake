@@ -5,3 +5,14 @@ shoal_test(shard_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/shard_planner_test.
   LIBS coordinator_core)
 shoal_test(chunk_codec_test unit ${CMAKE_CURRENT_LIST_DIR}/chunk_codec_test.cc
   LIBS shoal_common)
+shoal_test(idx_reader_test unit ${CMAKE_CURRENT_LIST_DIR}/idx_reader_test.cc
+  LIBS worker_core ZLIB::ZLIB)
+shoal_test(model_state_test unit ${CMAKE_CURRENT_LIST_DIR}/model_state_test.cc
+  LIBS worker_core)
+shoal_test(exchanger_test unit ${CMAKE_CURRENT_LIST_DIR}/exchanger_test.cc
+  LIBS worker_lib)
+# Links LibTorch through worker_trainer (the test itself includes no Torch header).
+shoal_test(trainer_test unit ${CMAKE_CURRENT_LIST_DIR}/trainer_test.cc
+  LIBS worker_trainer)
+shoal_test(status_format_test unit ${CMAKE_CURRENT_LIST_DIR}/status_format_test.cc
+  LIBS shoalctl_lib)

@@ -1,0 +1,550 @@
+// Unit tests of the sharded average (reduce-scatter + all-gather) against a
+// straightforward reference, with in-memory workers: a fake PeerClient routes
+// each ReadSlice to the target worker's ModelState and streams its memory in
+// checked chunks, as the gRPC peer service and client do. No sockets.
+#include "services/worker/exchanger.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/chunk_codec.h"
+#include "gtest/gtest.h"
+
+namespace shoal::worker {
+namespace {
+
+using ::shoal::v1::AVERAGED;
+using ::shoal::v1::CONTRIBUTION;
+using ::shoal::v1::ReadSliceRequest;
+using ::shoal::v1::RoundPlan;
+using ::shoal::v1::TensorChunk;
+
+constexpr uint64_t kRound = 5;
+constexpr size_t kChunkElements = 64 * 1024;
+
+struct FakeWorker {
+  std::string id;
+  std::string address;
+  std::vector<float> params;
+  std::vector<float> initial;
+  ModelState state;
+};
+
+// Hooks run on the exchangers' threads; tests keep their own state atomic.
+struct Faults {
+  // Before CheckRead; a non-OK status is the call's result.
+  std::function<absl::Status(const std::string& address, const ReadSliceRequest& r)> on_call;
+  // Before chunk `index` of the call is checked; may alter it; a non-OK
+  // status ends the call with that status (after the earlier chunks).
+  std::function<absl::Status(const std::string& address, const ReadSliceRequest& r, int index,
+                             TensorChunk* chunk)>
+      on_chunk;
+};
+
+class FakePeerClient : public PeerClient {
+ public:
+  FakePeerClient(std::map<std::string, FakeWorker*> by_address, Faults faults)
+      : by_address_(std::move(by_address)), faults_(std::move(faults)) {}
+
+  absl::Status ReadSlice(const std::string& address, const ReadSliceRequest& request,
+                         absl::Duration timeout,
+                         const std::function<bool(const ChunkView&)>& on_chunk) override {
+    calls_.fetch_add(1);
+    if (timeout <= absl::ZeroDuration()) return absl::DeadlineExceededError("no time left");
+    auto it = by_address_.find(address);
+    if (it == by_address_.end()) return absl::UnavailableError(absl::StrCat("no peer ", address));
+    if (faults_.on_call) {
+      absl::Status s = faults_.on_call(address, request);
+      if (!s.ok()) return s;
+    }
+    const FakeWorker& peer = *it->second;
+    absl::Status s = peer.state.CheckRead(request);
+    if (!s.ok()) return s;
+    ChunkReceiver receiver(request.round(), request.begin(), request.end());
+    int index = 0;
+    for (uint64_t b = request.begin(); b < request.end(); b += kChunkElements, ++index) {
+      const size_t count = std::min<uint64_t>(kChunkElements, request.end() - b);
+      TensorChunk chunk;
+      EncodeChunk(request.round(), b, peer.state.parameters() + b, count, &chunk);
+      if (faults_.on_chunk) {
+        absl::Status f = faults_.on_chunk(address, request, index, &chunk);
+        if (!f.ok()) return f;
+      }
+      absl::StatusOr<ChunkView> view = receiver.Accept(chunk);
+      if (!view.ok()) return view.status();
+      if (!on_chunk(*view)) return absl::CancelledError("read cancelled by the caller");
+    }
+    return receiver.Finish();
+  }
+
+  int calls() const { return calls_.load(); }
+
+ private:
+  const std::map<std::string, FakeWorker*> by_address_;
+  const Faults faults_;
+  std::atomic<int> calls_{0};
+};
+
+RoundPlan MakePlan(const std::vector<std::unique_ptr<FakeWorker>>& workers, uint64_t total) {
+  RoundPlan plan;
+  plan.set_round(kRound);
+  plan.set_total_elements(total);
+  const size_t n = workers.size();
+  for (size_t k = 0; k < n; ++k) {
+    auto* s = plan.add_slices();
+    s->set_worker_id(workers[k]->id);
+    s->set_peer_address(workers[k]->address);
+    s->set_begin(static_cast<uint64_t>(static_cast<unsigned __int128>(total) * k / n));
+    s->set_end(static_cast<uint64_t>(static_cast<unsigned __int128>(total) * (k + 1) / n));
+  }
+  return plan;
+}
+
+// N workers, each with its own random vector, trained and ready for kRound.
+std::vector<std::unique_ptr<FakeWorker>> MakeWorkers(int n, uint64_t total, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  for (int k = 0; k < n; ++k) {
+    auto w = std::make_unique<FakeWorker>();
+    w->id = absl::StrCat("w", k + 1);
+    w->address = absl::StrCat("10.0.0.", k + 1, ":7000");
+    w->params.resize(total);
+    for (float& x : w->params) x = dist(rng);
+    w->initial = w->params;
+    w->state.Bind(w->params.data(), total, "mlp");
+    w->state.SetWorkerId(w->id);
+    w->state.BeginTraining(kRound);
+    w->state.SetReady(kRound);
+    workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
+std::map<std::string, FakeWorker*> ByAddress(const std::vector<std::unique_ptr<FakeWorker>>& ws) {
+  std::map<std::string, FakeWorker*> m;
+  for (const auto& w : ws) m[w->address] = w.get();
+  return m;
+}
+
+ExchangeOptions TestOptions() {
+  ExchangeOptions o;
+  o.timeout = absl::Seconds(20);
+  return o;
+}
+
+struct RunResult {
+  std::vector<absl::Status> status;
+  std::vector<ExchangeStats> stats;
+};
+
+// Runs every worker's exchange concurrently, as the participants of a round.
+RunResult RunAll(const std::vector<std::unique_ptr<FakeWorker>>& workers, const RoundPlan& plan,
+                 PeerClient* client, const std::atomic<bool>* abort = nullptr) {
+  const size_t n = workers.size();
+  RunResult r;
+  r.status.resize(n);
+  r.stats.resize(n);
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < n; ++k) {
+    threads.emplace_back([&, k] {
+      Exchanger ex(client, &workers[k]->state, workers[k]->params.data(), TestOptions());
+      r.status[k] = ex.Run(plan, workers[k]->id, abort, &r.stats[k]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return r;
+}
+
+// Every worker holds the same bytes and each element is the mean of the
+// initial vectors: |got - mean| <= 1e-6 * max(|mean|, mean(|x_i|)), the
+// float32 summation error bound scaled to the magnitudes summed.
+void ExpectAveraged(const std::vector<std::unique_ptr<FakeWorker>>& workers) {
+  const size_t n = workers.size();
+  const uint64_t total = workers[0]->params.size();
+  for (size_t k = 1; k < n; ++k) {
+    ASSERT_EQ(
+        std::memcmp(workers[0]->params.data(), workers[k]->params.data(), total * sizeof(float)), 0)
+        << workers[k]->id << " differs from " << workers[0]->id;
+  }
+  int bad = 0;
+  for (uint64_t i = 0; i < total; ++i) {
+    double sum = 0, abs_sum = 0;
+    for (size_t k = 0; k < n; ++k) {
+      sum += workers[k]->initial[i];
+      abs_sum += std::fabs(workers[k]->initial[i]);
+    }
+    const double mean = sum / n;
+    const double scale = std::max(std::fabs(mean), abs_sum / n);
+    const double got = workers[0]->params[i];
+    if (std::fabs(got - mean) > 1e-6 * scale) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << "element " << i << ": got " << got << ", reference mean " << mean;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements off the reference mean";
+}
+
+// Bytes a participant receives: (N-1) copies of its own slice plus every
+// other averaged slice, each exactly once.
+uint64_t ExpectedBytes(const RoundPlan& plan, int self) {
+  const uint64_t own = plan.slices(self).end() - plan.slices(self).begin();
+  const uint64_t n = plan.slices_size();
+  return ((n - 1) * own + (plan.total_elements() - own)) * sizeof(float);
+}
+
+struct Shape {
+  int n;
+  uint64_t total;
+};
+
+class ExchangerAverageTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(ExchangerAverageTest, EveryWorkerEndsWithTheReferenceMean) {
+  const Shape shape = GetParam();
+  auto workers = MakeWorkers(shape.n, shape.total, 1000 + shape.n);
+  const RoundPlan plan = MakePlan(workers, shape.total);
+  FakePeerClient client(ByAddress(workers), {});
+  RunResult r = RunAll(workers, plan, &client);
+  for (int k = 0; k < shape.n; ++k) {
+    ASSERT_TRUE(r.status[k].ok()) << workers[k]->id << ": " << r.status[k];
+    EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k)) << workers[k]->id;
+  }
+  ExpectAveraged(workers);
+  // Every worker now serves its averaged slice.
+  for (int k = 0; k < shape.n; ++k) {
+    const auto& s = plan.slices(k);
+    if (s.begin() == s.end()) continue;
+    ReadSliceRequest req;
+    req.set_round(kRound);
+    req.set_begin(s.begin());
+    req.set_end(s.end());
+    req.set_kind(AVERAGED);
+    EXPECT_TRUE(workers[k]->state.CheckRead(req).ok()) << workers[k]->id;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ExchangerAverageTest,
+                         ::testing::Values(Shape{2, 1}, Shape{2, 1001}, Shape{3, 2}, Shape{3, 1000},
+                                           Shape{4, 3}, Shape{4, 600000}, Shape{7, 3}, Shape{7, 6},
+                                           Shape{7, 100003}, Shape{7, 600000}, Shape{3, 600001}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return absl::StrCat("N", info.param.n, "_T", info.param.total);
+                         });
+
+TEST(ExchangerTest, SingleParticipantKeepsItsModel) {
+  auto workers = MakeWorkers(1, 1000, 1);
+  const RoundPlan plan = MakePlan(workers, 1000);
+  FakePeerClient client(ByAddress(workers), {});
+  RunResult r = RunAll(workers, plan, &client);
+  ASSERT_TRUE(r.status[0].ok()) << r.status[0];
+  EXPECT_EQ(workers[0]->params, workers[0]->initial);
+  EXPECT_EQ(client.calls(), 0);
+}
+
+// A read that fails UNAVAILABLE after some chunks resumes where it stopped:
+// the chunks already added are not added again.
+TEST(ExchangerTest, ReadFailingHalfWayResumesWithoutAddingTwice) {
+  constexpr int kN = 3;
+  constexpr uint64_t kTotal = 600000;  // 200000 per slice: 4 chunks per read
+  auto workers = MakeWorkers(kN, kTotal, 77);
+  const RoundPlan plan = MakePlan(workers, kTotal);
+  std::atomic<int> contribution_failures{0}, averaged_failures{0};
+  std::atomic<bool> contribution_failed{false}, averaged_failed{false};
+  Faults faults;
+  faults.on_chunk = [&](const std::string& address, const ReadSliceRequest& r, int index,
+                        TensorChunk*) -> absl::Status {
+    // w2's copy of w1's slice breaks after two chunks, once; so does w3's
+    // averaged slice when w1 gathers it.
+    if (r.kind() == CONTRIBUTION && address == "10.0.0.2:7000" && r.reader_id() == "w1" &&
+        index == 2 && !contribution_failed.exchange(true)) {
+      ++contribution_failures;
+      return absl::UnavailableError("connection reset");
+    }
+    if (r.kind() == AVERAGED && address == "10.0.0.3:7000" && r.reader_id() == "w1" && index == 1 &&
+        !averaged_failed.exchange(true)) {
+      ++averaged_failures;
+      return absl::UnavailableError("connection reset");
+    }
+    return absl::OkStatus();
+  };
+  FakePeerClient client(ByAddress(workers), faults);
+  RunResult r = RunAll(workers, plan, &client);
+  for (int k = 0; k < kN; ++k) ASSERT_TRUE(r.status[k].ok()) << r.status[k];
+  EXPECT_EQ(contribution_failures.load(), 1);
+  EXPECT_EQ(averaged_failures.load(), 1);
+  EXPECT_GE(r.stats[0].retries, 2);
+  // No chunk counted (or added) twice.
+  for (int k = 0; k < kN; ++k) EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k));
+  ExpectAveraged(workers);
+}
+
+TEST(ExchangerTest, ResumedReadStartsAtTheFirstMissingElement) {
+  constexpr int kN = 2;
+  constexpr uint64_t kTotal = 400000;
+  auto workers = MakeWorkers(kN, kTotal, 5);
+  const RoundPlan plan = MakePlan(workers, kTotal);
+  absl::Mutex mu;
+  std::vector<uint64_t> w1_contribution_begins;
+  std::atomic<bool> failed{false};
+  Faults faults;
+  faults.on_call = [&](const std::string& address, const ReadSliceRequest& r) {
+    if (r.reader_id() == "w1" && r.kind() == CONTRIBUTION) {
+      absl::MutexLock lock(&mu);
+      w1_contribution_begins.push_back(r.begin());
+    }
+    return absl::OkStatus();
+  };
+  faults.on_chunk = [&](const std::string&, const ReadSliceRequest& r, int index, TensorChunk*) {
+    if (r.reader_id() == "w1" && r.kind() == CONTRIBUTION && index == 2 && !failed.exchange(true)) {
+      return absl::UnavailableError("reset");
+    }
+    return absl::OkStatus();
+  };
+  FakePeerClient client(ByAddress(workers), faults);
+  RunResult r = RunAll(workers, plan, &client);
+  for (int k = 0; k < kN; ++k) ASSERT_TRUE(r.status[k].ok()) << r.status[k];
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(w1_contribution_begins, (std::vector<uint64_t>{0, 2 * kChunkElements}));
+  ExpectAveraged(workers);
+}
+
+TEST(ExchangerTest, PeerUnavailableForAWhileIsRetried) {
+  constexpr int kN = 4;
+  constexpr uint64_t kTotal = 10007;
+  auto workers = MakeWorkers(kN, kTotal, 9);
+  const RoundPlan plan = MakePlan(workers, kTotal);
+  std::atomic<int> refusals{0};
+  Faults faults;
+  faults.on_call = [&](const std::string& address, const ReadSliceRequest&) {
+    if (address == "10.0.0.4:7000" && refusals.fetch_add(1) < 10) {
+      return absl::UnavailableError("peer restarting");
+    }
+    return absl::OkStatus();
+  };
+  FakePeerClient client(ByAddress(workers), faults);
+  RunResult r = RunAll(workers, plan, &client);
+  for (int k = 0; k < kN; ++k) ASSERT_TRUE(r.status[k].ok()) << r.status[k];
+  ExpectAveraged(workers);
+}
+
+// ------------------------------------------------------------ failures
+//
+// One worker under test (w1) runs its exchange against peers whose state is
+// set up by hand (ready, averaged), so nobody waits on a failed participant.
+
+struct Harness {
+  explicit Harness(int n, uint64_t total) : workers(MakeWorkers(n, total, 321)) {
+    plan = MakePlan(workers, total);
+    for (int k = 1; k < n; ++k) {
+      const auto& s = plan.slices(k);
+      workers[k]->state.SetPlan(kRound, s.begin(), s.end());
+      workers[k]->state.MarkAveraged(kRound);
+    }
+  }
+  absl::Status Run(PeerClient* client, const std::atomic<bool>* abort = nullptr,
+                   ExchangeOptions options = TestOptions()) {
+    Exchanger ex(client, &workers[0]->state, workers[0]->params.data(), options);
+    return ex.Run(plan, workers[0]->id, abort, &stats);
+  }
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  RoundPlan plan;
+  ExchangeStats stats;
+};
+
+TEST(ExchangerFailureTest, HarnessSucceedsWithoutFaults) {
+  Harness h(3, 300000);
+  FakePeerClient client(ByAddress(h.workers), {});
+  ASSERT_TRUE(h.Run(&client).ok());
+  EXPECT_EQ(h.stats.bytes_received, ExpectedBytes(h.plan, 0));
+}
+
+TEST(ExchangerFailureTest, CorruptChunkFailsWithDataLoss) {
+  for (auto kind : {CONTRIBUTION, AVERAGED}) {
+    SCOPED_TRACE(shoal::v1::SliceKind_Name(kind));
+    Harness h(3, 300000);
+    std::atomic<int> corrupted{0};
+    Faults faults;
+    faults.on_chunk = [&](const std::string& address, const ReadSliceRequest& r, int index,
+                          TensorChunk* chunk) {
+      if (address == "10.0.0.2:7000" && r.kind() == kind && index == 1) {
+        (*chunk->mutable_data())[5] ^= 0x40;  // the crc32c stays the old one
+        ++corrupted;
+      }
+      return absl::OkStatus();
+    };
+    FakePeerClient client(ByAddress(h.workers), faults);
+    const absl::Time t0 = absl::Now();
+    absl::Status s = h.Run(&client);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_EQ(corrupted.load(), 1) << "bad data must not be retried";
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  }
+}
+
+TEST(ExchangerFailureTest, CorruptChunkFailsEveryParticipantWithoutHanging) {
+  // All participants run; w2 serves one corrupt chunk of its contribution to
+  // w1. w1 fails; the others fail or time out in bounded time, never hang.
+  constexpr int kN = 3;
+  auto workers = MakeWorkers(kN, 300000, 4);
+  const RoundPlan plan = MakePlan(workers, 300000);
+  Faults faults;
+  faults.on_chunk = [&](const std::string& address, const ReadSliceRequest& r, int index,
+                        TensorChunk* chunk) {
+    if (address == "10.0.0.2:7000" && r.reader_id() == "w1" && r.kind() == CONTRIBUTION &&
+        index == 0) {
+      (*chunk->mutable_data())[0] ^= 1;
+    }
+    return absl::OkStatus();
+  };
+  FakePeerClient client(ByAddress(workers), faults);
+  std::atomic<bool> abort{false};
+  // w1's failure never lets w1's slice be averaged; the others would wait
+  // for it until the deadline, so the round gets aborted (as the coordinator
+  // does when w1 leaves) once w1 has failed.
+  RunResult r;
+  r.status.resize(kN);
+  r.stats.resize(kN);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kN; ++k) {
+    threads.emplace_back([&, k] {
+      Exchanger ex(&client, &workers[k]->state, workers[k]->params.data(), TestOptions());
+      r.status[k] = ex.Run(plan, workers[k]->id, &abort, &r.stats[k]);
+      if (k == 0) abort = true;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(r.status[0].code(), absl::StatusCode::kDataLoss) << r.status[0];
+  for (int k = 1; k < kN; ++k) EXPECT_FALSE(r.status[k].ok()) << workers[k]->id;
+}
+
+TEST(ExchangerFailureTest, RefusedReadFailsWithItsCode) {
+  for (auto kind : {CONTRIBUTION, AVERAGED}) {
+    SCOPED_TRACE(shoal::v1::SliceKind_Name(kind));
+    Harness h(4, 1000);
+    std::atomic<int> refused{0};
+    Faults faults;
+    faults.on_call = [&](const std::string& address, const ReadSliceRequest& r) {
+      if (address == "10.0.0.3:7000" && r.kind() == kind) {
+        ++refused;
+        return absl::FailedPreconditionError("round 5 is stale: this worker is at round 6");
+      }
+      return absl::OkStatus();
+    };
+    FakePeerClient client(ByAddress(h.workers), faults);
+    absl::Status s = h.Run(&client);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_EQ(refused.load(), 1) << "a refused read must not be retried";
+  }
+}
+
+TEST(ExchangerFailureTest, PeerInAnotherRoundFailsWithFailedPrecondition) {
+  Harness h(3, 999);
+  h.workers[2]->state.BeginTraining(kRound + 1);  // w3 moved on
+  FakePeerClient client(ByAddress(h.workers), {});
+  absl::Status s = h.Run(&client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+TEST(ExchangerFailureTest, AbortBeforeRunReturnsAborted) {
+  Harness h(3, 999);
+  FakePeerClient client(ByAddress(h.workers), {});
+  std::atomic<bool> abort{true};
+  absl::Status s = h.Run(&client, &abort);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+}
+
+TEST(ExchangerFailureTest, AbortWhileWaitingForAnAverageReturnsAbortedPromptly) {
+  Harness h(3, 999);
+  // w3 has not averaged its slice (and never will): w1 keeps retrying.
+  h.workers[2]->state.BeginTraining(kRound);
+  h.workers[2]->state.SetReady(kRound);
+  h.workers[2]->state.SetPlan(kRound, h.plan.slices(2).begin(), h.plan.slices(2).end());
+  std::atomic<bool> abort{false};
+  std::atomic<int> waits{0};
+  Faults faults;
+  faults.on_call = [&](const std::string& address, const ReadSliceRequest& r) {
+    // The abort arrives after a few refused reads of the average.
+    if (r.kind() == AVERAGED && address == "10.0.0.3:7000" && ++waits == 5) abort = true;
+    return absl::OkStatus();
+  };
+  FakePeerClient client(ByAddress(h.workers), faults);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = h.Run(&client, &abort);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+TEST(ExchangerFailureTest, AbortDuringAStreamReturnsAborted) {
+  // The chunk callback cancels the read; that must surface as ABORTED (a
+  // normal round abort for the worker), not CANCELLED (an exchange failure).
+  for (auto kind : {CONTRIBUTION, AVERAGED}) {
+    SCOPED_TRACE(shoal::v1::SliceKind_Name(kind));
+    Harness h(2, 600000);
+    std::atomic<bool> abort{false};
+    Faults faults;
+    faults.on_chunk = [&](const std::string&, const ReadSliceRequest& r, int index, TensorChunk*) {
+      if (r.kind() == kind && index == 2) abort = true;  // arrives mid-stream
+      return absl::OkStatus();
+    };
+    FakePeerClient client(ByAddress(h.workers), faults);
+    const absl::Time t0 = absl::Now();
+    absl::Status s = h.Run(&client, &abort);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  }
+}
+
+TEST(ExchangerFailureTest, PlanWithoutSelfIsInvalidArgument) {
+  Harness h(3, 999);
+  FakePeerClient client(ByAddress(h.workers), {});
+  Exchanger ex(&client, &h.workers[0]->state, h.workers[0]->params.data(), TestOptions());
+  absl::Status s = ex.Run(h.plan, "w99", nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(client.calls(), 0);
+  EXPECT_EQ(h.workers[0]->params, h.workers[0]->initial);
+}
+
+TEST(ExchangerFailureTest, PlanWithWrongTotalIsInvalidArgument) {
+  for (uint64_t total : {998u, 1000u, 0u}) {
+    Harness h(3, 999);
+    h.plan.set_total_elements(total);
+    FakePeerClient client(ByAddress(h.workers), {});
+    absl::Status s = h.Run(&client);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << total << ": " << s;
+    EXPECT_EQ(client.calls(), 0);
+    EXPECT_EQ(h.workers[0]->params, h.workers[0]->initial);
+  }
+}
+
+TEST(ExchangerFailureTest, PeerThatNeverAnswersTimesOut) {
+  Harness h(2, 100);
+  Faults faults;
+  faults.on_call = [](const std::string&, const ReadSliceRequest&) {
+    return absl::UnavailableError("connection refused");
+  };
+  FakePeerClient client(ByAddress(h.workers), faults);
+  ExchangeOptions options = TestOptions();
+  options.timeout = absl::Milliseconds(200);
+  absl::Status s = h.Run(&client, nullptr, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("connection refused"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace shoal::worker

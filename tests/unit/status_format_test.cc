@@ -1,0 +1,225 @@
+// Unit tests of shoalctl's run status rendering.
+#include "tools/shoalctl/status_format.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shoal::ctl {
+namespace {
+
+using ::shoal::v1::RoundSummary;
+using ::shoal::v1::RunStatus;
+using ::shoal::v1::WorkerStatus;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kHash[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+constexpr char kOtherHash[] = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+
+WorkerStatus* AddWorker(RunStatus* s, const std::string& id, const std::string& state,
+                        uint64_t model_round, const std::string& hash) {
+  WorkerStatus* w = s->add_workers();
+  w->set_id(id);
+  w->set_address("127.0.0.1:500" + id.substr(1));
+  w->set_state(state);
+  w->set_model_round(model_round);
+  w->set_model_hash(hash);
+  return w;
+}
+
+RoundSummary* AddRound(RunStatus* s, uint64_t round, bool evaluated, double accuracy, double loss) {
+  RoundSummary* r = s->add_recent_rounds();
+  r->set_round(round);
+  r->set_participants(3);
+  r->set_seconds(1.5);
+  r->set_train_loss(0.5);
+  r->set_evaluated(evaluated);
+  r->set_test_accuracy(accuracy);
+  r->set_test_loss(loss);
+  r->set_model_hash(kHash);
+  r->set_exchange_seconds(0.125);
+  return r;
+}
+
+// A finished 5-round run of three workers; round 4 was the last evaluated.
+RunStatus FinishedRun() {
+  RunStatus s;
+  s.set_run_id("run-42");
+  s.set_phase(shoal::v1::FINISHED);
+  s.set_round(5);
+  s.set_last_completed_round(5);
+  s.set_min_participants(2);
+  s.set_members(3);
+  s.add_participants("w1");
+  s.add_participants("w2");
+  s.set_model_hash(kHash);
+  s.set_detail("done");
+  s.set_started_unix_ms(1700000000000);
+  s.mutable_config()->set_model("mlp");
+  s.mutable_config()->set_learning_rate(0.05);
+  s.mutable_config()->set_rounds(5);
+  s.mutable_config()->set_seed(7);
+  AddRound(&s, 3, true, 0.8512, 0.41);
+  AddRound(&s, 4, true, 0.88456, 0.3377);
+  AddRound(&s, 5, false, 0.0, 0.0);
+  WorkerStatus* w1 = AddWorker(&s, "w1", "left", 5, kHash);
+  w1->set_metrics_round(4);
+  w1->set_test_accuracy(0.88456);
+  w1->set_test_loss(0.3377);
+  w1->set_last_seen_ms_ago(12);
+  w1->set_reason("run finished");
+  AddWorker(&s, "w2", "syncing", 5, kHash)->set_last_seen_ms_ago(34);
+  AddWorker(&s, "w3", "evicted", 2, "")->set_reason("missed heartbeats");
+  return s;
+}
+
+// ---------------------------------------------------------------- summary line
+
+TEST(FormatSummaryLineTest, UsesTheNewestEvaluatedRound) {
+  const std::string line = FormatSummaryLine(FinishedRun(), 12.34);
+  EXPECT_THAT(line, HasSubstr("test_accuracy=0.8846"));
+  EXPECT_THAT(line, HasSubstr("test_loss=0.3377"));
+  EXPECT_THAT(line, Not(HasSubstr("test_accuracy=0.8512")));
+  EXPECT_THAT(line, Not(HasSubstr("test_accuracy=0.0000")));
+  EXPECT_THAT(line, HasSubstr("run_id=run-42"));
+  EXPECT_THAT(line, HasSubstr("phase=FINISHED"));
+  EXPECT_THAT(line, HasSubstr("rounds=5"));
+  EXPECT_THAT(line, HasSubstr("workers=2"));
+  EXPECT_THAT(line, HasSubstr("hashes_agree=true"));
+  EXPECT_THAT(line, HasSubstr("model_hash=0123456789abcdef "));
+  EXPECT_THAT(line, HasSubstr("elapsed=12.3s"));
+}
+
+TEST(FormatSummaryLineTest, NoEvaluatedRoundGivesZero) {
+  RunStatus s;
+  s.set_run_id("r");
+  AddRound(&s, 1, false, 0.5, 0.5);
+  const std::string line = FormatSummaryLine(s, 0);
+  EXPECT_THAT(line, HasSubstr("test_accuracy=0.0000"));
+  EXPECT_THAT(line, HasSubstr("hashes_agree=false"));
+}
+
+// ---------------------------------------------------------------- hashes
+
+TEST(HashesAgreeTest, AllReportersAgree) { EXPECT_TRUE(HashesAgree(FinishedRun())); }
+
+TEST(HashesAgreeTest, LeftWorkerWithADifferentHashDisagrees) {
+  RunStatus s = FinishedRun();
+  s.mutable_workers(0)->set_model_hash(kOtherHash);  // w1, "left"
+  EXPECT_FALSE(HashesAgree(s));
+}
+
+TEST(HashesAgreeTest, ActiveWorkerWithADifferentHashDisagrees) {
+  RunStatus s = FinishedRun();
+  s.mutable_workers(1)->set_model_hash(kOtherHash);
+  EXPECT_FALSE(HashesAgree(s));
+}
+
+TEST(HashesAgreeTest, EvictedWorkersDoNotCount) {
+  RunStatus s = FinishedRun();
+  // Evicted after reporting the last round, with another hash: ignored.
+  WorkerStatus* w3 = s.mutable_workers(2);
+  w3->set_model_round(5);
+  w3->set_model_hash(kOtherHash);
+  EXPECT_TRUE(HashesAgree(s));
+}
+
+TEST(HashesAgreeTest, WorkersBehindTheLastRoundDoNotCount) {
+  RunStatus s = FinishedRun();
+  AddWorker(&s, "w4", "waiting", 3, kOtherHash);
+  AddWorker(&s, "w5", "training", 0, "");
+  EXPECT_TRUE(HashesAgree(s));
+}
+
+TEST(HashesAgreeTest, NoReportersIsFalse) {
+  RunStatus s = FinishedRun();
+  for (auto& w : *s.mutable_workers()) w.set_state("evicted");
+  EXPECT_FALSE(HashesAgree(s));
+
+  RunStatus empty;
+  EXPECT_FALSE(HashesAgree(empty));
+
+  // No completed round yet: workers at model round 0 are not reporters.
+  RunStatus fresh;
+  AddWorker(&fresh, "w1", "training", 0, "");
+  EXPECT_FALSE(HashesAgree(fresh));
+}
+
+TEST(HashesAgreeTest, OnlyLeftWorkersReported) {
+  RunStatus s = FinishedRun();
+  s.mutable_workers(1)->set_state("evicted");
+  EXPECT_TRUE(HashesAgree(s));  // w1 left after reporting round 5
+}
+
+// ---------------------------------------------------------------- table
+
+TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
+  RunStatus s = FinishedRun();
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("run-42"));
+  EXPECT_THAT(table, HasSubstr("FINISHED"));
+  EXPECT_THAT(table, Not(HasSubstr("PHASE_")));
+  EXPECT_THAT(table, HasSubstr("last_completed_round 5"));
+  for (const char* id : {"w1", "w2", "w3"}) EXPECT_THAT(table, HasSubstr(id));
+  for (const char* state : {"left", "syncing", "evicted"}) EXPECT_THAT(table, HasSubstr(state));
+  EXPECT_THAT(table, HasSubstr("127.0.0.1:5001"));
+  EXPECT_THAT(table, HasSubstr("0.8846"));             // w1's accuracy
+  EXPECT_THAT(table, HasSubstr("0123456789ab"));       // a shortened hash
+  EXPECT_THAT(table, HasSubstr("missed heartbeats"));  // w3's reason
+  EXPECT_THAT(table, HasSubstr("done"));               // the detail line
+
+  s.set_phase(shoal::v1::SHARING);
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("SHARING"));
+  s.set_phase(shoal::v1::WAITING_FOR_MEMBERS);
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
+}
+
+TEST(PhaseNameTest, NamesWithoutPrefix) {
+  EXPECT_EQ(PhaseName(shoal::v1::TRAINING), "TRAINING");
+  EXPECT_EQ(PhaseName(shoal::v1::CHECKPOINTING), "CHECKPOINTING");
+}
+
+// ---------------------------------------------------------------- round line
+
+TEST(FormatRoundLineTest, ShowsMetricsWhenEvaluated) {
+  RunStatus s = FinishedRun();
+  const std::string evaluated = FormatRoundLine(s.recent_rounds(1), 5);
+  EXPECT_THAT(evaluated, HasSubstr("round 4/5"));
+  EXPECT_THAT(evaluated, HasSubstr("test_accuracy=0.8846"));
+  const std::string not_evaluated = FormatRoundLine(s.recent_rounds(2), 0);
+  EXPECT_THAT(not_evaluated, HasSubstr("round 5 "));
+  EXPECT_THAT(not_evaluated, HasSubstr("test_accuracy=-"));
+}
+
+// ---------------------------------------------------------------- JSON
+
+TEST(FormatStatusJsonTest, ParsesBackToAnEqualMessage) {
+  const RunStatus s = FinishedRun();
+  const std::string json = FormatStatusJson(s);
+  EXPECT_THAT(json, HasSubstr("\"last_completed_round\""));
+  EXPECT_THAT(json, HasSubstr("\"run_id\": \"run-42\""));
+  RunStatus parsed;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &parsed);
+  ASSERT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, s))
+      << parsed.DebugString() << "\nvs\n"
+      << s.DebugString();
+}
+
+TEST(FormatStatusJsonTest, PrintsDefaultFields) {
+  RunStatus empty;
+  const std::string json = FormatStatusJson(empty);
+  EXPECT_THAT(json, HasSubstr("\"last_completed_round\""));
+  EXPECT_THAT(json, HasSubstr("\"phase\""));
+  RunStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, empty));
+}
+
+}  // namespace
+}  // namespace shoal::ctl

@@ -1,0 +1,238 @@
+// Unit tests of the Torch trainer on a small synthetic, learnable data set
+// (no Fashion-MNIST needed): deterministic initialisation, the flat
+// parameter buffer, layers, data shards and that training learns.
+#include "services/worker/core/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace shoal::worker {
+namespace {
+
+// 28x28 images of noise with one bright horizontal bar; the label is which
+// of 10 bands holds the bar. Learnable by both models in a few dozen steps.
+ImageSet SyntheticSet(uint32_t count, uint32_t seed) {
+  ImageSet set;
+  set.count = count;
+  set.rows = 28;
+  set.cols = 28;
+  set.pixels.resize(size_t{count} * 28 * 28);
+  set.labels.resize(count);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> noise(0, 60);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint8_t label = static_cast<uint8_t>(rng() % 10);
+    set.labels[i] = label;
+    uint8_t* img = set.pixels.data() + size_t{i} * 28 * 28;
+    for (int p = 0; p < 28 * 28; ++p) img[p] = static_cast<uint8_t>(noise(rng));
+    // Band `label` covers rows [2 + 2*label, 4 + 2*label).
+    for (int r = 2 + 2 * label; r < 4 + 2 * label; ++r) {
+      for (int c = 4; c < 24; ++c) img[r * 28 + c] = 255;
+    }
+  }
+  return set;
+}
+
+FashionMnist SyntheticData(uint32_t train = 256, uint32_t test = 64) {
+  FashionMnist d;
+  d.train = SyntheticSet(train, 1);
+  d.test = SyntheticSet(test, 2);
+  return d;
+}
+
+TrainerOptions Options(const std::string& model, uint64_t seed = 42, uint32_t data_rank = 0,
+                       uint32_t data_shards = 1) {
+  TrainerOptions o;
+  o.config.set_model(model);
+  o.config.set_learning_rate(0.05);
+  o.config.set_momentum(0.9);
+  o.config.set_batch_size(32);
+  o.config.set_seed(seed);
+  o.config.set_data_shards(data_shards);
+  o.data_rank = data_rank;
+  o.threads = 1;
+  return o;
+}
+
+std::unique_ptr<Trainer> MustCreate(const TrainerOptions& options, const FashionMnist* data) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(options, data);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+std::string Hash(Trainer& t) { return HashParameters(t.parameters(), t.num_elements()); }
+
+class TrainerModelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  FashionMnist data_ = SyntheticData();
+};
+
+TEST_P(TrainerModelTest, SameSeedGivesIdenticalParameters) {
+  auto a = MustCreate(Options(GetParam(), 42), &data_);
+  auto b = MustCreate(Options(GetParam(), 42), &data_);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->num_elements(), b->num_elements());
+  EXPECT_EQ(Hash(*a), Hash(*b));
+  EXPECT_EQ(std::memcmp(a->parameters(), b->parameters(), a->num_elements() * sizeof(float)), 0);
+  // The data rank changes the data order, not the initial model.
+  auto c = MustCreate(Options(GetParam(), 42, /*data_rank=*/1, /*data_shards=*/2), &data_);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(Hash(*a), Hash(*c));
+}
+
+TEST_P(TrainerModelTest, DifferentSeedsGiveDifferentParameters) {
+  auto a = MustCreate(Options(GetParam(), 42), &data_);
+  auto b = MustCreate(Options(GetParam(), 43), &data_);
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(Hash(*a), Hash(*b));
+}
+
+TEST_P(TrainerModelTest, SameSeedTrainsIdentically) {
+  auto a = MustCreate(Options(GetParam(), 7), &data_);
+  auto b = MustCreate(Options(GetParam(), 7), &data_);
+  ASSERT_TRUE(a && b);
+  const double la = a->TrainSteps(3);
+  const double lb = b->TrainSteps(3);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(Hash(*a), Hash(*b));
+}
+
+TEST_P(TrainerModelTest, LayersCoverTheFlatBufferContiguously) {
+  auto t = MustCreate(Options(GetParam()), &data_);
+  ASSERT_TRUE(t);
+  const auto& layers = t->layers();
+  ASSERT_FALSE(layers.empty());
+  uint64_t next = 0;
+  for (const LayerInfo& l : layers) {
+    EXPECT_EQ(l.offset, next) << l.name;
+    int64_t product = 1;
+    for (int64_t d : l.shape) product *= d;
+    EXPECT_EQ(static_cast<uint64_t>(product), l.elements) << l.name;
+    EXPECT_GT(l.elements, 0u) << l.name;
+    next = l.offset + l.elements;
+  }
+  EXPECT_EQ(next, t->num_elements());
+}
+
+TEST_P(TrainerModelTest, ParametersAreTheLiveModel) {
+  auto t = MustCreate(Options(GetParam()), &data_);
+  ASSERT_TRUE(t);
+  const shoal::v1::Metrics before = t->Evaluate();
+  const std::string hash_before = Hash(*t);
+  // All-zero weights: every logit is 0, the loss is exactly ln(10).
+  std::fill(t->parameters(), t->parameters() + t->num_elements(), 0.0f);
+  EXPECT_NE(Hash(*t), hash_before);
+  const shoal::v1::Metrics zeros = t->Evaluate();
+  EXPECT_NEAR(zeros.test_loss(), std::log(10.0), 1e-5);
+  EXPECT_NE(zeros.test_loss(), before.test_loss());
+  // Training moves the same memory: the buffer no longer holds zeros.
+  t->TrainSteps(1);
+  bool nonzero = false;
+  for (uint64_t i = 0; i < t->num_elements() && !nonzero; ++i) nonzero = t->parameters()[i] != 0;
+  EXPECT_TRUE(nonzero);
+}
+
+TEST_P(TrainerModelTest, TrainingReducesTheLoss) {
+  auto t = MustCreate(Options(GetParam()), &data_);
+  ASSERT_TRUE(t);
+  const shoal::v1::Metrics before = t->Evaluate();
+  const double first = t->TrainSteps(5);
+  t->TrainSteps(30);
+  const double last = t->TrainSteps(5);
+  const shoal::v1::Metrics after = t->Evaluate();
+  EXPECT_LT(last, first * 0.7) << "first " << first << ", last " << last;
+  EXPECT_LT(after.test_loss(), before.test_loss());
+  EXPECT_GT(after.test_accuracy(), 0.5) << "before: " << before.test_accuracy();
+  EXPECT_TRUE(after.evaluated());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TrainerModelTest, ::testing::Values("mlp", "cnn"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(TrainerTest, MlpLayers) {
+  const FashionMnist data = SyntheticData();
+  auto t = MustCreate(Options("mlp"), &data);
+  ASSERT_TRUE(t);
+  const auto& layers = t->layers();
+  ASSERT_EQ(layers.size(), 6u);
+  const std::vector<std::string> names = {"fc1.weight", "fc1.bias",   "fc2.weight",
+                                          "fc2.bias",   "fc3.weight", "fc3.bias"};
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(layers[i].name, names[i]);
+  EXPECT_EQ(layers[0].shape, (std::vector<int64_t>{256, 784}));
+  EXPECT_EQ(layers[1].shape, (std::vector<int64_t>{256}));
+  EXPECT_EQ(layers[4].shape, (std::vector<int64_t>{10, 128}));
+  EXPECT_EQ(t->num_elements(), 784u * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+}
+
+TEST(TrainerTest, CnnLayers) {
+  const FashionMnist data = SyntheticData();
+  auto t = MustCreate(Options("cnn"), &data);
+  ASSERT_TRUE(t);
+  const auto& layers = t->layers();
+  ASSERT_EQ(layers.size(), 8u);
+  const std::vector<std::string> names = {"conv1.weight", "conv1.bias", "conv2.weight",
+                                          "conv2.bias",   "fc1.weight", "fc1.bias",
+                                          "fc2.weight",   "fc2.bias"};
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(layers[i].name, names[i]);
+  EXPECT_EQ(layers[0].shape, (std::vector<int64_t>{16, 1, 5, 5}));
+  EXPECT_EQ(layers[2].shape, (std::vector<int64_t>{32, 16, 5, 5}));
+  EXPECT_EQ(layers[4].shape, (std::vector<int64_t>{128, 32 * 7 * 7}));
+  EXPECT_EQ(t->num_elements(),
+            16u * 25 + 16 + 32 * 16 * 25 + 32 + 32 * 7 * 7 * 128 + 128 + 128 * 10 + 10);
+}
+
+TEST(TrainerTest, UnknownModelIsInvalidArgument) {
+  const FashionMnist data = SyntheticData(16, 4);
+  for (const char* model : {"resnet", "", "MLP"}) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(Options(model), &data);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << model;
+  }
+}
+
+TEST(TrainerTest, DisjointShardsCoverTheTrainingSet) {
+  const FashionMnist data = SyntheticData(257, 8);
+  auto a = MustCreate(Options("mlp", 1, /*data_rank=*/0, /*data_shards=*/2), &data);
+  auto b = MustCreate(Options("mlp", 1, /*data_rank=*/1, /*data_shards=*/2), &data);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->shard_size() + b->shard_size(), 257u);
+  EXPECT_EQ(a->shard_size(), 129u);
+  EXPECT_EQ(b->shard_size(), 128u);
+  // data_rank wraps around the number of shards.
+  auto c = MustCreate(Options("mlp", 1, /*data_rank=*/3, /*data_shards=*/2), &data);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->shard_size(), 128u);
+  // One shard (or 0, treated as 1): the whole set.
+  auto d = MustCreate(Options("mlp", 1, 0, 1), &data);
+  auto e = MustCreate(Options("mlp", 1, 5, 0), &data);
+  ASSERT_TRUE(d && e);
+  EXPECT_EQ(d->shard_size(), 257u);
+  EXPECT_EQ(e->shard_size(), 257u);
+}
+
+TEST(TrainerTest, EvalLimitAndHash) {
+  const FashionMnist data = SyntheticData(64, 40);
+  TrainerOptions o = Options("mlp");
+  o.eval_limit = 10;
+  auto t = MustCreate(o, &data);
+  ASSERT_TRUE(t);
+  const shoal::v1::Metrics m = t->Evaluate();
+  // 10 images: the accuracy is a multiple of 1/10.
+  EXPECT_NEAR(m.test_accuracy() * 10, std::round(m.test_accuracy() * 10), 1e-9);
+  // SHA-256 of zero bytes.
+  EXPECT_EQ(HashParameters(nullptr, 0),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Hash(*t).size(), 64u);
+}
+
+}  // namespace
+}  // namespace shoal::worker
