@@ -28,8 +28,30 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorOptions options, const Clock* clock) {
   if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->records_ = std::make_unique<RunRecordStore>(options.state_dir);
+  if (absl::Status s = server->records_->Open(); !s.ok()) return s;
+  absl::StatusOr<std::optional<shoal::v1::RunRecord>> record = server->records_->Load();
+  if (!record.ok()) return record.status();
+  if (record->has_value()) {
+    const shoal::v1::RunRecord& r = **record;
+    if (options.run_id_from_flag && r.run_id() != options.engine.run_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state_dir ", options.state_dir, " holds run ", r.run_id(),
+          ", not --run_id=", options.engine.run_id, "; use another --state_dir for a new run"));
+    }
+    if (r.config().SerializeAsString() != options.engine.config.SerializeAsString()) {
+      SHOAL_LOG(WARNING) << "the run record's configuration differs from the flags; the run "
+                            "continues with the recorded one";
+    }
+    options.engine.run_id = r.run_id();
+    options.engine.config = r.config();
+    options.engine.resume = r;
+  }
   server->engine_ = std::make_unique<RoundEngine>(options.engine, clock);
-  server->service_ = std::make_unique<CoordinatorService>(server->engine_.get());
+  CoordinatorServer* raw = server.get();
+  server->service_ =
+      std::make_unique<CoordinatorService>(server->engine_.get(), [raw] { raw->Persist(); });
+  server->Persist();
   auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server->server_ = std::move(*grpc_server);
@@ -40,6 +62,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     while (!stop->WaitForNotificationWithTimeout(tick)) service->Tick();
   });
   return server;
+}
+
+void CoordinatorServer::Persist() {
+  if (!records_->enabled()) return;
+  absl::MutexLock lock(&persist_mu_);
+  const uint64_t version = engine_->record_version();
+  if (version == persisted_version_) return;
+  absl::Status s = records_->Save(engine_->Record());
+  if (!s.ok()) {
+    SHOAL_LOG(ERROR) << "cannot persist the run record: " << s;
+    return;
+  }
+  persisted_version_ = version;
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(1)); }

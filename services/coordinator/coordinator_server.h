@@ -12,11 +12,16 @@
 #include "common/grpc_util.h"
 #include "services/coordinator/coordinator_service.h"
 #include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/run_record.h"
 
 namespace shoal::coordinator {
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:50051";
+  // Directory of the durable run record; empty = nothing persisted.
+  std::string state_dir;
+  // The run id was given explicitly (a record of another run is an error).
+  bool run_id_from_flag = false;
   EngineOptions engine;
   absl::Duration tick_interval = absl::Milliseconds(250);
 };
@@ -38,6 +43,11 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer() = default;
+  // Writes the run record when it changed since the last write.
+  void Persist();
+  std::unique_ptr<RunRecordStore> records_;
+  absl::Mutex persist_mu_;
+  uint64_t persisted_version_ ABSL_GUARDED_BY(persist_mu_) = 0;
   std::unique_ptr<RoundEngine> engine_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<GrpcServer> server_;

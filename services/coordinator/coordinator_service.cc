@@ -59,7 +59,7 @@ class SessionReactor : public grpc::ServerBidiReactor<WorkerMessage, Coordinator
       service_->Register(worker_id_, this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {
-      absl::Status s = service_->engine_->Heartbeat(worker_id_);
+      absl::Status s = service_->engine_->Heartbeat(worker_id_, in_.heartbeat());
       if (!s.ok()) {
         Close(ToGrpcStatus(s));
         return;
@@ -157,6 +157,7 @@ bool CoordinatorService::Unregister(const std::string& worker_id, SessionReactor
 }
 
 void CoordinatorService::Deliver(const Directives& directives) {
+  if (on_change_) on_change_();
   absl::MutexLock lock(&mu_);
   for (const Directive& d : directives) {
     auto it = sessions_.find(d.worker_id);
@@ -171,14 +172,9 @@ void CoordinatorService::Deliver(const Directives& directives) {
 void CoordinatorService::Tick() {
   Deliver(engine_->Tick());
   // Close the sessions of workers the engine no longer knows (evicted).
-  const shoal::v1::RunStatus status = engine_->Status();
-  std::set<std::string> active;
-  for (const auto& w : status.workers()) {
-    if (w.state() != "left" && w.state() != "evicted") active.insert(w.id());
-  }
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (!active.count(it->first)) {
+    if (!engine_->IsActive(it->first)) {
       it->second->Close(
           grpc::Status(grpc::StatusCode::NOT_FOUND, "worker was removed from the run; Join again"));
       it = sessions_.erase(it);
@@ -241,6 +237,17 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportReady(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ConnectionsReady(
+    grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
+    shoal::v1::ConnectionsReadyResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  Directives out;
+  absl::Status s = engine_->ConnectionsReady(*request, &out);
+  Deliver(out);
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::ReportRoundDone(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReportRoundDoneRequest* request,
     shoal::v1::ReportRoundDoneResponse* response) {
@@ -257,7 +264,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
                                                     shoal::v1::LeaveResponse* response) {
   auto* reactor = ctx->DefaultReactor();
   Directives out;
-  absl::Status s = engine_->Heartbeat(request->worker_id());  // NOT_FOUND for unknown ids
+  // NOT_FOUND for unknown ids.
+  absl::Status s = engine_->Heartbeat(request->worker_id(), shoal::v1::Heartbeat());
   if (s.ok()) {
     Deliver(engine_->Disconnect(request->worker_id(),
                                 request->reason().empty() ? "left" : request->reason()));

@@ -4,6 +4,7 @@
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -18,7 +19,10 @@ class SessionReactor;
 // Thread-safe. Owns the registry of open session streams.
 class CoordinatorService final : public shoal::v1::Coordinator::CallbackService {
  public:
-  explicit CoordinatorService(RoundEngine* engine) : engine_(engine) {}
+  // `on_change` runs after every engine call, before directives go out (the
+  // server persists the run record there).
+  CoordinatorService(RoundEngine* engine, std::function<void()> on_change)
+      : engine_(engine), on_change_(std::move(on_change)) {}
   ~CoordinatorService() override;
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
@@ -32,6 +36,9 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* ReportReady(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::ReportReadyRequest* request,
                                         shoal::v1::ReportReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ConnectionsReady(
+      grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
+      shoal::v1::ConnectionsReadyResponse* response) override;
   grpc::ServerUnaryReactor* ReportRoundDone(grpc::CallbackServerContext* ctx,
                                             const shoal::v1::ReportRoundDoneRequest* request,
                                             shoal::v1::ReportRoundDoneResponse* response) override;
@@ -57,6 +64,7 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
   bool Unregister(const std::string& worker_id, SessionReactor* session);
 
   RoundEngine* const engine_;
+  const std::function<void()> on_change_;
   absl::Mutex mu_;
   std::map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -28,6 +28,18 @@ ABSL_FLAG(uint32_t, data_shards, 0,
 ABSL_FLAG(uint32_t, eval_every, 1, "Workers evaluate on the test set every N rounds.");
 ABSL_FLAG(absl::Duration, heartbeat_lease, absl::Seconds(10),
           "A worker whose session is silent this long is removed.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for the durable run record; a restarted coordinator on the same directory "
+          "continues the run (round numbering, worker ids). Empty = not persisted.");
+ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(120),
+          "Participants not ready this long after a round starts sit it out (and catch up); the "
+          "same deadline applies to the exchange.");
+ABSL_FLAG(absl::Duration, connection_timeout, absl::Seconds(10),
+          "Time for every participant to reach its peers after a plan.");
+ABSL_FLAG(uint32_t, max_connection_retry, 3,
+          "Peer-connection retries of a plan before failing peers are evicted.");
+ABSL_FLAG(uint32_t, max_missed_rounds, 5,
+          "A worker that misses this many rounds in a row is asked to leave (0 = never).");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
 
@@ -42,14 +54,20 @@ int main(int argc, char** argv) {
 
   shoal::coordinator::CoordinatorOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
   auto& engine = options.engine;
   engine.run_id = absl::GetFlag(FLAGS_run_id);
+  options.run_id_from_flag = !engine.run_id.empty();
   if (engine.run_id.empty()) {
     std::random_device rd;
     engine.run_id = absl::StrFormat("run-%d-%04x", absl::ToUnixSeconds(absl::Now()), rd() & 0xFFFF);
   }
   engine.heartbeat_lease = absl::GetFlag(FLAGS_heartbeat_lease);
   engine.session_grace = absl::GetFlag(FLAGS_heartbeat_lease);
+  engine.round_timeout = absl::GetFlag(FLAGS_round_timeout);
+  engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
+  engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
+  engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
   auto& c = engine.config;
   c.set_model(absl::GetFlag(FLAGS_model));
   c.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
@@ -62,6 +80,7 @@ int main(int argc, char** argv) {
   const uint32_t shards = absl::GetFlag(FLAGS_data_shards);
   c.set_data_shards(shards == 0 ? c.min_participants() : shards);
   c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
+  c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
   c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());

@@ -72,6 +72,14 @@ absl::Status GrpcCoordinatorClient::ReportReady(const shoal::v1::ReportReadyRequ
       options_.retry_window);
 }
 
+absl::Status GrpcCoordinatorClient::ConnectionsReady(
+    const shoal::v1::ConnectionsReadyRequest& request) {
+  shoal::v1::ConnectionsReadyResponse response;
+  return CallWithRetry(
+      [&](grpc::ClientContext* ctx) { return stub_->ConnectionsReady(ctx, request, &response); },
+      options_.retry_window);
+}
+
 absl::Status GrpcCoordinatorClient::ReportRoundDone(
     const shoal::v1::ReportRoundDoneRequest& request) {
   shoal::v1::ReportRoundDoneResponse response;
@@ -92,7 +100,7 @@ absl::Status GrpcCoordinatorClient::Leave(const std::string& worker_id, const st
 
 absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
                                                 absl::Duration heartbeat, MessageHandler on_message,
-                                                ClosedHandler on_closed) {
+                                                ClosedHandler on_closed, HeartbeatFiller fill) {
   CloseSession();
   auto session = std::make_unique<Session>();
   // The session is long-lived by design: no deadline. It is bounded by the
@@ -116,10 +124,11 @@ absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
     if (status.ok()) status = absl::UnavailableError("coordinator closed the session");
     on_closed(status);
   });
-  raw->heartbeat = std::thread([raw, heartbeat] {
+  raw->heartbeat = std::thread([raw, heartbeat, fill] {
     while (!raw->stop.WaitForNotificationWithTimeout(heartbeat)) {
       shoal::v1::WorkerMessage hb;
       hb.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
+      if (fill) fill(hb.mutable_heartbeat());
       absl::MutexLock lock(&raw->write_mu);
       if (!raw->stream->Write(hb)) break;  // the reader sees the end
     }

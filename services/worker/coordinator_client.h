@@ -20,18 +20,22 @@ class CoordinatorClient {
  public:
   using MessageHandler = std::function<void(const shoal::v1::CoordinatorMessage&)>;
   using ClosedHandler = std::function<void(const absl::Status&)>;
+  // Fills the progress fields of each heartbeat.
+  using HeartbeatFiller = std::function<void(shoal::v1::Heartbeat*)>;
 
   virtual ~CoordinatorClient() = default;
   virtual absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) = 0;
   virtual absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) = 0;
   virtual absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) = 0;
+  virtual absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) = 0;
   virtual absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) = 0;
   virtual absl::Status Leave(const std::string& worker_id, const std::string& reason) = 0;
   // Opens the session stream: sends Hello, then a heartbeat every
   // `heartbeat`. Directives go to `on_message` (from a reader thread); when
   // the stream ends, `on_closed` gets why. One session at a time.
   virtual absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,
-                                   MessageHandler on_message, ClosedHandler on_closed) = 0;
+                                   MessageHandler on_message, ClosedHandler on_closed,
+                                   HeartbeatFiller fill = nullptr) = 0;
   // Ends the session (if any) and waits for its threads.
   virtual void CloseSession() = 0;
 };
@@ -53,10 +57,12 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) override;
   absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) override;
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
+  absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) override;
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override;
   absl::Status Leave(const std::string& worker_id, const std::string& reason) override;
   absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,
-                           MessageHandler on_message, ClosedHandler on_closed) override;
+                           MessageHandler on_message, ClosedHandler on_closed,
+                           HeartbeatFiller fill = nullptr) override;
   void CloseSession() override;
 
  private:

@@ -13,8 +13,8 @@
 namespace shoal::worker {
 
 absl::Status Exchanger::ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind,
-                                      uint64_t round, uint64_t begin, uint64_t end,
-                                      const std::string& self_id, absl::Time deadline,
+                                      uint64_t round, uint32_t attempt, uint64_t begin,
+                                      uint64_t end, const std::string& self_id, absl::Time deadline,
                                       const std::function<bool()>& stopped,
                                       const std::function<void(const ChunkView&)>& apply,
                                       std::atomic<int>* retries) {
@@ -35,6 +35,7 @@ absl::Status Exchanger::ReadWithRetry(const std::string& address, shoal::v1::Sli
     request.set_end(end);
     request.set_kind(kind);
     request.set_reader_id(self_id);
+    request.set_attempt(attempt);
     last = peers_->ReadSlice(address, request, left, [&](const ChunkView& chunk) {
       apply(chunk);
       next = chunk.begin + chunk.count;
@@ -69,7 +70,7 @@ absl::Status Exchanger::Run(const shoal::v1::RoundPlan& plan, const std::string&
                                                    state_->total_elements()));
   }
   const auto& own = plan.slices(self);
-  state_->SetPlan(round, own.begin(), own.end());
+  state_->SetPlan(round, plan.attempt(), own.begin(), own.end());
   const absl::Time deadline = absl::Now() + options_.timeout;
 
   std::mutex accumulate_mu;
@@ -88,8 +89,8 @@ absl::Status Exchanger::Run(const shoal::v1::RoundPlan& plan, const std::string&
     const auto& s = plan.slices(k);
     gatherers.emplace_back([&, k, s] {
       gather_status[k] = ReadWithRetry(
-          s.peer_address(), shoal::v1::AVERAGED, round, s.begin(), s.end(), self_id, deadline,
-          stopped,
+          s.peer_address(), shoal::v1::AVERAGED, round, plan.attempt(), s.begin(), s.end(), self_id,
+          deadline, stopped,
           [&](const ChunkView& c) {
             std::memcpy(params_ + c.begin, c.data, c.count * sizeof(float));
             received += c.count * sizeof(float);
@@ -104,8 +105,8 @@ absl::Status Exchanger::Run(const shoal::v1::RoundPlan& plan, const std::string&
       const auto& s = plan.slices(k);
       reducers.emplace_back([&, k, s] {
         reduce_status[k] = ReadWithRetry(
-            s.peer_address(), shoal::v1::CONTRIBUTION, round, own.begin(), own.end(), self_id,
-            deadline, stopped,
+            s.peer_address(), shoal::v1::CONTRIBUTION, round, plan.attempt(), own.begin(),
+            own.end(), self_id, deadline, stopped,
             [&](const ChunkView& c) {
               float* dst = params_ + c.begin;
               std::lock_guard<std::mutex> lock(accumulate_mu);

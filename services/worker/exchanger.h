@@ -40,7 +40,8 @@ class Exchanger {
   Exchanger(PeerClient* peers, ModelState* state, float* params, ExchangeOptions options)
       : peers_(peers), state_(state), params_(params), options_(options) {}
 
-  // Runs the exchange of `plan` for the participant `self_id`. Returns early
+  // Runs the exchange of `plan` for the participant `self_id` (and records
+  // the plan in the ModelState, as the worker does when the plan arrives). Returns early
   // with ABORTED when *abort becomes true. Not thread-safe (one at a time).
   absl::Status Run(const shoal::v1::RoundPlan& plan, const std::string& self_id,
                    const std::atomic<bool>* abort, ExchangeStats* stats);
@@ -49,8 +50,9 @@ class Exchanger {
   // Reads [begin, end) of `kind` from `address`, resuming after failures;
   // `apply` gets each checked chunk.
   absl::Status ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind, uint64_t round,
-                             uint64_t begin, uint64_t end, const std::string& self_id,
-                             absl::Time deadline, const std::function<bool()>& stopped,
+                             uint32_t attempt, uint64_t begin, uint64_t end,
+                             const std::string& self_id, absl::Time deadline,
+                             const std::function<bool()>& stopped,
                              const std::function<void(const ChunkView&)>& apply,
                              std::atomic<int>* retries);
 

@@ -14,6 +14,11 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Directory with the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist).");
 ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
+ABSL_FLAG(double, upload_rate_mbps, 0,
+          "Caps how fast this worker serves its model to peers, in megabits per second, over "
+          "all peers together (0 = no cap). For shared links.");
+ABSL_FLAG(absl::Duration, probe_timeout, absl::Seconds(3),
+          "Time to reach each peer of a round's plan before reporting it unreachable.");
 ABSL_FLAG(int, torch_threads, 1, "LibTorch intra-op threads.");
 ABSL_FLAG(uint32_t, eval_limit, 0, "Evaluate on at most this many test images (0 = all 10000).");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
@@ -38,6 +43,8 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.name = absl::GetFlag(FLAGS_name);
   options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
+  options.upload_rate_mbps = absl::GetFlag(FLAGS_upload_rate_mbps);
+  options.probe_timeout = absl::GetFlag(FLAGS_probe_timeout);
   options.eval_limit = absl::GetFlag(FLAGS_eval_limit);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);

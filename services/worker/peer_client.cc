@@ -44,4 +44,16 @@ absl::Status GrpcPeerClient::ReadSlice(const std::string& address,
   return Annotate(receiver.Finish(), absl::StrCat("from peer ", address));
 }
 
+absl::StatusOr<shoal::v1::PeerInfo> GrpcPeerClient::Probe(const std::string& address,
+                                                          absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(timeout));
+  ctx.set_wait_for_ready(true);  // connect within the timeout, not fail fast
+  shoal::v1::PeerInfo info;
+  absl::Status s =
+      FromGrpcStatus(StubFor(address)->GetPeerInfo(&ctx, shoal::v1::GetPeerInfoRequest(), &info));
+  if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
+  return info;
+}
+
 }  // namespace shoal::worker

@@ -26,6 +26,9 @@ class PeerClient {
   virtual absl::Status ReadSlice(const std::string& address,
                                  const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
                                  const std::function<bool(const ChunkView&)>& on_chunk) = 0;
+  // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
+  virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
+                                                    absl::Duration timeout) = 0;
 };
 
 // gRPC implementation; keeps one channel per peer address. Thread-safe.
@@ -34,6 +37,8 @@ class GrpcPeerClient : public PeerClient {
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
                          absl::Duration timeout,
                          const std::function<bool(const ChunkView&)>& on_chunk) override;
+  absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
+                                            absl::Duration timeout) override;
 
  private:
   shoal::v1::Peer::Stub* StubFor(const std::string& address);

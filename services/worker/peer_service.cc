@@ -1,5 +1,7 @@
 #include "services/worker/peer_service.h"
 
+#include <grpcpp/alarm.h>
+
 #include <algorithm>
 
 #include "common/chunk_codec.h"
@@ -16,9 +18,15 @@ constexpr uint64_t kChunkElements = kChunkBytes / kBytesPerElement;
 // just before it is written, so at most one chunk is buffered per stream.
 class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk> {
  public:
-  ReadSliceReactor(const ModelState* state, const shoal::v1::ReadSliceRequest& request)
-      : state_(state), round_(request.round()), next_(request.begin()), end_(request.end()) {
-    absl::Status s = state->CheckRead(request);
+  ReadSliceReactor(const ModelState* state, RateLimiter* limiter,
+                   const shoal::v1::ReadSliceRequest& request)
+      : state_(state),
+        limiter_(limiter),
+        round_(request.round()),
+        snapshot_(request.kind() == shoal::v1::SNAPSHOT),
+        next_(request.begin()),
+        end_(request.end()) {
+    absl::Status s = state->CheckRead(request, &generation_);
     if (!s.ok()) {
       SHOAL_VLOG(1) << "ReadSlice from " << request.reader_id() << " refused: " << s;
       Finish(ToGrpcStatus(s));
@@ -30,6 +38,10 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
+    } else if (snapshot_ && state_->snapshot_generation() != generation_) {
+      // The bytes sent may mix two models; the reader must start over.
+      Finish(grpc::Status(grpc::StatusCode::ABORTED,
+                          "the snapshot was replaced by a newer round during the read"));
     } else if (next_ < end_) {
       WriteNext();
     } else {
@@ -42,13 +54,36 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
  private:
   void WriteNext() {
     const uint64_t count = std::min(kChunkElements, end_ - next_);
-    EncodeChunk(round_, next_, state_->parameters() + next_, count, &chunk_);
+    if (limiter_ != nullptr && limiter_->limited()) {
+      const absl::Time when = limiter_->Reserve(count * kBytesPerElement);
+      if (when > absl::Now()) {
+        // Wait on a timer, not on this gRPC thread.
+        alarm_.Set(absl::ToChronoTime(when), [this, count](bool ok) {
+          if (!ok) {
+            Finish(grpc::Status(grpc::StatusCode::CANCELLED, "upload pacing cancelled"));
+            return;
+          }
+          WriteChunk(count);
+        });
+        return;
+      }
+    }
+    WriteChunk(count);
+  }
+
+  void WriteChunk(uint64_t count) {
+    const float* base = snapshot_ ? state_->snapshot() : state_->parameters();
+    EncodeChunk(round_, next_, base + next_, count, &chunk_);
     next_ += count;
     StartWrite(&chunk_);
   }
 
   const ModelState* const state_;
+  RateLimiter* const limiter_;
+  grpc::Alarm alarm_;
   const uint64_t round_;
+  const bool snapshot_;
+  uint64_t generation_ = 0;
   uint64_t next_;
   const uint64_t end_;
   shoal::v1::TensorChunk chunk_;
@@ -58,7 +93,7 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
 
 grpc::ServerWriteReactor<shoal::v1::TensorChunk>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) {
-  return new ReadSliceReactor(state_, *request);
+  return new ReadSliceReactor(state_, limiter_, *request);
 }
 
 grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* ctx,

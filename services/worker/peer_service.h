@@ -3,6 +3,7 @@
 #ifndef SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 
+#include "common/rate_limiter.h"
 #include "services/worker/core/model_state.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -11,7 +12,9 @@ namespace shoal::worker {
 // Thread-safe (state lives in ModelState).
 class PeerService final : public shoal::v1::Peer::CallbackService {
  public:
-  explicit PeerService(const ModelState* state) : state_(state) {}
+  // `limiter` (optional) caps the bytes per second served to all peers.
+  explicit PeerService(const ModelState* state, RateLimiter* limiter = nullptr)
+      : state_(state), limiter_(limiter) {}
 
   grpc::ServerWriteReactor<shoal::v1::TensorChunk>* ReadSlice(
       grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) override;
@@ -21,6 +24,7 @@ class PeerService final : public shoal::v1::Peer::CallbackService {
 
  private:
   const ModelState* const state_;
+  RateLimiter* const limiter_;
 };
 
 }  // namespace shoal::worker

@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (!data.ok()) return data.status();
   w->data_ = std::move(*data);
   w->state_ = std::make_unique<ModelState>();
-  w->peer_service_ = std::make_unique<PeerService>(w->state_.get());
+  w->upload_limiter_ = std::make_unique<RateLimiter>(w->options_.upload_rate_mbps * 1e6 / 8);
+  w->peer_service_ = std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get());
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
@@ -62,6 +63,9 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
   request.set_peer_address(advertise_);
   request.set_name(options_.name);
   request.set_previous_worker_id(previous_id);
+  request.set_model_round(model_round_);
+  if (model_round_ > 0) request.set_model_hash(model_hash_);
+  if (has_data_rank_) request.set_previous_data_rank(data_rank_);
   absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
   if (!joined.ok()) {
     return absl::Status(joined.status().code(),
@@ -74,6 +78,8 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
   }
   worker_id_ = joined->worker_id();
   config_ = joined->config();
+  data_rank_ = joined->data_rank();
+  has_data_rank_ = true;
   SetLogTag(absl::StrCat("worker ", worker_id_));
   state_->SetWorkerId(worker_id_);
   if (first) {
@@ -85,25 +91,24 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
     if (!trainer.ok()) return trainer.status();
     trainer_ = std::move(*trainer);
-    state_->Bind(trainer_->parameters(), trainer_->num_elements(), config_.model());
-    snapshot_.assign(trainer_->parameters(), trainer_->parameters() + trainer_->num_elements());
-    model_hash_ = HashParameters(trainer_->parameters(), trainer_->num_elements());
+    const uint64_t n = trainer_->num_elements();
+    state_->Bind(trainer_->parameters(), n, config_.model());
+    snapshot_.assign(trainer_->parameters(), trainer_->parameters() + n);
+    contribution_.resize(n);
+    state_->BindSnapshot(snapshot_.data());
+    model_hash_ = HashParameters(trainer_->parameters(), n);
     state_->SetModel(0, model_hash_);
+    state_->SetSnapshot(0);
     SHOAL_LOG(INFO) << "joined run " << joined->run_id() << " as " << worker_id_
                     << " data_rank=" << joined->data_rank() << " shard=" << trainer_->shard_size()
-                    << " images, model=" << config_.model() << " (" << trainer_->num_elements()
-                    << " parameters, hash " << model_hash_.substr(0, 12) << ")";
+                    << " images, model=" << config_.model() << " (" << n << " parameters, hash "
+                    << model_hash_.substr(0, 12) << ")";
   } else {
     SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as " << worker_id_;
   }
-  if (joined->model_round() > model_round_) {
-    // Catching up on missed rounds by pulling the current model from peers
-    // is the late-join path (issue #4); until then the worker trains from
-    // the model it has and the next average folds it in.
-    SHOAL_LOG(WARNING) << "the run's model is at round " << joined->model_round()
-                       << ", this worker holds round " << model_round_
-                       << "; it joins with its own model";
-  }
+  // A run in progress: take its current model before anything else.
+  CatchUp(joined->model_round(), joined->model_hash(),
+          {joined->holders().begin(), joined->holders().end()});
   RETURN_IF_ERROR(OpenSession());
   absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, joined->next_round());
   if (!admitted.ok()) return admitted.status();
@@ -111,54 +116,119 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
   return absl::OkStatus();
 }
 
+bool Worker::Interrupts(const shoal::v1::CoordinatorMessage& msg) {
+  return msg.has_round_plan() || msg.has_round_aborted() || msg.has_round_missed() ||
+         msg.has_connection_fail() || msg.has_leave_requested() || msg.has_run_finished();
+}
+
 absl::Status Worker::OpenSession() {
   return coordinator_->OpenSession(
       worker_id_, absl::Milliseconds(std::max<uint32_t>(100, config_.heartbeat_interval_ms())),
       [this](const shoal::v1::CoordinatorMessage& msg) {
-        // Abort is seen at once by a running exchange, not only when the
-        // main loop pops the event.
-        if (msg.has_round_aborted()) aborted_round_ = msg.round_aborted().round();
+        // A running exchange sees these at once, not when Run() pops them.
+        if (Interrupts(msg)) ++interrupts_seen_;
         Push({Event::kMessage, msg, absl::OkStatus()});
       },
       [this](const absl::Status& status) {
         Push({Event::kSessionClosed, {}, status});
+      },
+      [this](shoal::v1::Heartbeat* hb) {
+        if (!sync_progress_.syncing.load()) return;
+        hb->set_syncing(true);
+        hb->set_sync_bytes_done(sync_progress_.bytes_done.load());
+        hb->set_sync_bytes_total(sync_progress_.bytes_total.load());
+        hb->set_sync_sources(sync_progress_.sources.load());
       });
 }
 
-void Worker::RestoreSnapshot(const std::string& why) {
+void Worker::UpdateSnapshot(uint64_t round) {
+  state_->BeginSnapshotUpdate();
+  std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
+  state_->SetSnapshot(round);
+}
+
+void Worker::DropRound(const std::string& why) {
+  if (round_ > model_round_) state_->Abort(round_);
   std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
-  SHOAL_LOG(INFO) << "model restored to the average of round " << model_round_ << " (" << why
-                  << ")";
+  contribution_round_ = 0;
+  plan_.Clear();
+  SHOAL_LOG(INFO) << "local work of round " << round_ << " dropped (" << why
+                  << "); model back to the average of round " << model_round_;
+}
+
+void Worker::CatchUp(uint64_t round, const std::string& hash,
+                     const std::vector<std::string>& holders) {
+  if (round == model_round_ || hash.empty()) return;
+  if (round < model_round_) {
+    SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
+                       << model_round_ << "; keeping it";
+    return;
+  }
+  std::vector<std::string> sources;
+  for (const std::string& h : holders) {
+    if (h != advertise_) sources.push_back(h);
+  }
+  SHOAL_LOG(INFO) << "catching up: pulling the model of round " << round << " from "
+                  << sources.size() << " peers";
+  std::vector<uint64_t> offsets;
+  for (const LayerInfo& l : trainer_->layers()) offsets.push_back(l.offset);
+  ModelSyncer syncer(peers_.get(), options_.sync);
+  const absl::Time t0 = absl::Now();
+  // Pull into the snapshot buffer: it is not served while being replaced.
+  state_->BeginSnapshotUpdate();
+  absl::Status s = syncer.Sync(round, hash, sources, offsets, snapshot_.data(), snapshot_.size(),
+                               worker_id_, &sync_progress_);
+  if (!s.ok()) {
+    // Keep what we had; the next average folds this worker's model in.
+    std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
+    state_->SetSnapshot(model_round_);
+    SHOAL_LOG(WARNING) << "catch-up to round " << round << " failed: " << s
+                       << "; continuing with the model of round " << model_round_;
+    return;
+  }
+  std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
+  model_round_ = round;
+  model_hash_ = hash;
+  state_->SetSnapshot(round);
+  state_->SetModel(round, hash);
+  SHOAL_LOG(INFO) << absl::StrFormat("caught up to round %d in %.2fs (%d MiB)", round,
+                                     absl::ToDoubleSeconds(absl::Now() - t0),
+                                     snapshot_.size() * sizeof(float) >> 20);
 }
 
 absl::Status Worker::Rejoin(const std::string& why) {
   SHOAL_LOG(WARNING) << "lost the coordinator session (" << why << "); re-joining";
   coordinator_->CloseSession();
-  if (round_ > model_round_) {
-    state_->Abort(round_);
-    RestoreSnapshot("left the round unfinished");
-  }
+  DropRound("session lost");
+  // The coordinator may be restarting: keep trying (capped, jittered
+  // backoff) for as long as the worker runs.
   Backoff backoff(absl::Milliseconds(200), absl::Seconds(5));
-  absl::Status s;
-  const absl::Time give_up = absl::Now() + options_.connect_timeout;
+  absl::Time next_log = absl::Now();
   while (!StopRequested()) {
-    s = JoinRun(worker_id_);
+    absl::Status s = JoinRun(worker_id_);
     if (s.ok()) return s;
-    if (absl::Now() >= give_up) break;
-    SHOAL_LOG(WARNING) << "re-join failed: " << s.message();
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsNotFound(s) &&
+        !absl::IsFailedPrecondition(s)) {
+      return s;
+    }
+    if (absl::Now() >= next_log) {
+      SHOAL_LOG(WARNING) << "re-join failed, retrying: " << s.message();
+      next_log = absl::Now() + absl::Seconds(10);
+    }
     coordinator_->CloseSession();
     ShutdownSignal::WaitFor(backoff.Next());
   }
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
-  round_ = start.round();
-  aborted_round_ = 0;  // an abort of an earlier attempt of this round is done
   if (start.base_model_round() != model_round_) {
-    SHOAL_LOG(WARNING) << "round " << round_ << " starts from the model of round "
-                       << start.base_model_round() << ", this worker holds round " << model_round_;
+    CatchUp(start.base_model_round(), start.base_model_hash(),
+            {start.holders().begin(), start.holders().end()});
   }
+  round_ = start.round();
+  contribution_round_ = 0;
+  plan_.Clear();
   state_->BeginTraining(round_);
   const absl::Time t0 = absl::Now();
   train_loss_ = trainer_->TrainSteps(config_.local_steps());
@@ -172,49 +242,99 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
   absl::Status s = coordinator_->ReportReady(ready);
   if (!s.ok()) {
     SHOAL_LOG(WARNING) << "ready for round " << round_ << " refused: " << s.message();
-    state_->Abort(round_);
-    RestoreSnapshot("ready refused");
+    DropRound("ready refused");
     return absl::OkStatus();  // the session tells us what comes next
   }
   SHOAL_VLOG(1) << "round " << round_ << " ready, loss " << train_loss_;
   return absl::OkStatus();
 }
 
-absl::Status Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
-  if (plan.round() != round_) {
+void Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
+  if (plan.round() != round_ || round_ <= model_round_) {
     SHOAL_LOG(WARNING) << "ignoring the plan of round " << plan.round() << " (at round " << round_
                        << ")";
-    return absl::OkStatus();
+    return;
   }
+  state_->Unready();
+  if (contribution_round_ != round_) {
+    // First plan of the round: keep the trained model for re-plans.
+    std::memcpy(contribution_.data(), trainer_->parameters(), contribution_.size() * sizeof(float));
+    contribution_round_ = round_;
+  } else {
+    // A participant was lost: exchange again from the trained model.
+    std::memcpy(trainer_->parameters(), contribution_.data(), contribution_.size() * sizeof(float));
+    SHOAL_LOG(INFO) << "round " << round_ << ": new plan (attempt " << plan.attempt() << ", "
+                    << plan.slices_size() << " participants)";
+  }
+  plan_ = plan;
+  for (const auto& s : plan.slices()) {
+    if (s.worker_id() == worker_id_) state_->SetPlan(round_, plan.attempt(), s.begin(), s.end());
+  }
+  state_->SetReady(round_);
+  ProbePeers(0);
+}
+
+void Worker::ProbePeers(uint32_t retry) {
+  shoal::v1::ConnectionsReadyRequest req;
+  req.set_worker_id(worker_id_);
+  req.set_round(plan_.round());
+  req.set_attempt(plan_.attempt());
+  // Report within the coordinator's connection timeout.
+  absl::Duration budget = options_.probe_timeout;
+  if (config_.connection_timeout_ms() > 0) {
+    budget = std::min(budget, absl::Milliseconds(config_.connection_timeout_ms()) / 2);
+  }
+  std::vector<std::thread> probes;
+  std::vector<absl::Status> results(plan_.slices_size());
+  for (int k = 0; k < plan_.slices_size(); ++k) {
+    if (plan_.slices(k).worker_id() == worker_id_) continue;
+    probes.emplace_back(
+        [&, k] { results[k] = peers_->Probe(plan_.slices(k).peer_address(), budget).status(); });
+  }
+  for (auto& t : probes) t.join();
+  for (int k = 0; k < plan_.slices_size(); ++k) {
+    if (results[k].ok()) continue;
+    SHOAL_LOG(WARNING) << "round " << plan_.round() << ": cannot reach "
+                       << plan_.slices(k).worker_id() << " (" << results[k].message() << ")"
+                       << (retry ? absl::StrCat(", retry ", retry) : "");
+    req.add_unreachable(plan_.slices(k).worker_id());
+  }
+  absl::Status s = coordinator_->ConnectionsReady(req);
+  if (!s.ok()) SHOAL_LOG(WARNING) << "connections-ready refused: " << s.message();
+}
+
+void Worker::OnStartSharing(const shoal::v1::StartWeightSharing& start) {
+  if (start.round() != round_ || start.attempt() != plan_.attempt() || plan_.round() != round_) {
+    SHOAL_LOG(WARNING) << "ignoring start of sharing for round " << start.round() << " attempt "
+                       << start.attempt();
+    return;
+  }
+  const uint64_t round = round_;
   Exchanger exchanger(peers_.get(), state_.get(), trainer_->parameters(), options_.exchange);
   std::atomic<bool> abort{false};
-  // The exchanger polls `abort`; mirror the session's abort flag into it.
-  const uint64_t round = round_;
   ExchangeStats stats;
   const absl::Time t0 = absl::Now();
   absl::Status s;
   {
+    // Mirror interrupting directives (a new plan, an abort) into `abort`.
     std::atomic<bool> done{false};
     std::thread watcher([&] {
       while (!done.load()) {
-        if (aborted_round_.load() == round || StopRequested()) abort = true;
-        absl::SleepFor(absl::Milliseconds(5));
+        if (interrupts_seen_.load() > interrupts_handled_ || StopRequested()) abort = true;
+        absl::SleepFor(absl::Milliseconds(2));
       }
     });
-    s = exchanger.Run(plan, worker_id_, &abort, &stats);
+    s = exchanger.Run(plan_, worker_id_, &abort, &stats);
     done = true;
     watcher.join();
   }
   const double exchange_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) {
-    SHOAL_LOG(WARNING) << "exchange of round " << round << " failed: " << s;
-    state_->Abort(round);
-    RestoreSnapshot("exchange failed");
-    if (absl::IsAborted(s)) return absl::OkStatus();  // RoundAborted is queued
-    // Leave and join again: the coordinator then aborts the round for
-    // everyone and restarts it, instead of waiting for our report.
-    coordinator_->Leave(worker_id_, absl::StrCat("exchange failed: ", s.message())).IgnoreError();
-    return Rejoin("exchange failed");
+    // Nothing is reported: a new plan or the round deadline decides what
+    // comes next (the coordinator never waits forever).
+    SHOAL_LOG(WARNING) << "exchange of round " << round << " attempt " << plan_.attempt()
+                       << " stopped: " << s;
+    return;
   }
   model_hash_ = HashParameters(trainer_->parameters(), trainer_->num_elements());
   shoal::v1::ReportRoundDoneRequest done;
@@ -227,7 +347,7 @@ absl::Status Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
   if (round % std::max<uint32_t>(1, config_.eval_every()) == 0 || last) {
     *done.mutable_metrics() = trainer_->Evaluate();
   }
-  std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
+  UpdateSnapshot(round);
   model_round_ = round;
   state_->SetModel(round, model_hash_);
   SHOAL_LOG(INFO) << absl::StrFormat(
@@ -241,7 +361,6 @@ absl::Status Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
       model_hash_.substr(0, 12));
   absl::Status r = coordinator_->ReportRoundDone(done);
   if (!r.ok()) SHOAL_LOG(WARNING) << "report of round " << round << " refused: " << r.message();
-  return absl::OkStatus();
 }
 
 absl::Status Worker::Run() {
@@ -264,12 +383,22 @@ absl::Status Worker::Run() {
       continue;
     }
     const shoal::v1::CoordinatorMessage& msg = event.message;
+    if (Interrupts(msg)) ++interrupts_handled_;
     switch (msg.kind_case()) {
       case shoal::v1::CoordinatorMessage::kRoundStart:
         RETURN_IF_ERROR(OnRoundStart(msg.round_start()));
         break;
       case shoal::v1::CoordinatorMessage::kRoundPlan:
-        RETURN_IF_ERROR(OnRoundPlan(msg.round_plan()));
+        OnRoundPlan(msg.round_plan());
+        break;
+      case shoal::v1::CoordinatorMessage::kRetryConnections:
+        if (msg.retry_connections().round() == round_ &&
+            msg.retry_connections().attempt() == plan_.attempt()) {
+          ProbePeers(msg.retry_connections().retry());
+        }
+        break;
+      case shoal::v1::CoordinatorMessage::kStartSharing:
+        OnStartSharing(msg.start_sharing());
         break;
       case shoal::v1::CoordinatorMessage::kRoundComplete:
         if (msg.round_complete().model_hash() != model_hash_) {
@@ -280,11 +409,30 @@ absl::Status Worker::Run() {
         break;
       case shoal::v1::CoordinatorMessage::kRoundAborted:
         if (msg.round_aborted().round() == round_ && round_ > model_round_) {
-          SHOAL_LOG(WARNING) << "round " << round_ << " aborted: " << msg.round_aborted().reason();
-          state_->Abort(round_);
-          RestoreSnapshot("round aborted");
+          DropRound(absl::StrCat("round aborted: ", msg.round_aborted().reason()));
         }
         break;
+      case shoal::v1::CoordinatorMessage::kRoundMissed:
+        SHOAL_LOG(WARNING) << "sat out round " << msg.round_missed().round() << ": "
+                           << msg.round_missed().reason();
+        if (msg.round_missed().round() == round_ && round_ > model_round_) {
+          DropRound("sat the round out");
+        }
+        break;
+      case shoal::v1::CoordinatorMessage::kConnectionFail:
+        SHOAL_LOG(ERROR) << "removed from the run in round " << msg.connection_fail().round()
+                         << ": " << msg.connection_fail().reason()
+                         << ". Check that peers can reach this worker at " << advertise_
+                         << " (--listen / --advertise) and that it can reach them.";
+        coordinator_->CloseSession();
+        return absl::FailedPreconditionError(
+            absl::StrCat("connection failure: ", msg.connection_fail().reason()));
+      case shoal::v1::CoordinatorMessage::kLeaveRequested:
+        SHOAL_LOG(ERROR) << "the coordinator asked this worker to leave: "
+                         << msg.leave_requested().reason();
+        coordinator_->CloseSession();
+        return absl::FailedPreconditionError(
+            absl::StrCat("asked to leave: ", msg.leave_requested().reason()));
       case shoal::v1::CoordinatorMessage::kRunFinished:
         SHOAL_LOG(INFO) << "run finished after round " << msg.run_finished().last_round() << ": "
                         << msg.run_finished().reason();

@@ -23,6 +23,7 @@
 #include "services/worker/core/model_state.h"
 #include "services/worker/core/trainer.h"
 #include "services/worker/exchanger.h"
+#include "services/worker/model_syncer.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
 
@@ -36,11 +37,16 @@ struct WorkerOptions {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string name;
   int torch_threads = 1;
+  // Caps the bytes per second this worker serves to peers (0 = no cap).
+  double upload_rate_mbps = 0;
   uint32_t eval_limit = 0;
   // Give up when the coordinator cannot be reached at start for this long.
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // Time to reach each peer of a plan before reporting it unreachable.
+  absl::Duration probe_timeout = absl::Seconds(3);
   ExchangeOptions exchange;
+  SyncOptions sync;
   // Set to stop Run() (tests); the binary uses the shutdown signal too.
   const std::atomic<bool>* stop = nullptr;
 };
@@ -53,7 +59,8 @@ class Worker {
   ~Worker();
 
   // Joins and trains until the run finishes (OK), the worker is stopped (OK,
-  // after a graceful Leave) or an unrecoverable error.
+  // after a graceful Leave), or it is removed from the run
+  // (FAILED_PRECONDITION: connection failure, asked to leave).
   absl::Status Run();
 
   const std::string& address() const { return advertise_; }
@@ -72,14 +79,23 @@ class Worker {
   void Push(Event event);
   bool Pop(Event* event, absl::Duration timeout);
   absl::Status OnRoundStart(const shoal::v1::RoundStart& start);
-  absl::Status OnRoundPlan(const shoal::v1::RoundPlan& plan);
-  void RestoreSnapshot(const std::string& why);
+  void OnRoundPlan(const shoal::v1::RoundPlan& plan);
+  void ProbePeers(uint32_t retry);
+  void OnStartSharing(const shoal::v1::StartWeightSharing& start);
+  // Pulls the model of `round` from `holders` when ours is another one.
+  void CatchUp(uint64_t round, const std::string& hash, const std::vector<std::string>& holders);
+  // Discards the local work of the current round.
+  void DropRound(const std::string& why);
+  void UpdateSnapshot(uint64_t round);
   absl::Status Rejoin(const std::string& why);
+  // True for directives that make a running exchange pointless.
+  static bool Interrupts(const shoal::v1::CoordinatorMessage& msg);
 
   WorkerOptions options_;
   FashionMnist data_;
   std::unique_ptr<Trainer> trainer_;  // created after Join (needs the run config)
   std::unique_ptr<ModelState> state_;
+  std::unique_ptr<RateLimiter> upload_limiter_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<GrpcPeerClient> peers_;
@@ -91,10 +107,18 @@ class Worker {
   uint64_t round_ = 0;        // round being worked on
   uint64_t model_round_ = 0;  // round of the averaged model we hold
   std::string model_hash_;
-  std::vector<float> snapshot_;  // the averaged model of model_round_
+  std::vector<float> snapshot_;      // the averaged model of model_round_
+  std::vector<float> contribution_;  // the trained model of round_, for re-plans
+  uint64_t contribution_round_ = 0;
+  shoal::v1::RoundPlan plan_;  // the current plan of round_
   double train_seconds_ = 0;
   double train_loss_ = 0;
-  std::atomic<uint64_t> aborted_round_{0};
+  uint32_t data_rank_ = 0;
+  bool has_data_rank_ = false;
+  SyncProgress sync_progress_;
+  // Interrupting directives read by the session thread vs. handled by Run().
+  std::atomic<uint64_t> interrupts_seen_{0};
+  uint64_t interrupts_handled_ = 0;
 
   absl::Mutex mu_;
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);

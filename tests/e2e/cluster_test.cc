@@ -9,88 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "common/grpc_util.h"
-#include "gtest/gtest.h"
-#include "shoal/v1/coordinator.grpc.pb.h"
-#include "tests/support/test_support.h"
+#include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
 namespace {
-
-using ::shoal::testing::BinDir;
-using ::shoal::testing::DataDir;
-using ::shoal::testing::Process;
-using ::shoal::testing::TempDir;
-using ::shoal::testing::WaitUntil;
-
-class ClusterTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (access((DataDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST not installed at " << DataDir();
-    }
-  }
-
-  // Starts a coordinator on 127.0.0.1:0 and returns its address.
-  std::string StartCoordinator(std::vector<std::string> flags) {
-    std::vector<std::string> argv = {BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    coordinator_ = Process::Start(argv, dir_.path() + "/coordinator.log");
-    const std::string address = coordinator_->WaitForListenAddress(absl::Seconds(20));
-    EXPECT_FALSE(address.empty()) << coordinator_->Log();
-    stub_ = v1::Coordinator::NewStub(MakeChannel(address));
-    return address;
-  }
-
-  Process* StartWorker(const std::string& coordinator, std::vector<std::string> flags = {}) {
-    const int n = static_cast<int>(workers_.size()) + 1;
-    std::vector<std::string> argv = {BinDir() + "/shoal-worker", "--coordinator=" + coordinator,
-                                     "--listen=127.0.0.1:0",     "--data_dir=" + DataDir(),
-                                     "--eval_limit=2000",        absl::StrCat("--name=e2e-", n)};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    workers_.push_back(Process::Start(argv, absl::StrCat(dir_.path(), "/worker-", n, ".log")));
-    return workers_.back().get();
-  }
-
-  bool Status(v1::RunStatus* status) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(absl::Seconds(5)));
-    return stub_->GetRunStatus(&ctx, v1::GetRunStatusRequest(), status).ok();
-  }
-
-  v1::RunStatus WaitForStatus(const std::function<bool(const v1::RunStatus&)>& pred,
-                              absl::Duration timeout) {
-    v1::RunStatus status;
-    const bool ok = WaitUntil([&] { return Status(&status) && pred(status); }, timeout);
-    EXPECT_TRUE(ok) << "timed out; last status:\n" << status.DebugString() << Logs();
-    return status;
-  }
-
-  std::string Logs() {
-    std::string out = "\n--- coordinator ---\n" + (coordinator_ ? coordinator_->Log() : "");
-    for (auto& w : workers_) out += "\n--- " + w->log_path() + " ---\n" + w->Log();
-    return out;
-  }
-
-  // Runs a command, returns its stdout; `code` gets the exit code.
-  static std::string Run(const std::string& command, int* code) {
-    std::string out;
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-    const int status = pclose(pipe);
-    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-  }
-
-  TempDir dir_;
-  std::unique_ptr<Process> coordinator_;
-  std::vector<std::unique_ptr<Process>> workers_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-};
 
 TEST_F(ClusterTest, ThreeWorkersTrainAndAgreeOnTheModel) {
   const std::string addr = StartCoordinator(

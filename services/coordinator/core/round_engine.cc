@@ -28,14 +28,33 @@ absl::Status ValidatePeerAddress(const std::string& address) {
 }
 
 bool IsHexSha256(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(),
-                                       [](char c) { return std::isxdigit(c) && !std::isupper(c); });
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return std::isxdigit(static_cast<unsigned char>(c)) &&
+                  !std::isupper(static_cast<unsigned char>(c));
+         });
+}
+
+bool ValidWorkerId(const std::string& id) {
+  uint64_t n = 0;
+  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0;
 }
 
 }  // namespace
 
 RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
-    : options_(std::move(options)), clock_(clock), started_at_(clock->Now()) {}
+    : options_(std::move(options)), clock_(clock), started_at_(clock->Now()) {
+  if (options_.resume.has_value()) {
+    const shoal::v1::RunRecord& r = *options_.resume;
+    last_completed_round_ = r.last_completed_round();
+    agreed_hash_ = r.model_hash();
+    round_ = last_completed_round_ + 1;
+    next_worker_number_ = std::max<uint64_t>(1, r.next_worker_number());
+    checkpoint_id_ = r.checkpoint_id();
+    if (r.finished()) phase_ = shoal::v1::FINISHED;
+    SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
+                    << last_completed_round_ << " (next round " << round_ << ")";
+  }
+}
 
 const char* RoundEngine::StateName(MemberState s) {
   switch (s) {
@@ -69,8 +88,39 @@ bool RoundEngine::IsParticipant(const std::string& worker_id) const {
   return std::find(participants_.begin(), participants_.end(), worker_id) != participants_.end();
 }
 
+bool RoundEngine::IsActive(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  return members_.count(worker_id) > 0;
+}
+
+absl::Status RoundEngine::CheckRound(uint64_t round, const char* what) const {
+  if (round < round_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " for round ", round, " is stale: the run is at round ", round_));
+  }
+  if (round > round_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " for round ", round, " is in the future: the run is at round ", round_));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RoundEngine::Holders() const {
+  std::vector<std::string> holders;
+  for (const auto& [id, m] : members_) {
+    if (m.model_round == last_completed_round_ && m.model_hash == agreed_hash_ &&
+        !agreed_hash_.empty()) {
+      holders.push_back(m.address);
+    }
+  }
+  return holders;
+}
+
 absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request) {
   if (absl::Status s = ValidatePeerAddress(request.peer_address()); !s.ok()) return s;
+  if (!request.model_hash().empty() && !IsHexSha256(request.model_hash())) {
+    return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
+  }
   absl::MutexLock lock(&mu_);
   if (phase_ == shoal::v1::FINISHED) {
     return absl::FailedPreconditionError(
@@ -79,8 +129,9 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   const absl::Time now = clock_->Now();
   JoinResult result;
   Member* member = nullptr;
-  if (!request.previous_worker_id().empty()) {
-    auto it = members_.find(request.previous_worker_id());
+  const std::string& previous = request.previous_worker_id();
+  if (!previous.empty()) {
+    auto it = members_.find(previous);
     if (it != members_.end()) member = &it->second;
   }
   if (member == nullptr) {
@@ -95,15 +146,32 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     }
     std::set<uint32_t> used;
     for (const auto& [id, m] : members_) used.insert(m.data_rank);
-    uint32_t rank = 0;
-    while (used.count(rank)) ++rank;
     Member m;
-    m.id = absl::StrCat("w", next_worker_number_++);
-    m.data_rank = rank;
+    // After a coordinator restart, workers keep their ids and data ranks.
+    bool departed = false;
+    for (const Member& d : departed_) departed |= d.id == previous;
+    if (ValidWorkerId(previous) && !departed) {
+      m.id = previous;
+      uint64_t n = 0;
+      (void)absl::SimpleAtoi(previous.substr(1), &n);
+      next_worker_number_ = std::max(next_worker_number_, n + 1);
+      ++record_version_;
+    } else {
+      m.id = absl::StrCat("w", next_worker_number_++);
+      ++record_version_;
+    }
+    if (request.has_previous_data_rank() && !used.count(request.previous_data_rank())) {
+      m.data_rank = request.previous_data_rank();
+    } else {
+      uint32_t rank = 0;
+      while (used.count(rank)) ++rank;
+      m.data_rank = rank;
+    }
     m.joined_at = now;
     member = &members_.emplace(m.id, std::move(m)).first->second;
     SHOAL_LOG(INFO) << "member joined: " << member->id << " at " << request.peer_address()
-                    << " data_rank=" << member->data_rank << " round=" << round_
+                    << " data_rank=" << member->data_rank
+                    << " model_round=" << request.model_round() << " round=" << round_
                     << " members=" << members_.size();
   } else {
     SHOAL_LOG(INFO) << "member re-joined: " << member->id << " at " << request.peer_address();
@@ -112,6 +180,22 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   member->name = request.name();
   member->connected = false;
   member->last_seen = now;
+  member->model_round = request.model_round();
+  member->model_hash = request.model_hash();
+
+  // After a restart, workers may hold a round the record had not saved yet
+  // (the coordinator died between their reports and the write): adopt it.
+  if (fresh_start_ && request.model_round() > last_completed_round_ &&
+      !request.model_hash().empty() && phase_ == shoal::v1::WAITING_FOR_MEMBERS &&
+      participants_.empty()) {
+    SHOAL_LOG(WARNING) << "worker " << member->id << " holds round " << request.model_round()
+                       << ", newer than the record's " << last_completed_round_
+                       << "; continuing from it";
+    last_completed_round_ = request.model_round();
+    agreed_hash_ = request.model_hash();
+    round_ = last_completed_round_ + 1;
+    ++record_version_;
+  }
 
   auto& r = result.response;
   r.set_worker_id(member->id);
@@ -122,6 +206,10 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
       phase_ == shoal::v1::WAITING_FOR_MEMBERS || (phase_ == shoal::v1::TRAINING && !any_ready_);
   r.set_next_round(current_open ? round_ : round_ + 1);
   r.set_model_round(last_completed_round_);
+  r.set_model_hash(agreed_hash_);
+  for (const std::string& h : Holders()) {
+    if (h != member->address) r.add_holders(h);
+  }
   return result;
 }
 
@@ -134,11 +222,13 @@ absl::Status RoundEngine::Connect(const std::string& worker_id) {
   return absl::OkStatus();
 }
 
-absl::Status RoundEngine::Heartbeat(const std::string& worker_id) {
+absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
+                                    const shoal::v1::Heartbeat& heartbeat) {
   absl::MutexLock lock(&mu_);
   auto member = FindActive(worker_id);
   if (!member.ok()) return member.status();
   (*member)->last_seen = clock_->Now();
+  (*member)->progress = heartbeat;
   return absl::OkStatus();
 }
 
@@ -156,7 +246,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   if (!found.ok()) return found.status();
   Member* member = *found;
   if (phase_ == shoal::v1::FINISHED) {
-    return absl::FailedPreconditionError(absl::StrCat("run is finished"));
+    return absl::FailedPreconditionError("run is finished");
   }
   if (round < round_) {
     return absl::FailedPreconditionError(
@@ -182,11 +272,8 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   if (phase_ == shoal::v1::TRAINING && !any_ready_ && round == round_) {
     participants_.push_back(worker_id);
     member->state = MemberState::kTraining;
-    member->ready = member->done = false;
-    CoordinatorMessage msg;
-    msg.mutable_round_start()->set_round(round_);
-    msg.mutable_round_start()->set_base_model_round(last_completed_round_);
-    out->push_back({worker_id, std::move(msg)});
+    member->ready = member->done = member->connections_ok = false;
+    out->push_back({worker_id, RoundStartMessage()});
     SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
                     << " participants=" << participants_.size();
     return round_;
@@ -194,6 +281,16 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   queued_.push_back(worker_id);
   SHOAL_LOG(INFO) << "member " << worker_id << " queued for round " << round_ + 1;
   return round_ + 1;
+}
+
+CoordinatorMessage RoundEngine::RoundStartMessage() const {
+  CoordinatorMessage msg;
+  auto* start = msg.mutable_round_start();
+  start->set_round(round_);
+  start->set_base_model_round(last_completed_round_);
+  start->set_base_model_hash(agreed_hash_);
+  for (const std::string& h : Holders()) start->add_holders(h);
+  return msg;
 }
 
 void RoundEngine::MaybeStartRound(Directives* out) {
@@ -204,16 +301,19 @@ void RoundEngine::MaybeStartRound(Directives* out) {
   queued_.clear();
   phase_ = shoal::v1::TRAINING;
   any_ready_ = false;
+  attempt_ = 0;
+  connection_retries_ = 0;
+  sharing_started_ = false;
+  plan_.clear();
   round_started_at_ = clock_->Now();
+  deadline_ = round_started_at_ + options_.round_timeout;
+  const CoordinatorMessage start = RoundStartMessage();
   for (const std::string& id : participants_) {
     Member& m = members_.at(id);
     m.state = MemberState::kTraining;
-    m.ready = m.done = false;
+    m.ready = m.done = m.connections_ok = false;
     m.exchange_seconds = 0;
-    CoordinatorMessage msg;
-    msg.mutable_round_start()->set_round(round_);
-    msg.mutable_round_start()->set_base_model_round(last_completed_round_);
-    out->push_back({id, std::move(msg)});
+    out->push_back({id, start});
   }
   SHOAL_LOG(INFO) << "round " << round_ << " started with " << participants_.size()
                   << " participants: " << absl::StrJoin(participants_, ",");
@@ -225,18 +325,11 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   auto found = FindActive(request.worker_id());
   if (!found.ok()) return found.status();
   Member* member = *found;
-  const uint64_t round = request.round();
-  if (round < round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ready for round ", round, " is stale: the run is at round ", round_));
-  }
-  if (round > round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ready for round ", round, " is in the future: the run is at round ", round_));
-  }
+  if (absl::Status s = CheckRound(request.round(), "ready"); !s.ok()) return s;
   if (!IsParticipant(request.worker_id())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", request.worker_id(), " is not a participant of round ", round_,
+        member->missed_reason.empty() ? "" : absl::StrCat(" (", member->missed_reason, ")")));
   }
   if (phase_ != shoal::v1::TRAINING) {
     if (member->ready) return absl::OkStatus();  // retried call
@@ -267,23 +360,155 @@ void RoundEngine::MaybeSendPlan(Directives* out) {
     if (!members_.at(id).ready) return;
   }
   phase_ = shoal::v1::SHARING;
+  SendPlan(out);
+}
+
+void RoundEngine::SendPlan(Directives* out) {
+  ++attempt_;
+  connection_retries_ = 0;
+  sharing_started_ = false;
+  deadline_ = clock_->Now() + options_.connection_timeout;
   const std::vector<SliceRange> slices = PlanSlices(total_elements_, participants_.size());
   CoordinatorMessage msg;
   shoal::v1::RoundPlan* plan = msg.mutable_round_plan();
   plan->set_round(round_);
   plan->set_total_elements(total_elements_);
+  plan->set_attempt(attempt_);
+  plan_.clear();
   for (size_t k = 0; k < participants_.size(); ++k) {
     Member& m = members_.at(participants_[k]);
     m.state = MemberState::kSharing;
+    m.connections_ok = m.done = false;
+    m.unreachable.clear();
     auto* s = plan->add_slices();
     s->set_worker_id(m.id);
     s->set_peer_address(m.address);
     s->set_begin(slices[k].begin);
     s->set_end(slices[k].end);
+    plan_.push_back(*s);
   }
   for (const std::string& id : participants_) out->push_back({id, msg});
+  SHOAL_LOG(INFO) << "round " << round_ << " plan attempt " << attempt_ << ": "
+                  << participants_.size() << " participants, " << total_elements_ << " elements";
+}
+
+absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request,
+                                           Directives* out) {
+  absl::MutexLock lock(&mu_);
+  auto found = FindActive(request.worker_id());
+  if (!found.ok()) return found.status();
+  Member* member = *found;
+  if (absl::Status s = CheckRound(request.round(), "connections ready"); !s.ok()) return s;
+  if (!IsParticipant(request.worker_id())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
+  }
+  if (phase_ != shoal::v1::SHARING || request.attempt() != attempt_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan attempt ", request.attempt(), " is not current (round ", round_, " is at attempt ",
+        attempt_, phase_ == shoal::v1::SHARING ? "" : ", not sharing", ")"));
+  }
+  if (sharing_started_) return absl::OkStatus();  // retried call
+  for (const std::string& id : request.unreachable()) {
+    if (!IsParticipant(id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unreachable worker '", id, "' is not a participant of round ", round_));
+    }
+  }
+  member->last_seen = clock_->Now();
+  member->connections_ok = true;
+  member->unreachable.assign(request.unreachable().begin(), request.unreachable().end());
+  if (!member->unreachable.empty()) {
+    SHOAL_LOG(WARNING) << "round " << round_ << ": " << member->id << " cannot reach "
+                       << absl::StrJoin(member->unreachable, ",");
+  }
+  MaybeStartSharing(out);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RoundEngine::FailingPeers() const {
+  // A participant fails when it did not report, or when a strict majority of
+  // the others that reported cannot reach it (so one worker that reaches
+  // nobody does not drag down the peers it names).
+  std::map<std::string, int> named;
+  int reporters = 0;
+  for (const std::string& id : participants_) {
+    const Member& m = members_.at(id);
+    if (!m.connections_ok) continue;
+    ++reporters;
+    for (const std::string& u : m.unreachable) ++named[u];
+  }
+  std::vector<std::string> failing;
+  for (const std::string& id : participants_) {
+    const Member& m = members_.at(id);
+    const int others = reporters - (m.connections_ok ? 1 : 0);
+    if (!m.connections_ok || (named[id] > 0 && 2 * named[id] > others)) failing.push_back(id);
+  }
+  // When every participant names someone (a partition), blame those named.
+  if (failing.empty()) {
+    for (const auto& [id, n] : named) failing.push_back(id);
+  }
+  return failing;
+}
+
+void RoundEngine::MaybeStartSharing(Directives* out) {
+  if (phase_ != shoal::v1::SHARING || sharing_started_) return;
+  bool any_unreachable = false;
+  for (const std::string& id : participants_) {
+    const Member& m = members_.at(id);
+    if (!m.connections_ok) return;
+    any_unreachable |= !m.unreachable.empty();
+  }
+  if (any_unreachable) {
+    ConnectionTimeout(out);  // everyone reported: no need to wait for the deadline
+    return;
+  }
+  sharing_started_ = true;
+  deadline_ = clock_->Now() + options_.round_timeout;
+  CoordinatorMessage msg;
+  msg.mutable_start_sharing()->set_round(round_);
+  msg.mutable_start_sharing()->set_attempt(attempt_);
+  for (const std::string& id : participants_) out->push_back({id, msg});
   SHOAL_LOG(INFO) << "round " << round_ << ": all " << participants_.size()
-                  << " participants ready, sharing " << total_elements_ << " elements";
+                  << " participants connected, sharing starts (attempt " << attempt_ << ")";
+}
+
+void RoundEngine::ConnectionTimeout(Directives* out) {
+  const std::vector<std::string> failing = FailingPeers();
+  if (connection_retries_ < options_.max_connection_retry) {
+    ++connection_retries_;
+    deadline_ = clock_->Now() + options_.connection_timeout;
+    SHOAL_LOG(WARNING) << "round " << round_ << ": peers not connected ("
+                       << absl::StrJoin(failing, ",") << "), retry " << connection_retries_ << "/"
+                       << options_.max_connection_retry;
+    CoordinatorMessage msg;
+    auto* retry = msg.mutable_retry_connections();
+    retry->set_round(round_);
+    retry->set_attempt(attempt_);
+    retry->set_retry(connection_retries_);
+    for (const std::string& id : failing) retry->add_failing(id);
+    for (const std::string& id : participants_) {
+      Member& m = members_.at(id);
+      m.connections_ok = false;
+      m.unreachable.clear();
+      out->push_back({id, msg});
+    }
+    return;
+  }
+  const std::string reason = absl::StrCat("could not connect with the peers of round ", round_,
+                                          " after ", options_.max_connection_retry, " retries");
+  for (const std::string& id : failing) {
+    CoordinatorMessage msg;
+    msg.mutable_connection_fail()->set_round(round_);
+    msg.mutable_connection_fail()->set_reason(reason);
+    out->push_back({id, msg});
+    Depart(id, MemberState::kEvicted, reason);
+  }
+  if (participants_.empty()) {
+    AbortRound("no participant left after connection failures", out);
+    return;
+  }
+  SendPlan(out);  // the rest go on with a recomputed plan
 }
 
 absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
@@ -292,7 +517,7 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   auto found = FindActive(request.worker_id());
   if (!found.ok()) return found.status();
   Member* member = *found;
-  if (request.round() != round_ || phase_ != shoal::v1::SHARING) {
+  if (request.round() != round_ || phase_ != shoal::v1::SHARING || !sharing_started_) {
     if (request.round() == last_completed_round_ && member->model_round == request.round()) {
       return absl::OkStatus();  // retried call for a round that completed
     }
@@ -321,7 +546,7 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
 }
 
 void RoundEngine::MaybeCompleteRound(Directives* out) {
-  if (phase_ != shoal::v1::SHARING) return;
+  if (phase_ != shoal::v1::SHARING || !sharing_started_ || participants_.empty()) return;
   for (const std::string& id : participants_) {
     if (!members_.at(id).done) return;
   }
@@ -347,6 +572,10 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
     SHOAL_LOG(ERROR) << "round " << round_ << ": worker " << id << " reported hash "
                      << members_.at(id).model_hash.substr(0, 12) << ", majority has "
                      << hash.substr(0, 12);
+    CoordinatorMessage msg;
+    msg.mutable_leave_requested()->set_reason(
+        absl::StrCat("model hash mismatch in round ", round_));
+    out->push_back({id, msg});
     Depart(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_));
   }
 
@@ -367,12 +596,11 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
       summary.set_test_loss(m.metrics.test_loss());
     }
     m.rounds_completed++;
+    m.missed_in_row = 0;
     m.state = MemberState::kWaiting;
   }
-  if (!participants_.empty()) {
-    summary.set_train_loss(loss / participants_.size());
-    summary.set_exchange_seconds(exchange / participants_.size());
-  }
+  summary.set_train_loss(loss / participants_.size());
+  summary.set_exchange_seconds(exchange / participants_.size());
   if (!summary.evaluated() && !recent_rounds_.empty()) {
     summary.set_test_accuracy(recent_rounds_.back().test_accuracy());
     summary.set_test_loss(recent_rounds_.back().test_loss());
@@ -381,6 +609,8 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   while (recent_rounds_.size() > 100) recent_rounds_.pop_front();
   last_completed_round_ = round_;
   agreed_hash_ = hash;
+  fresh_start_ = false;
+  ++record_version_;
   SHOAL_LOG(INFO) << "round " << round_ << " complete: participants=" << participants_.size()
                   << " hash=" << hash.substr(0, 16) << " seconds=" << summary.seconds();
 
@@ -405,6 +635,32 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   ++round_;
   phase_ = shoal::v1::WAITING_FOR_MEMBERS;
   MaybeStartRound(out);
+}
+
+void RoundEngine::MissRound(const std::string& worker_id, const std::string& reason,
+                            Directives* out) {
+  Member& m = members_.at(worker_id);
+  participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
+  ++m.missed_in_row;
+  m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
+  m.state = MemberState::kWaiting;
+  m.ready = m.done = m.connections_ok = false;
+  SHOAL_LOG(WARNING) << "worker " << worker_id << " sits out round " << round_ << ": " << reason
+                     << " (" << m.missed_in_row << " in a row)";
+  if (options_.max_missed_rounds > 0 && m.missed_in_row >= options_.max_missed_rounds) {
+    const std::string why =
+        absl::StrCat("missed ", m.missed_in_row, " rounds in a row (last: ", reason, ")");
+    CoordinatorMessage msg;
+    msg.mutable_leave_requested()->set_reason(why);
+    out->push_back({worker_id, msg});
+    Depart(worker_id, MemberState::kEvicted, why);
+    return;
+  }
+  CoordinatorMessage msg;
+  msg.mutable_round_missed()->set_round(round_);
+  msg.mutable_round_missed()->set_reason(reason);
+  out->push_back({worker_id, msg});
+  queued_.push_back(worker_id);  // takes part again from the next round
 }
 
 bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason) {
@@ -439,8 +695,18 @@ void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
       MaybeSendPlan(out);
     }
   } else if (phase_ == shoal::v1::SHARING) {
-    AbortRound(absl::StrCat("participant ", worker_id, " left during sharing: ", reason), out);
+    Replan(absl::StrCat("participant ", worker_id, " lost: ", reason), out);
   }
+}
+
+void RoundEngine::Replan(const std::string& reason, Directives* out) {
+  if (participants_.empty()) {
+    AbortRound(reason, out);
+    return;
+  }
+  SHOAL_LOG(WARNING) << "round " << round_ << ": " << reason << "; " << participants_.size()
+                     << " survivors exchange again";
+  SendPlan(out);
 }
 
 void RoundEngine::AbortRound(const std::string& reason, Directives* out) {
@@ -458,7 +724,7 @@ void RoundEngine::AbortRound(const std::string& reason, Directives* out) {
       m.model_round = last_completed_round_;
       m.model_hash = agreed_hash_;
     }
-    m.ready = m.done = false;
+    m.ready = m.done = m.connections_ok = false;
   }
   for (const std::string& id : queued_) next.push_back(id);
   participants_.clear();
@@ -469,6 +735,7 @@ void RoundEngine::AbortRound(const std::string& reason, Directives* out) {
 
 void RoundEngine::Finish(const std::string& reason, Directives* out) {
   phase_ = shoal::v1::FINISHED;
+  ++record_version_;
   SHOAL_LOG(INFO) << "run " << options_.run_id << " finished: " << reason;
   CoordinatorMessage msg;
   msg.mutable_run_finished()->set_last_round(last_completed_round_);
@@ -496,6 +763,44 @@ Directives RoundEngine::Tick() {
     }
   }
   for (const auto& [id, reason] : expired) RemoveMember(id, MemberState::kEvicted, reason, &out);
+
+  if (now < deadline_) return out;
+  if (phase_ == shoal::v1::TRAINING) {
+    std::vector<std::string> late;
+    for (const std::string& id : participants_) {
+      if (!members_.at(id).ready) late.push_back(id);
+    }
+    if (late.size() == participants_.size()) {
+      // Nobody is ready: there is no one to go on with, so keep waiting.
+      deadline_ = now + options_.round_timeout;
+      SHOAL_LOG(WARNING) << "round " << round_ << ": no participant ready after "
+                         << absl::FormatDuration(options_.round_timeout) << "; still waiting";
+      return out;
+    }
+    for (const std::string& id : late) {
+      MissRound(id,
+                absl::StrCat("not ready within --round_timeout=",
+                             absl::FormatDuration(options_.round_timeout)),
+                &out);
+    }
+    MaybeSendPlan(&out);
+  } else if (phase_ == shoal::v1::SHARING && !sharing_started_) {
+    ConnectionTimeout(&out);
+  } else if (phase_ == shoal::v1::SHARING) {
+    std::vector<std::string> late;
+    for (const std::string& id : participants_) {
+      if (!members_.at(id).done) late.push_back(id);
+    }
+    if (late.size() == participants_.size()) {
+      AbortRound("no participant finished sharing within --round_timeout", &out);
+      return out;
+    }
+    // Those done hold the complete average; the others catch up later.
+    for (const std::string& id : late) {
+      MissRound(id, "did not finish sharing within --round_timeout", &out);
+    }
+    MaybeCompleteRound(&out);
+  }
   return out;
 }
 
@@ -511,9 +816,16 @@ std::string RoundEngine::PhaseDetail() const {
       return absl::StrCat(ready, "/", participants_.size(), " participants ready");
     }
     case shoal::v1::SHARING: {
-      size_t done = 0;
-      for (const auto& id : participants_) done += members_.at(id).done;
-      return absl::StrCat(done, "/", participants_.size(), " participants done sharing");
+      size_t n = 0;
+      if (!sharing_started_) {
+        for (const auto& id : participants_) n += members_.at(id).connections_ok;
+        return absl::StrCat("connecting: ", n, "/", participants_.size(),
+                            " participants reached their peers (attempt ", attempt_, ", retry ",
+                            connection_retries_, "/", options_.max_connection_retry, ")");
+      }
+      for (const auto& id : participants_) n += members_.at(id).done;
+      return absl::StrCat(n, "/", participants_.size(), " participants done sharing (attempt ",
+                          attempt_, ")");
     }
     case shoal::v1::FINISHED:
       return absl::StrCat("finished after round ", last_completed_round_);
@@ -538,11 +850,15 @@ shoal::v1::RunStatus RoundEngine::Status() const {
   s.set_started_unix_ms(absl::ToUnixMillis(started_at_));
   s.set_model_hash(agreed_hash_);
   s.set_detail(PhaseDetail());
+  s.set_connection_retries(connection_retries_);
+  s.set_attempt(phase_ == shoal::v1::SHARING ? attempt_ : 0);
+  s.set_queued(queued_.size());
+  s.set_checkpoint_id(checkpoint_id_);
   auto add = [&](const Member& m, bool active) {
     auto* w = s.add_workers();
     w->set_id(m.id);
     w->set_address(m.address);
-    w->set_state(StateName(m.state));
+    w->set_state(active && m.progress.syncing() ? "syncing" : StateName(m.state));
     w->set_model_hash(m.model_hash);
     w->set_model_round(m.model_round);
     w->set_test_accuracy(m.metrics.test_accuracy());
@@ -553,10 +869,36 @@ shoal::v1::RunStatus RoundEngine::Status() const {
     if (active) w->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - m.last_seen));
     w->set_rounds_completed(m.rounds_completed);
     w->set_reason(m.reason);
+    w->set_rounds_missed(m.missed_in_row);
+    w->set_missed_reason(m.missed_reason);
+    if (active && m.progress.syncing()) {
+      w->set_sync_bytes_done(m.progress.sync_bytes_done());
+      w->set_sync_bytes_total(m.progress.sync_bytes_total());
+      w->set_sync_sources(m.progress.sync_sources());
+    }
   };
   for (const auto& [id, m] : members_) add(m, true);
   for (const auto& m : departed_) add(m, false);
   return s;
+}
+
+shoal::v1::RunRecord RoundEngine::Record() const {
+  absl::MutexLock lock(&mu_);
+  shoal::v1::RunRecord r;
+  r.set_run_id(options_.run_id);
+  *r.mutable_config() = options_.config;
+  r.set_last_completed_round(last_completed_round_);
+  r.set_model_hash(agreed_hash_);
+  r.set_next_worker_number(next_worker_number_);
+  r.set_checkpoint_id(checkpoint_id_);
+  r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  r.set_finished(phase_ == shoal::v1::FINISHED);
+  return r;
+}
+
+uint64_t RoundEngine::record_version() const {
+  absl::MutexLock lock(&mu_);
+  return record_version_;
 }
 
 bool RoundEngine::finished() const {

@@ -1,10 +1,12 @@
 // The coordinator's round state machine: membership, the synchronous round
 // (WAITING_FOR_MEMBERS -> TRAINING -> SHARING -> next round / FINISHED), the
-// shard plan of each round and the model hashes reported after it.
+// shard plan of each round, the peer-connection barrier with retries, round
+// deadlines for stragglers, and the model hashes reported after each round.
 //
 // Plain C++: no gRPC types. Every method takes the current time from the
 // injected Clock and returns the directives to push to workers; the caller
-// delivers them after the call returns (the engine never calls out).
+// delivers them after the call returns (the engine never calls out). Tick()
+// applies every timeout; nothing waits inside the engine.
 //
 // Thread-safe: one mutex guards all state.
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_ROUND_ENGINE_H_
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,8 +36,20 @@ struct EngineOptions {
   absl::Duration heartbeat_lease = absl::Seconds(10);
   // A joined worker that opens no session within this time is removed.
   absl::Duration session_grace = absl::Seconds(10);
+  // Participants not ready this long after the round started sit the round
+  // out; the same deadline applies to the exchange after sharing starts.
+  absl::Duration round_timeout = absl::Seconds(120);
+  // Time for every participant to report ConnectionsReady for a plan.
+  absl::Duration connection_timeout = absl::Seconds(10);
+  // Connection retries of one plan before the failing peers are evicted.
+  uint32_t max_connection_retry = 3;
+  // A worker that misses this many rounds in a row is asked to leave
+  // (0 = never).
+  uint32_t max_missed_rounds = 5;
   // Removed members stay visible in the status, up to this many.
   size_t max_departed_shown = 50;
+  // Where the run continues from (a persisted record), if anywhere.
+  std::optional<shoal::v1::RunRecord> resume;
 };
 
 // A message for one worker's session stream.
@@ -57,7 +72,8 @@ class RoundEngine {
   // The worker opened its session stream. NOT_FOUND for an unknown id.
   absl::Status Connect(const std::string& worker_id);
   // A heartbeat arrived. NOT_FOUND for an unknown id.
-  absl::Status Heartbeat(const std::string& worker_id);
+  absl::Status Heartbeat(const std::string& worker_id,
+                         const shoal::v1::Heartbeat& heartbeat = shoal::v1::Heartbeat());
   // The session stream broke or the worker left: it is removed at once.
   Directives Disconnect(const std::string& worker_id, const std::string& reason);
 
@@ -65,14 +81,20 @@ class RoundEngine {
   // participant, to the next one. Returns the admitted round.
   absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out);
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
+  absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request, Directives* out);
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
 
-  // Expires leases. Call periodically.
+  // Applies every timeout: leases, round deadline, connection deadline.
   Directives Tick();
 
   shoal::v1::RunStatus Status() const;
+  // The record to persist (run id, config, counters).
+  shoal::v1::RunRecord Record() const;
+  // Increments whenever Record() changes; the server persists on change.
+  uint64_t record_version() const;
   bool finished() const;
   uint64_t last_completed_round() const;
+  bool IsActive(const std::string& worker_id) const;
 
  private:
   enum class MemberState { kWaiting, kTraining, kReady, kSharing, kLeft, kEvicted };
@@ -92,8 +114,13 @@ class RoundEngine {
     double train_loss = 0;
     uint64_t rounds_completed = 0;
     std::string reason;
+    uint32_t missed_in_row = 0;
+    std::string missed_reason;
+    shoal::v1::Heartbeat progress;  // latest heartbeat (sync progress)
     // Per current round.
     bool ready = false;
+    bool connections_ok = false;
+    std::vector<std::string> unreachable;
     bool done = false;
     double exchange_seconds = 0;
   };
@@ -102,16 +129,31 @@ class RoundEngine {
   absl::StatusOr<Member*> FindActive(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsParticipant(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRound(uint64_t round, const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> Holders() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  shoal::v1::CoordinatorMessage RoundStartMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartSharing(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ConnectionTimeout(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> FailingPeers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker sits the round out; it stays a member (queued for the next
+  // round) unless it missed too many in a row.
+  void MissRound(const std::string& worker_id, const std::string& reason, Directives* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the member to departed_ and out of the queue and the round;
   // returns true when it was a participant. No round consequences.
   bool Depart(const std::string& worker_id, MemberState why, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Depart plus what it means for the round (plan, abort, wait).
+  // Depart plus what it means for the round (plan, re-plan, wait).
   void RemoveMember(const std::string& worker_id, MemberState why, const std::string& reason,
                     Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A participant was lost after the plan: the survivors exchange again
+  // with a new plan (attempt + 1), from their trained models.
+  void Replan(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRound(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PhaseDetail() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -128,6 +170,8 @@ class RoundEngine {
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t last_completed_round_ ABSL_GUARDED_BY(mu_) = 0;
   std::string agreed_hash_ ABSL_GUARDED_BY(mu_);
+  // No round completed since this coordinator started (restart window).
+  bool fresh_start_ ABSL_GUARDED_BY(mu_) = true;
   // Participants of round_ (in join order) while TRAINING / SHARING.
   std::vector<std::string> participants_ ABSL_GUARDED_BY(mu_);
   // Workers admitted to the next round to start (waiting).
@@ -135,7 +179,16 @@ class RoundEngine {
   bool any_ready_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t total_elements_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time round_started_at_ ABSL_GUARDED_BY(mu_);
+  // The running timeout: training deadline, connection deadline or exchange
+  // deadline, depending on the phase.
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);
+  uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<shoal::v1::SliceAssignment> plan_ ABSL_GUARDED_BY(mu_);
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);
+  uint64_t record_version_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string checkpoint_id_ ABSL_GUARDED_BY(mu_);
   absl::Time started_at_;
 };
 

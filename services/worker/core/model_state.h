@@ -32,8 +32,12 @@ class ModelState {
   void BeginTraining(uint64_t round);
   // Local training of `round` is done: its contribution may be read.
   void SetReady(uint64_t round);
-  // The round's plan arrived: the worker owns [begin, end).
-  void SetPlan(uint64_t round, uint64_t begin, uint64_t end);
+  // A plan (attempt) of the round arrived: the worker owns [begin, end).
+  // Reads of other attempts are refused from now on.
+  void SetPlan(uint64_t round, uint32_t attempt, uint64_t begin, uint64_t end);
+  // Contribution reads are refused until SetReady (the worker is restoring
+  // its trained model for a new attempt).
+  void Unready();
   // The owned slice now holds the average.
   void MarkAveraged(uint64_t round);
   // The round was aborted; nothing of it is served any more.
@@ -42,12 +46,25 @@ class ModelState {
   void SetModel(uint64_t round, const std::string& hash);
   void SetShuttingDown();
 
+  // The snapshot buffer (the averaged model kept for workers catching up).
+  void BindSnapshot(const float* snapshot);
+  // Call before overwriting the snapshot buffer; reads in flight end ABORTED.
+  void BeginSnapshotUpdate();
+  // The snapshot buffer now holds the averaged model of `round`.
+  void SetSnapshot(uint64_t round);
+  // Changes whenever the snapshot is being or was replaced.
+  uint64_t snapshot_generation() const { return snapshot_generation_.load(); }
+  const float* snapshot() const { return snapshot_.load(); }
+
   // OK when `request` may be served now from parameters(). UNAVAILABLE when it
   // may be served later (slice not averaged yet, or shutting down); every
   // other code is final: INVALID_ARGUMENT (empty range, no kind),
   // OUT_OF_RANGE (past the end), FAILED_PRECONDITION (stale or future round,
   // not trained yet, a slice the worker does not own).
-  absl::Status CheckRead(const shoal::v1::ReadSliceRequest& request) const;
+  // For SNAPSHOT, `generation` gets the snapshot generation to re-check
+  // while streaming.
+  absl::Status CheckRead(const shoal::v1::ReadSliceRequest& request,
+                         uint64_t* generation = nullptr) const;
 
   shoal::v1::PeerInfo Info() const;
   const float* parameters() const { return params_.load(); }
@@ -63,6 +80,11 @@ class ModelState {
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
   bool has_plan_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t snapshot_round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool snapshot_valid_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<const float*> snapshot_{nullptr};
+  std::atomic<uint64_t> snapshot_generation_{0};
   uint64_t own_begin_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t own_end_ ABSL_GUARDED_BY(mu_) = 0;
   bool averaged_ ABSL_GUARDED_BY(mu_) = false;

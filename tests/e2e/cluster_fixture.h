@@ -1,0 +1,150 @@
+// The e2e fixture: a coordinator and workers as real processes on
+// 127.0.0.1, a status stub, and helpers to wait on the run's status.
+#ifndef SHOAL_TESTS_E2E_CLUSTER_FIXTURE_H_
+#define SHOAL_TESTS_E2E_CLUSTER_FIXTURE_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "gtest/gtest.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+#include "tests/support/test_support.h"
+
+namespace shoal {
+
+using ::shoal::testing::BinDir;
+using ::shoal::testing::DataDir;
+using ::shoal::testing::Process;
+using ::shoal::testing::TempDir;
+using ::shoal::testing::WaitUntil;
+
+class ClusterTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    if (access((DataDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
+      GTEST_SKIP() << "Fashion-MNIST not installed at " << DataDir();
+    }
+  }
+
+  // Starts a coordinator on 127.0.0.1:0 and returns its address.
+  std::string StartCoordinator(std::vector<std::string> flags) {
+    return StartCoordinatorAt("127.0.0.1:0", std::move(flags));
+  }
+
+  // Starts (or restarts) the coordinator on `listen`.
+  std::string StartCoordinatorAt(const std::string& listen, std::vector<std::string> flags) {
+    ++coordinator_starts_;
+    std::vector<std::string> argv = {BinDir() + "/shoal-coordinator", "--listen=" + listen};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    coordinator_ = Process::Start(
+        argv, absl::StrCat(dir_.path(), "/coordinator-", coordinator_starts_, ".log"));
+    const std::string address = coordinator_->WaitForListenAddress(absl::Seconds(20));
+    EXPECT_FALSE(address.empty()) << coordinator_->Log();
+    stub_ = v1::Coordinator::NewStub(MakeChannel(address));
+    return address;
+  }
+
+  Process* StartWorker(const std::string& coordinator, std::vector<std::string> flags = {}) {
+    const int n = static_cast<int>(workers_.size()) + 1;
+    std::vector<std::string> argv = {BinDir() + "/shoal-worker", "--coordinator=" + coordinator,
+                                     "--listen=127.0.0.1:0",     "--data_dir=" + DataDir(),
+                                     "--eval_limit=2000",        absl::StrCat("--name=e2e-", n)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    workers_.push_back(Process::Start(argv, absl::StrCat(dir_.path(), "/worker-", n, ".log")));
+    return workers_.back().get();
+  }
+
+  bool Status(v1::RunStatus* status) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(5)));
+    return stub_->GetRunStatus(&ctx, v1::GetRunStatusRequest(), status).ok();
+  }
+
+  v1::RunStatus WaitForStatus(const std::function<bool(const v1::RunStatus&)>& pred,
+                              absl::Duration timeout) {
+    v1::RunStatus status;
+    const bool ok = WaitUntil([&] { return Status(&status) && pred(status); }, timeout);
+    EXPECT_TRUE(ok) << "timed out; last status:\n" << status.DebugString() << Logs();
+    return status;
+  }
+
+  std::string Logs() {
+    std::string out = "\n--- coordinator ---\n" + (coordinator_ ? coordinator_->Log() : "");
+    for (auto& w : workers_) out += "\n--- " + w->log_path() + " ---\n" + w->Log();
+    return out;
+  }
+
+  // Runs a command, returns its stdout; `code` gets the exit code.
+  static std::string Run(const std::string& command, int* code) {
+    std::string out;
+    FILE* pipe = popen(command.c_str(), "r");
+    if (pipe == nullptr) return out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+    const int status = pclose(pipe);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+  }
+
+  // Waits until `more` rounds completed after round `after`, then checks that
+  // every worker that reported the last completed round holds the agreed
+  // model, and that at least `min_agreeing` do. Returns the status.
+  v1::RunStatus ExpectRoundsGoOn(uint64_t after, uint64_t more, size_t min_agreeing,
+                                 absl::Duration timeout = absl::Seconds(60)) {
+    const v1::RunStatus status = WaitForStatus(
+        [&](const v1::RunStatus& s) { return s.last_completed_round() >= after + more; }, timeout);
+    size_t agreeing = 0;
+    for (const auto& w : status.workers()) {
+      if (w.state() == "evicted" || w.model_round() != status.last_completed_round()) continue;
+      EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id() << Logs();
+      ++agreeing;
+    }
+    EXPECT_GE(agreeing, min_agreeing) << status.DebugString() << Logs();
+    return status;
+  }
+
+  static const v1::WorkerStatus* FindWorker(const v1::RunStatus& s, const std::string& id) {
+    for (const auto& w : s.workers()) {
+      if (w.id() == id) return &w;
+    }
+    return nullptr;
+  }
+
+  // The id the coordinator gave a worker process (from its log), or "".
+  static std::string WorkerId(Process* p) {
+    const std::string log = p->Log();
+    const size_t at = log.find(" as w");
+    if (at == std::string::npos) return "";
+    size_t end = at + 5;
+    while (end < log.size() && std::isdigit(static_cast<unsigned char>(log[end]))) ++end;
+    return log.substr(at + 4, end - at - 4);
+  }
+
+  Process* WorkerById(const std::string& id) {
+    for (auto& w : workers_) {
+      if (WorkerId(w.get()) == id) return w.get();
+    }
+    return nullptr;
+  }
+
+  int coordinator_starts_ = 0;
+  TempDir dir_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_TESTS_E2E_CLUSTER_FIXTURE_H_

@@ -1,0 +1,213 @@
+// End-to-end fault tests (issue #3): real binaries on 127.0.0.1; after each
+// fault, rounds keep completing and every surviving model is identical.
+#include "tests/e2e/cluster_fixture.h"
+
+namespace shoal {
+namespace {
+
+// Short timeouts so that faults resolve within seconds.
+const std::vector<std::string> kFastFaults = {"--heartbeat_lease=4s", "--connection_timeout=2s",
+                                              "--max_connection_retry=2", "--round_timeout=4s"};
+
+std::vector<std::string> With(std::vector<std::string> flags) {
+  flags.insert(flags.end(), kFastFaults.begin(), kFastFaults.end());
+  return flags;
+}
+
+bool AnyWorkerIn(const v1::RunStatus& s, const std::string& state, std::string* id) {
+  for (const auto& w : s.workers()) {
+    if (w.state() == state) {
+      *id = w.id();
+      return true;
+    }
+  }
+  return false;
+}
+
+using FaultsTest = ClusterTest;
+
+TEST_F(FaultsTest, KillDuringTraining) {
+  // ~0.5 s of training per round: the kill lands in TRAINING.
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=300"}));
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.last_completed_round() >= 1 && s.phase() == v1::TRAINING;
+      },
+      absl::Seconds(60));
+  const uint64_t at = s.last_completed_round();
+  Process* victim = WorkerById(s.participants(0));
+  ASSERT_NE(victim, nullptr);
+  victim->Signal(SIGKILL);
+  ExpectRoundsGoOn(at, 3, 2);
+}
+
+TEST_F(FaultsTest, KillWhileWaitingForTheBarrier) {
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=300"}));
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 1; },
+                absl::Seconds(60));
+  // Hold one participant in training so that the others wait, ready.
+  v1::RunStatus s = WaitForStatus([](const v1::RunStatus& s) { return s.phase() == v1::TRAINING; },
+                                  absl::Seconds(30));
+  Process* slow = WorkerById(s.participants(0));
+  ASSERT_NE(slow, nullptr);
+  slow->Signal(SIGSTOP);
+  std::string ready_id;
+  s = WaitForStatus([&](const v1::RunStatus& s) { return AnyWorkerIn(s, "ready", &ready_id); },
+                    absl::Seconds(30));
+  const uint64_t at = s.last_completed_round();
+  Process* victim = WorkerById(ready_id);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(victim, slow);
+  victim->Signal(SIGKILL);
+  slow->Signal(SIGCONT);
+  ExpectRoundsGoOn(at, 3, 2);
+}
+
+TEST_F(FaultsTest, KillMidSharing) {
+  // Upload caps stretch the exchange to about a second.
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=20"}));
+  for (int i = 0; i < 3; ++i) StartWorker(addr, {"--upload_rate_mbps=6"});
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 1; },
+                absl::Seconds(60));
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.phase() == v1::SHARING && s.detail().find("done sharing") != std::string::npos;
+      },
+      absl::Seconds(30));
+  Process* victim = WorkerById(s.participants(1));
+  ASSERT_NE(victim, nullptr);
+  victim->Signal(SIGKILL);
+  const v1::RunStatus after = ExpectRoundsGoOn(s.last_completed_round(), 3, 2);
+  // The interrupted round was re-planned among the survivors, not dropped.
+  EXPECT_EQ(after.recent_rounds(after.recent_rounds_size() - 1).participants(), 2u);
+}
+
+TEST_F(FaultsTest, StoppedPastTheDeadlineSitsOutAndCatchesUp) {
+  const std::string addr =
+      StartCoordinator({"--min_participants=2", "--local_steps=100", "--heartbeat_lease=30s",
+                        "--round_timeout=3s", "--max_missed_rounds=0"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.last_completed_round() >= 1 && s.phase() == v1::TRAINING;
+      },
+      absl::Seconds(60));
+  const std::string id = s.participants(2);
+  Process* straggler = WorkerById(id);
+  ASSERT_NE(straggler, nullptr);
+  straggler->Signal(SIGSTOP);
+  s = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        const v1::WorkerStatus* w = FindWorker(s, id);
+        return w != nullptr && w->rounds_missed() >= 1;
+      },
+      absl::Seconds(30));
+  EXPECT_NE(FindWorker(s, id)->missed_reason().find("round_timeout"), std::string::npos);
+  const uint64_t at = s.last_completed_round();
+  straggler->Signal(SIGCONT);
+  // It catches up and takes part again with the same model.
+  s = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        const v1::WorkerStatus* w = FindWorker(s, id);
+        return s.last_completed_round() >= at + 2 && w != nullptr &&
+               w->model_round() == s.last_completed_round();
+      },
+      absl::Seconds(60));
+  EXPECT_EQ(FindWorker(s, id)->model_hash(), s.model_hash()) << Logs();
+  ExpectRoundsGoOn(s.last_completed_round(), 1, 3);
+}
+
+TEST_F(FaultsTest, UnreachablePeerIsEvictedAfterRetries) {
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=20"}));
+  StartWorker(addr);
+  StartWorker(addr);
+  // Peers cannot reach this one: its advertised port has no listener.
+  Process* cut_off = StartWorker(addr, {"--advertise=127.0.0.1:1"});
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        for (const auto& w : s.workers()) {
+          if (w.state() == "evicted") return true;
+        }
+        return false;
+      },
+      absl::Seconds(60));
+  const std::string id = WorkerId(cut_off);
+  const v1::WorkerStatus* w = FindWorker(s, id);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->state(), "evicted");
+  EXPECT_NE(w->reason().find("connect"), std::string::npos) << w->reason();
+  EXPECT_NE(cut_off->Wait(absl::Seconds(20)), 0);
+  EXPECT_NE(cut_off->Log().find("removed from the run"), std::string::npos) << cut_off->Log();
+  ExpectRoundsGoOn(s.last_completed_round(), 2, 2);
+}
+
+TEST_F(FaultsTest, TwoWorkersJoinMidRun) {
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=20"}));
+  StartWorker(addr);
+  StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 3; },
+                absl::Seconds(60));
+  StartWorker(addr);
+  StartWorker(addr);
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.recent_rounds_size() > 0 &&
+               s.recent_rounds(s.recent_rounds_size() - 1).participants() == 4;
+      },
+      absl::Seconds(60));
+  ExpectRoundsGoOn(s.last_completed_round(), 1, 4);
+  for (int i = 2; i < 4; ++i) {
+    EXPECT_NE(workers_[i]->Log().find("caught up to round"), std::string::npos)
+        << workers_[i]->Log();
+  }
+}
+
+TEST_F(FaultsTest, BelowMinimumWaitsThenRecovers) {
+  const std::string addr = StartCoordinator(With({"--min_participants=3", "--local_steps=20"}));
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 2; },
+                absl::Seconds(60));
+  workers_[0]->Signal(SIGKILL);
+  const v1::RunStatus waiting = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.phase() == v1::WAITING_FOR_MEMBERS && s.members() == 2;
+      },
+      absl::Seconds(30));
+  EXPECT_NE(waiting.detail().find("of 3 participants needed"), std::string::npos)
+      << waiting.detail();
+  StartWorker(addr);
+  ExpectRoundsGoOn(waiting.last_completed_round(), 2, 3);
+}
+
+TEST_F(FaultsTest, CoordinatorKilledAndRestarted) {
+  const std::string state = dir_.path() + "/state";
+  const std::vector<std::string> flags =
+      With({"--min_participants=2", "--local_steps=20", "--state_dir=" + state});
+  const std::string addr = StartCoordinator(flags);
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  v1::RunStatus before = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() >= 3; }, absl::Seconds(60));
+  coordinator_->Signal(SIGKILL);
+  ASSERT_EQ(coordinator_->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  // Workers wait for it; none exits.
+  absl::SleepFor(absl::Seconds(1));
+  for (auto& w : workers_) EXPECT_TRUE(w->Running()) << w->Log();
+
+  ASSERT_EQ(StartCoordinatorAt(addr, flags), addr);
+  const v1::RunStatus after = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        return s.last_completed_round() >= before.last_completed_round() + 2;
+      },
+      absl::Seconds(60));
+  EXPECT_EQ(after.run_id(), before.run_id());
+  // Round numbering went on: no round 1 again after the restart.
+  for (const auto& r : after.recent_rounds())
+    EXPECT_GT(r.round(), before.last_completed_round() - 1);
+  ExpectRoundsGoOn(after.last_completed_round(), 1, 3);
+  for (auto& w : workers_) EXPECT_TRUE(w->Running()) << w->Log();
+}
+
+}  // namespace
+}  // namespace shoal

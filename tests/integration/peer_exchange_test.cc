@@ -1,0 +1,396 @@
+// Integration tests of the peer-to-peer exchange over real gRPC: PeerService
+// servers on 127.0.0.1:0, GrpcPeerClient, Exchanger. Every read has a
+// timeout; every server is stopped by its owner's destructor.
+#include <grpc/grpc.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/chunk_codec.h"
+#include "common/crc32c.h"
+#include "common/grpc_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/worker/core/model_state.h"
+#include "services/worker/exchanger.h"
+#include "services/worker/peer_client.h"
+#include "services/worker/peer_service.h"
+#include "shoal/v1/coordinator.pb.h"
+#include "shoal/v1/peer.grpc.pb.h"
+
+namespace shoal::worker {
+namespace {
+
+using ::shoal::v1::ReadSliceRequest;
+using ::shoal::v1::TensorChunk;
+
+// Keeps gRPC initialised for the whole test binary. Otherwise gRPC 1.51 tears
+// the library down whenever a test's last server or channel goes away, and
+// that teardown sometimes blocks ~10 s joining an executor thread that sits
+// in a 10 s poll. Never shut down: process exit cleans up.
+[[maybe_unused]] const bool kGrpcKeptInitialised = [] {
+  grpc_init();
+  return true;
+}();
+
+constexpr absl::Duration kTimeout = absl::Seconds(5);
+// Plan attempt used throughout.
+constexpr uint32_t kAttempt = 1;
+
+// One in-process "worker": its parameters, the state its PeerService serves
+// from, the server, and its own outbound client and exchanger.
+struct PeerNode {
+  PeerNode(std::string id, std::vector<float> initial)
+      : id(std::move(id)), params(std::move(initial)), service(&state) {
+    state.Bind(params.data(), params.size(), "mlp");
+    state.SetWorkerId(this->id);
+    auto started = GrpcServer::Start("127.0.0.1:0", {&service});
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) server = std::move(*started);
+    ExchangeOptions options;
+    options.timeout = absl::Seconds(30);
+    exchanger = std::make_unique<Exchanger>(&client, &state, params.data(), options);
+  }
+  ~PeerNode() {
+    state.SetShuttingDown();
+    if (server != nullptr) server->Shutdown(absl::Seconds(1));
+  }
+  std::string address() const { return server != nullptr ? server->address() : ""; }
+
+  std::string id;
+  std::vector<float> params;
+  ModelState state;
+  PeerService service;
+  std::unique_ptr<GrpcServer> server;
+  GrpcPeerClient client;
+  std::unique_ptr<Exchanger> exchanger;
+};
+
+std::vector<float> RandomVector(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  // Positive values: no cancellation, so float sums stay within a few ulp
+  // of the exact mean.
+  std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng) * scale;
+  return v;
+}
+
+// Reads [begin, end) of `kind` with a real GrpcPeerClient; collects the
+// elements it received.
+absl::Status Read(GrpcPeerClient* client, const std::string& address, uint64_t round,
+                  uint64_t begin, uint64_t end, v1::SliceKind kind,
+                  std::vector<float>* out = nullptr, uint32_t attempt = kAttempt) {
+  ReadSliceRequest request;
+  request.set_round(round);
+  request.set_attempt(attempt);
+  request.set_begin(begin);
+  request.set_end(end);
+  request.set_kind(kind);
+  request.set_reader_id("test");
+  return client->ReadSlice(address, request, kTimeout, [&](const ChunkView& c) {
+    if (out != nullptr) out->insert(out->end(), c.data, c.data + c.count);
+    return true;
+  });
+}
+
+TEST(PeerExchangeTest, ThreeWorkersAverageToTheMean) {
+  // About 2.7 MiB per worker: several 1 MiB chunks per slice read.
+  constexpr size_t kElements = 700'000;
+  constexpr uint64_t kRound = 1;
+  std::vector<std::unique_ptr<PeerNode>> nodes;
+  for (int k = 0; k < 3; ++k) {
+    nodes.push_back(std::make_unique<PeerNode>(absl::StrCat("w", k + 1),
+                                               RandomVector(kElements, 100 + k, k + 1.0f)));
+    ASSERT_NE(nodes.back()->server, nullptr);
+  }
+  std::vector<double> mean(kElements);
+  for (size_t i = 0; i < kElements; ++i) {
+    double sum = 0;
+    for (const auto& n : nodes) sum += n->params[i];
+    mean[i] = sum / nodes.size();
+  }
+  for (auto& n : nodes) {
+    n->state.BeginTraining(kRound);
+    n->state.SetReady(kRound);
+  }
+
+  v1::RoundPlan plan;
+  plan.set_round(kRound);
+  plan.set_total_elements(kElements);
+  plan.set_attempt(kAttempt);
+  const uint64_t bounds[] = {0, 233'334, 466'667, kElements};
+  for (int k = 0; k < 3; ++k) {
+    auto* s = plan.add_slices();
+    s->set_worker_id(nodes[k]->id);
+    s->set_peer_address(nodes[k]->address());
+    s->set_begin(bounds[k]);
+    s->set_end(bounds[k + 1]);
+  }
+
+  std::vector<absl::Status> results(3);
+  std::vector<ExchangeStats> stats(3);
+  {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 3; ++k) {
+      threads.emplace_back([&, k] {
+        results[k] = nodes[k]->exchanger->Run(plan, nodes[k]->id, nullptr, &stats[k]);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_TRUE(results[k].ok()) << nodes[k]->id << ": " << results[k];
+    // Two contributions of its own slice, then the two other averaged slices.
+    const uint64_t own = bounds[k + 1] - bounds[k];
+    EXPECT_EQ(stats[k].bytes_received, (2 * own + (kElements - own)) * sizeof(float))
+        << nodes[k]->id;
+  }
+
+  EXPECT_EQ(std::memcmp(nodes[0]->params.data(), nodes[1]->params.data(), kElements * 4), 0)
+      << "w1 and w2 differ";
+  EXPECT_EQ(std::memcmp(nodes[0]->params.data(), nodes[2]->params.data(), kElements * 4), 0)
+      << "w1 and w3 differ";
+  size_t bad = 0;
+  for (size_t i = 0; i < kElements; ++i) {
+    const double got = nodes[0]->params[i];
+    if (std::abs(got - mean[i]) > 1e-6 * std::abs(mean[i])) {
+      if (++bad <= 5) ADD_FAILURE() << "element " << i << ": " << got << " vs mean " << mean[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+class PeerServiceTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kElements = 10'000;
+  static constexpr uint64_t kRound = 2;
+
+  void SetUp() override {
+    node_ = std::make_unique<PeerNode>("w1", RandomVector(kElements, 7, 1.0f));
+    ASSERT_NE(node_->server, nullptr);
+    node_->state.BeginTraining(kRound);
+    node_->state.SetReady(kRound);
+    node_->state.SetPlan(kRound, kAttempt, 0, kElements / 2);
+  }
+
+  std::unique_ptr<PeerNode> node_;
+  GrpcPeerClient client_;
+};
+
+TEST_F(PeerServiceTest, RefusesBadReadsAndKeepsServing) {
+  const std::string addr = node_->address();
+  auto read = [&](uint64_t round, uint64_t begin, uint64_t end, v1::SliceKind kind) {
+    return Read(&client_, addr, round, begin, end, kind).code();
+  };
+  EXPECT_EQ(read(kRound, 10, 10, v1::CONTRIBUTION), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(read(kRound, 20, 10, v1::CONTRIBUTION), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(read(kRound, 0, 10, v1::SLICE_KIND_UNSPECIFIED), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(read(kRound, 0, kElements + 1, v1::CONTRIBUTION), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(read(kRound, kElements, kElements + 5, v1::CONTRIBUTION),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(read(kRound - 1, 0, 10, v1::CONTRIBUTION), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(read(kRound + 1, 0, 10, v1::CONTRIBUTION), absl::StatusCode::kFailedPrecondition);
+  // Owned: [0, kElements / 2).
+  EXPECT_EQ(read(kRound, kElements / 2, kElements, v1::AVERAGED),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(read(kRound, kElements / 2 - 1, kElements / 2 + 1, v1::AVERAGED),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(read(kRound, 0, 10, v1::AVERAGED), absl::StatusCode::kUnavailable)
+      << "not averaged yet";
+  EXPECT_EQ(Read(&client_, addr, kRound, 0, 10, v1::CONTRIBUTION, nullptr, kAttempt + 1).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "another plan attempt";
+
+  // Still serving: a valid read returns exactly the parameters.
+  std::vector<float> got;
+  absl::Status s = Read(&client_, addr, kRound, 0, kElements, v1::CONTRIBUTION, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.size(), kElements);
+  EXPECT_EQ(std::memcmp(got.data(), node_->params.data(), kElements * sizeof(float)), 0);
+
+  node_->state.MarkAveraged(kRound);
+  got.clear();
+  s = Read(&client_, addr, kRound, 100, kElements / 2, v1::AVERAGED, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.size(), kElements / 2 - 100);
+  EXPECT_EQ(std::memcmp(got.data(), node_->params.data() + 100, got.size() * sizeof(float)), 0);
+}
+
+TEST_F(PeerServiceTest, ServesTheSnapshotOfItsRound) {
+  const std::string addr = node_->address();
+  EXPECT_EQ(Read(&client_, addr, 1, 0, 10, v1::SNAPSHOT).code(), absl::StatusCode::kUnavailable)
+      << "no snapshot yet";
+  std::vector<float> snapshot = RandomVector(kElements, 99, 3.0f);
+  node_->state.BindSnapshot(snapshot.data());
+  node_->state.SetSnapshot(1);
+  std::vector<float> got;
+  absl::Status s = Read(&client_, addr, 1, 0, kElements, v1::SNAPSHOT, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.size(), kElements);
+  EXPECT_EQ(std::memcmp(got.data(), snapshot.data(), kElements * sizeof(float)), 0);
+  EXPECT_EQ(Read(&client_, addr, 2, 0, 10, v1::SNAPSHOT).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "it holds the model of round 1 only";
+  node_->state.BeginSnapshotUpdate();
+  EXPECT_EQ(Read(&client_, addr, 1, 0, 10, v1::SNAPSHOT).code(), absl::StatusCode::kUnavailable)
+      << "being replaced";
+}
+
+TEST_F(PeerServiceTest, PeerInfoDescribesTheWorker) {
+  node_->state.SetModel(1, std::string(64, 'e'));
+  auto stub = v1::Peer::NewStub(MakeChannel(node_->address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(kTimeout));
+  v1::PeerInfo info;
+  grpc::Status s = stub->GetPeerInfo(&ctx, v1::GetPeerInfoRequest(), &info);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(info.worker_id(), "w1");
+  EXPECT_EQ(info.model_round(), 1u);
+  EXPECT_EQ(info.model_hash(), std::string(64, 'e'));
+  EXPECT_EQ(info.total_elements(), kElements);
+  EXPECT_EQ(info.model(), "mlp");
+}
+
+// A peer that streams whatever chunks the test gives it, then ends with OK.
+class LyingPeer final : public v1::Peer::CallbackService {
+ public:
+  explicit LyingPeer(std::vector<TensorChunk> chunks) : chunks_(std::move(chunks)) {}
+
+  grpc::ServerWriteReactor<TensorChunk>* ReadSlice(grpc::CallbackServerContext* ctx,
+                                                   const ReadSliceRequest* request) override {
+    return new Writer(chunks_);
+  }
+
+ private:
+  class Writer : public grpc::ServerWriteReactor<TensorChunk> {
+   public:
+    explicit Writer(std::vector<TensorChunk> chunks) : chunks_(std::move(chunks)) { Next(); }
+    void OnWriteDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "reader went away"));
+        return;
+      }
+      Next();
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    void Next() {
+      if (next_ == chunks_.size()) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      StartWrite(&chunks_[next_++]);
+    }
+    std::vector<TensorChunk> chunks_;
+    size_t next_ = 0;
+  };
+
+  const std::vector<TensorChunk> chunks_;
+};
+
+class LyingPeerTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kRound = 3;
+
+  // A well-formed chunk of `count` elements starting at `begin`.
+  static TensorChunk Chunk(uint64_t begin, size_t count) {
+    std::vector<float> data(count, 1.5f);
+    TensorChunk chunk;
+    EncodeChunk(kRound, begin, data.data(), count, &chunk);
+    return chunk;
+  }
+
+  // Serves `chunks` and reads [0, 100) from it.
+  absl::Status ReadFrom(std::vector<TensorChunk> chunks, size_t* delivered) {
+    LyingPeer peer(std::move(chunks));
+    auto server = GrpcServer::Start("127.0.0.1:0", {&peer});
+    if (!server.ok()) return server.status();
+    GrpcPeerClient client;
+    ReadSliceRequest request;
+    request.set_round(kRound);
+    request.set_begin(0);
+    request.set_end(100);
+    request.set_kind(v1::CONTRIBUTION);
+    *delivered = 0;
+    absl::Status s =
+        client.ReadSlice((*server)->address(), request, kTimeout, [&](const ChunkView& c) {
+          *delivered += c.count;
+          return true;
+        });
+    (*server)->Shutdown(absl::Seconds(1));
+    return s;
+  }
+};
+
+TEST_F(LyingPeerTest, WrongChecksumIsDataLoss) {
+  TensorChunk bad = Chunk(0, 100);
+  bad.set_crc32c(bad.crc32c() ^ 1);
+  size_t delivered = 0;
+  absl::Status s = ReadFrom({bad}, &delivered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(delivered, 0u) << "a bad chunk must never reach the caller";
+}
+
+TEST_F(LyingPeerTest, ChunkNotAMultipleOfFourBytesIsInvalidArgument) {
+  TensorChunk bad;
+  bad.set_round(kRound);
+  bad.set_begin(0);
+  bad.set_data(std::string(6, '\x01'));
+  bad.set_crc32c(Crc32c(bad.data().data(), bad.data().size()));
+  size_t delivered = 0;
+  absl::Status s = ReadFrom({bad}, &delivered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(delivered, 0u);
+}
+
+TEST_F(LyingPeerTest, ChunkPastTheRequestedRangeIsInvalidArgument) {
+  size_t delivered = 0;
+  absl::Status s = ReadFrom({Chunk(0, 60), Chunk(60, 60)}, &delivered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(delivered, 60u) << "only the good first chunk is delivered";
+}
+
+TEST_F(LyingPeerTest, StreamEndingEarlyIsDataLoss) {
+  size_t delivered = 0;
+  absl::Status s = ReadFrom({Chunk(0, 50)}, &delivered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(delivered, 50u);
+}
+
+TEST_F(LyingPeerTest, HonestChunksAreAccepted) {
+  size_t delivered = 0;
+  absl::Status s = ReadFrom({Chunk(0, 30), Chunk(30, 70)}, &delivered);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(delivered, 100u);
+}
+
+TEST(PeerClientTest, StoppedPeerIsUnavailableWithinTheTimeout) {
+  ModelState state;
+  PeerService service(&state);
+  auto server = GrpcServer::Start("127.0.0.1:0", {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  (*server)->Shutdown(absl::ZeroDuration());
+
+  GrpcPeerClient client;
+  const absl::Time start = absl::Now();
+  absl::Status s = Read(&client, address, 1, 0, 10, v1::CONTRIBUTION);
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(elapsed, kTimeout);
+}
+
+}  // namespace
+}  // namespace shoal::worker

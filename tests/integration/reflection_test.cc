@@ -1,0 +1,256 @@
+// The coordinator is inspectable the way operators do it: server reflection
+// plus a generic client (shoal-reflect-call, and grpcurl when installed),
+// with no Shoal protos compiled into the client.
+#include <fcntl.h>
+#include <grpc/grpc.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/coordinator_server.h"
+#include "tests/support/test_support.h"
+
+extern char** environ;
+
+namespace shoal {
+namespace {
+
+using ::shoal::coordinator::CoordinatorOptions;
+using ::shoal::coordinator::CoordinatorServer;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Keeps gRPC initialised for the whole test binary. Otherwise gRPC 1.51 tears
+// the library down whenever a test's last server or channel goes away, and
+// that teardown sometimes blocks ~10 s joining an executor thread that sits
+// in a 10 s poll. Never shut down: process exit cleans up.
+[[maybe_unused]] const bool kGrpcKeptInitialised = [] {
+  grpc_init();
+  return true;
+}();
+
+constexpr absl::Duration kCommandTimeout = absl::Seconds(30);
+
+struct CommandResult {
+  int exit_code = -1;  // -1: killed (timeout or signal)
+  std::string out;
+  std::string err;
+};
+
+// Runs `argv` (no shell) and captures stdout and stderr. The child is killed
+// if it runs longer than kCommandTimeout, so a hung client cannot hang the
+// test and nothing outlives it.
+CommandResult RunCommand(const std::vector<std::string>& argv) {
+  CommandResult result;
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return result;
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return result;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    result.err = "cannot spawn " + argv[0];
+    return result;
+  }
+  const absl::Time deadline = absl::Now() + kCommandTimeout;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_fds = 2;
+  bool timed_out = false;
+  while (open_fds > 0) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      timed_out = true;
+      break;
+    }
+    const int n = poll(fds, 2, static_cast<int>(left_ms));
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      const ssize_t got = read(fds[i].fd, buf, sizeof(buf));
+      if (got > 0) {
+        sinks[i]->append(buf, got);
+      } else if (got == 0 || errno != EINTR) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (auto& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  if (timed_out) kill(pid, SIGKILL);
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  if (!timed_out && WIFEXITED(wstatus)) result.exit_code = WEXITSTATUS(wstatus);
+  return result;
+}
+
+std::string ReflectCall() { return testing::BinDir() + "/shoal-reflect-call"; }
+
+// Path of `name` on $PATH, or "".
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    if (dir.empty()) continue;
+    std::string candidate = std::string(dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+std::vector<std::string> Lines(const std::string& s) {
+  return absl::StrSplit(s, '\n', absl::SkipEmpty());
+}
+
+class ReflectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions options;
+    options.listen = "127.0.0.1:0";
+    auto& c = options.engine.config;
+    c.set_model("mlp");
+    c.set_learning_rate(0.05);
+    c.set_momentum(0.9);
+    c.set_batch_size(32);
+    c.set_local_steps(5);
+    c.set_min_participants(2);
+    c.set_rounds(3);
+    c.set_seed(1);
+    c.set_data_shards(2);
+    c.set_eval_every(1);
+    c.set_heartbeat_interval_ms(500);
+    options.engine.run_id = "run-reflection";
+    auto server = CoordinatorServer::Start(options, RealClock::Get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+TEST_F(ReflectionTest, ReflectCallListsTheServices) {
+  ASSERT_EQ(access(ReflectCall().c_str(), X_OK), 0)
+      << ReflectCall() << " missing (set SHOAL_BIN_DIR; build shoal-reflect-call)";
+  CommandResult r = RunCommand({ReflectCall(), server_->address(), "list"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(Lines(r.out),
+              ::testing::IsSupersetOf({"shoal.v1.Coordinator", "grpc.health.v1.Health",
+                                       "grpc.reflection.v1alpha.ServerReflection"}))
+      << r.out;
+}
+
+TEST_F(ReflectionTest, ReflectCallGetsTheRunStatusAsJson) {
+  CommandResult r =
+      RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/GetRunStatus"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"phase\""), HasSubstr("\"WAITING_FOR_MEMBERS\""),
+                           HasSubstr("\"round\""), HasSubstr("\"minParticipants\""),
+                           HasSubstr("\"run-reflection\""), Not(HasSubstr("min_participants"))))
+      << r.out;
+}
+
+TEST_F(ReflectionTest, ReflectCallSendsAJsonRequest) {
+  CommandResult r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/Join",
+                                R"({"peerAddress": "127.0.0.1:4242", "name": "from-json"})"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"workerId\": \"w1\""), HasSubstr("\"runId\"")));
+  const v1::RunStatus status = server_->engine().Status();
+  ASSERT_EQ(status.workers_size(), 1);
+  EXPECT_EQ(status.workers(0).address(), "127.0.0.1:4242");
+
+  // proto field names are accepted too, as grpcurl does.
+  r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/JoinRound",
+                  R"({"worker_id": "w1", "round": "1"})"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"admittedRound\": \"1\""));
+}
+
+TEST_F(ReflectionTest, ReflectCallReportsErrors) {
+  CommandResult r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/JoinRound",
+                                R"({"workerId": "nobody", "round": "1"})"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(r.err, HasSubstr("nobody"));
+
+  r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/NoSuchMethod"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+
+  r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.NoSuchService/Get"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+
+  r = RunCommand({ReflectCall(), server_->address(), "shoal.v1.Coordinator/GetRunStatus",
+                  R"({"noSuchField": 1})"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+}
+
+TEST_F(ReflectionTest, ReflectCallLinksNoShoalProtos) {
+  // Everything it knows about shoal.v1 came over the wire: the binary has
+  // no generated Shoal descriptors.
+  const std::string nm = FindOnPath("nm");
+  if (nm.empty()) GTEST_SKIP() << "nm not on PATH";
+  CommandResult r = RunCommand({nm, "-C", ReflectCall()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("shoal::v1::")));
+  EXPECT_THAT(r.out, Not(HasSubstr("descriptor_table_shoal")));
+}
+
+TEST_F(ReflectionTest, GrpcurlIfInstalled) {
+  const std::string grpcurl = FindOnPath("grpcurl");
+  if (grpcurl.empty()) GTEST_SKIP() << "grpcurl not on PATH (not packaged in Debian bookworm)";
+  CommandResult r = RunCommand({grpcurl, "-plaintext", server_->address(), "list"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(Lines(r.out),
+              ::testing::IsSupersetOf({"shoal.v1.Coordinator", "grpc.health.v1.Health",
+                                       "grpc.reflection.v1alpha.ServerReflection"}))
+      << r.out;
+  r = RunCommand({grpcurl, "-plaintext", server_->address(), "shoal.v1.Coordinator/GetRunStatus"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"phase\""), HasSubstr("\"WAITING_FOR_MEMBERS\""),
+                           HasSubstr("\"round\""), HasSubstr("\"minParticipants\"")))
+      << r.out;
+}
+
+}  // namespace
+}  // namespace shoal

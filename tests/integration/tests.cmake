@@ -1,0 +1,17 @@
+# Integration tier: real gRPC servers in-process on 127.0.0.1:0, real stubs,
+# polling with deadlines (never fixed ports, never sleeps as synchronization).
+shoal_test(coordinator_rpc_test integration ${CMAKE_CURRENT_LIST_DIR}/coordinator_rpc_test.cc
+  LIBS coordinator_service worker_lib)
+shoal_test(peer_exchange_test integration ${CMAKE_CURRENT_LIST_DIR}/peer_exchange_test.cc
+  LIBS worker_lib)
+shoal_test(reflection_test integration ${CMAKE_CURRENT_LIST_DIR}/reflection_test.cc
+  LIBS coordinator_service)
+
+# shoal-reflect-call: grpcurl's `list` and unary calls, through server
+# reflection only. Deliberately not linked with shoal_protos (nor with
+# shoal_common, which links them): every Shoal type must come from the server.
+add_executable(shoal-reflect-call ${PROJECT_SOURCE_DIR}/tests/support/reflect_call.cc)
+target_link_libraries(shoal-reflect-call PRIVATE grpc_reflection_protos gRPC::grpc++
+  protobuf::libprotobuf Threads::Threads)
+shoal_warnings(shoal-reflect-call)
+add_dependencies(reflection_test shoal-reflect-call)
