@@ -4,7 +4,7 @@ BUILD_TYPE ?= RelWithDebInfo
 SANITIZE   ?= OFF
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit test-integration test-e2e format clean
+.PHONY: all deps configure build demo test test-unit test-integration test-e2e chaos format clean
 
 all: build
 
@@ -36,6 +36,12 @@ test-integration: build
 
 test-e2e: build
 	@cd $(BUILD) && ctest --output-on-failure -L e2e
+
+# Random kills, stops, joins and coordinator restarts for CHAOS_SECONDS
+# (default 180) with 6 workers; prints rounds, longest stall, agreement.
+CHAOS_SECONDS ?= 180
+chaos: build
+	@$(BUILD)/bin/shoal-chaos --bin_dir=$(BUILD)/bin --seconds=$(CHAOS_SECONDS)
 
 format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -3,3 +3,9 @@ shoal_test(cluster_test e2e e2e/cluster_test.cc LIBS shoal_protos shoal_common S
 add_dependencies(cluster_test shoal-coordinator shoal-worker shoalctl)
 shoal_test(faults_test e2e e2e/faults_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(faults_test shoal-coordinator shoal-worker)
+
+# The chaos scenario: not part of `make test` (it runs for minutes); `make chaos`.
+add_executable(shoal-chaos e2e/chaos.cc)
+target_link_libraries(shoal-chaos PRIVATE test_support shoal_protos shoal_common absl::flags
+  absl::flags_parse)
+add_dependencies(shoal-chaos shoal-coordinator shoal-worker)

@@ -2,6 +2,7 @@
 // time only moves when the test advances the FakeClock.
 #include "services/coordinator/core/round_engine.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,8 @@ constexpr auto kPlan = CoordinatorMessage::kRoundPlan;
 constexpr auto kComplete = CoordinatorMessage::kRoundComplete;
 constexpr auto kFinished = CoordinatorMessage::kRunFinished;
 constexpr auto kAborted = CoordinatorMessage::kRoundAborted;
+constexpr auto kStartSharing = CoordinatorMessage::kStartSharing;
+constexpr auto kLeave = CoordinatorMessage::kLeaveRequested;
 
 // A well-formed SHA-256 hex digest made of one repeated digit.
 std::string Hash(char c) { return std::string(64, c); }
@@ -154,11 +157,30 @@ class RoundEngineTest : public ::testing::Test {
     return ids;
   }
 
-  // Every id reports ready for `round`; returns the directives of the last.
+  // Every participant reports that it reached its peers (the barrier before
+  // weight sharing); returns the directives of the last report.
+  Directives AllConnected(uint64_t round) {
+    const v1::RunStatus status = engine_->Status();
+    Directives last;
+    for (const std::string& id : status.participants()) {
+      v1::ConnectionsReadyRequest request;
+      request.set_worker_id(id);
+      request.set_round(round);
+      request.set_attempt(status.attempt());
+      last.clear();
+      absl::Status s = engine_->ConnectionsReady(request, &last);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    return last;
+  }
+
+  // Every id reports ready for `round`, then all pass the connection
+  // barrier; returns the directives of the last ready report (the plan).
   Directives AllReady(const std::vector<std::string>& ids, uint64_t round) {
     Directives last;
     for (const std::string& id : ids) last = ReadyOk(id, round);
     EXPECT_EQ(engine_->Status().phase(), v1::SHARING);
+    AllConnected(round);
     return last;
   }
 
@@ -167,6 +189,20 @@ class RoundEngineTest : public ::testing::Test {
     Directives last;
     for (const std::string& id : ids) last = DoneOk(id, round, hash);
     return last;
+  }
+
+  // Advances the clock by `d` in steps of at most 5 s; after each step every
+  // id in `alive` heartbeats and Tick runs. Returns every Tick directive.
+  Directives Pass(absl::Duration d, const std::vector<std::string>& alive) {
+    Directives all;
+    while (d > absl::ZeroDuration()) {
+      const absl::Duration step = std::min(d, absl::Seconds(5));
+      clock_.Advance(step);
+      d -= step;
+      for (const std::string& id : alive) (void)engine_->Heartbeat(id);
+      for (Directive& x : engine_->Tick()) all.push_back(std::move(x));
+    }
+    return all;
   }
 
   FakeClock clock_;
@@ -334,6 +370,7 @@ TEST_F(RoundEngineTest, NewcomerAfterFirstReadyIsAdmittedToNextRound) {
   const Directives plan = ReadyOk(ids[1], 1);
   EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[1]));
   EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().slices_size(), 2);
+  EXPECT_THAT(To(AllConnected(1), kStartSharing), ElementsAre(ids[0], ids[1]));
 
   DoneOk(ids[0], 1, Hash('a'));
   const Directives out = DoneOk(ids[1], 1, Hash('a'));
@@ -365,6 +402,7 @@ TEST_F(RoundEngineTest, PlanIsSentOnlyWhenEveryParticipantIsReady) {
   for (const std::string& id : ids) {
     const v1::RoundPlan plan = MessageFor(out, id, kPlan).round_plan();
     EXPECT_EQ(plan.round(), 1u);
+    EXPECT_EQ(plan.attempt(), 1u);
     EXPECT_EQ(plan.total_elements(), kTotal);
     ASSERT_EQ(plan.slices_size(), 3);
     uint64_t next = 0;
@@ -436,6 +474,8 @@ TEST_F(RoundEngineTest, HashDisagreementEvictsMinority) {
   DoneOk(ids[1], 1, Hash('b'));
   const Directives out = DoneOk(w3, 1, Hash('a'));
   EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], w3));
+  EXPECT_THAT(To(out, kLeave), ElementsAre(ids[1]));
+  EXPECT_THAT(MessageFor(out, ids[1], kLeave).leave_requested().reason(), HasSubstr("hash"));
   EXPECT_EQ(MessageFor(out, w3, kComplete).round_complete().model_hash(), Hash('a'));
   EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], w3));
 
@@ -509,6 +549,12 @@ TEST_F(RoundEngineTest, UnknownWorkerIdIsNotFound) {
   EXPECT_TRUE(engine_->Connect(ids[0]).ok());
 
   EXPECT_THAT(To(ReadyOk(ids[1], 1), kPlan), ElementsAre(ids[0], ids[1]));
+  v1::ConnectionsReadyRequest connected;
+  connected.set_worker_id("w99");
+  connected.set_round(1);
+  connected.set_attempt(1);
+  EXPECT_EQ(engine_->ConnectionsReady(connected, &out).code(), absl::StatusCode::kNotFound);
+  AllConnected(1);
   EXPECT_EQ(Done("w99", 1, Hash('a'), &out).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(out, IsEmpty());
   DoneOk(ids[0], 1, Hash('a'));
@@ -545,7 +591,10 @@ TEST_F(RoundEngineTest, StaleAndFutureRoundsAreFailedPrecondition) {
   ReadyOk(w3, 2);
   EXPECT_EQ(Done(w3, 1, Hash('a'), &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Done(ids[0], 3, Hash('b'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  // The plan is out but the connection barrier is not passed yet.
+  EXPECT_EQ(Done(ids[0], 2, Hash('b'), &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(out, IsEmpty());
+  AllConnected(2);
   const Directives done = AllDone({ids[0], ids[1], w3}, 2, Hash('b'));
   EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1], w3));
 }
@@ -568,6 +617,13 @@ TEST_F(RoundEngineTest, NonParticipantReportsAreFailedPrecondition) {
   EXPECT_EQ(Ready(w3, 1, kTotal, &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(out, IsEmpty());
   EXPECT_THAT(To(ReadyOk(w2, 1), kPlan), ElementsAre(w1, w2));
+  v1::ConnectionsReadyRequest connected;
+  connected.set_worker_id(w3);
+  connected.set_round(1);
+  connected.set_attempt(1);
+  EXPECT_EQ(engine_->ConnectionsReady(connected, &out).code(),
+            absl::StatusCode::kFailedPrecondition);
+  AllConnected(1);
   EXPECT_EQ(Done(w3, 1, Hash('a'), &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(out, IsEmpty());
   DoneOk(w1, 1, Hash('a'));
@@ -640,6 +696,7 @@ TEST_F(RoundEngineTest, DisconnectDuringTrainingLetsRoundGoOn) {
   EXPECT_EQ(engine_->Heartbeat(ids[2]).code(), absl::StatusCode::kNotFound);
 
   // The round completes with two; round 2 then needs a third participant.
+  EXPECT_THAT(To(AllConnected(1), kStartSharing), ElementsAre(ids[0], ids[1]));
   const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('c'));
   EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
   EXPECT_THAT(To(done, kStart), IsEmpty());
@@ -665,7 +722,7 @@ TEST_F(RoundEngineTest, DisconnectOfUnreadyParticipantSendsPlan) {
   EXPECT_EQ(p.slices(0).end(), kTotal);
 }
 
-TEST_F(RoundEngineTest, DisconnectDuringSharingAbortsAndRestartsSameRound) {
+TEST_F(RoundEngineTest, DisconnectDuringSharingReplansWithSurvivors) {
   Start(2);
   const std::vector<std::string> ids = StartRoundOne(2);
   const std::string w3 = AddMember(9003);
@@ -673,32 +730,37 @@ TEST_F(RoundEngineTest, DisconnectDuringSharingAbortsAndRestartsSameRound) {
   AllReady({ids[0], ids[1], w3}, 1);
   DoneOk(ids[0], 1, Hash('a'));
 
+  // The survivors exchange again, same round, with a new plan (attempt 2);
+  // nothing is aborted and no round restarts.
   const Directives out = engine_->Disconnect(w3, "crashed");
-  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
-  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kAborted), IsEmpty());
+  EXPECT_THAT(To(out, kStart), IsEmpty());
+  ASSERT_EQ(out.size(), 2u);
   for (const std::string& id : ids) {
-    const CoordinatorMessage aborted = MessageFor(out, id, kAborted);
-    EXPECT_EQ(aborted.round_aborted().round(), 1u);
-    EXPECT_THAT(aborted.round_aborted().reason(), HasSubstr(w3));
-    const CoordinatorMessage start = MessageFor(out, id, kStart);
-    EXPECT_EQ(start.round_start().round(), 1u);
-    EXPECT_EQ(start.round_start().base_model_round(), 0u);
+    const v1::RoundPlan plan = MessageFor(out, id, kPlan).round_plan();
+    EXPECT_EQ(plan.round(), 1u);
+    EXPECT_EQ(plan.attempt(), 2u);
+    ASSERT_EQ(plan.slices_size(), 2);
+    EXPECT_EQ(plan.slices(0).worker_id(), ids[0]);
+    EXPECT_EQ(plan.slices(1).worker_id(), ids[1]);
+    EXPECT_EQ(plan.slices(0).begin(), 0u);
+    EXPECT_EQ(plan.slices(1).end(), kTotal);
   }
-  // Each survivor hears of the abort before the restart.
-  ASSERT_EQ(out.size(), 4u);
-  EXPECT_EQ(out[0].message.kind_case(), kAborted);
-  EXPECT_EQ(out[3].message.kind_case(), kStart);
 
   RunStatus status = engine_->Status();
-  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_EQ(status.phase(), v1::SHARING);
   EXPECT_EQ(status.round(), 1u);
+  EXPECT_EQ(status.attempt(), 2u);
   EXPECT_EQ(status.last_completed_round(), 0u);
   EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(FindWorker(status, w3)->state(), "left");
 
-  // The done report of the aborted attempt does not count.
-  EXPECT_THAT(ReadyOk(ids[0], 1), IsEmpty());
-  const Directives plan = ReadyOk(ids[1], 1);
-  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().slices_size(), 2);
+  // The done report of the previous attempt does not count, and the new
+  // attempt waits for its own connection barrier.
+  Directives ignored;
+  EXPECT_EQ(Done(ids[1], 1, Hash('d'), &ignored).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(To(AllConnected(1), kStartSharing), ElementsAre(ids[0], ids[1]));
   EXPECT_THAT(DoneOk(ids[0], 1, Hash('d')), IsEmpty());
   EXPECT_THAT(To(DoneOk(ids[1], 1, Hash('d')), kComplete), ElementsAre(ids[0], ids[1]));
   EXPECT_EQ(engine_->last_completed_round(), 1u);
@@ -710,9 +772,18 @@ TEST_F(RoundEngineTest, AbortWithTooFewSurvivorsWaitsForMembers) {
   const std::vector<std::string> ids = StartRoundOne(3);
   AllReady(ids, 1);
 
+  // Losing a participant re-plans with the two survivors, below the minimum.
   const Directives out = engine_->Disconnect(ids[1], "crashed");
-  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[2]));
-  EXPECT_THAT(To(out, kStart), IsEmpty());
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[2]));
+  EXPECT_THAT(To(out, kAborted), IsEmpty());
+  EXPECT_EQ(engine_->Status().phase(), v1::SHARING);
+  AllConnected(1);
+
+  // Nobody finishes the exchange in time: the round is aborted, and the two
+  // survivors are too few to restart it.
+  const Directives aborted = Pass(absl::Seconds(120), {ids[0], ids[2]});
+  EXPECT_THAT(To(aborted, kAborted), ElementsAre(ids[0], ids[2]));
+  EXPECT_THAT(To(aborted, kStart), IsEmpty());
   EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
   EXPECT_EQ(engine_->Status().round(), 1u);
 
@@ -720,6 +791,20 @@ TEST_F(RoundEngineTest, AbortWithTooFewSurvivorsWaitsForMembers) {
   const Directives start = JoinRoundOk(w4, 1, 1);
   EXPECT_THAT(To(start, kStart), ElementsAre(ids[0], ids[2], w4));
   EXPECT_EQ(MessageFor(start, w4, kStart).round_start().round(), 1u);
+}
+
+TEST_F(RoundEngineTest, LastParticipantLostDuringSharingAbortsRound) {
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  EXPECT_THAT(To(engine_->Disconnect(ids[0], "crashed"), kPlan), ElementsAre(ids[1]));
+  // No survivor: nobody to tell, the round waits for members again.
+  EXPECT_THAT(engine_->Disconnect(ids[1], "crashed"), IsEmpty());
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 1u);
+  EXPECT_EQ(status.last_completed_round(), 0u);
+  EXPECT_THAT(Participants(status), IsEmpty());
 }
 
 // ---------------------------------------------------------------- Leases
@@ -754,7 +839,7 @@ TEST_F(RoundEngineTest, SilentConnectedMemberIsEvictedByTick) {
   EXPECT_EQ(FindWorker(engine_->Status(), w1)->state(), "waiting");
 }
 
-TEST_F(RoundEngineTest, LeaseExpiryDuringSharingAbortsRound) {
+TEST_F(RoundEngineTest, LeaseExpiryDuringSharingReplans) {
   Start(2);
   // Round 1 starts with two; the third joins it before anyone is ready.
   const std::vector<std::string> ids = StartRoundOne(3);
@@ -765,9 +850,16 @@ TEST_F(RoundEngineTest, LeaseExpiryDuringSharingAbortsRound) {
   clock_.Advance(absl::Seconds(3));  // ids[2] silent for 11 s
 
   const Directives out = engine_->Tick();
-  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
-  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().attempt(), 2u);
+  EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().round(), 1u);
+  EXPECT_THAT(To(out, kAborted), IsEmpty());
+  EXPECT_THAT(To(out, kStart), IsEmpty());
   EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "evicted");
+
+  AllConnected(1);
+  const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
 }
 
 TEST_F(RoundEngineTest, MemberWithoutSessionIsRemovedAfterGrace) {
@@ -813,6 +905,7 @@ TEST_F(RoundEngineTest, StatusDescribesRunWorkersAndRounds) {
   clock_.Advance(absl::Seconds(2));
   ReadyOk(ids[0], 1, /*loss=*/1.0);
   ReadyOk(ids[1], 1, /*loss=*/3.0);
+  AllConnected(1);
   clock_.Advance(absl::Seconds(1));
   v1::Metrics metrics;
   metrics.set_evaluated(true);

@@ -378,6 +378,11 @@ void RoundEngine::SendPlan(Directives* out) {
   for (size_t k = 0; k < participants_.size(); ++k) {
     Member& m = members_.at(participants_[k]);
     m.state = MemberState::kSharing;
+    if (m.done && m.model_round == round_) {
+      // A report of an earlier attempt: that model is discarded.
+      m.model_round = last_completed_round_;
+      m.model_hash = agreed_hash_;
+    }
     m.connections_ok = m.done = false;
     m.unreachable.clear();
     auto* s = plan->add_slices();
@@ -442,11 +447,22 @@ std::vector<std::string> RoundEngine::FailingPeers() const {
   for (const std::string& id : participants_) {
     const Member& m = members_.at(id);
     const int others = reporters - (m.connections_ok ? 1 : 0);
-    if (!m.connections_ok || (named[id] > 0 && 2 * named[id] > others)) failing.push_back(id);
+    const auto it = named.find(id);
+    const int n = it == named.end() ? 0 : it->second;
+    if (!m.connections_ok || (n > 0 && 2 * n > others)) failing.push_back(id);
   }
-  // When every participant names someone (a partition), blame those named.
-  if (failing.empty()) {
-    for (const auto& [id, n] : named) failing.push_back(id);
+  if (!failing.empty()) return failing;
+  // Nobody is named by a majority: blame those that cannot reach most of
+  // the others (a worker whose own outbound connections fail).
+  const size_t others = participants_.size() - 1;
+  for (const std::string& id : participants_) {
+    if (2 * members_.at(id).unreachable.size() > others) failing.push_back(id);
+  }
+  if (!failing.empty()) return failing;
+  // Still nobody (e.g. two workers that cannot reach each other): blame
+  // everyone named at least once.
+  for (const auto& [id, n] : named) {
+    if (n > 0) failing.push_back(id);
   }
   return failing;
 }

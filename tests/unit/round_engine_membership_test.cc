@@ -1,0 +1,1050 @@
+// Unit tests of the round engine's membership transitions: join windows,
+// minimum participants, the peer-connection barrier and its retries, leases,
+// round deadlines, missed rounds, model holders, restart from a RunRecord and
+// the durable record. No sockets, no sleeps: time only moves when the test
+// advances the FakeClock.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/core/round_engine.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using ::shoal::v1::CoordinatorMessage;
+using ::shoal::v1::RunStatus;
+using ::shoal::v1::WorkerStatus;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr uint64_t kTotal = 1000;
+constexpr auto kStart = CoordinatorMessage::kRoundStart;
+constexpr auto kPlan = CoordinatorMessage::kRoundPlan;
+constexpr auto kComplete = CoordinatorMessage::kRoundComplete;
+constexpr auto kFinished = CoordinatorMessage::kRunFinished;
+constexpr auto kAborted = CoordinatorMessage::kRoundAborted;
+constexpr auto kStartSharing = CoordinatorMessage::kStartSharing;
+constexpr auto kRetry = CoordinatorMessage::kRetryConnections;
+constexpr auto kConnFail = CoordinatorMessage::kConnectionFail;
+constexpr auto kMissed = CoordinatorMessage::kRoundMissed;
+constexpr auto kLeave = CoordinatorMessage::kLeaveRequested;
+
+std::string Hash(char c) { return std::string(64, c); }
+std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
+  std::vector<std::string> ids;
+  for (const Directive& d : ds) {
+    if (d.message.kind_case() == kind) ids.push_back(d.worker_id);
+  }
+  return ids;
+}
+
+CoordinatorMessage MessageFor(const Directives& ds, const std::string& id,
+                              CoordinatorMessage::KindCase kind) {
+  for (const Directive& d : ds) {
+    if (d.worker_id == id && d.message.kind_case() == kind) return d.message;
+  }
+  ADD_FAILURE() << "no directive of kind " << kind << " for " << id;
+  return CoordinatorMessage();
+}
+
+std::optional<WorkerStatus> FindWorker(const RunStatus& status, const std::string& id) {
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.id() == id) return w;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> Participants(const RunStatus& status) {
+  return {status.participants().begin(), status.participants().end()};
+}
+
+std::vector<std::string> Strings(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  return {r.begin(), r.end()};
+}
+
+struct Options {
+  uint32_t min_participants = 2;
+  uint64_t rounds = 0;
+  absl::Duration round_timeout = absl::Seconds(60);
+  absl::Duration connection_timeout = absl::Seconds(5);
+  uint32_t max_connection_retry = 2;
+  uint32_t max_missed_rounds = 3;
+  std::optional<v1::RunRecord> resume = std::nullopt;
+};
+
+struct JoinArgs {
+  std::string previous_worker_id = "";
+  uint64_t model_round = 0;
+  std::string model_hash = "";
+  std::optional<uint32_t> previous_data_rank = std::nullopt;
+};
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  void Start(const Options& o = Options()) {
+    EngineOptions options;
+    options.config.set_model("mlp");
+    options.config.set_min_participants(o.min_participants);
+    options.config.set_rounds(o.rounds);
+    options.config.set_seed(7);
+    options.run_id = "run-m";
+    options.heartbeat_lease = absl::Seconds(10);
+    options.session_grace = absl::Seconds(10);
+    options.round_timeout = o.round_timeout;
+    options.connection_timeout = o.connection_timeout;
+    options.max_connection_retry = o.max_connection_retry;
+    options.max_missed_rounds = o.max_missed_rounds;
+    options.resume = o.resume;
+    engine_ = std::make_unique<RoundEngine>(options, &clock_);
+  }
+
+  absl::StatusOr<JoinResult> Join(int port, const JoinArgs& args = {}) {
+    v1::JoinRequest request;
+    request.set_peer_address(Address(port));
+    request.set_name(absl::StrCat("worker-", port));
+    request.set_previous_worker_id(args.previous_worker_id);
+    request.set_model_round(args.model_round);
+    request.set_model_hash(args.model_hash);
+    if (args.previous_data_rank.has_value()) {
+      request.set_previous_data_rank(*args.previous_data_rank);
+    }
+    return engine_->Join(request);
+  }
+
+  // Joins and opens the session; returns the join response.
+  v1::JoinResponse AddMemberResponse(int port, const JoinArgs& args = {}) {
+    absl::StatusOr<JoinResult> joined = Join(port, args);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    if (!joined.ok()) return {};
+    EXPECT_TRUE(engine_->Connect(joined->response.worker_id()).ok());
+    return joined->response;
+  }
+
+  std::string AddMember(int port, const JoinArgs& args = {}) {
+    return AddMemberResponse(port, args).worker_id();
+  }
+
+  Directives JoinRoundOk(const std::string& id, uint64_t round, uint64_t expected_admitted) {
+    Directives out;
+    absl::StatusOr<uint64_t> admitted = engine_->JoinRound(id, round, &out);
+    EXPECT_TRUE(admitted.ok()) << admitted.status();
+    if (admitted.ok()) {
+      EXPECT_EQ(*admitted, expected_admitted) << id;
+    }
+    return out;
+  }
+
+  absl::Status Ready(const std::string& id, uint64_t round, Directives* out) {
+    v1::ReportReadyRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_total_elements(kTotal);
+    request.set_train_loss(0.5);
+    return engine_->ReportReady(request, out);
+  }
+
+  Directives ReadyOk(const std::string& id, uint64_t round) {
+    Directives out;
+    const absl::Status s = Ready(id, round, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  absl::Status Connected(const std::string& id, uint64_t round, uint32_t attempt,
+                         const std::vector<std::string>& unreachable, Directives* out) {
+    v1::ConnectionsReadyRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_attempt(attempt);
+    for (const std::string& u : unreachable) request.add_unreachable(u);
+    return engine_->ConnectionsReady(request, out);
+  }
+
+  Directives ConnectedOk(const std::string& id, uint64_t round, uint32_t attempt,
+                         const std::vector<std::string>& unreachable = {}) {
+    Directives out;
+    const absl::Status s = Connected(id, round, attempt, unreachable, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  // Every participant passes the connection barrier of the current attempt;
+  // returns the directives of the last report.
+  Directives AllConnected(uint64_t round) {
+    const RunStatus status = engine_->Status();
+    Directives last;
+    for (const std::string& id : status.participants()) {
+      last = ConnectedOk(id, round, status.attempt());
+    }
+    return last;
+  }
+
+  // Every id reports ready; returns the directives of the last report.
+  Directives AllReadyNoBarrier(const std::vector<std::string>& ids, uint64_t round) {
+    Directives last;
+    for (const std::string& id : ids) last = ReadyOk(id, round);
+    return last;
+  }
+
+  // Every id reports ready, then every participant passes the barrier.
+  void AllReady(const std::vector<std::string>& ids, uint64_t round) {
+    AllReadyNoBarrier(ids, round);
+    EXPECT_EQ(engine_->Status().phase(), v1::SHARING);
+    EXPECT_THAT(To(AllConnected(round), kStartSharing), ::testing::Not(IsEmpty()));
+  }
+
+  absl::Status Done(const std::string& id, uint64_t round, const std::string& hash,
+                    Directives* out) {
+    v1::ReportRoundDoneRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_model_hash(hash);
+    return engine_->ReportRoundDone(request, out);
+  }
+
+  Directives DoneOk(const std::string& id, uint64_t round, const std::string& hash) {
+    Directives out;
+    const absl::Status s = Done(id, round, hash, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  Directives AllDone(const std::vector<std::string>& ids, uint64_t round, const std::string& hash) {
+    Directives last;
+    for (const std::string& id : ids) last = DoneOk(id, round, hash);
+    return last;
+  }
+
+  // Ready, barrier and done for `round`; returns the last done's directives.
+  Directives RunRound(const std::vector<std::string>& ids, uint64_t round,
+                      const std::string& hash) {
+    AllReady(ids, round);
+    return AllDone(ids, round, hash);
+  }
+
+  // Members at ports 9001.. all join round 1 (min_participants <= n).
+  std::vector<std::string> StartRoundOne(int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(AddMember(9001 + i));
+    for (const std::string& id : ids) JoinRoundOk(id, 1, 1);
+    EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+    EXPECT_THAT(Participants(engine_->Status()), ::testing::ElementsAreArray(ids));
+    return ids;
+  }
+
+  // Advances the clock by `d` in steps of at most 5 s; after each step every
+  // id in `alive` heartbeats and Tick runs. Returns every Tick directive.
+  Directives Pass(absl::Duration d, const std::vector<std::string>& alive) {
+    Directives all;
+    while (d > absl::ZeroDuration()) {
+      const absl::Duration step = std::min(d, absl::Seconds(5));
+      clock_.Advance(step);
+      d -= step;
+      for (const std::string& id : alive) (void)engine_->Heartbeat(id);
+      for (Directive& x : engine_->Tick()) all.push_back(std::move(x));
+    }
+    return all;
+  }
+
+  static v1::RunRecord Record(uint64_t last_completed, const std::string& hash,
+                              uint64_t next_worker_number) {
+    v1::RunRecord r;
+    r.set_run_id("run-m");
+    r.mutable_config()->set_model("mlp");
+    r.set_last_completed_round(last_completed);
+    r.set_model_hash(hash);
+    r.set_next_worker_number(next_worker_number);
+    return r;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<RoundEngine> engine_;
+};
+
+// ---------------------------------------------------------------- Join windows
+
+TEST_F(MembershipTest, JoinWindowIsTheRunningRoundUntilTheFirstReady) {
+  Start();
+  const std::vector<std::string> ids = StartRoundOne(2);
+
+  // Before anyone is ready a newcomer takes part in the running round.
+  const v1::JoinResponse j3 = AddMemberResponse(9003);
+  EXPECT_EQ(j3.next_round(), 1u);
+  const Directives in = JoinRoundOk(j3.worker_id(), 1, 1);
+  EXPECT_THAT(To(in, kStart), ElementsAre(j3.worker_id()));
+  EXPECT_EQ(MessageFor(in, j3.worker_id(), kStart).round_start().round(), 1u);
+
+  // After the first ready report the window is closed: next round.
+  ReadyOk(ids[0], 1);
+  const v1::JoinResponse j4 = AddMemberResponse(9004);
+  EXPECT_EQ(j4.next_round(), 2u);
+  EXPECT_THAT(JoinRoundOk(j4.worker_id(), 1, 2), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1], j3.worker_id()));
+  EXPECT_EQ(status.queued(), 1u);
+  EXPECT_EQ(FindWorker(status, j4.worker_id())->state(), "waiting");
+
+  // Also closed while sharing.
+  AllReady({ids[1], j3.worker_id()}, 1);
+  const v1::JoinResponse j5 = AddMemberResponse(9005);
+  EXPECT_EQ(j5.next_round(), 2u);
+  EXPECT_THAT(JoinRoundOk(j5.worker_id(), 2, 2), IsEmpty());
+  EXPECT_EQ(engine_->Status().queued(), 2u);
+
+  const Directives done = AllDone({ids[0], ids[1], j3.worker_id()}, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1], j3.worker_id()));
+  EXPECT_THAT(To(done, kStart),
+              ElementsAre(ids[0], ids[1], j3.worker_id(), j4.worker_id(), j5.worker_id()));
+  status = engine_->Status();
+  EXPECT_EQ(status.round(), 2u);
+  EXPECT_EQ(status.queued(), 0u);
+  EXPECT_EQ(status.participants_size(), 5);
+}
+
+TEST_F(MembershipTest, RoundCanHaveMoreThanMinParticipants) {
+  Start({.min_participants = 2});
+  const std::vector<std::string> ids = StartRoundOne(2);  // starts with two
+  const std::string w3 = AddMember(9003);
+  const std::string w4 = AddMember(9004);
+  JoinRoundOk(w3, 1, 1);
+  JoinRoundOk(w4, 1, 1);
+  const std::vector<std::string> all = {ids[0], ids[1], w3, w4};
+  EXPECT_THAT(Participants(engine_->Status()), ::testing::ElementsAreArray(all));
+
+  const Directives plan = AllReadyNoBarrier(all, 1);
+  EXPECT_THAT(To(plan, kPlan), ::testing::ElementsAreArray(all));
+  EXPECT_EQ(MessageFor(plan, w4, kPlan).round_plan().slices_size(), 4);
+  AllConnected(1);
+  const Directives done = AllDone(all, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ::testing::ElementsAreArray(all));
+  EXPECT_THAT(To(done, kStart), ::testing::ElementsAreArray(all));
+  EXPECT_EQ(engine_->Status().recent_rounds(0).participants(), 4u);
+}
+
+// ---------------------------------------------------------------- Minimum
+
+TEST_F(MembershipTest, BelowMinimumWaitsForMembersAndResumes) {
+  Start({.min_participants = 3});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  RunRound(ids, 1, Hash('a'));
+  ASSERT_EQ(engine_->Status().phase(), v1::TRAINING);
+
+  // A started round goes on below the minimum...
+  EXPECT_THAT(engine_->Disconnect(ids[2], "stopped"), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+  const Directives done = RunRound({ids[0], ids[1]}, 2, Hash('b'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(done, kStart), IsEmpty());
+
+  // ...but the next one waits for enough members.
+  status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 3u);
+  EXPECT_EQ(status.last_completed_round(), 2u);
+  EXPECT_EQ(status.queued(), 2u);
+  EXPECT_THAT(status.detail(), HasSubstr("2 of 3 participants needed for round 3"));
+  EXPECT_THAT(status.detail(), HasSubstr("(2 members)"));
+
+  // A member joining without asking for a round counts as a member only.
+  const v1::JoinResponse j4 = AddMemberResponse(9004);
+  EXPECT_EQ(j4.next_round(), 3u);
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("(3 members)"));
+  EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+
+  const Directives start = JoinRoundOk(j4.worker_id(), 3, 3);
+  EXPECT_THAT(To(start, kStart), ElementsAre(ids[0], ids[1], j4.worker_id()));
+  EXPECT_EQ(MessageFor(start, j4.worker_id(), kStart).round_start().round(), 3u);
+  EXPECT_EQ(MessageFor(start, j4.worker_id(), kStart).round_start().base_model_round(), 2u);
+  EXPECT_EQ(MessageFor(start, j4.worker_id(), kStart).round_start().base_model_hash(), Hash('b'));
+  EXPECT_EQ(engine_->Status().phase(), v1::TRAINING);
+}
+
+// ---------------------------------------------------------------- Barrier
+
+TEST_F(MembershipTest, SharingStartsOnlyWhenEveryParticipantIsConnected) {
+  Start({.min_participants = 3});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  const Directives plan = AllReadyNoBarrier(ids, 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().attempt(), 1u);
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::SHARING);
+  EXPECT_EQ(status.attempt(), 1u);
+  EXPECT_THAT(status.detail(), HasSubstr("connecting: 0/3"));
+
+  EXPECT_THAT(ConnectedOk(ids[0], 1, 1), IsEmpty());
+  EXPECT_THAT(ConnectedOk(ids[1], 1, 1), IsEmpty());
+  EXPECT_THAT(ConnectedOk(ids[0], 1, 1), IsEmpty());  // repeated
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 2/3"));
+  // No exchange, so no done report, before the barrier.
+  Directives out;
+  EXPECT_EQ(Done(ids[0], 1, Hash('a'), &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out, IsEmpty());
+
+  const Directives start = ConnectedOk(ids[2], 1, 1);
+  EXPECT_THAT(To(start, kStartSharing), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_EQ(start.size(), 3u);
+  for (const std::string& id : ids) {
+    EXPECT_EQ(MessageFor(start, id, kStartSharing).start_sharing().round(), 1u);
+    EXPECT_EQ(MessageFor(start, id, kStartSharing).start_sharing().attempt(), 1u);
+  }
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("0/3 participants done sharing"));
+  // A retried report after the start changes nothing.
+  EXPECT_THAT(ConnectedOk(ids[1], 1, 1), IsEmpty());
+  const Directives done = AllDone(ids, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1], ids[2]));
+}
+
+TEST_F(MembershipTest, ConnectionsReadyForStaleAttemptIsFailedPrecondition) {
+  Start();
+  const std::vector<std::string> ids = StartRoundOne(3);
+  Directives out;
+  // Not sharing yet: there is no attempt to report for.
+  EXPECT_EQ(Connected(ids[0], 1, 1, {}, &out).code(), absl::StatusCode::kFailedPrecondition);
+  AllReadyNoBarrier(ids, 1);
+  // Losing ids[2] makes attempt 2 the current plan.
+  EXPECT_THAT(To(engine_->Disconnect(ids[2], "gone"), kPlan), ElementsAre(ids[0], ids[1]));
+  ASSERT_EQ(engine_->Status().attempt(), 2u);
+
+  const absl::Status stale = Connected(ids[0], 1, 1, {}, &out);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.message(), HasSubstr("attempt"));
+  EXPECT_EQ(Connected(ids[0], 1, 3, {}, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Connected(ids[0], 2, 2, {}, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Connected(ids[0], 0, 2, {}, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Connected(ids[2], 1, 2, {}, &out).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 0/2"));
+
+  EXPECT_THAT(ConnectedOk(ids[0], 1, 2), IsEmpty());
+  EXPECT_THAT(To(ConnectedOk(ids[1], 1, 2), kStartSharing), ElementsAre(ids[0], ids[1]));
+}
+
+TEST_F(MembershipTest, UnreachableNonParticipantIsInvalidArgument) {
+  Start();
+  const std::vector<std::string> ids = StartRoundOne(2);
+  ReadyOk(ids[0], 1);
+  const std::string w3 = AddMember(9003);  // a member, queued for round 2
+  JoinRoundOk(w3, 1, 2);
+  ReadyOk(ids[1], 1);
+
+  Directives out;
+  EXPECT_EQ(Connected(ids[0], 1, 1, {"w99"}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Connected(ids[0], 1, 1, {w3}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Connected(ids[0], 1, 1, {ids[1], ""}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out, IsEmpty());
+  // The rejected report did not count: ids[1] alone does not pass the barrier.
+  EXPECT_THAT(ConnectedOk(ids[1], 1, 1), IsEmpty());
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 1/2"));
+  EXPECT_THAT(To(ConnectedOk(ids[0], 1, 1), kStartSharing), ElementsAre(ids[0], ids[1]));
+}
+
+// ---------------------------------------------------------------- Retries
+
+TEST_F(MembershipTest, ConnectionTimeoutRetriesThenEvictsTheFailingPeer) {
+  Start({.min_participants = 3, .connection_timeout = absl::Seconds(5), .max_connection_retry = 2});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReadyNoBarrier(ids, 1);
+  ConnectedOk(ids[0], 1, 1);
+  ConnectedOk(ids[1], 1, 1);  // ids[2] never reports
+
+  EXPECT_THAT(Pass(absl::Milliseconds(4999), ids), IsEmpty());
+  for (uint32_t retry = 1; retry <= 2; ++retry) {
+    // Retry 1 at the plan's deadline, retry 2 one connection_timeout later.
+    const Directives out = Pass(retry == 1 ? absl::Milliseconds(1) : absl::Seconds(5), ids);
+    EXPECT_THAT(To(out, kRetry), ElementsAre(ids[0], ids[1], ids[2])) << "retry " << retry;
+    for (const std::string& id : ids) {
+      const v1::RetryPeerConnections r = MessageFor(out, id, kRetry).retry_connections();
+      EXPECT_EQ(r.round(), 1u);
+      EXPECT_EQ(r.attempt(), 1u);
+      EXPECT_EQ(r.retry(), retry);
+      EXPECT_THAT(Strings(r.failing()), ElementsAre(ids[2]));
+    }
+    const RunStatus status = engine_->Status();
+    EXPECT_EQ(status.connection_retries(), retry);
+    EXPECT_EQ(status.attempt(), 1u);
+    EXPECT_THAT(status.detail(), HasSubstr(absl::StrCat("retry ", retry, "/2")));
+    // After a retry everyone reports again.
+    EXPECT_THAT(status.detail(), HasSubstr("connecting: 0/3"));
+    EXPECT_EQ(status.members(), 3u);
+    ConnectedOk(ids[0], 1, 1);
+    ConnectedOk(ids[1], 1, 1);
+  }
+
+  // Out of retries: ids[2] fails, the other two get a new plan.
+  const Directives out = Pass(absl::Seconds(5), ids);
+  EXPECT_THAT(To(out, kConnFail), ElementsAre(ids[2]));
+  EXPECT_EQ(MessageFor(out, ids[2], kConnFail).connection_fail().round(), 1u);
+  EXPECT_THAT(MessageFor(out, ids[2], kConnFail).connection_fail().reason(), HasSubstr("connect"));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kRetry), IsEmpty());
+  const v1::RoundPlan plan = MessageFor(out, ids[0], kPlan).round_plan();
+  EXPECT_EQ(plan.round(), 1u);
+  EXPECT_EQ(plan.attempt(), 2u);
+  ASSERT_EQ(plan.slices_size(), 2);
+  EXPECT_EQ(plan.slices(1).end(), kTotal);
+
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_EQ(status.attempt(), 2u);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+  const WorkerStatus failed = *FindWorker(status, ids[2]);
+  EXPECT_EQ(failed.state(), "evicted");
+  EXPECT_THAT(failed.reason(), HasSubstr("connect"));
+  EXPECT_EQ(engine_->Heartbeat(ids[2]).code(), absl::StatusCode::kNotFound);
+
+  EXPECT_THAT(To(AllConnected(1), kStartSharing), ElementsAre(ids[0], ids[1]));
+  const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(engine_->last_completed_round(), 1u);
+}
+
+TEST_F(MembershipTest, UnreachableReportRetriesWithoutWaitingForTheDeadline) {
+  Start({.connection_timeout = absl::Seconds(5), .max_connection_retry = 1});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReadyNoBarrier(ids, 1);
+  EXPECT_THAT(ConnectedOk(ids[0], 1, 1, {ids[1]}), IsEmpty());
+  // Everyone reported and someone named a peer: retry at once.
+  const Directives retry = ConnectedOk(ids[1], 1, 1, {ids[0]});
+  EXPECT_THAT(To(retry, kRetry), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(retry, kStartSharing), IsEmpty());
+  EXPECT_EQ(MessageFor(retry, ids[0], kRetry).retry_connections().retry(), 1u);
+  EXPECT_EQ(engine_->Status().connection_retries(), 1u);
+  // This time they reach each other.
+  ConnectedOk(ids[0], 1, 1);
+  EXPECT_THAT(To(ConnectedOk(ids[1], 1, 1), kStartSharing), ElementsAre(ids[0], ids[1]));
+}
+
+// One worker that reaches nobody (and that nobody reaches) among three is
+// the one that fails, not the peers it names.
+TEST_F(MembershipTest, StrictMajorityDecidesWhichPeerFails) {
+  Start({.min_participants = 3, .max_connection_retry = 1});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReadyNoBarrier(ids, 1);
+  ConnectedOk(ids[0], 1, 1, {ids[2]});
+  ConnectedOk(ids[1], 1, 1, {ids[2]});
+  Directives out = ConnectedOk(ids[2], 1, 1, {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kRetry), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_THAT(Strings(MessageFor(out, ids[0], kRetry).retry_connections().failing()),
+              ElementsAre(ids[2]));
+
+  ConnectedOk(ids[0], 1, 1, {ids[2]});
+  ConnectedOk(ids[1], 1, 1, {ids[2]});
+  out = ConnectedOk(ids[2], 1, 1, {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kConnFail), ElementsAre(ids[2]));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().attempt(), 2u);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, ids[0])->state(), "sharing");
+  EXPECT_EQ(FindWorker(status, ids[1])->state(), "sharing");
+}
+
+// The same, when only the isolated worker notices: the two peers it names
+// reach everyone, so it alone must be blamed.
+TEST_F(MembershipTest, WorkerThatReachesNobodyDoesNotDragDownItsPeers) {
+  Start({.min_participants = 3, .max_connection_retry = 1});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReadyNoBarrier(ids, 1);
+  ConnectedOk(ids[0], 1, 1);
+  ConnectedOk(ids[1], 1, 1);
+  Directives out = ConnectedOk(ids[2], 1, 1, {ids[0], ids[1]});
+  // Nobody is named by a majority: the worker that reaches nobody is blamed.
+  EXPECT_THAT(To(out, kRetry), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_THAT(Strings(MessageFor(out, ids[0], kRetry).retry_connections().failing()),
+              ElementsAre(ids[2]));
+
+  ConnectedOk(ids[0], 1, 1);
+  ConnectedOk(ids[1], 1, 1);
+  out = ConnectedOk(ids[2], 1, 1, {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kConnFail), ElementsAre(ids[2]));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[0])->state(), "sharing");
+  EXPECT_EQ(FindWorker(status, ids[1])->state(), "sharing");
+}
+
+// ---------------------------------------------------------------- Leases
+
+TEST_F(MembershipTest, LeaseExpiryWhileTrainingLetsTheRoundGoOn) {
+  Start({.min_participants = 3});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  ReadyOk(ids[0], 1);
+  EXPECT_THAT(Pass(absl::Seconds(10), {ids[0], ids[1]}), IsEmpty());
+  const Directives out = Pass(absl::Seconds(1), {ids[0], ids[1]});
+  EXPECT_THAT(out, IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_THAT(FindWorker(status, ids[2])->reason(), HasSubstr("heartbeat"));
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+
+  const Directives plan = ReadyOk(ids[1], 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().attempt(), 1u);
+  EXPECT_EQ(MessageFor(plan, ids[0], kPlan).round_plan().slices_size(), 2);
+}
+
+TEST_F(MembershipTest, LeaseExpiryWhileConnectingReplans) {
+  // A long connection timeout, so that only the lease matters.
+  Start({.min_participants = 3, .connection_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReadyNoBarrier(ids, 1);
+  ConnectedOk(ids[0], 1, 1);
+  const Directives out = Pass(absl::Seconds(15), {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kRetry), IsEmpty());
+  EXPECT_THAT(To(out, kAborted), IsEmpty());
+  const v1::RoundPlan plan = MessageFor(out, ids[1], kPlan).round_plan();
+  EXPECT_EQ(plan.round(), 1u);
+  EXPECT_EQ(plan.attempt(), 2u);
+  EXPECT_EQ(plan.slices_size(), 2);
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_EQ(status.attempt(), 2u);
+  // The report for attempt 1 does not carry over.
+  EXPECT_THAT(status.detail(), HasSubstr("connecting: 0/2"));
+
+  AllConnected(1);
+  EXPECT_THAT(To(AllDone({ids[0], ids[1]}, 1, Hash('a')), kComplete), ElementsAre(ids[0], ids[1]));
+}
+
+TEST_F(MembershipTest, LeaseExpiryWhileExchangingReplansWithNextAttempt) {
+  Start({.min_participants = 3});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+  DoneOk(ids[0], 1, Hash('a'));
+  const Directives out = Pass(absl::Seconds(15), {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().attempt(), 2u);
+  EXPECT_THAT(To(out, kAborted), IsEmpty());
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "evicted");
+
+  // Attempt 2 passes its own barrier; the attempt-1 done report is void.
+  AllConnected(1);
+  EXPECT_THAT(DoneOk(ids[1], 1, Hash('b')), IsEmpty());
+  EXPECT_THAT(To(DoneOk(ids[0], 1, Hash('b')), kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(engine_->Status().model_hash(), Hash('b'));
+}
+
+TEST_F(MembershipTest, ReplanThenAbortRollsBackTheEarlierDoneReport) {
+  Start({.min_participants = 2});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  RunRound(ids, 1, Hash('a'));
+  // Round 2: ids[0] finishes attempt 1, then ids[2] is lost.
+  AllReady(ids, 2);
+  DoneOk(ids[0], 2, Hash('e'));
+  engine_->Disconnect(ids[2], "crashed");
+  AllConnected(2);
+  // Nobody finishes attempt 2: the round is aborted and everyone rolls back
+  // to round 1's model, so both survivors hold the base of the restart.
+  const Directives out = Pass(absl::Seconds(60), {ids[0], ids[1]});
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  const RunStatus status = engine_->Status();
+  // The done report of the voided attempt was rolled back at the re-plan.
+  EXPECT_EQ(FindWorker(status, ids[0])->model_round(), 1u);
+  EXPECT_EQ(FindWorker(status, ids[0])->model_hash(), Hash('a'));
+  EXPECT_THAT(Strings(MessageFor(out, ids[1], kStart).round_start().holders()),
+              UnorderedElementsAre(Address(9001), Address(9002)));
+}
+
+// ---------------------------------------------------------------- Deadlines
+
+TEST_F(MembershipTest, StragglerMissesTheRoundAndTakesPartInTheNext) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  ReadyOk(ids[0], 1);
+  ReadyOk(ids[1], 1);
+  EXPECT_THAT(Pass(absl::Seconds(59), ids), IsEmpty());
+
+  const Directives out = Pass(absl::Seconds(1), ids);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  const v1::RoundMissed missed = MessageFor(out, ids[2], kMissed).round_missed();
+  EXPECT_EQ(missed.round(), 1u);
+  EXPECT_THAT(missed.reason(), HasSubstr("round_timeout"));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().slices_size(), 2);
+
+  RunStatus status = engine_->Status();
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(status.queued(), 1u);
+  const WorkerStatus late = *FindWorker(status, ids[2]);
+  EXPECT_EQ(late.state(), "waiting");
+  EXPECT_EQ(late.rounds_missed(), 1u);
+  EXPECT_THAT(late.missed_reason(), HasSubstr("round 1"));
+  EXPECT_THAT(late.missed_reason(), HasSubstr("round_timeout"));
+
+  // Its late ready report is refused, and it stays queued.
+  Directives ignored;
+  const absl::Status s = Ready(ids[2], 1, &ignored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("round 1"));
+  EXPECT_THAT(ignored, IsEmpty());
+  EXPECT_THAT(JoinRoundOk(ids[2], 2, 2), IsEmpty());
+
+  AllConnected(1);
+  const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('a'));
+  EXPECT_THAT(To(done, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(done, kStart), ElementsAre(ids[0], ids[1], ids[2]));
+  EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], ids[2]));
+
+  // Completing round 2 clears its count.
+  RunRound(ids, 2, Hash('b'));
+  status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_missed(), 0u);
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_completed(), 1u);
+}
+
+TEST_F(MembershipTest, NobodyReadyAtTheDeadlineKeepsWaiting) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  EXPECT_THAT(Pass(absl::Seconds(130), ids), IsEmpty());
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::TRAINING);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+  for (const std::string& id : ids) EXPECT_EQ(FindWorker(status, id)->rounds_missed(), 0u);
+  ReadyOk(ids[0], 1);
+  EXPECT_THAT(To(ReadyOk(ids[1], 1), kPlan), ElementsAre(ids[0], ids[1]));
+}
+
+TEST_F(MembershipTest, ExchangeDeadlineCompletesWithThoseDone) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+  DoneOk(ids[0], 1, Hash('a'));
+  DoneOk(ids[1], 1, Hash('a'));
+  EXPECT_THAT(Pass(absl::Seconds(59), ids), IsEmpty());
+
+  const Directives out = Pass(absl::Seconds(1), ids);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  EXPECT_THAT(MessageFor(out, ids[2], kMissed).round_missed().reason(), HasSubstr("sharing"));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1], ids[2]));
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.last_completed_round(), 1u);
+  EXPECT_EQ(status.model_hash(), Hash('a'));
+  EXPECT_EQ(status.recent_rounds(0).participants(), 2u);
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_missed(), 1u);
+  EXPECT_THAT(FindWorker(status, ids[2])->missed_reason(), HasSubstr("sharing"));
+  // A late done report for the completed round is refused.
+  Directives ignored;
+  EXPECT_EQ(Done(ids[2], 1, Hash('a'), &ignored).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MembershipTest, ExchangeDeadlineWithNobodyDoneAbortsTheRound) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  const Directives out = Pass(absl::Seconds(60), ids);
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(To(out, kMissed), IsEmpty());
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1]));
+  EXPECT_EQ(MessageFor(out, ids[0], kStart).round_start().round(), 1u);
+  EXPECT_EQ(engine_->Status().last_completed_round(), 0u);
+}
+
+TEST_F(MembershipTest, MissingTooManyRoundsInARowEvicts) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60), .max_missed_rounds = 2});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  // Round 1: ids[2] is never ready.
+  ReadyOk(ids[0], 1);
+  ReadyOk(ids[1], 1);
+  Directives out = Pass(absl::Seconds(60), ids);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  EXPECT_THAT(To(out, kLeave), IsEmpty());
+  AllConnected(1);
+  out = AllDone({ids[0], ids[1]}, 1, Hash('a'));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], ids[1], ids[2]));
+
+  // Round 2: again. The second miss in a row asks it to leave.
+  ReadyOk(ids[0], 2);
+  ReadyOk(ids[1], 2);
+  out = Pass(absl::Seconds(60), ids);
+  EXPECT_THAT(To(out, kLeave), ElementsAre(ids[2]));
+  EXPECT_THAT(To(out, kMissed), IsEmpty());
+  EXPECT_THAT(MessageFor(out, ids[2], kLeave).leave_requested().reason(),
+              HasSubstr("2 rounds in a row"));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_EQ(status.queued(), 0u);
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_THAT(FindWorker(status, ids[2])->reason(), HasSubstr("missed 2 rounds"));
+  EXPECT_EQ(engine_->Heartbeat(ids[2]).code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------- Holders
+
+TEST_F(MembershipTest, HoldersAreTheMembersWithTheAgreedModel) {
+  Start({.min_participants = 2});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  const Directives done = AllDone(ids, 1, Hash('a'));
+  const v1::RoundStart start = MessageFor(done, ids[0], kStart).round_start();
+  EXPECT_EQ(start.round(), 2u);
+  EXPECT_EQ(start.base_model_round(), 1u);
+  EXPECT_EQ(start.base_model_hash(), Hash('a'));
+  EXPECT_THAT(Strings(start.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+
+  // A joiner with the initial model is no holder; it is told who holds it.
+  const v1::JoinResponse j3 = AddMemberResponse(9003);
+  EXPECT_EQ(j3.model_round(), 1u);
+  EXPECT_EQ(j3.model_hash(), Hash('a'));
+  EXPECT_THAT(Strings(j3.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+  // A joiner with round 1 but another hash is no holder either.
+  const v1::JoinResponse j4 = AddMemberResponse(9004, {.model_round = 1, .model_hash = Hash('f')});
+  EXPECT_THAT(Strings(j4.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+  // One with the agreed model is; its own response leaves it out.
+  const v1::JoinResponse j5 = AddMemberResponse(9005, {.model_round = 1, .model_hash = Hash('a')});
+  EXPECT_THAT(Strings(j5.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+
+  const Directives in = JoinRoundOk(j3.worker_id(), 2, 2);
+  EXPECT_THAT(Strings(MessageFor(in, j3.worker_id(), kStart).round_start().holders()),
+              UnorderedElementsAre(Address(9001), Address(9002), Address(9005)));
+}
+
+TEST_F(MembershipTest, JoinResponseBeforeAnyRoundHasNoHolders) {
+  Start();
+  const v1::JoinResponse j1 = AddMemberResponse(9001);
+  EXPECT_EQ(j1.model_round(), 0u);
+  EXPECT_EQ(j1.model_hash(), "");
+  EXPECT_THAT(j1.holders(), IsEmpty());
+  const std::string w2 = AddMember(9002);
+  JoinRoundOk(j1.worker_id(), 1, 1);
+  const Directives start = JoinRoundOk(w2, 1, 1);
+  EXPECT_EQ(MessageFor(start, w2, kStart).round_start().base_model_hash(), "");
+  EXPECT_THAT(MessageFor(start, w2, kStart).round_start().holders(), IsEmpty());
+}
+
+// ---------------------------------------------------------------- Resume
+
+TEST_F(MembershipTest, ResumeContinuesRoundNumberingIdsAndRanks) {
+  Start({.min_participants = 2, .resume = Record(7, Hash('c'), 5)});
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.phase(), v1::WAITING_FOR_MEMBERS);
+  EXPECT_EQ(status.round(), 8u);
+  EXPECT_EQ(status.last_completed_round(), 7u);
+  EXPECT_EQ(status.model_hash(), Hash('c'));
+
+  // Workers of the previous coordinator keep their ids and data ranks.
+  const v1::JoinResponse a = AddMemberResponse(9001, {.previous_worker_id = "w2",
+                                                      .model_round = 7,
+                                                      .model_hash = Hash('c'),
+                                                      .previous_data_rank = 1});
+  EXPECT_EQ(a.worker_id(), "w2");
+  EXPECT_EQ(a.data_rank(), 1u);
+  EXPECT_EQ(a.next_round(), 8u);
+  EXPECT_EQ(a.model_round(), 7u);
+  EXPECT_EQ(a.model_hash(), Hash('c'));
+  EXPECT_THAT(a.holders(), IsEmpty());  // only itself holds it
+  const v1::JoinResponse b = AddMemberResponse(9002, {.previous_worker_id = "w4",
+                                                      .model_round = 7,
+                                                      .model_hash = Hash('c'),
+                                                      .previous_data_rank = 0});
+  EXPECT_EQ(b.worker_id(), "w4");
+  EXPECT_EQ(b.data_rank(), 0u);
+  EXPECT_THAT(Strings(b.holders()), ElementsAre(Address(9001)));
+  // A taken data rank is not kept: the lowest free one is given.
+  const v1::JoinResponse c =
+      AddMemberResponse(9003, {.previous_worker_id = "w3", .previous_data_rank = 1});
+  EXPECT_EQ(c.worker_id(), "w3");
+  EXPECT_EQ(c.data_rank(), 2u);
+  // New workers get ids above the record's next_worker_number.
+  EXPECT_EQ(AddMember(9004), "w5");
+  // An invalid previous id is not kept.
+  EXPECT_EQ(AddMember(9005, {.previous_worker_id = "bogus"}), "w6");
+  EXPECT_EQ(AddMember(9006, {.previous_worker_id = "w0"}), "w7");
+  // A kept id above the counter moves the counter past it.
+  EXPECT_EQ(AddMember(9007, {.previous_worker_id = "w9"}), "w9");
+  EXPECT_EQ(AddMember(9008), "w10");
+  EXPECT_EQ(engine_->Record().next_worker_number(), 11u);
+
+  // The next round is 8, from the record's model.
+  JoinRoundOk("w2", 8, 8);
+  const Directives start = JoinRoundOk("w4", 8, 8);
+  const v1::RoundStart rs = MessageFor(start, "w2", kStart).round_start();
+  EXPECT_EQ(rs.round(), 8u);
+  EXPECT_EQ(rs.base_model_round(), 7u);
+  EXPECT_EQ(rs.base_model_hash(), Hash('c'));
+  EXPECT_THAT(Strings(rs.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+  const Directives done = RunRound({"w2", "w4"}, 8, Hash('d'));
+  EXPECT_EQ(MessageFor(done, "w2", kComplete).round_complete().round(), 8u);
+  EXPECT_EQ(engine_->Record().last_completed_round(), 8u);
+}
+
+TEST_F(MembershipTest, DepartedIdIsNotReclaimedAfterResume) {
+  Start({.min_participants = 2, .resume = Record(3, Hash('c'), 4)});
+  EXPECT_EQ(AddMember(9001, {.previous_worker_id = "w1"}), "w1");
+  engine_->Disconnect("w1", "stopped");
+  EXPECT_EQ(AddMember(9002, {.previous_worker_id = "w1"}), "w4");
+}
+
+TEST_F(MembershipTest, ResumedFinishedRunRefusesJoins) {
+  v1::RunRecord record = Record(5, Hash('c'), 3);
+  record.set_finished(true);
+  Start({.resume = record});
+  EXPECT_TRUE(engine_->finished());
+  EXPECT_EQ(engine_->Status().phase(), v1::FINISHED);
+  EXPECT_EQ(Join(9001).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MembershipTest, JoinerWithNewerRoundFastForwardsAfterRestart) {
+  Start({.min_participants = 2, .resume = Record(7, Hash('c'), 3)});
+  const uint64_t v0 = engine_->record_version();
+  const v1::JoinResponse a = AddMemberResponse(
+      9001, {.previous_worker_id = "w1", .model_round = 7, .model_hash = Hash('c')});
+  EXPECT_EQ(engine_->last_completed_round(), 7u);
+  // Without a hash a newer round is not adopted.
+  AddMember(9002, {.previous_worker_id = "w2", .model_round = 8});
+  EXPECT_EQ(engine_->last_completed_round(), 7u);
+  const uint64_t v1 = engine_->record_version();
+  EXPECT_GT(v1, v0);
+
+  // The coordinator died after round 8 completed but before it was saved.
+  const v1::JoinResponse c = AddMemberResponse(
+      9003, {.previous_worker_id = "w3", .model_round = 8, .model_hash = Hash('d')});
+  EXPECT_EQ(c.model_round(), 8u);
+  EXPECT_EQ(c.model_hash(), Hash('d'));
+  EXPECT_EQ(c.next_round(), 9u);
+  EXPECT_THAT(c.holders(), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.round(), 9u);
+  EXPECT_EQ(status.last_completed_round(), 8u);
+  EXPECT_EQ(status.model_hash(), Hash('d'));
+  EXPECT_GT(engine_->record_version(), v1);
+  EXPECT_EQ(engine_->Record().last_completed_round(), 8u);
+  EXPECT_EQ(engine_->Record().model_hash(), Hash('d'));
+
+  // Round 9 starts from it, with w3 as the only holder.
+  JoinRoundOk(a.worker_id(), 9, 9);
+  const Directives start = JoinRoundOk(c.worker_id(), 9, 9);
+  const v1::RoundStart rs = MessageFor(start, a.worker_id(), kStart).round_start();
+  EXPECT_EQ(rs.round(), 9u);
+  EXPECT_EQ(rs.base_model_round(), 8u);
+  EXPECT_EQ(rs.base_model_hash(), Hash('d'));
+  EXPECT_THAT(Strings(rs.holders()), ElementsAre(Address(9003)));
+
+  // Not while a round runs.
+  AddMember(9004, {.previous_worker_id = "w4", .model_round = 20, .model_hash = Hash('e')});
+  EXPECT_EQ(engine_->last_completed_round(), 8u);
+  EXPECT_EQ(engine_->Status().round(), 9u);
+}
+
+TEST_F(MembershipTest, NoFastForwardOnceARoundCompletedSinceStart) {
+  Start({.min_participants = 1, .resume = Record(7, Hash('c'), 2)});
+  const std::string w1 = AddMember(9001, {.previous_worker_id = "w1"});
+  JoinRoundOk(w1, 8, 8);
+  RunRound({w1}, 8, Hash('d'));
+  ASSERT_EQ(engine_->last_completed_round(), 8u);
+  engine_->Disconnect(w1, "stopped");
+  ASSERT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+
+  const v1::JoinResponse j = AddMemberResponse(9002, {.model_round = 20, .model_hash = Hash('e')});
+  EXPECT_EQ(j.model_round(), 8u);
+  EXPECT_EQ(j.model_hash(), Hash('d'));
+  EXPECT_EQ(engine_->last_completed_round(), 8u);
+  EXPECT_EQ(engine_->Status().round(), 9u);
+}
+
+// ---------------------------------------------------------------- Record
+
+TEST_F(MembershipTest, RecordReflectsTheRunAndItsVersionTracksChanges) {
+  Start({.min_participants = 2, .rounds = 2});
+  v1::RunRecord r = engine_->Record();
+  EXPECT_EQ(r.run_id(), "run-m");
+  EXPECT_EQ(r.config().model(), "mlp");
+  EXPECT_EQ(r.config().rounds(), 2u);
+  EXPECT_EQ(r.last_completed_round(), 0u);
+  EXPECT_EQ(r.model_hash(), "");
+  EXPECT_EQ(r.next_worker_number(), 1u);
+  EXPECT_EQ(r.updated_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_FALSE(r.finished());
+
+  uint64_t v = engine_->record_version();
+  const std::string w1 = AddMember(9001);
+  EXPECT_EQ(engine_->record_version(), v + 1);  // a new worker id
+  EXPECT_EQ(engine_->Record().next_worker_number(), 2u);
+  const std::string w2 = AddMember(9002);
+  EXPECT_EQ(engine_->record_version(), v + 2);
+  v = engine_->record_version();
+
+  // Re-joining with the active id, starting a round, readiness, the barrier
+  // and heartbeats change nothing durable.
+  EXPECT_EQ(AddMember(9001, {.previous_worker_id = w1}), w1);
+  JoinRoundOk(w1, 1, 1);
+  JoinRoundOk(w2, 1, 1);
+  AllReady({w1, w2}, 1);
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+  EXPECT_EQ(engine_->record_version(), v);
+
+  clock_.Advance(absl::Seconds(3));
+  AllDone({w1, w2}, 1, Hash('a'));
+  EXPECT_EQ(engine_->record_version(), v + 1);  // round completed
+  r = engine_->Record();
+  EXPECT_EQ(r.last_completed_round(), 1u);
+  EXPECT_EQ(r.model_hash(), Hash('a'));
+  EXPECT_EQ(r.updated_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_FALSE(r.finished());
+  v = engine_->record_version();
+
+  const Directives out = RunRound({w1, w2}, 2, Hash('b'));
+  EXPECT_THAT(To(out, kFinished), UnorderedElementsAre(w1, w2));
+  EXPECT_GE(engine_->record_version(), v + 2);  // round completed, finished
+  r = engine_->Record();
+  EXPECT_EQ(r.last_completed_round(), 2u);
+  EXPECT_EQ(r.model_hash(), Hash('b'));
+  EXPECT_TRUE(r.finished());
+}
+
+// ---------------------------------------------------------------- Sync
+
+TEST_F(MembershipTest, HeartbeatSyncProgressShowsInStatus) {
+  Start();
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+  v1::Heartbeat hb;
+  hb.set_syncing(true);
+  hb.set_sync_bytes_done(1024);
+  hb.set_sync_bytes_total(4096);
+  hb.set_sync_sources(2);
+  ASSERT_TRUE(engine_->Heartbeat(w1, hb).ok());
+
+  RunStatus status = engine_->Status();
+  WorkerStatus s1 = *FindWorker(status, w1);
+  EXPECT_EQ(s1.state(), "syncing");
+  EXPECT_EQ(s1.sync_bytes_done(), 1024u);
+  EXPECT_EQ(s1.sync_bytes_total(), 4096u);
+  EXPECT_EQ(s1.sync_sources(), 2u);
+  const WorkerStatus s2 = *FindWorker(status, w2);
+  EXPECT_EQ(s2.state(), "waiting");
+  EXPECT_EQ(s2.sync_bytes_total(), 0u);
+
+  // Progress updates, then the sync ends.
+  hb.set_sync_bytes_done(4096);
+  ASSERT_TRUE(engine_->Heartbeat(w1, hb).ok());
+  EXPECT_EQ(FindWorker(engine_->Status(), w1)->sync_bytes_done(), 4096u);
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+  s1 = *FindWorker(engine_->Status(), w1);
+  EXPECT_EQ(s1.state(), "waiting");
+  EXPECT_EQ(s1.sync_bytes_done(), 0u);
+  EXPECT_EQ(s1.sync_bytes_total(), 0u);
+}
+
+}  // namespace
+}  // namespace shoal::coordinator
