@@ -11,11 +11,11 @@ PKGS=(
   libabsl-dev libssl-dev zlib1g-dev
   libtorch-dev libopenblas0-pthread libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist python3-torch
   clang-format iproute2 procps grpc-proto
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  PKGS+=(python3-torch linux-perf valgrind)
+  PKGS+=(linux-perf valgrind)
 fi
 
 missing=()

@@ -60,6 +60,13 @@ class FakePeerClient : public PeerClient {
   FakePeerClient(std::map<std::string, FakeWorker*> by_address, Faults faults)
       : by_address_(std::move(by_address)), faults_(std::move(faults)) {}
 
+  absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
+                                            absl::Duration timeout) override {
+    if (!by_address_.count(address))
+      return absl::UnavailableError(absl::StrCat("no peer ", address));
+    return shoal::v1::PeerInfo();
+  }
+
   absl::Status ReadSlice(const std::string& address, const ReadSliceRequest& request,
                          absl::Duration timeout,
                          const std::function<bool(const ChunkView&)>& on_chunk) override {
@@ -353,7 +360,7 @@ struct Harness {
     plan = MakePlan(workers, total);
     for (int k = 1; k < n; ++k) {
       const auto& s = plan.slices(k);
-      workers[k]->state.SetPlan(kRound, s.begin(), s.end());
+      workers[k]->state.SetPlan(kRound, plan.attempt(), s.begin(), s.end());
       workers[k]->state.MarkAveraged(kRound);
     }
   }
@@ -474,7 +481,8 @@ TEST(ExchangerFailureTest, AbortWhileWaitingForAnAverageReturnsAbortedPromptly) 
   // w3 has not averaged its slice (and never will): w1 keeps retrying.
   h.workers[2]->state.BeginTraining(kRound);
   h.workers[2]->state.SetReady(kRound);
-  h.workers[2]->state.SetPlan(kRound, h.plan.slices(2).begin(), h.plan.slices(2).end());
+  h.workers[2]->state.SetPlan(kRound, h.plan.attempt(), h.plan.slices(2).begin(),
+                              h.plan.slices(2).end());
   std::atomic<bool> abort{false};
   std::atomic<int> waits{0};
   Faults faults;

@@ -42,7 +42,7 @@ class ModelStateTest : public ::testing::Test {
   void ReadyForRound3(bool plan) {
     state_.BeginTraining(3);
     state_.SetReady(3);
-    if (plan) state_.SetPlan(3, 40, 60);
+    if (plan) state_.SetPlan(3, /*attempt=*/0, 40, 60);
   }
 
   std::vector<float> params_;
@@ -106,7 +106,7 @@ TEST_F(ModelStateTest, NotReadyIsFailedPrecondition) {
   state_.BeginTraining(3);
   EXPECT_EQ(Code(state_, 3, 0, 10, CONTRIBUTION), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Code(state_, 3, 40, 60, AVERAGED), absl::StatusCode::kFailedPrecondition);
-  state_.SetPlan(3, 40, 60);
+  state_.SetPlan(3, /*attempt=*/0, 40, 60);
   EXPECT_EQ(Code(state_, 3, 40, 60, AVERAGED), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -115,7 +115,7 @@ TEST_F(ModelStateTest, ContributionIsServedOnceReady) {
   EXPECT_EQ(Code(state_, 3, 0, kTotal, CONTRIBUTION), absl::StatusCode::kOk);
   EXPECT_EQ(Code(state_, 3, 10, 20, CONTRIBUTION), absl::StatusCode::kOk);
   // Independent of the plan and of what the worker owns.
-  state_.SetPlan(3, 40, 60);
+  state_.SetPlan(3, /*attempt=*/0, 40, 60);
   EXPECT_EQ(Code(state_, 3, 0, 10, CONTRIBUTION), absl::StatusCode::kOk);
   state_.MarkAveraged(3);
   EXPECT_EQ(Code(state_, 3, 0, 10, CONTRIBUTION), absl::StatusCode::kOk);
@@ -129,9 +129,9 @@ TEST_F(ModelStateTest, AveragedBeforePlanIsUnavailable) {
 
 TEST_F(ModelStateTest, PlanForAnotherRoundIsIgnored) {
   ReadyForRound3(false);
-  state_.SetPlan(2, 40, 60);
+  state_.SetPlan(2, /*attempt=*/0, 40, 60);
   EXPECT_EQ(Code(state_, 3, 40, 60, AVERAGED), absl::StatusCode::kUnavailable);
-  state_.SetPlan(3, 40, 60);
+  state_.SetPlan(3, /*attempt=*/0, 40, 60);
   state_.MarkAveraged(2);  // wrong round: still not averaged
   EXPECT_EQ(Code(state_, 3, 40, 60, AVERAGED), absl::StatusCode::kUnavailable);
 }
@@ -176,7 +176,7 @@ TEST_F(ModelStateTest, NewRoundForgetsThePreviousPlan) {
   EXPECT_EQ(Code(state_, 4, 0, 10, CONTRIBUTION), absl::StatusCode::kOk);
   EXPECT_EQ(Code(state_, 4, 40, 60, AVERAGED), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Code(state_, 3, 40, 60, AVERAGED), absl::StatusCode::kFailedPrecondition);
-  state_.SetPlan(4, 0, 20);
+  state_.SetPlan(4, /*attempt=*/0, 0, 20);
   EXPECT_EQ(Code(state_, 4, 40, 60, AVERAGED), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Code(state_, 4, 0, 20, AVERAGED), absl::StatusCode::kUnavailable);
 }

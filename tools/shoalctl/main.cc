@@ -1,6 +1,7 @@
 // shoalctl: the operator CLI.
 //   shoalctl status --coordinator=ADDR [--json]
 //   shoalctl watch  --coordinator=ADDR [--timeout=10m]
+//   shoalctl checkpoints list|show|export|delete --store=ADDR ...
 #include <cstdio>
 #include <iostream>
 
@@ -13,6 +14,7 @@
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
+#include "tools/shoalctl/checkpoints_cmd.h"
 #include "tools/shoalctl/status_format.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
@@ -29,7 +31,11 @@ constexpr char kUsage[] =
     "  shoalctl status --coordinator=ADDR [--json]   the run's status as a table or JSON\n"
     "  shoalctl watch --coordinator=ADDR [--timeout=30m]\n"
     "      prints one line per completed round until the run finishes, then a summary line\n"
-    "      with test_accuracy=<value>";
+    "      with test_accuracy=<value>\n"
+    "  shoalctl checkpoints list --store=ADDR [--json] [--run_id=RUN]\n"
+    "  shoalctl checkpoints show --store=ADDR --id=ID [--json]\n"
+    "  shoalctl checkpoints export --store=ADDR --id=ID --out=FILE   (torch.load-able state dict)\n"
+    "  shoalctl checkpoints delete --store=ADDR --id=ID";
 
 absl::StatusOr<shoal::v1::RunStatus> GetStatus(shoal::v1::Coordinator::Stub* stub) {
   grpc::ClientContext ctx;
@@ -95,6 +101,10 @@ int Watch(shoal::v1::Coordinator::Stub* stub) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `checkpoints` parses its own --key=value arguments.
+  if (argc >= 2 && std::string(argv[1]) == "checkpoints") {
+    return shoal::ctl::RunCheckpointsCommand(std::vector<std::string>(argv + 2, argv + argc));
+  }
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {

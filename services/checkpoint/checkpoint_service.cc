@@ -1,0 +1,277 @@
+#include "services/checkpoint/checkpoint_service.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/status_util.h"
+
+namespace shoal::checkpoint {
+
+// Counts a stream as running for the service's drain, from its reactor's
+// construction to its OnDone.
+class StreamGuard {
+ public:
+  explicit StreamGuard(CheckpointService* service)
+      : service_(service), entered_(service->Enter()) {}
+  ~StreamGuard() {
+    if (entered_) service_->Leave();
+  }
+  bool entered() const { return entered_; }
+
+ private:
+  CheckpointService* const service_;
+  const bool entered_;
+};
+
+namespace {
+
+const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE,
+                                 "the checkpoint store is shutting down");
+
+using shoal::v1::CheckpointInfo;
+using shoal::v1::LayerChunk;
+using shoal::v1::UploadChunk;
+
+// One upload stream: the manifest, then layer chunks; commits when the
+// client half-closes. Any error aborts the upload (its temporary files go)
+// and ends the call without reading the rest. Deletes itself in OnDone.
+class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
+ public:
+  UploadReactor(CheckpointService* service, CheckpointStore* store,
+                grpc::CallbackServerContext* ctx, CheckpointInfo* response)
+      : guard_(service), store_(store), ctx_(ctx), response_(response) {
+    if (!guard_.entered()) {
+      Finish(kShuttingDown);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      EndOfStream();
+      return;
+    }
+    absl::Status s = upload_ == nullptr ? Begin() : Accept();
+    if (!s.ok()) {
+      Fail(s);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Begin() {
+    if (!in_.has_manifest()) {
+      return absl::InvalidArgumentError("the first message of an upload must carry the manifest");
+    }
+    absl::StatusOr<std::unique_ptr<PendingUpload>> upload =
+        store_->BeginUpload(std::move(*in_.mutable_manifest()));
+    if (!upload.ok()) return upload.status();
+    upload_ = std::move(*upload);
+    SHOAL_VLOG(1) << "upload of " << upload_->manifest().id() << " started by " << ctx_->peer();
+    return absl::OkStatus();
+  }
+
+  absl::Status Accept() {
+    if (!in_.has_data()) {
+      return absl::InvalidArgumentError("only the first message of an upload carries a manifest");
+    }
+    const LayerChunk& c = in_.data();
+    if (c.data().size() > kMaxChunkBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk of ", c.data().size(), " bytes exceeds the limit of ", kMaxChunkBytes));
+    }
+    const uint32_t crc = Crc32c(c.data().data(), c.data().size());
+    if (crc != c.crc32c()) {
+      return absl::DataLossError(absl::StrCat("checksum mismatch on the chunk of layer ", c.layer(),
+                                              " at offset ", c.offset(), ": got ", crc,
+                                              ", chunk says ", c.crc32c()));
+    }
+    return upload_->Append(c.layer(), c.offset(), c.data());
+  }
+
+  void EndOfStream() {
+    // A client that half-closed has sent everything; a cancelled or broken
+    // call must not commit even if every byte arrived.
+    if (ctx_->IsCancelled()) {
+      Fail(absl::CancelledError("upload cancelled"));
+      return;
+    }
+    if (upload_ == nullptr) {
+      Fail(absl::InvalidArgumentError("upload stream ended without a manifest"));
+      return;
+    }
+    absl::StatusOr<CheckpointInfo> info = upload_->Commit();
+    if (!info.ok()) {
+      Fail(info.status());
+      return;
+    }
+    *response_ = std::move(*info);
+    upload_.reset();
+    Finish(grpc::Status::OK);
+  }
+
+  void Fail(const absl::Status& status) {
+    const std::string what = upload_ ? upload_->manifest().id() : std::string("(no manifest)");
+    if (absl::IsCancelled(status)) {
+      SHOAL_LOG(INFO) << "upload of " << what << " from " << ctx_->peer()
+                      << " cancelled (client gone or server stopping); nothing committed";
+    } else {
+      SHOAL_LOG(WARNING) << "upload of " << what << " from " << ctx_->peer()
+                         << " refused: " << status;
+    }
+    upload_.reset();  // removes the temporary files
+    Finish(ToGrpcStatus(status));
+  }
+
+  StreamGuard guard_;
+  CheckpointStore* const store_;
+  grpc::CallbackServerContext* const ctx_;
+  CheckpointInfo* const response_;
+  UploadChunk in_;
+  std::unique_ptr<PendingUpload> upload_;
+};
+
+// Streams a byte range of a layer, one chunk read from disk just before it
+// is written. Deletes itself in OnDone.
+class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
+ public:
+  ReadLayerReactor(CheckpointService* service, CheckpointStore* store,
+                   const shoal::v1::ReadLayerRequest& request)
+      : guard_(service), layer_(request.layer()) {
+    if (!guard_.entered()) {
+      Finish(kShuttingDown);
+      return;
+    }
+    auto reader =
+        store->ReadLayer(request.id(), request.layer(), request.offset(), request.length());
+    if (!reader.ok()) {
+      SHOAL_VLOG(1) << "ReadLayer refused: " << reader.status();
+      Finish(ToGrpcStatus(reader.status()));
+      return;
+    }
+    reader_ = std::move(*reader);
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (reader_->remaining() == 0) {
+      Finish(ToGrpcStatus(reader_->Finish()));
+      return;
+    }
+    absl::StatusOr<uint64_t> offset = reader_->Next(kChunkBytes, chunk_.mutable_data());
+    if (!offset.ok()) {
+      Finish(ToGrpcStatus(offset.status()));
+      return;
+    }
+    chunk_.set_layer(layer_);
+    chunk_.set_offset(*offset);
+    chunk_.set_crc32c(Crc32c(chunk_.data().data(), chunk_.data().size()));
+    StartWrite(&chunk_);
+  }
+
+  StreamGuard guard_;
+  const uint32_t layer_;
+  std::unique_ptr<LayerReader> reader_;
+  LayerChunk chunk_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<UploadChunk>* CheckpointService::Upload(grpc::CallbackServerContext* ctx,
+                                                                CheckpointInfo* response) {
+  return new UploadReactor(this, store_, ctx, response);
+}
+
+grpc::ServerUnaryReactor* CheckpointService::List(grpc::CallbackServerContext* ctx,
+                                                  const shoal::v1::ListCheckpointsRequest* request,
+                                                  shoal::v1::ListCheckpointsResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (Draining()) {
+    reactor->Finish(kShuttingDown);
+    return reactor;
+  }
+  for (auto& info : store_->List(request->run_id())) {
+    *response->add_checkpoints() = std::move(info);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CheckpointService::GetManifest(
+    grpc::CallbackServerContext* ctx, const shoal::v1::GetManifestRequest* request,
+    shoal::v1::Manifest* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (Draining()) {
+    reactor->Finish(kShuttingDown);
+    return reactor;
+  }
+  absl::StatusOr<shoal::v1::Manifest> manifest = store_->GetManifest(request->id());
+  if (manifest.ok()) *response = std::move(*manifest);
+  reactor->Finish(ToGrpcStatus(manifest.status()));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<LayerChunk>* CheckpointService::ReadLayer(
+    grpc::CallbackServerContext* ctx, const shoal::v1::ReadLayerRequest* request) {
+  return new ReadLayerReactor(this, store_, *request);
+}
+
+grpc::ServerUnaryReactor* CheckpointService::Delete(
+    grpc::CallbackServerContext* ctx, const shoal::v1::DeleteCheckpointRequest* request,
+    shoal::v1::DeleteCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (Draining()) {
+    reactor->Finish(kShuttingDown);
+    return reactor;
+  }
+  reactor->Finish(ToGrpcStatus(store_->Delete(request->id())));
+  return reactor;
+}
+
+bool CheckpointService::Enter() {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return false;
+  ++active_streams_;
+  return true;
+}
+
+void CheckpointService::Leave() {
+  absl::MutexLock lock(&mu_);
+  --active_streams_;
+}
+
+bool CheckpointService::Draining() {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+void CheckpointService::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool CheckpointService::WaitUntilIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_streams_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+}  // namespace shoal::checkpoint
