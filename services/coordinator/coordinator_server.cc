@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "services/checkpoint/checkpoint_client.h"
 
 namespace shoal::coordinator {
 
@@ -22,6 +23,40 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
   if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::string& store,
+                                                                    const std::string& run_id) {
+  checkpoint::CheckpointClientOptions copts;
+  copts.call_timeout = absl::Seconds(20);  // the store may be starting too
+  checkpoint::GrpcCheckpointClient client(store, copts);
+  absl::StatusOr<std::vector<shoal::v1::CheckpointInfo>> list = client.List(run_id);
+  if (!list.ok()) {
+    return absl::Status(list.status().code(), absl::StrCat("cannot look for checkpoints of run ",
+                                                           run_id, " in --checkpoint_store ", store,
+                                                           ": ", list.status().message()));
+  }
+  const shoal::v1::CheckpointInfo* newest = nullptr;
+  for (const auto& info : *list) {
+    if (info.run_id() != run_id || !info.damage().empty()) continue;
+    if (newest == nullptr || info.round() > newest->round()) newest = &info;
+  }
+  if (newest == nullptr) {
+    SHOAL_LOG(INFO) << "no checkpoint of run " << run_id << " in " << store << "; starting fresh";
+    return std::optional<shoal::v1::RunRecord>();
+  }
+  absl::StatusOr<shoal::v1::Manifest> manifest = client.GetManifest(newest->id());
+  if (!manifest.ok()) return manifest.status();
+  shoal::v1::RunRecord r;
+  r.set_run_id(run_id);
+  r.set_last_completed_round(manifest->round());
+  r.set_model_hash(manifest->model_sha256());
+  r.set_checkpoint_id(manifest->id());
+  r.set_checkpoint_round(manifest->round());
+  r.set_next_worker_number(1);
+  SHOAL_LOG(INFO) << "resuming run " << run_id << " from checkpoint " << manifest->id()
+                  << " (round " << manifest->round() << ")";
+  return std::optional<shoal::v1::RunRecord>(r);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -46,6 +81,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     options.engine.run_id = r.run_id();
     options.engine.config = r.config();
     options.engine.resume = r;
+  } else if (options.run_id_from_flag && !options.engine.config.checkpoint_store().empty()) {
+    // A full restart: no record here, but the store may hold the run.
+    absl::StatusOr<std::optional<shoal::v1::RunRecord>> from_store =
+        ResumeFromStore(options.engine.config.checkpoint_store(), options.engine.run_id);
+    if (!from_store.ok()) return from_store.status();
+    if (from_store->has_value()) {
+      shoal::v1::RunRecord r = **from_store;
+      *r.mutable_config() = options.engine.config;
+      options.engine.resume = r;
+    }
   }
   server->engine_ = std::make_unique<RoundEngine>(options.engine, clock);
   CoordinatorServer* raw = server.get();

@@ -26,6 +26,12 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Milliseconds(250);
 };
 
+// The newest undamaged checkpoint of `run_id` in the store at `store` as a
+// run record to resume from (nullopt when there is none). UNAVAILABLE when
+// the store cannot be reached.
+absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::string& store,
+                                                                    const std::string& run_id);
+
 // Checks a run configuration; INVALID_ARGUMENT with the offending flag.
 absl::Status ValidateConfig(const shoal::v1::RunConfig& config);
 

@@ -259,6 +259,17 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportRoundDone(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(
+    grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
+    shoal::v1::ReportCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  Directives out;
+  absl::Status s = engine_->ReportCheckpoint(*request, &out);
+  Deliver(out);
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* ctx,
                                                     const shoal::v1::LeaveRequest* request,
                                                     shoal::v1::LeaveResponse* response) {

@@ -42,6 +42,9 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* ReportRoundDone(grpc::CallbackServerContext* ctx,
                                             const shoal::v1::ReportRoundDoneRequest* request,
                                             shoal::v1::ReportRoundDoneResponse* response) override;
+  grpc::ServerUnaryReactor* ReportCheckpoint(
+      grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
+      shoal::v1::ReportCheckpointResponse* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
                                   const shoal::v1::LeaveRequest* request,
                                   shoal::v1::LeaveResponse* response) override;

@@ -40,6 +40,15 @@ ABSL_FLAG(uint32_t, max_connection_retry, 3,
           "Peer-connection retries of a plan before failing peers are evicted.");
 ABSL_FLAG(uint32_t, max_missed_rounds, 5,
           "A worker that misses this many rounds in a row is asked to leave (0 = never).");
+ABSL_FLAG(std::string, checkpoint_store, "",
+          "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
+          "--state_dir, a run that has checkpoints there resumes from the newest one.");
+ABSL_FLAG(uint32_t, checkpoint_every, 10,
+          "Upload a checkpoint every N rounds (and after the last round); 0 = never.");
+ABSL_FLAG(uint32_t, checkpointers, 1,
+          "Workers tried, one after the other, for each checkpoint upload before giving up.");
+ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
+          "An upload not reported within this time moves to another worker.");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
 
@@ -68,6 +77,8 @@ int main(int argc, char** argv) {
   engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
   engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
   engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
+  engine.checkpointers = absl::GetFlag(FLAGS_checkpointers);
+  engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
   auto& c = engine.config;
   c.set_model(absl::GetFlag(FLAGS_model));
   c.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
@@ -80,6 +91,8 @@ int main(int argc, char** argv) {
   const uint32_t shards = absl::GetFlag(FLAGS_data_shards);
   c.set_data_shards(shards == 0 ? c.min_participants() : shards);
   c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
+  c.set_checkpoint_store(absl::GetFlag(FLAGS_checkpoint_store));
+  c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
   c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
   c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
 

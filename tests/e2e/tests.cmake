@@ -9,3 +9,5 @@ add_executable(shoal-chaos e2e/chaos.cc)
 target_link_libraries(shoal-chaos PRIVATE test_support shoal_protos shoal_common absl::flags
   absl::flags_parse)
 add_dependencies(shoal-chaos shoal-coordinator shoal-worker)
+shoal_test(checkpoint_run_test e2e e2e/checkpoint_run_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(checkpoint_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)

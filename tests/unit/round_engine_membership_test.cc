@@ -39,6 +39,7 @@ constexpr auto kRetry = CoordinatorMessage::kRetryConnections;
 constexpr auto kConnFail = CoordinatorMessage::kConnectionFail;
 constexpr auto kMissed = CoordinatorMessage::kRoundMissed;
 constexpr auto kLeave = CoordinatorMessage::kLeaveRequested;
+constexpr auto kCheckpoint = CoordinatorMessage::kCheckpointRequest;
 
 std::string Hash(char c) { return std::string(64, c); }
 std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
@@ -83,6 +84,8 @@ struct Options {
   uint32_t max_connection_retry = 2;
   uint32_t max_missed_rounds = 3;
   std::optional<v1::RunRecord> resume = std::nullopt;
+  std::string checkpoint_store = "";
+  uint32_t checkpoint_every = 0;
 };
 
 struct JoinArgs {
@@ -108,6 +111,9 @@ class MembershipTest : public ::testing::Test {
     options.max_connection_retry = o.max_connection_retry;
     options.max_missed_rounds = o.max_missed_rounds;
     options.resume = o.resume;
+    options.config.set_checkpoint_store(o.checkpoint_store);
+    options.config.set_checkpoint_every(o.checkpoint_every);
+    options.checkpoint_timeout = absl::Seconds(30);
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
 
@@ -1044,6 +1050,80 @@ TEST_F(MembershipTest, HeartbeatSyncProgressShowsInStatus) {
   EXPECT_EQ(s1.state(), "waiting");
   EXPECT_EQ(s1.sync_bytes_done(), 0u);
   EXPECT_EQ(s1.sync_bytes_total(), 0u);
+}
+
+// ---------------------------------------------------------------- Checkpoints
+
+TEST_F(MembershipTest, CheckpointIsAssignedEveryKRoundsToTheFirstHolder) {
+  Start({.checkpoint_store = "127.0.0.1:50052", .checkpoint_every = 2});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  EXPECT_THAT(To(RunRound(ids, 1, Hash('a')), kCheckpoint), IsEmpty());
+  const Directives out = RunRound(ids, 2, Hash('b'));
+  ASSERT_THAT(To(out, kCheckpoint), ElementsAre(ids[0]));
+  const v1::CheckpointRequest req = MessageFor(out, ids[0], kCheckpoint).checkpoint_request();
+  EXPECT_EQ(req.round(), 2u);
+  EXPECT_EQ(req.model_hash(), Hash('b'));
+  EXPECT_EQ(req.run_id(), "run-m");
+  EXPECT_EQ(engine_->Status().checkpoint_pending(), "round 2 by " + ids[0]);
+
+  const uint64_t version = engine_->record_version();
+  v1::ReportCheckpointRequest report;
+  report.set_worker_id(ids[0]);
+  report.set_round(2);
+  report.set_checkpoint_id("run-m-r2");
+  Directives none;
+  ASSERT_TRUE(engine_->ReportCheckpoint(report, &none).ok());
+  EXPECT_GT(engine_->record_version(), version);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.checkpoint_id(), "run-m-r2");
+  EXPECT_EQ(status.checkpoint_round(), 2u);
+  EXPECT_EQ(status.checkpoint_pending(), "");
+  EXPECT_EQ(engine_->Record().checkpoint_id(), "run-m-r2");
+  EXPECT_EQ(engine_->Record().checkpoint_round(), 2u);
+  // Joiners and the next round learn where the fallback copy is.
+  EXPECT_EQ(AddMemberResponse(9009).checkpoint_id(), "run-m-r2");
+}
+
+TEST_F(MembershipTest, FailedOrLostUploadMovesToAnotherHolder) {
+  Start({.checkpoint_store = "127.0.0.1:50052", .checkpoint_every = 1});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  Directives out = RunRound(ids, 1, Hash('a'));
+  ASSERT_THAT(To(out, kCheckpoint), ElementsAre(ids[0]));
+  // The first one fails: the next holder is asked.
+  v1::ReportCheckpointRequest report;
+  report.set_worker_id(ids[0]);
+  report.set_round(1);
+  report.set_error("disk full");
+  out.clear();
+  ASSERT_TRUE(engine_->ReportCheckpoint(report, &out).ok());
+  ASSERT_THAT(To(out, kCheckpoint), ElementsAre(ids[1]));
+  // A report from someone not asked is refused.
+  report.set_error("");
+  report.set_checkpoint_id("x");
+  Directives none;
+  EXPECT_EQ(engine_->ReportCheckpoint(report, &none).code(), absl::StatusCode::kFailedPrecondition);
+  // The second one dies: the third takes over.
+  out = engine_->Disconnect(ids[1], "killed");
+  for (Directive& d : Pass(absl::Seconds(1), {ids[0], ids[2]})) out.push_back(d);
+  EXPECT_THAT(To(out, kCheckpoint), ElementsAre(ids[2]));
+}
+
+TEST_F(MembershipTest, ResumedRecordKeepsTheCheckpoint) {
+  v1::RunRecord record;
+  record.set_run_id("run-m");
+  record.set_last_completed_round(6);
+  record.set_model_hash(Hash('f'));
+  record.set_checkpoint_id("run-m-r6");
+  record.set_checkpoint_round(6);
+  record.set_next_worker_number(3);
+  Start({.resume = record});
+  const v1::JoinResponse joined = AddMemberResponse(9001);
+  EXPECT_EQ(joined.model_round(), 6u);
+  EXPECT_EQ(joined.model_hash(), Hash('f'));
+  EXPECT_EQ(joined.checkpoint_id(), "run-m-r6");
+  EXPECT_EQ(joined.checkpoint_round(), 6u);
+  EXPECT_THAT(joined.holders(), IsEmpty());
+  EXPECT_EQ(joined.next_round(), 7u);
 }
 
 }  // namespace

@@ -50,6 +50,7 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
     round_ = last_completed_round_ + 1;
     next_worker_number_ = std::max<uint64_t>(1, r.next_worker_number());
     checkpoint_id_ = r.checkpoint_id();
+    checkpoint_round_ = r.checkpoint_round();
     if (r.finished()) phase_ = shoal::v1::FINISHED;
     SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
                     << last_completed_round_ << " (next round " << round_ << ")";
@@ -210,6 +211,8 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   for (const std::string& h : Holders()) {
     if (h != member->address) r.add_holders(h);
   }
+  r.set_checkpoint_id(checkpoint_id_);
+  r.set_checkpoint_round(checkpoint_round_);
   return result;
 }
 
@@ -290,6 +293,8 @@ CoordinatorMessage RoundEngine::RoundStartMessage() const {
   start->set_base_model_round(last_completed_round_);
   start->set_base_model_hash(agreed_hash_);
   for (const std::string& h : Holders()) start->add_holders(h);
+  start->set_checkpoint_id(checkpoint_id_);
+  start->set_checkpoint_round(checkpoint_round_);
   return msg;
 }
 
@@ -636,7 +641,14 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   for (const std::string& id : participants_) out->push_back({id, done});
 
   const uint64_t limit = options_.config.rounds();
-  if (limit > 0 && last_completed_round_ >= limit) {
+  const bool last = limit > 0 && last_completed_round_ >= limit;
+  const uint32_t every = options_.config.checkpoint_every();
+  if (!options_.config.checkpoint_store().empty() && every > 0 &&
+      (last_completed_round_ % every == 0 || last)) {
+    checkpoint_tried_.clear();
+    AssignCheckpoint(last_completed_round_, out);
+  }
+  if (last) {
     Finish(absl::StrCat("completed ", limit, " rounds"), out);
     return;
   }
@@ -764,6 +776,60 @@ void RoundEngine::Finish(const std::string& reason, Directives* out) {
   queued_.clear();
 }
 
+void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
+  pending_checkpoint_round_ = 0;
+  pending_checkpoint_worker_.clear();
+  if (checkpoint_tried_.size() >= std::max<uint32_t>(1, options_.checkpointers) + 2) {
+    SHOAL_LOG(WARNING) << "checkpoint of round " << round << " failed " << checkpoint_tried_.size()
+                       << " times; the next checkpoint round will try again";
+    return;
+  }
+  for (const auto& [id, m] : members_) {
+    if (checkpoint_tried_.count(id) || m.model_round != round || m.model_hash != agreed_hash_) {
+      continue;
+    }
+    checkpoint_tried_.insert(id);
+    pending_checkpoint_round_ = round;
+    pending_checkpoint_worker_ = id;
+    pending_checkpoint_since_ = clock_->Now();
+    CoordinatorMessage msg;
+    msg.mutable_checkpoint_request()->set_round(round);
+    msg.mutable_checkpoint_request()->set_model_hash(agreed_hash_);
+    msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
+    out->push_back({id, msg});
+    SHOAL_LOG(INFO) << "checkpoint of round " << round << " assigned to " << id;
+    return;
+  }
+  SHOAL_LOG(WARNING) << "no worker left to upload the checkpoint of round " << round
+                     << "; the next checkpoint round will try again";
+}
+
+absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
+                                           Directives* out) {
+  absl::MutexLock lock(&mu_);
+  auto found = FindActive(request.worker_id());
+  if (!found.ok()) return found.status();
+  if (pending_checkpoint_round_ == 0 || request.round() != pending_checkpoint_round_ ||
+      request.worker_id() != pending_checkpoint_worker_) {
+    return absl::FailedPreconditionError(absl::StrCat("no checkpoint of round ", request.round(),
+                                                      " is expected from ", request.worker_id()));
+  }
+  if (!request.error().empty() || request.checkpoint_id().empty()) {
+    SHOAL_LOG(WARNING) << "checkpoint of round " << request.round() << " by " << request.worker_id()
+                       << " failed: " << request.error();
+    AssignCheckpoint(request.round(), out);
+    return absl::OkStatus();
+  }
+  checkpoint_id_ = request.checkpoint_id();
+  checkpoint_round_ = request.round();
+  pending_checkpoint_round_ = 0;
+  pending_checkpoint_worker_.clear();
+  ++record_version_;
+  SHOAL_LOG(INFO) << "checkpoint " << checkpoint_id_ << " of round " << checkpoint_round_
+                  << " stored by " << request.worker_id();
+  return absl::OkStatus();
+}
+
 Directives RoundEngine::Tick() {
   absl::MutexLock lock(&mu_);
   Directives out;
@@ -779,6 +845,13 @@ Directives RoundEngine::Tick() {
     }
   }
   for (const auto& [id, reason] : expired) RemoveMember(id, MemberState::kEvicted, reason, &out);
+  if (pending_checkpoint_round_ > 0 &&
+      (!members_.count(pending_checkpoint_worker_) ||
+       now - pending_checkpoint_since_ > options_.checkpoint_timeout)) {
+    SHOAL_LOG(WARNING) << "checkpoint of round " << pending_checkpoint_round_ << " by "
+                       << pending_checkpoint_worker_ << " did not complete; reassigning";
+    AssignCheckpoint(pending_checkpoint_round_, &out);
+  }
 
   if (now < deadline_) return out;
   if (phase_ == shoal::v1::TRAINING) {
@@ -870,6 +943,11 @@ shoal::v1::RunStatus RoundEngine::Status() const {
   s.set_attempt(phase_ == shoal::v1::SHARING ? attempt_ : 0);
   s.set_queued(queued_.size());
   s.set_checkpoint_id(checkpoint_id_);
+  s.set_checkpoint_round(checkpoint_round_);
+  if (pending_checkpoint_round_ > 0) {
+    s.set_checkpoint_pending(
+        absl::StrCat("round ", pending_checkpoint_round_, " by ", pending_checkpoint_worker_));
+  }
   auto add = [&](const Member& m, bool active) {
     auto* w = s.add_workers();
     w->set_id(m.id);
@@ -907,6 +985,7 @@ shoal::v1::RunRecord RoundEngine::Record() const {
   r.set_model_hash(agreed_hash_);
   r.set_next_worker_number(next_worker_number_);
   r.set_checkpoint_id(checkpoint_id_);
+  r.set_checkpoint_round(checkpoint_round_);
   r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
   r.set_finished(phase_ == shoal::v1::FINISHED);
   return r;

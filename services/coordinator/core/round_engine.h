@@ -48,6 +48,11 @@ struct EngineOptions {
   uint32_t max_missed_rounds = 5;
   // Removed members stay visible in the status, up to this many.
   size_t max_departed_shown = 50;
+  // Workers asked to upload each checkpoint, one after the other until one
+  // succeeds (the first holder by id, then the next).
+  uint32_t checkpointers = 1;
+  // An upload not reported within this time moves to another worker.
+  absl::Duration checkpoint_timeout = absl::Seconds(120);
   // Where the run continues from (a persisted record), if anywhere.
   std::optional<shoal::v1::RunRecord> resume;
 };
@@ -83,6 +88,7 @@ class RoundEngine {
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request, Directives* out);
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
+  absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request, Directives* out);
 
   // Applies every timeout: leases, round deadline, connection deadline.
   Directives Tick();
@@ -156,6 +162,9 @@ class RoundEngine {
   void Replan(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRound(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(const std::string& reason, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the next untried holder of `round` to upload it; gives up when none
+  // is left.
+  void AssignCheckpoint(uint64_t round, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PhaseDetail() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineOptions options_;
@@ -189,6 +198,13 @@ class RoundEngine {
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);
   uint64_t record_version_ ABSL_GUARDED_BY(mu_) = 1;
   std::string checkpoint_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t checkpoint_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // The upload in progress: round (0 = none), worker, since when, and the
+  // workers already tried for it.
+  uint64_t pending_checkpoint_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string pending_checkpoint_worker_ ABSL_GUARDED_BY(mu_);
+  absl::Time pending_checkpoint_since_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> checkpoint_tried_ ABSL_GUARDED_BY(mu_);
   absl::Time started_at_;
 };
 
