@@ -101,16 +101,27 @@ class ClusterTest : public ::testing::Test {
   // every worker that reported the last completed round holds the agreed
   // model, and that at least `min_agreeing` do. Returns the status.
   v1::RunStatus ExpectRoundsGoOn(uint64_t after, uint64_t more, size_t min_agreeing,
-                                 absl::Duration timeout = absl::Seconds(60)) {
+                                 absl::Duration timeout = absl::Seconds(90)) {
+    // Under load a worker may sit a round out now and then, so wait for a
+    // round that `min_agreeing` workers completed together.
+    auto agreeing = [](const v1::RunStatus& s) {
+      size_t n = 0;
+      for (const auto& w : s.workers()) {
+        n += w.state() != "evicted" && w.model_round() == s.last_completed_round() &&
+             w.model_hash() == s.model_hash();
+      }
+      return n;
+    };
     const v1::RunStatus status = WaitForStatus(
-        [&](const v1::RunStatus& s) { return s.last_completed_round() >= after + more; }, timeout);
-    size_t agreeing = 0;
+        [&](const v1::RunStatus& s) {
+          return s.last_completed_round() >= after + more && agreeing(s) >= min_agreeing;
+        },
+        timeout);
     for (const auto& w : status.workers()) {
       if (w.state() == "evicted" || w.model_round() != status.last_completed_round()) continue;
       EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id() << Logs();
-      ++agreeing;
     }
-    EXPECT_GE(agreeing, min_agreeing) << status.DebugString() << Logs();
+    EXPECT_GE(agreeing(status), min_agreeing) << status.DebugString() << Logs();
     return status;
   }
 

@@ -215,6 +215,7 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
   absl::StrAppend(&out, "round       ", m.round(), "\n");
   absl::StrAppend(&out, "epoch       ", m.epoch(), "\n");
   absl::StrAppend(&out, "model       ", m.model().empty() ? "-" : m.model(), "\n");
+  absl::StrAppend(&out, "model hash  ", m.model_sha256().empty() ? "-" : m.model_sha256(), "\n");
   absl::StrAppend(&out, "created     ", Created(m.created_unix_ms()), "\n");
   absl::StrAppend(&out, "size        ", Size(total), " (", total, " bytes) in ", m.layers_size(),
                   " layers\n");
@@ -240,7 +241,8 @@ std::string FormatManifestJson(const Manifest& m, const std::string& damage) {
   std::string out = absl::StrCat(
       "{\n  \"id\": ", Json(m.id()), ",\n  \"run_id\": ", Json(m.run_id()),
       ",\n  \"round\": ", m.round(), ",\n  \"epoch\": ", m.epoch(),
-      ",\n  \"model\": ", Json(m.model()), ",\n  \"created\": ", Json(Created(m.created_unix_ms())),
+      ",\n  \"model\": ", Json(m.model()), ",\n  \"model_sha256\": ", Json(m.model_sha256()),
+      ",\n  \"created\": ", Json(Created(m.created_unix_ms())),
       ",\n  \"created_unix_ms\": ", m.created_unix_ms(), ",\n  \"bytes\": ", total,
       ",\n  \"damage\": ", Json(damage), ",\n  \"layers\": [");
   for (int i = 0; i < m.layers_size(); ++i) {

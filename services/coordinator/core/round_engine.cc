@@ -251,6 +251,9 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   if (phase_ == shoal::v1::FINISHED) {
     return absl::FailedPreconditionError("run is finished");
   }
+  // 0: the earliest round still open to this worker (a joiner that spent a
+  // while catching up cannot know which one that is).
+  if (round == 0) round = round_;
   if (round < round_) {
     return absl::FailedPreconditionError(
         absl::StrCat("round ", round, " is stale: the run is at round ", round_));
