@@ -4,7 +4,7 @@ BUILD_TYPE ?= RelWithDebInfo
 SANITIZE   ?= OFF
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit test-integration test-e2e chaos format clean
+.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos bench format clean
 
 all: build
 
@@ -37,11 +37,23 @@ test-integration: build
 test-e2e: build
 	@cd $(BUILD) && ctest --output-on-failure -L e2e
 
+# The image, docker-compose on host networking, a killed and an added worker
+# (scripts/test-deploy.sh). Needs root; starts and stops its own Docker engine;
+# long (base image + image build): not part of `make test` or CI.
+test-deploy:
+	@BUILD=$(BUILD) bash scripts/test-deploy.sh
+
 # Random kills, stops, joins and coordinator restarts for CHAOS_SECONDS
 # (default 180) with 6 workers; prints rounds, longest stall, agreement.
 CHAOS_SECONDS ?= 180
 chaos: build
 	@$(BUILD)/bin/shoal-chaos --bin_dir=$(BUILD)/bin --seconds=$(CHAOS_SECONDS)
+
+# Benchmarks (issue #6): stream, exchange, latejoin, coordinator, micro,
+# demo; tables and `NAME: ... ratio=...` lines, results in bench/RESULTS.md.
+# About 10 minutes on 2 cores. One benchmark: bash bench/run.sh NAME.
+bench: build
+	@BUILD=$(BUILD) bash bench/run.sh all
 
 format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -13,7 +13,14 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist python3-torch
   clang-format iproute2 procps grpc-proto
+  python3-yaml
 )
+# `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
+# provides kubectl; it cannot be installed over another package's kubectl
+# (dpkg refuses to overwrite /usr/bin/kubectl), and any kubectl with kustomize will do.
+if ! command -v kubectl >/dev/null 2>&1; then
+  PKGS+=(kubernetes-client)
+fi
 if [[ "${1:-}" == "--bench" ]]; then
   PKGS+=(linux-perf valgrind)
 fi

@@ -80,6 +80,14 @@ absl::Status GrpcCoordinatorClient::ConnectionsReady(
       options_.retry_window);
 }
 
+absl::Status GrpcCoordinatorClient::ReportCheckpoint(
+    const shoal::v1::ReportCheckpointRequest& request) {
+  shoal::v1::ReportCheckpointResponse response;
+  return CallWithRetry(
+      [&](grpc::ClientContext* ctx) { return stub_->ReportCheckpoint(ctx, request, &response); },
+      options_.retry_window);
+}
+
 absl::Status GrpcCoordinatorClient::ReportRoundDone(
     const shoal::v1::ReportRoundDoneRequest& request) {
   shoal::v1::ReportRoundDoneResponse response;

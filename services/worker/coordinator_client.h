@@ -28,6 +28,7 @@ class CoordinatorClient {
   virtual absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) = 0;
   virtual absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) = 0;
   virtual absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) = 0;
+  virtual absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) = 0;
   virtual absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) = 0;
   virtual absl::Status Leave(const std::string& worker_id, const std::string& reason) = 0;
   // Opens the session stream: sends Hello, then a heartbeat every
@@ -58,6 +59,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) override;
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) override;
+  absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) override;
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override;
   absl::Status Leave(const std::string& worker_id, const std::string& reason) override;
   absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,

@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   options.exchange.timeout = absl::GetFlag(FLAGS_exchange_timeout);
 
+  if (options.coordinator.empty() || options.coordinator.find(':') == std::string::npos) {
+    SHOAL_LOG(ERROR) << "cannot start: --coordinator must be host:port, got '"
+                     << options.coordinator << "'";
+    return 2;
+  }
   auto worker = shoal::worker::Worker::Create(options);
   if (!worker.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << worker.status();

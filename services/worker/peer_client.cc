@@ -5,6 +5,71 @@
 #include "common/status_util.h"
 
 namespace shoal::worker {
+namespace {
+
+// Ties `ctx` to `canceller` for the scope of one call.
+class CancelScope {
+ public:
+  CancelScope(ReadCanceller* canceller, grpc::ClientContext* ctx) : canceller_(canceller) {
+    if (canceller_ != nullptr) canceller_->SetHook([ctx] { ctx->TryCancel(); });
+  }
+  ~CancelScope() {
+    if (canceller_ != nullptr) canceller_->ClearHook();
+  }
+  CancelScope(const CancelScope&) = delete;
+  CancelScope& operator=(const CancelScope&) = delete;
+
+ private:
+  ReadCanceller* const canceller_;
+};
+
+bool Cancelled(const ReadCanceller* canceller) {
+  return canceller != nullptr && canceller->cancelled();
+}
+
+}  // namespace
+
+void ReadCanceller::Cancel() {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  if (hook_) hook_();
+}
+
+bool ReadCanceller::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void ReadCanceller::SetHook(std::function<void()> hook) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) {
+    hook();
+    return;
+  }
+  hook_ = std::move(hook);
+}
+
+void ReadCanceller::ClearHook() {
+  absl::MutexLock lock(&mu_);
+  hook_ = nullptr;
+}
+
+absl::Status PeerClient::ReadSliceCancellable(
+    const std::string& address, const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
+    ReadCanceller* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
+  if (Cancelled(canceller)) return absl::CancelledError("read cancelled");
+  return ReadSlice(address, request, timeout,
+                   [&](const ChunkView& c) { return !Cancelled(canceller) && on_chunk(c); });
+}
+
+absl::StatusOr<shoal::v1::ModelManifest> PeerClient::GetManifest(const std::string& address,
+                                                                 uint64_t round,
+                                                                 const std::string& reader_id,
+                                                                 absl::Duration timeout,
+                                                                 ReadCanceller* canceller) {
+  return absl::UnimplementedError("this PeerClient cannot ask for manifests");
+}
 
 shoal::v1::Peer::Stub* GrpcPeerClient::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -17,8 +82,15 @@ absl::Status GrpcPeerClient::ReadSlice(const std::string& address,
                                        const shoal::v1::ReadSliceRequest& request,
                                        absl::Duration timeout,
                                        const std::function<bool(const ChunkView&)>& on_chunk) {
+  return ReadSliceCancellable(address, request, timeout, nullptr, on_chunk);
+}
+
+absl::Status GrpcPeerClient::ReadSliceCancellable(
+    const std::string& address, const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
+    ReadCanceller* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(timeout));
+  CancelScope scope(canceller, &ctx);
   auto reader = StubFor(address)->ReadSlice(&ctx, request);
   ChunkReceiver receiver(request.round(), request.begin(), request.end());
   shoal::v1::TensorChunk chunk;
@@ -40,8 +112,31 @@ absl::Status GrpcPeerClient::ReadSlice(const std::string& address,
     return bad;
   }
   absl::Status s = FromGrpcStatus(reader->Finish());
+  if (Cancelled(canceller)) {
+    return absl::CancelledError(absl::StrCat("read from peer ", address, " cancelled"));
+  }
   if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
   return Annotate(receiver.Finish(), absl::StrCat("from peer ", address));
+}
+
+absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(const std::string& address,
+                                                                     uint64_t round,
+                                                                     const std::string& reader_id,
+                                                                     absl::Duration timeout,
+                                                                     ReadCanceller* canceller) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(timeout));
+  CancelScope scope(canceller, &ctx);
+  shoal::v1::GetModelManifestRequest request;
+  request.set_round(round);
+  request.set_reader_id(reader_id);
+  shoal::v1::ModelManifest manifest;
+  absl::Status s = FromGrpcStatus(StubFor(address)->GetManifest(&ctx, request, &manifest));
+  if (Cancelled(canceller)) {
+    return absl::CancelledError(absl::StrCat("manifest request to peer ", address, " cancelled"));
+  }
+  if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
+  return manifest;
 }
 
 absl::StatusOr<shoal::v1::PeerInfo> GrpcPeerClient::Probe(const std::string& address,

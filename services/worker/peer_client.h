@@ -16,6 +16,28 @@
 
 namespace shoal::worker {
 
+// Lets one thread end another thread's call at once, even while no chunk
+// arrives (ModelSyncer moves stalled reads this way). Thread-safe.
+class ReadCanceller {
+ public:
+  // Idempotent. Runs the hook (if any) before returning.
+  void Cancel();
+  bool cancelled() const;
+
+  // For PeerClient implementations: `hook` runs once at Cancel(), or at once
+  // when already cancelled. It runs under the canceller's lock, so it must be
+  // quick and must not touch the canceller (e.g. ClientContext::TryCancel);
+  // in exchange, once ClearHook() returns the hook is not running and will
+  // not run, so what it captured may go away.
+  void SetHook(std::function<void()> hook);
+  void ClearHook();
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> hook_ ABSL_GUARDED_BY(mu_);
+};
+
 class PeerClient {
  public:
   virtual ~PeerClient() = default;
@@ -26,6 +48,22 @@ class PeerClient {
   virtual absl::Status ReadSlice(const std::string& address,
                                  const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
                                  const std::function<bool(const ChunkView&)>& on_chunk) = 0;
+  // ReadSlice that `canceller` (may be null) ends with CANCELLED from
+  // another thread. The default implementation can only stop between
+  // chunks (fakes that never block need no more); GrpcPeerClient cancels
+  // the call itself, so a read waiting for a chunk ends at once.
+  virtual absl::Status ReadSliceCancellable(const std::string& address,
+                                            const shoal::v1::ReadSliceRequest& request,
+                                            absl::Duration timeout, ReadCanceller* canceller,
+                                            const std::function<bool(const ChunkView&)>& on_chunk);
+  // The peer's description of its snapshot of `round` (Peer.GetManifest),
+  // within `timeout`; `canceller` (may be null) ends the call early.
+  // Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<shoal::v1::ModelManifest> GetManifest(const std::string& address,
+                                                               uint64_t round,
+                                                               const std::string& reader_id,
+                                                               absl::Duration timeout,
+                                                               ReadCanceller* canceller);
   // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
@@ -37,6 +75,14 @@ class GrpcPeerClient : public PeerClient {
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
                          absl::Duration timeout,
                          const std::function<bool(const ChunkView&)>& on_chunk) override;
+  absl::Status ReadSliceCancellable(const std::string& address,
+                                    const shoal::v1::ReadSliceRequest& request,
+                                    absl::Duration timeout, ReadCanceller* canceller,
+                                    const std::function<bool(const ChunkView&)>& on_chunk) override;
+  absl::StatusOr<shoal::v1::ModelManifest> GetManifest(const std::string& address, uint64_t round,
+                                                       const std::string& reader_id,
+                                                       absl::Duration timeout,
+                                                       ReadCanceller* canceller) override;
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/chunk_codec.h"
+#include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/status_util.h"
@@ -19,9 +20,10 @@ constexpr uint64_t kChunkElements = kChunkBytes / kBytesPerElement;
 class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk> {
  public:
   ReadSliceReactor(const ModelState* state, RateLimiter* limiter,
-                   const shoal::v1::ReadSliceRequest& request)
+                   const shoal::v1::ReadSliceRequest& request, bool corrupt)
       : state_(state),
         limiter_(limiter),
+        corrupt_(corrupt),
         round_(request.round()),
         snapshot_(request.kind() == shoal::v1::SNAPSHOT),
         next_(request.begin()),
@@ -74,12 +76,19 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
   void WriteChunk(uint64_t count) {
     const float* base = snapshot_ ? state_->snapshot() : state_->parameters();
     EncodeChunk(round_, next_, base + next_, count, &chunk_);
+    if (corrupt_ && snapshot_) {
+      // Test hook: flip one bit per element, then a CRC that matches.
+      std::string* data = chunk_.mutable_data();
+      for (size_t i = 0; i < data->size(); i += kBytesPerElement) (*data)[i] ^= 0x01;
+      chunk_.set_crc32c(Crc32c(data->data(), data->size()));
+    }
     next_ += count;
     StartWrite(&chunk_);
   }
 
   const ModelState* const state_;
   RateLimiter* const limiter_;
+  const bool corrupt_;
   grpc::Alarm alarm_;
   const uint64_t round_;
   const bool snapshot_;
@@ -93,7 +102,25 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
 
 grpc::ServerWriteReactor<shoal::v1::TensorChunk>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) {
-  return new ReadSliceReactor(state_, limiter_, *request);
+  return new ReadSliceReactor(state_, limiter_, *request, corrupt_for_testing_.load());
+}
+
+grpc::ServerUnaryReactor* PeerService::GetManifest(
+    grpc::CallbackServerContext* ctx, const shoal::v1::GetModelManifestRequest* request,
+    shoal::v1::ModelManifest* response) {
+  auto* reactor = ctx->DefaultReactor();
+  const std::string reader = request->reader_id();
+  state_->GetManifest(
+      request->round(), [reactor, response, reader](absl::StatusOr<shoal::v1::ModelManifest> m) {
+        if (!m.ok()) {
+          SHOAL_VLOG(1) << "GetManifest from " << reader << " refused: " << m.status();
+          reactor->Finish(ToGrpcStatus(m.status()));
+          return;
+        }
+        *response = *std::move(m);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* ctx,

@@ -1,7 +1,10 @@
 // gRPC adapter of the worker's Peer service: streams slices of the flat
-// parameter vector, straight from model memory, once ModelState allows it.
+// parameter vector, straight from model memory, once ModelState allows it,
+// and describes the snapshot (GetManifest) for workers catching up.
 #ifndef SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
+
+#include <atomic>
 
 #include "common/rate_limiter.h"
 #include "services/worker/core/model_state.h"
@@ -21,10 +24,21 @@ class PeerService final : public shoal::v1::Peer::CallbackService {
   grpc::ServerUnaryReactor* GetPeerInfo(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::GetPeerInfoRequest* request,
                                         shoal::v1::PeerInfo* response) override;
+  // Finishes at once from the cached manifest, or after this thread (or
+  // another request's) has hashed the snapshot (ModelState::GetManifest).
+  grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* ctx,
+                                        const shoal::v1::GetModelManifestRequest* request,
+                                        shoal::v1::ModelManifest* response) override;
+
+  // Test hook (fault injection only, never set by the worker): SNAPSHOT
+  // reads serve bytes that differ from the model but carry a valid CRC-32C,
+  // so only the manifest's digests can catch them.
+  void set_corrupt_for_testing(bool corrupt) { corrupt_for_testing_ = corrupt; }
 
  private:
   const ModelState* const state_;
   RateLimiter* const limiter_;
+  std::atomic<bool> corrupt_for_testing_{false};
 };
 
 }  // namespace shoal::worker

@@ -93,6 +93,12 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
     trainer_ = std::move(*trainer);
     const uint64_t n = trainer_->num_elements();
     state_->Bind(trainer_->parameters(), n, config_.model());
+    // Peers catching up pull (and verify) the model layer by layer.
+    std::vector<LayerSpan> spans;
+    for (const LayerInfo& l : trainer_->layers()) spans.push_back({l.name, l.offset, l.elements});
+    if (absl::Status ls = state_->SetLayers(std::move(spans)); !ls.ok()) {
+      SHOAL_LOG(WARNING) << "layer table refused: " << ls.message();
+    }
     snapshot_.assign(trainer_->parameters(), trainer_->parameters() + n);
     contribution_.resize(n);
     state_->BindSnapshot(snapshot_.data());
@@ -106,11 +112,17 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
   } else {
     SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as " << worker_id_;
   }
+  if (!config_.checkpoint_store().empty() && store_ == nullptr) {
+    store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config_.checkpoint_store());
+  }
   // A run in progress: take its current model before anything else.
   CatchUp(joined->model_round(), joined->model_hash(),
-          {joined->holders().begin(), joined->holders().end()});
+          {joined->holders().begin(), joined->holders().end()}, joined->checkpoint_id(),
+          joined->checkpoint_round());
   RETURN_IF_ERROR(OpenSession());
-  absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, joined->next_round());
+  // Round 0: the earliest open one (the catch-up above may have taken a
+  // while, so joined->next_round() may be over already).
+  absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, 0);
   if (!admitted.ok()) return admitted.status();
   SHOAL_LOG(INFO) << "admitted to round " << *admitted;
   return absl::OkStatus();
@@ -157,7 +169,8 @@ void Worker::DropRound(const std::string& why) {
 }
 
 void Worker::CatchUp(uint64_t round, const std::string& hash,
-                     const std::vector<std::string>& holders) {
+                     const std::vector<std::string>& holders, const std::string& checkpoint_id,
+                     uint64_t checkpoint_round) {
   if (round == model_round_ || hash.empty()) return;
   if (round < model_round_) {
     SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
@@ -170,14 +183,22 @@ void Worker::CatchUp(uint64_t round, const std::string& hash,
   }
   SHOAL_LOG(INFO) << "catching up: pulling the model of round " << round << " from "
                   << sources.size() << " peers";
-  std::vector<uint64_t> offsets;
-  for (const LayerInfo& l : trainer_->layers()) offsets.push_back(l.offset);
-  ModelSyncer syncer(peers_.get(), options_.sync);
   const absl::Time t0 = absl::Now();
   // Pull into the snapshot buffer: it is not served while being replaced.
   state_->BeginSnapshotUpdate();
-  absl::Status s = syncer.Sync(round, hash, sources, offsets, snapshot_.data(), snapshot_.size(),
-                               worker_id_, &sync_progress_);
+  // Peers first; the checkpoint store serves what no peer can.
+  CheckpointFallback fallback;
+  if (store_ != nullptr && !checkpoint_id.empty() && checkpoint_round == round) {
+    fallback.client = store_.get();
+    fallback.checkpoint_id = checkpoint_id;
+    if (sources.empty()) {
+      SHOAL_LOG(INFO) << "no peer holds round " << round << "; loading checkpoint " << checkpoint_id
+                      << " from the store";
+    }
+  }
+  ModelSyncer syncer(peers_.get(), options_.sync);
+  absl::Status s = syncer.Sync(round, hash, sources, /*layer_offsets=*/{}, snapshot_.data(),
+                               snapshot_.size(), worker_id_, &sync_progress_, fallback);
   if (!s.ok()) {
     // Keep what we had; the next average folds this worker's model in.
     std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
@@ -194,6 +215,49 @@ void Worker::CatchUp(uint64_t round, const std::string& hash,
   SHOAL_LOG(INFO) << absl::StrFormat("caught up to round %d in %.2fs (%d MiB)", round,
                                      absl::ToDoubleSeconds(absl::Now() - t0),
                                      snapshot_.size() * sizeof(float) >> 20);
+}
+
+void Worker::UploadCheckpoint(const shoal::v1::CheckpointRequest& request) {
+  shoal::v1::ReportCheckpointRequest report;
+  report.set_worker_id(worker_id_);
+  report.set_round(request.round());
+  if (store_ == nullptr) {
+    report.set_error("this worker has no checkpoint store configured");
+  } else if (model_round_ != request.round() || model_hash_ != request.model_hash()) {
+    report.set_error(absl::StrCat("holds round ", model_round_, ", not ", request.round()));
+  } else {
+    shoal::v1::Manifest manifest;
+    manifest.set_run_id(request.run_id());
+    manifest.set_round(request.round());
+    manifest.set_model(config_.model());
+    manifest.set_model_sha256(request.model_hash());
+    const uint64_t seen = request.round() * config_.local_steps() * config_.batch_size();
+    manifest.set_epoch(trainer_->shard_size() ? seen / trainer_->shard_size() : 0);
+    std::vector<checkpoint::ByteSpan> spans;
+    for (const LayerInfo& l : trainer_->layers()) {
+      auto* entry = manifest.add_layers();
+      entry->set_name(l.name);
+      entry->set_dtype("float32");
+      for (int64_t d : l.shape) entry->add_shape(d);
+      spans.push_back({reinterpret_cast<const uint8_t*>(snapshot_.data() + l.offset),
+                       l.elements * sizeof(float)});
+    }
+    const absl::Time t0 = absl::Now();
+    absl::Status s = checkpoint::CompleteManifest(&manifest, spans);
+    absl::StatusOr<shoal::v1::CheckpointInfo> info =
+        s.ok() ? store_->Upload(manifest, spans) : absl::StatusOr<shoal::v1::CheckpointInfo>(s);
+    if (info.ok()) {
+      report.set_checkpoint_id(info->id());
+      SHOAL_LOG(INFO) << absl::StrFormat("checkpoint %s of round %d uploaded in %.2fs", info->id(),
+                                         request.round(), absl::ToDoubleSeconds(absl::Now() - t0));
+    } else {
+      report.set_error(info.status().ToString());
+      SHOAL_LOG(WARNING) << "checkpoint upload of round " << request.round()
+                         << " failed: " << info.status();
+    }
+  }
+  absl::Status s = coordinator_->ReportCheckpoint(report);
+  if (!s.ok()) SHOAL_LOG(WARNING) << "checkpoint report refused: " << s.message();
 }
 
 absl::Status Worker::Rejoin(const std::string& why) {
@@ -224,7 +288,8 @@ absl::Status Worker::Rejoin(const std::string& why) {
 absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
   if (start.base_model_round() != model_round_) {
     CatchUp(start.base_model_round(), start.base_model_hash(),
-            {start.holders().begin(), start.holders().end()});
+            {start.holders().begin(), start.holders().end()}, start.checkpoint_id(),
+            start.checkpoint_round());
   }
   round_ = start.round();
   contribution_round_ = 0;
@@ -399,6 +464,9 @@ absl::Status Worker::Run() {
         break;
       case shoal::v1::CoordinatorMessage::kStartSharing:
         OnStartSharing(msg.start_sharing());
+        break;
+      case shoal::v1::CoordinatorMessage::kCheckpointRequest:
+        UploadCheckpoint(msg.checkpoint_request());
         break;
       case shoal::v1::CoordinatorMessage::kRoundComplete:
         if (msg.round_complete().model_hash() != model_hash_) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "services/checkpoint/checkpoint_client.h"
 #include "services/worker/coordinator_client.h"
 #include "services/worker/core/idx_reader.h"
 #include "services/worker/core/model_state.h"
@@ -82,8 +83,12 @@ class Worker {
   void OnRoundPlan(const shoal::v1::RoundPlan& plan);
   void ProbePeers(uint32_t retry);
   void OnStartSharing(const shoal::v1::StartWeightSharing& start);
-  // Pulls the model of `round` from `holders` when ours is another one.
-  void CatchUp(uint64_t round, const std::string& hash, const std::vector<std::string>& holders);
+  // Pulls the model of `round` from `holders` when ours is another one; with
+  // no holder, loads checkpoint `checkpoint_id` when it is of that round.
+  void CatchUp(uint64_t round, const std::string& hash, const std::vector<std::string>& holders,
+               const std::string& checkpoint_id, uint64_t checkpoint_round);
+  // Uploads the snapshot (the averaged model of `request.round`).
+  void UploadCheckpoint(const shoal::v1::CheckpointRequest& request);
   // Discards the local work of the current round.
   void DropRound(const std::string& why);
   void UpdateSnapshot(uint64_t round);
@@ -100,6 +105,7 @@ class Worker {
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<GrpcPeerClient> peers_;
   std::unique_ptr<GrpcCoordinatorClient> coordinator_;
+  std::unique_ptr<checkpoint::GrpcCheckpointClient> store_;  // when the run has a store
   std::string advertise_;
 
   std::string worker_id_;

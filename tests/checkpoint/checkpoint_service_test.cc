@@ -384,7 +384,17 @@ TEST_F(CheckpointServiceTest, ShutdownLetsARunningUploadFinishWithinTheGrace) {
   auto writer = stub_->Upload(&ctx, &info);
   const size_t half = msgs.size() / 2;
   for (size_t i = 0; i < half; ++i) ASSERT_TRUE(writer->Write(msgs[i]));
+  // The server must have started the upload before it drains (else it
+  // rightly refuses it as a new call).
+  ASSERT_TRUE(WaitUntil([&] { return testing::CountTmp(data_dir()) > 0; }, absl::Seconds(10)));
   std::thread stopper([&] { server_->Shutdown(absl::Seconds(20)); });
+  // Joined on every path, also when an expectation below fails.
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{stopper};
   // New calls are refused while the upload drains.
   CheckpointClientOptions quick;
   quick.call_timeout = absl::Milliseconds(300);
@@ -394,7 +404,9 @@ TEST_F(CheckpointServiceTest, ShutdownLetsARunningUploadFinishWithinTheGrace) {
         return !list.ok() && absl::IsUnavailable(list.status());
       },
       absl::Seconds(5)));
-  for (size_t i = half; i < msgs.size(); ++i) ASSERT_TRUE(writer->Write(msgs[i]));
+  bool written = true;
+  for (size_t i = half; i < msgs.size() && written; ++i) written = writer->Write(msgs[i]);
+  EXPECT_TRUE(written);
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   EXPECT_TRUE(s.ok()) << s.error_message();

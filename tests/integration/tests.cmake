@@ -15,3 +15,5 @@ target_link_libraries(shoal-reflect-call PRIVATE grpc_reflection_protos gRPC::gr
   protobuf::libprotobuf Threads::Threads)
 shoal_warnings(shoal-reflect-call)
 add_dependencies(reflection_test shoal-reflect-call)
+shoal_test(late_join_test integration ${CMAKE_CURRENT_LIST_DIR}/late_join_test.cc
+  LIBS worker_lib checkpoint_service checkpoint_client)

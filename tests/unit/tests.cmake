@@ -20,3 +20,7 @@ shoal_test(round_engine_membership_test unit
   ${CMAKE_CURRENT_LIST_DIR}/round_engine_membership_test.cc LIBS coordinator_core)
 shoal_test(run_record_test unit ${CMAKE_CURRENT_LIST_DIR}/run_record_test.cc
   LIBS coordinator_core)
+shoal_test(layer_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/layer_planner_test.cc
+  LIBS worker_core)
+shoal_test(model_syncer_test unit ${CMAKE_CURRENT_LIST_DIR}/model_syncer_test.cc
+  LIBS worker_lib)

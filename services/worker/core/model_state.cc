@@ -1,14 +1,168 @@
 #include "services/worker/core/model_state.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/sha256.h"
 
 namespace shoal::worker {
+
+absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total) {
+  if (layers.empty()) return absl::InvalidArgumentError("no layers");
+  uint64_t next = 0;
+  for (const LayerSpan& l : layers) {
+    if (l.name.empty()) return absl::InvalidArgumentError("a layer has no name");
+    if (l.offset != next || l.elements == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("layer '", l.name, "' is [", l.offset, ", +",
+                                                     l.elements, "), expected it to start at ",
+                                                     next, " and not be empty"));
+    }
+    next += l.elements;
+  }
+  if (next != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layers cover ", next, " elements, the model has ", total));
+  }
+  return absl::OkStatus();
+}
+
+shoal::v1::ModelManifest ComputeModelManifest(const float* data, uint64_t total,
+                                              const std::vector<LayerSpan>& layers,
+                                              uint64_t piece_elements, uint64_t round,
+                                              const std::string& model_hash) {
+  shoal::v1::ModelManifest m;
+  m.set_round(round);
+  m.set_piece_elements(piece_elements);
+  m.set_total_elements(total);
+  // One pass over memory: the whole-model hash (when not known) is fed with
+  // the same bytes as the layer and piece hashes.
+  std::optional<Sha256> whole;
+  if (model_hash.empty()) whole.emplace();
+  for (const LayerSpan& l : layers) {
+    auto* d = m.add_layers();
+    d->set_name(l.name);
+    d->set_offset(l.offset);
+    d->set_elements(l.elements);
+    Sha256 layer;
+    const bool pieces = l.elements > piece_elements;
+    for (uint64_t b = 0; b < l.elements; b += piece_elements) {
+      const uint64_t count = std::min(piece_elements, l.elements - b);
+      const float* p = data + l.offset + b;
+      const size_t bytes = count * sizeof(float);
+      layer.Update(p, bytes);
+      if (whole) whole->Update(p, bytes);
+      if (pieces) d->add_piece_sha256(Sha256Hex(p, bytes));
+    }
+    d->set_sha256(layer.HexDigest());
+  }
+  m.set_model_hash(whole ? whole->HexDigest() : model_hash);
+  return m;
+}
 
 void ModelState::Bind(const float* params, uint64_t total_elements, std::string model) {
   absl::MutexLock lock(&mu_);
   model_ = std::move(model);
   total_ = total_elements;
   params_ = params;
+}
+
+absl::Status ModelState::SetLayers(std::vector<LayerSpan> layers) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = CheckLayers(layers, total_.load());
+  if (!s.ok()) return s;
+  layers_ = std::move(layers);
+  ++layout_version_;
+  manifest_.reset();  // describe the new table from now on
+  return absl::OkStatus();
+}
+
+std::vector<LayerSpan> ModelState::layers() const {
+  absl::MutexLock lock(&mu_);
+  if (!layers_.empty()) return layers_;
+  return {LayerSpan{"all", 0, total_.load()}};
+}
+
+void ModelState::SetDigestPieceElements(uint64_t elements) {
+  absl::MutexLock lock(&mu_);
+  digest_piece_elements_ = std::max<uint64_t>(1, elements);
+  ++layout_version_;
+  manifest_.reset();
+}
+
+void ModelState::GetManifest(uint64_t round, ManifestCallback done) const {
+  uint64_t generation = 0;
+  uint64_t layout = 0;
+  std::vector<LayerSpan> layers;
+  uint64_t piece_elements = 0;
+  std::string known_hash;
+  const float* snapshot = nullptr;
+  const uint64_t total = total_.load();
+  // Decided under the lock, answered after it (never call out holding it).
+  absl::StatusOr<shoal::v1::ModelManifest> answer;
+  bool compute = false;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = snapshot_generation_.load();
+    if (params_.load() == nullptr || snapshot_.load() == nullptr) {
+      answer = absl::UnavailableError("this worker has no model yet");
+    } else if (shutting_down_) {
+      answer = absl::UnavailableError("worker is shutting down");
+    } else if (!snapshot_valid_) {
+      answer = absl::UnavailableError("the snapshot is being replaced");
+    } else if (round != snapshot_round_) {
+      answer = absl::FailedPreconditionError(
+          absl::StrCat("this worker holds the model of round ", snapshot_round_, ", not ", round));
+    } else if (manifest_.has_value() && manifest_generation_ == generation) {
+      answer = *manifest_;
+    } else if (computing_generation_ == generation) {
+      manifest_waiters_.emplace_back(generation, std::move(done));
+      return;  // answered by the thread computing the digests
+    } else {
+      compute = true;
+      computing_generation_ = generation;
+      layers = layers_.empty() ? std::vector<LayerSpan>{{"all", 0, total}} : layers_;
+      piece_elements = digest_piece_elements_;
+      layout = layout_version_;
+      if (model_round_ == snapshot_round_) known_hash = model_hash_;
+      snapshot = snapshot_.load();
+    }
+  }
+  if (!compute) {
+    done(std::move(answer));
+    return;
+  }
+  // Cache miss: hash on this thread, without the lock. The snapshot is
+  // only rewritten after BeginSnapshotUpdate() bumps the generation, which
+  // is checked below: digests of a snapshot that changed meanwhile are
+  // never cached nor returned.
+  shoal::v1::ModelManifest manifest =
+      ComputeModelManifest(snapshot, total, layers, piece_elements, round, known_hash);
+  absl::StatusOr<shoal::v1::ModelManifest> result;
+  std::vector<ManifestCallback> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    if (computing_generation_ == generation) computing_generation_.reset();
+    for (auto it = manifest_waiters_.begin(); it != manifest_waiters_.end();) {
+      if (it->first == generation) {
+        waiters.push_back(std::move(it->second));
+        it = manifest_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (snapshot_generation_.load() != generation || !snapshot_valid_) {
+      result = absl::AbortedError(
+          absl::StrCat("the snapshot of round ", round, " was replaced while being hashed"));
+    } else {
+      if (layout == layout_version_) {
+        manifest_ = manifest;
+        manifest_generation_ = generation;
+      }
+      result = std::move(manifest);
+    }
+  }
+  for (ManifestCallback& w : waiters) w(result);
+  done(std::move(result));
 }
 
 void ModelState::SetWorkerId(const std::string& id) {

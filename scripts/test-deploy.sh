@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# make test-deploy: the Docker image and docker-compose, live, on host networking.
+#
+#  1. installs docker.io, docker-compose and debootstrap when missing;
+#  2. uses the running Docker engine, or starts one (data root in a temp dir,
+#     private socket, no bridge, no iptables) and stops it at the end;
+#  3. base image debian:bookworm: present, else `docker pull`, else built
+#     offline by scripts/build-base-image.sh (debootstrap + docker import);
+#  4. docker build of the image;
+#  5. bad input: containers with a wrong coordinator address, no volume on a
+#     read-only root, a bad run configuration must exit non-zero with a clear message;
+#  6. deploy/docker-compose.hostnet.yml up (unique project name, free ports);
+#     waits for 3 completed rounds, checks the image's health checks; kills a
+#     worker (SIGKILL) and sees rounds go on; scales the workers up by one and
+#     sees the new one take part with the run's model hash; exports a
+#     checkpoint through the store's port; stops a worker (SIGTERM: Leave, exit 0);
+#  7. tears everything down (always), stops the engine if it started one.
+#
+# Needs root (apt, dockerd, debootstrap) unless an engine is already usable.
+# Environment: BUILD (build dir with bin/shoalctl, default build), SHOAL_IMAGE
+# (tag to build, default shoal:latest), SHOAL_DOCKER_DATA_ROOT (keep the
+# engine's images between runs in this directory instead of a temp dir),
+# SHOAL_DEPLOY_BUILD_TIMEOUT (s, default 3600), SHOAL_DEPLOY_WAIT (s, per wait, default 300).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+BUILD="${BUILD:-build}"
+IMAGE="${SHOAL_IMAGE:-shoal:latest}"
+BASE_IMAGE=debian:bookworm
+BUILD_TIMEOUT="${SHOAL_DEPLOY_BUILD_TIMEOUT:-3600}"
+WAIT="${SHOAL_DEPLOY_WAIT:-300}"
+PY=/usr/bin/python3
+COMPOSE_FILE="$ROOT/deploy/docker-compose.hostnet.yml"
+export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
+
+START=$(date +%s)
+WORK="$(mktemp -d /tmp/shoal-test-deploy.XXXXXX)"
+DOCKERD_PID=""
+ENGINE_DIR=""
+PROJECT=""
+RESULT=1
+declare -A TIMES=()
+
+log() { printf 'test-deploy: [%4ds] %s\n' "$(($(date +%s) - START))" "$*"; }
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+# elapsed NAME SINCE: records a phase's duration for the summary.
+elapsed() { TIMES[$1]=$(($(date +%s) - $2)); }
+
+# ---------------------------------------------------------------- teardown --
+cleanup() {
+  local rc=$?
+  set +e
+  if [[ -n "$PROJECT" ]]; then
+    if [[ $RESULT -ne 0 ]]; then
+      log "logs of the cluster (last lines per container):"
+      timeout 60 $COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE" logs --no-color --tail=25 2>&1 |
+        sed 's/^/    /' | tail -n 200
+    fi
+    log "tearing down compose project $PROJECT"
+    timeout 180 $COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE" down -v --remove-orphans -t 20 \
+      >"$WORK/down.log" 2>&1 || { log "compose down failed:"; tail -n 20 "$WORK/down.log"; }
+  fi
+  if [[ -n "$DOCKERD_PID" ]]; then
+    log "stopping the Docker engine this script started (pid $DOCKERD_PID)"
+    kill -TERM "$DOCKERD_PID" 2>/dev/null
+    for _ in $(seq 1 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
+    if kill -0 "$DOCKERD_PID" 2>/dev/null; then
+      log "dockerd still running after 30 s: SIGKILL"
+      kill -KILL "$DOCKERD_PID" 2>/dev/null
+    fi
+    wait "$DOCKERD_PID" 2>/dev/null
+    # The containerd it started, if it outlived it.
+    local cpid
+    cpid="$(cat "$ENGINE_DIR/exec/containerd/containerd.pid" 2>/dev/null)"
+    if [[ -n "$cpid" ]] && kill -0 "$cpid" 2>/dev/null; then
+      kill -TERM "$cpid" 2>/dev/null; sleep 2; kill -KILL "$cpid" 2>/dev/null
+    fi
+    # Mounts left behind by a killed engine, deepest first.
+    awk -v d="$ENGINE_DIR" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r |
+      xargs -r -n1 umount -l 2>/dev/null
+  fi
+  rm -rf --one-file-system "$WORK" 2>/dev/null
+  if [[ $RESULT -eq 0 ]]; then
+    log "PASS"
+  else
+    log "FAILED (exit $rc)"
+  fi
+  exit $(( RESULT == 0 ? 0 : (rc == 0 ? 1 : rc) ))
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- packages --
+missing=()
+for p in docker.io docker-compose debootstrap; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  [[ $(id -u) -eq 0 ]] || fail "needs root to install ${missing[*]}"
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 900 apt-get update -qq >"$WORK/apt.log" 2>&1 || { tail "$WORK/apt.log"; fail "apt-get update"; }
+  timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null \
+    >>"$WORK/apt.log" 2>&1 || { tail "$WORK/apt.log"; fail "apt-get install ${missing[*]}"; }
+fi
+# Debian's client matches Debian's engine; another `docker` may come first on PATH.
+DOCKER="${DOCKER:-$( [[ -x /usr/bin/docker ]] && echo /usr/bin/docker || command -v docker )}"
+if command -v docker-compose >/dev/null 2>&1; then
+  COMPOSE="docker-compose"
+else
+  COMPOSE="$DOCKER compose"
+fi
+export DOCKER
+
+# ------------------------------------------------------------------ engine --
+if timeout 20 "$DOCKER" info >/dev/null 2>&1; then
+  log "using the running Docker engine (${DOCKER_HOST:-default socket})"
+else
+  [[ $(id -u) -eq 0 ]] || fail "no Docker engine is usable and starting one needs root"
+  ENGINE_DIR="$WORK/engine"
+  mkdir -p "$ENGINE_DIR/exec"
+  DATA_ROOT="${SHOAL_DOCKER_DATA_ROOT:-$ENGINE_DIR/data}"
+  mkdir -p "$DATA_ROOT"
+  log "starting dockerd (data root $DATA_ROOT)"
+  dockerd --data-root "$DATA_ROOT" --exec-root "$ENGINE_DIR/exec" \
+    --pidfile "$ENGINE_DIR/dockerd.pid" -H "unix://$ENGINE_DIR/docker.sock" \
+    --bridge=none --iptables=false --ip-masq=false >"$WORK/dockerd.log" 2>&1 &
+  DOCKERD_PID=$!
+  export DOCKER_HOST="unix://$ENGINE_DIR/docker.sock"
+  deadline=$(($(date +%s) + 60))
+  until "$DOCKER" info >/dev/null 2>&1; do
+    if ! kill -0 "$DOCKERD_PID" 2>/dev/null; then
+      tail -n 30 "$WORK/dockerd.log"
+      DOCKERD_PID=""
+      fail "dockerd exited at start (log above)"
+    fi
+    [[ $(date +%s) -lt $deadline ]] || { tail -n 30 "$WORK/dockerd.log"; fail "dockerd not ready in 60 s"; }
+    sleep 1
+  done
+  log "dockerd $("$DOCKER" version -f '{{.Server.Version}}') ready"
+fi
+
+# -------------------------------------------------------------- base image --
+t=$(date +%s)
+if "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE present"
+  BASE_HOW="present"
+elif timeout 300 "$DOCKER" pull "$BASE_IMAGE" >"$WORK/pull.log" 2>&1; then
+  log "pulled $BASE_IMAGE"
+  BASE_HOW="docker pull"
+else
+  log "docker pull $BASE_IMAGE failed ($(tail -n1 "$WORK/pull.log")); building it with debootstrap"
+  [[ $(id -u) -eq 0 ]] || fail "debootstrap needs root"
+  timeout 1800 bash scripts/build-base-image.sh "$BASE_IMAGE" || fail "scripts/build-base-image.sh"
+  BASE_HOW="debootstrap"
+fi
+elapsed base "$t"
+
+# ------------------------------------------------------------------- image --
+t=$(date +%s)
+log "docker build -t $IMAGE . (log: build.log; timeout ${BUILD_TIMEOUT}s)"
+if ! timeout "$BUILD_TIMEOUT" "$DOCKER" build --network host -t "$IMAGE" \
+    --build-arg BASE_IMAGE="$BASE_IMAGE" . >"$WORK/build.log" 2>&1; then
+  tail -n 40 "$WORK/build.log"
+  fail "docker build"
+fi
+elapsed build "$t"
+IMAGE_BYTES=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
+log "built $IMAGE: $((IMAGE_BYTES / 1000000)) MB in ${TIMES[build]}s"
+"$DOCKER" run --rm --network none "$IMAGE" id -u | grep -qx 10001 || fail "the image does not run as uid 10001"
+
+# --------------------------------------------------------- host's shoalctl --
+case "$BUILD" in /*) BUILD_DIR="$BUILD" ;; *) BUILD_DIR="$ROOT/$BUILD" ;; esac
+SHOALCTL="$BUILD_DIR/bin/shoalctl"
+if [[ ! -x "$SHOALCTL" ]]; then
+  log "building $BUILD_DIR/bin/shoalctl"
+  make --no-print-directory configure BUILD="$BUILD_DIR" >/dev/null
+  timeout 1800 ninja -C "$BUILD_DIR" shoalctl >"$WORK/shoalctl-build.log" 2>&1 ||
+    { tail -n 30 "$WORK/shoalctl-build.log"; fail "building shoalctl"; }
+fi
+
+# --------------------------------------------------------------- bad input --
+# expect_exit WANT_CODE WANT_TEXT DOCKER_RUN_ARGS...: the container must exit
+# with WANT_CODE and print WANT_TEXT.
+expect_exit() {
+  local want="$1" text="$2" rc=0
+  shift 2
+  timeout 180 "$DOCKER" run --rm --network none "$@" >"$WORK/bad.log" 2>&1 || rc=$?
+  if [[ $rc -ne $want ]] || ! grep -qF -- "$text" "$WORK/bad.log"; then
+    sed 's/^/    /' "$WORK/bad.log" | tail -n 5
+    fail "docker run $*: exit $rc (want $want), output should contain '$text'"
+  fi
+  log "  ok: exit $rc, '$(grep -F -m1 -- "$text" "$WORK/bad.log" | cut -c1-150)'"
+}
+log "bad input: each container must exit non-zero with a clear message"
+expect_exit 1 "cannot join the run at coordinator 127.0.0.1:9" "$IMAGE" \
+  shoal-worker --coordinator=127.0.0.1:9 --listen=127.0.0.1:0 --connect_timeout=3s
+expect_exit 1 "DNS resolution failed for no-such-coordinator:50051" "$IMAGE" \
+  shoal-worker --coordinator=no-such-coordinator:50051 --listen=127.0.0.1:0 --connect_timeout=3s
+expect_exit 2 "Read-only file system" --read-only "$IMAGE" \
+  shoal-checkpoint --listen=127.0.0.1:0 --data_dir=/var/lib/shoal/checkpoints
+expect_exit 2 "--data_dir is required" "$IMAGE" shoal-checkpoint --listen=127.0.0.1:0
+expect_exit 2 "is not writable" --read-only "$IMAGE" \
+  shoal-coordinator --listen=127.0.0.1:0 --state_dir=/var/lib/shoal/coordinator
+expect_exit 2 "--model must be 'mlp' or 'cnn'" "$IMAGE" \
+  shoal-coordinator --listen=127.0.0.1:0 --model=resnet
+expect_exit 1 "Unknown command line flag 'min_participant'" "$IMAGE" \
+  shoal-coordinator --listen=127.0.0.1:0 --min_participant=3
+expect_exit 1 "Illegal value 'three' specified for flag 'min_participants'" "$IMAGE" \
+  shoal-coordinator --listen=127.0.0.1:0 --min_participants=three
+
+# ----------------------------------------------------------------- cluster --
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+CPORT=$(free_port)
+KPORT=$(free_port)
+while [[ "$KPORT" == "$CPORT" ]]; do KPORT=$(free_port); done
+PROJECT="shoal-test-deploy-$$-$(date +%s)"
+export SHOAL_IMAGE="$IMAGE" SHOAL_COORDINATOR_PORT="$CPORT" SHOAL_CHECKPOINT_PORT="$KPORT" \
+  SHOAL_RUN_ID="$PROJECT" SHOAL_MIN_PARTICIPANTS=2 SHOAL_LOCAL_STEPS=50 SHOAL_ROUNDS=0 \
+  SHOAL_CHECKPOINT_EVERY=5 SHOAL_CHECKPOINT_RETAIN=3
+COMPOSE_P=($COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE")
+
+status_json() { "$SHOALCTL" status --coordinator="127.0.0.1:$CPORT" --json --rpc_timeout=5s 2>/dev/null; }
+# field EXPR: a Python expression over the status `s` (None when unreachable).
+field() {
+  status_json | "$PY" -c '
+import json, sys
+try:
+    s = json.load(sys.stdin)
+except Exception:
+    s = None
+print(eval(sys.argv[1]) if s is not None else "")' "$1" 2>/dev/null || true
+}
+last_round() { local r; r=$(field 'int(s["last_completed_round"])'); echo "${r:-0}"; }
+# wait_for DESCRIPTION COMMAND...: until COMMAND succeeds, at most $WAIT s.
+wait_for() {
+  local what="$1" deadline=$(($(date +%s) + WAIT))
+  shift
+  until "$@"; do
+    [[ $(date +%s) -lt $deadline ]] || fail "timed out after ${WAIT}s: $what"
+    sleep 1
+  done
+}
+rounds_at_least() { [[ $(last_round) -ge $1 ]]; }
+worker_ids() { "$DOCKER" ps -q --no-trunc --filter "label=com.docker.compose.project=$PROJECT" \
+  --filter label=com.docker.compose.service=worker | sort; }
+health_of() { "$DOCKER" inspect -f '{{.State.Health.Status}}' "$1" 2>/dev/null; }
+service_container() { "${COMPOSE_P[@]}" ps -q "$1" 2>/dev/null | head -n1; }
+# The worker id (w1, w2, ...) a container's log says it joined as.
+joined_as() { "$DOCKER" logs "$1" 2>&1 | sed -n 's/.* as \(w[0-9][0-9]*\) data_rank=.*/\1/p' | tail -n1; }
+
+t=$(date +%s)
+log "compose up: project $PROJECT, coordinator 127.0.0.1:$CPORT, store 127.0.0.1:$KPORT, 3 workers"
+timeout 300 "${COMPOSE_P[@]}" up -d --no-build >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; fail "compose up"; }
+wait_for "3 completed rounds" rounds_at_least 3
+elapsed rounds3 "$t"
+log "3 rounds completed ${TIMES[rounds3]}s after compose up; $(field '"%s workers, model %s" % (s["members"], s["model_hash"][:12])')"
+[[ $(worker_ids | wc -l) -eq 3 ]] || fail "expected 3 worker containers"
+
+# The image's HEALTHCHECK (shoalctl against the coordinator and the store).
+COORD_C=$(service_container coordinator)
+STORE_C=$(service_container checkpoint)
+healthy() { [[ $(health_of "$COORD_C") == healthy && $(health_of "$STORE_C") == healthy ]]; }
+wait_for "coordinator and store healthy" healthy
+log "health checks: coordinator $(health_of "$COORD_C"), store $(health_of "$STORE_C")"
+
+# ------------------------------------------------------ kill one worker -9 --
+VICTIM=$(worker_ids | head -n1)
+VICTIM_ID=$(joined_as "$VICTIM")
+SURVIVORS=$(for c in $(worker_ids); do [[ $c == "$VICTIM" ]] || joined_as "$c"; done | xargs)
+R=$(last_round)
+t=$(date +%s)
+log "docker kill (SIGKILL) worker ${VICTIM:0:12} ($VICTIM_ID) at round $R"
+"$DOCKER" kill "$VICTIM" >/dev/null
+wait_for "3 more rounds after the kill" rounds_at_least $((R + 3))
+elapsed after_kill "$t"
+[[ "$("$DOCKER" inspect -f '{{.State.Running}}' "$VICTIM")" == false ]] || fail "the killed worker runs again"
+# The survivors go on in the same run (MEMBERSHIP.md: re-plan among them), not evicted.
+SURVIVOR_STATES=$(field "' '.join('%s=%s' % (w['id'], w['state']) for w in s['workers'] if w['id'] in '$SURVIVORS'.split())")
+[[ -n "$SURVIVOR_STATES" && "$SURVIVOR_STATES" != *left* && "$SURVIVOR_STATES" != *evicted* ]] ||
+  fail "the workers that survived the kill were removed: $SURVIVOR_STATES ($(field "'; '.join('%s: %s' % (w['id'], w['reason']) for w in s['workers'] if w['reason'])"))"
+log "rounds went on: $(last_round) completed, ${TIMES[after_kill]}s for 3 rounds; $VICTIM_ID is $(field "[w['state'] for w in s['workers'] if w['id'] == '$VICTIM_ID'][0]"), survivors $SURVIVOR_STATES"
+"$DOCKER" rm "$VICTIM" >/dev/null
+
+# ------------------------------------------------------ scale up by one --
+BEFORE=$(worker_ids)
+N=$(($(echo "$BEFORE" | wc -l) + 1))
+t=$(date +%s)
+log "compose up --scale worker=$N"
+timeout 300 "${COMPOSE_P[@]}" up -d --no-build --no-recreate --scale worker=$N >"$WORK/scale.log" 2>&1 ||
+  { cat "$WORK/scale.log"; fail "compose up --scale"; }
+NEW=$(comm -13 <(echo "$BEFORE") <(worker_ids))
+[[ $(echo "$NEW" | grep -c .) -eq 1 ]] || fail "expected exactly one new worker container, got: $NEW"
+has_joined() { NEW_ID=$(joined_as "$NEW"); [[ -n "$NEW_ID" ]]; }
+wait_for "the new worker to join" has_joined
+JOIN_ROUND=$(last_round)
+in_step() {
+  [[ "$(field "any(w['id'] == '$NEW_ID' and w['state'] not in ('left', 'evicted')
+                   and int(w['model_round']) == int(s['last_completed_round']) > $JOIN_ROUND
+                   and w['model_hash'] == s['model_hash'] for w in s['workers'])")" == True ]]
+}
+wait_for "new worker $NEW_ID to complete a round with the run's model hash" in_step
+elapsed scale "$t"
+log "new worker $NEW_ID (${NEW:0:12}) joined at round $JOIN_ROUND and holds the run's model (round $(last_round), hash $(field 's["model_hash"][:12]'), ${TIMES[scale]}s)"
+log "the workers now: $(field "' '.join('%s=%s' % (w['id'], w['state']) for w in s['workers'])")"
+
+# --------------------------------------------------------- a checkpoint --
+has_checkpoint() {
+  "$SHOALCTL" checkpoints list --store="127.0.0.1:$KPORT" --run_id="$PROJECT" --json \
+    >"$WORK/ckpts.json" 2>/dev/null &&
+    CKPT=$("$PY" -c 'import json,sys; l=json.load(open(sys.argv[1])); print(l[0]["id"] if l else "")' \
+      "$WORK/ckpts.json") && [[ -n "$CKPT" ]]
+}
+# One every 5 rounds, so seconds apart; 120 s means uploads do not happen.
+deadline=$(($(date +%s) + 120))
+until has_checkpoint; do
+  [[ $(date +%s) -lt $deadline ]] || fail "no checkpoint of $PROJECT in the store after 120 s \
+(coordinator: last checkpoint '$(field 's["checkpoint_id"]')', upload pending: \
+'$(field 's["checkpoint_pending"]')', round $(last_round))"
+  sleep 1
+done
+"$SHOALCTL" checkpoints export --store="127.0.0.1:$KPORT" --id="$CKPT" --out="$WORK/model.pt" \
+  >"$WORK/export.log" 2>&1 || { cat "$WORK/export.log"; fail "shoalctl checkpoints export"; }
+[[ -s "$WORK/model.pt" ]] || fail "the exported checkpoint is empty"
+log "checkpoint $CKPT exported through 127.0.0.1:$KPORT ($(stat -c %s "$WORK/model.pt") bytes)"
+
+# ----------------------------------------- SIGTERM: Leave, then exit 0 --
+LEAVER=$(worker_ids | head -n1)
+LEAVER_ID=$(joined_as "$LEAVER")
+log "docker stop (SIGTERM) worker ${LEAVER:0:12} ($LEAVER_ID)"
+timeout 60 "$DOCKER" stop -t 30 "$LEAVER" >/dev/null || fail "docker stop"
+CODE=$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$LEAVER")
+[[ "$CODE" == 0 ]] || fail "a worker stopped with SIGTERM exited $CODE, want 0"
+"$DOCKER" logs "$LEAVER" 2>&1 | grep -q "leaving the run" || fail "the stopped worker did not log its Leave"
+left() { [[ "$(field "[w['state'] for w in s['workers'] if w['id'] == '$LEAVER_ID']")" == "['left']" ]]; }
+wait_for "$LEAVER_ID to show as left" left
+log "SIGTERM: $LEAVER_ID left the run and exited 0"
+
+RESULT=0
+log "summary: base image (${BASE_HOW}) ${TIMES[base]}s, image build ${TIMES[build]}s, image $((IMAGE_BYTES / 1000000)) MB, up to round 3 ${TIMES[rounds3]}s, 3 rounds after kill ${TIMES[after_kill]}s, scale-up to in-step ${TIMES[scale]}s, total $(($(date +%s) - START))s"

@@ -1,0 +1,116 @@
+"""Shared helpers of the deployment checks (validate_k8s.py, validate_compose.py).
+
+Plain Python 3 plus Debian's python3-yaml; run with /usr/bin/python3.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+SERVERS = ("shoal-coordinator", "shoal-worker", "shoal-checkpoint")
+
+# absl flags every binary has, whether or not --helpfull lists them.
+ABSL_BUILTIN = {"help", "helpfull", "helpshort", "helppackage", "version", "only_check_args",
+                "flagfile", "fromenv", "tryfromenv", "undefok"}
+
+
+class Checker:
+    """Collects results; exit code 1 when anything failed."""
+
+    def __init__(self, name):
+        self.name = name
+        self.failures = []
+        self.passed = 0
+
+    def ok(self, cond, what):
+        if cond:
+            self.passed += 1
+        else:
+            self.failures.append(what)
+            print(f"FAIL: {what}", flush=True)
+        return cond
+
+    def fail(self, what):
+        return self.ok(False, what)
+
+    def finish(self):
+        status = "FAILED" if self.failures else "OK"
+        print(f"{self.name}: {status}: {self.passed} checks passed, {len(self.failures)} failed")
+        return 1 if self.failures else 0
+
+
+_HELP_CACHE = {}
+
+
+def binary_flags(bin_dir, binary):
+    """Names of the flags `binary --helpfull` lists (plus absl's built-ins)."""
+    if binary in _HELP_CACHE:
+        return _HELP_CACHE[binary]
+    path = os.path.join(bin_dir, binary)
+    if not os.access(path, os.X_OK):
+        raise SystemExit(f"error: {path} not found or not executable; build first (make build), "
+                         f"then pass the build's bin directory")
+    # --helpfull exits 1 by absl's convention; only the text matters.
+    proc = subprocess.run([path, "--helpfull"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=120, check=False)
+    text = proc.stdout.decode("utf-8", "replace")
+    names = set(re.findall(r"^\s+--([A-Za-z0-9_]+) \(", text, re.M))
+    if "listen" not in names:
+        raise SystemExit(f"error: `{path} --helpfull` printed no --listen flag; output:\n{text}")
+    _HELP_CACHE[binary] = names | ABSL_BUILTIN
+    return _HELP_CACHE[binary]
+
+
+def flag_tokens(tokens):
+    """[(name, value or None)] of `--name=value` / `--name` tokens; others are returned as
+    (None, token) so the caller can report them."""
+    out = []
+    for t in tokens:
+        m = re.fullmatch(r"--?([A-Za-z0-9_]+)(?:=(.*))?", t, re.S)
+        if not m:
+            out.append((None, t))
+        else:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def flagfile_tokens(text):
+    """Tokens of an absl flag file and the lines with trailing white space (absl keeps it in
+    the value)."""
+    tokens, trailing = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if line != line.rstrip():
+            trailing.append(n)
+        tokens.append(line.lstrip())
+    return tokens, trailing
+
+
+def split_hostport(value):
+    """('host', port) of host:port; None when malformed."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"(.+):(\d+)", value)
+    if not m:
+        return None
+    port = int(m.group(2))
+    if port > 65535:
+        return None
+    return m.group(1), port
+
+
+def last_values(flags):
+    """name -> last value (absl: the last occurrence wins)."""
+    values = {}
+    for name, value in flags:
+        if name is not None:
+            values[name] = value
+    return values
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(1)

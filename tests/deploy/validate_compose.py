@@ -1,0 +1,258 @@
+#!/usr/bin/python3
+"""Offline checks of the compose files (deploy/docker-compose.yml and
+deploy/docker-compose.hostnet.yml), with no Docker engine.
+
+Interpolates ${VAR:-default} with the defaults (as with an empty
+environment), then checks that every flag handed to a binary is one of its
+flags, that published ports and addresses agree with the --listen flags,
+that workers can be scaled (no fixed name or port) and advertise an address
+their peers reach, that data directories are named volumes, and that the
+image's HEALTHCHECK ports apply. When docker-compose is installed,
+`docker-compose config -q` must accept each file too.
+
+  /usr/bin/python3 tests/deploy/validate_compose.py --repo=. --bin_dir=build/bin
+"""
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deploy_check as dc  # noqa: E402
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover
+    dc.die("python3-yaml is missing: apt-get install python3-yaml (scripts/install-deps.sh)")
+
+# The image's HEALTHCHECK probes these ports unless SHOAL_HEALTH_PORT says otherwise.
+HEALTH_DEFAULT_PORT = {"shoal-coordinator": 50051, "shoal-checkpoint": 50052, "shoal-worker": 50060}
+ADDR_PLACEHOLDER = "CONTAINER_ADDRESS"
+
+
+def interpolate(value, where, c):
+    """Compose's variable substitution with every variable unset."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, where, c) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, where, c) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m):
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group("braced") or m.group("plain")
+        if m.group("op") is not None:
+            if m.group("op") in (":?", "?"):
+                c.fail(f"{where}: ${{{name}}} is required (no default)")
+                return ""
+            return m.group("default")
+        c.fail(f"{where}: ${name} has no default (${{{name}:-default}})")
+        return ""
+
+    return re.sub(r"\$\$|\$\{(?P<braced>\w+)(?:(?P<op>:-|-|:\?|\?)(?P<default>[^}]*))?\}"
+                  r"|\$(?P<plain>\w+)", sub, value)
+
+
+def command_of(svc, where, c):
+    """(binary, argv after it, via_shell) of a service's command."""
+    cmd = svc.get("command")
+    if isinstance(cmd, str):
+        cmd = shlex.split(cmd)
+    if not c.ok(isinstance(cmd, list) and cmd, f"{where}: no command"):
+        return None, [], False
+    if os.path.basename(cmd[0]) in ("sh", "bash") and len(cmd) >= 3 and cmd[1] == "-c":
+        # $(...) is the container's own address at run time.
+        script = re.sub(r"\$\([^)]*\)", ADDR_PLACEHOLDER, cmd[2])
+        words = shlex.split(script)
+        c.ok(words and words[0] == "exec",
+             f"{where}: the shell must exec the binary (so SIGTERM reaches it): {cmd[2]!r}")
+        if words and words[0] == "exec":
+            words = words[1:]
+        return (os.path.basename(words[0]) if words else None), words[1:], True
+    return os.path.basename(cmd[0]), cmd[1:], False
+
+
+def parse_port(entry):
+    """(host_ip, host_port, container_port) of a short-syntax ports entry."""
+    if isinstance(entry, dict):
+        return entry.get("host_ip", ""), entry.get("published"), entry.get("target")
+    parts = str(entry).split("/")[0].split(":")
+    if len(parts) == 1:
+        return "", None, int(parts[0])
+    if len(parts) == 2:
+        return "", int(parts[0]), int(parts[1])
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def seconds(duration):
+    m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", str(duration or ""))
+    if not m or not duration:
+        return 10  # Docker's default
+    return int(m.group(1) or 0) * 60 + int(m.group(2) or 0)
+
+
+def check_file(path, host_mode, bin_dir, repo, c):
+    name = os.path.relpath(path, repo)
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    if not c.ok(isinstance(raw, dict) and isinstance(raw.get("services"), dict),
+                f"{name}: no services"):
+        return
+    doc = interpolate(raw, name, c)
+    c.ok(str(doc.get("version", "")).startswith("3."),
+         f"{name}: version should be 3.x (docker-compose 1.29 and docker compose)")
+    services = doc["services"]
+    declared_volumes = set((doc.get("volumes") or {}).keys())
+    for svc_name in ("coordinator", "checkpoint", "worker"):
+        c.ok(svc_name in services, f"{name}: no service {svc_name}")
+
+    info = {}  # service -> (binary, flags dict, listen (host, port))
+    for svc_name, svc in services.items():
+        where = f"{name}: {svc_name}"
+        c.ok(raw["services"][svc_name].get("image") == "${SHOAL_IMAGE:-shoal:latest}",
+             f"{where}: image should be ${{SHOAL_IMAGE:-shoal:latest}}")
+        build = svc.get("build")
+        if c.ok(isinstance(build, dict), f"{where}: no build section"):
+            ctx = os.path.normpath(os.path.join(os.path.dirname(path), build.get("context", ".")))
+            df = os.path.join(ctx, build.get("dockerfile", "Dockerfile"))
+            c.ok(os.path.isfile(df), f"{where}: build context {ctx} has no {df}")
+        binary, argv, via_shell = command_of(svc, where, c)
+        if not c.ok(binary in dc.SERVERS, f"{where}: runs {binary}, not one of {dc.SERVERS}"):
+            continue
+        known = dc.binary_flags(bin_dir, binary)
+        flags = []
+        for fname, fvalue in dc.flag_tokens(argv):
+            if not c.ok(fname is not None, f"{where}: argument '{fvalue}' is not a --flag"):
+                continue
+            c.ok(fname in known, f"{where}: --{fname} is not a flag of {binary} "
+                                 f"(see {binary} --helpfull)")
+            flags.append((fname, fvalue))
+        vals = dc.last_values(flags)
+        hp = dc.split_hostport(vals.get("listen"))
+        if not c.ok(hp is not None, f"{where}: --listen={vals.get('listen')} is not host:port"):
+            continue
+        info[svc_name] = (binary, vals, hp)
+        host, port = hp
+        ports = [parse_port(p) for p in svc.get("ports") or []]
+        env = svc.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(e.split("=", 1) for e in env if "=" in e)
+
+        if host_mode:
+            c.ok(svc.get("network_mode") == "host", f"{where}: network_mode should be host")
+            c.ok(not ports, f"{where}: published ports do not go with network_mode: host "
+                            f"(docker-compose 1.29 refuses them)")
+            c.ok(host == "127.0.0.1", f"{where}: --listen should be on 127.0.0.1, is {host}")
+        else:
+            c.ok("network_mode" not in svc, f"{where}: network_mode set on the project network")
+            c.ok(host == "0.0.0.0", f"{where}: --listen host {host}: other containers cannot "
+                                    f"reach it (use 0.0.0.0)")
+            for _, _, target in ports:
+                c.ok(target == port, f"{where}: publishes container port {target}, the server "
+                                     f"listens on {port}")
+
+        # The image's HEALTHCHECK (per PID 1) must probe the port the server listens on.
+        hc = svc.get("healthcheck") or {}
+        if not hc.get("disable") and hc.get("test") != ["NONE"] and "test" not in hc:
+            health_port = int(env.get("SHOAL_HEALTH_PORT", HEALTH_DEFAULT_PORT[binary]))
+            c.ok(health_port == port, f"{where}: the image's health check probes port "
+                                      f"{health_port}, the server listens on {port} (set "
+                                      f"SHOAL_HEALTH_PORT or disable the check)")
+
+        # Directories the server writes must be named volumes (read_only root).
+        mounts = {}
+        for v in svc.get("volumes") or []:
+            if isinstance(v, str):
+                src, _, rest = v.partition(":")
+                mounts[rest.split(":")[0]] = src
+            else:
+                mounts[v.get("target")] = v.get("source")
+        for flag in ("state_dir", "data_dir"):
+            if flag in vals and binary != "shoal-worker":
+                src = mounts.get(vals[flag].rstrip("/"))
+                c.ok(src in declared_volumes, f"{where}: --{flag}={vals[flag]} is not a named "
+                                              f"volume (declared: {sorted(declared_volumes)})")
+        if svc.get("read_only"):
+            c.ok("/tmp" in (svc.get("tmpfs") or []) or "/tmp" in mounts,
+                 f"{where}: read_only without a writable /tmp")
+
+        if binary == "shoal-worker":
+            c.ok("container_name" not in svc and "hostname" not in svc,
+                 f"{where}: a fixed container_name/hostname prevents --scale")
+            c.ok(not ports, f"{where}: published ports prevent --scale")
+            c.ok(svc.get("restart") in ("on-failure", "unless-stopped", "always"),
+                 f"{where}: restart should be on-failure (the worker exits non-zero when the "
+                 f"coordinator stays unreachable)")
+            c.ok(seconds(svc.get("stop_grace_period")) >= 10,
+                 f"{where}: stop_grace_period {svc.get('stop_grace_period')} leaves no time for "
+                 f"Leave")
+            if host_mode:
+                c.ok(port == 0, f"{where}: --listen port should be 0 so scaled workers never "
+                                f"collide, is {port}")
+                c.ok("advertise" not in vals, f"{where}: --advertise is not needed on 127.0.0.1")
+            else:
+                c.ok(vals.get("advertise") == f"{ADDR_PLACEHOLDER}:{port}",
+                     f"{where}: --advertise should be $(hostname -i):{port} (its own address on "
+                     f"the project network), is {vals.get('advertise')}")
+                c.ok(via_shell, f"{where}: needs a shell to compute its address")
+
+    if not all(s in info for s in ("coordinator", "checkpoint", "worker")):
+        return
+    coord_port = info["coordinator"][2][1]
+    ckpt_port = info["checkpoint"][2][1]
+    worker_vals = info["worker"][1]
+    coord_vals = info["coordinator"][1]
+    if host_mode:
+        want_coord = f"127.0.0.1:{coord_port}"
+        want_ckpt = f"127.0.0.1:{ckpt_port}"
+        c.ok(coord_port != ckpt_port and 0 not in (coord_port, ckpt_port),
+             f"{name}: coordinator and store need distinct fixed ports")
+    else:
+        want_coord = f"coordinator:{coord_port}"
+        want_ckpt = f"checkpoint:{ckpt_port}"
+        c.ok(any(t == coord_port for _, _, t in (parse_port(p) for p in
+                                                 services["coordinator"].get("ports") or [])),
+             f"{name}: the coordinator's port is not published (grpcurl from the host)")
+    c.ok(worker_vals.get("coordinator") == want_coord,
+         f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected {want_coord}")
+    c.ok(coord_vals.get("checkpoint_store") == want_ckpt,
+         f"{name}: coordinator --checkpoint_store={coord_vals.get('checkpoint_store')}, "
+         f"expected {want_ckpt}")
+    c.ok("checkpoint_every" in coord_vals, f"{name}: coordinator has no --checkpoint_every")
+    deps = services["worker"].get("depends_on") or []
+    c.ok("coordinator" in deps, f"{name}: worker should depend on the coordinator")
+
+    compose = shutil.which("docker-compose")
+    if compose:
+        proc = subprocess.run([compose, "-f", path, "config", "-q"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=120, check=False,
+                              env={k: v for k, v in os.environ.items()
+                                   if not k.startswith("SHOAL_")})
+        c.ok(proc.returncode == 0, f"{name}: docker-compose config rejects it:\n"
+                                   f"{proc.stdout.decode()}")
+    else:
+        print(f"{name}: docker-compose not installed, its own schema check skipped")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="repository root")
+    ap.add_argument("--bin_dir", required=True, help="directory with the built binaries")
+    args = ap.parse_args()
+    c = dc.Checker("ComposeFiles")
+    deploy = os.path.join(args.repo, "deploy")
+    check_file(os.path.join(deploy, "docker-compose.yml"), False, args.bin_dir, args.repo, c)
+    check_file(os.path.join(deploy, "docker-compose.hostnet.yml"), True, args.bin_dir, args.repo, c)
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

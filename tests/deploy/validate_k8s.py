@@ -1,0 +1,339 @@
+#!/usr/bin/python3
+"""Offline checks of the Kubernetes manifests (deploy/k8s).
+
+Renders the kustomize base with `kubectl kustomize` and checks what a cluster
+would only show at run time: the objects, that every flag handed to a binary
+(in args or in the ConfigMap's flag files) is one of that binary's flags,
+that ports, probes and Services agree with the --listen addresses, and that
+workers advertise their headless-Service DNS names and find the coordinator
+and the checkpoint store at their Services.
+
+  /usr/bin/python3 tests/deploy/validate_k8s.py --repo=. --bin_dir=build/bin
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deploy_check as dc  # noqa: E402
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover
+    dc.die("python3-yaml is missing: apt-get install python3-yaml (scripts/install-deps.sh)")
+
+
+def render(kubectl, k8s_dir):
+    proc = subprocess.run([kubectl, "kustomize", k8s_dir], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120, check=False)
+    if proc.returncode != 0:
+        dc.die(f"`{kubectl} kustomize {k8s_dir}` failed:\n{proc.stderr.decode()}")
+    return proc.stdout.decode()
+
+
+def labels_match(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+class Workload:
+    def __init__(self, obj):
+        self.obj = obj
+        self.kind = obj["kind"]
+        self.name = obj["metadata"]["name"]
+        spec = obj.get("spec") or {}
+        self.spec = spec
+        self.template = spec.get("template") or {}
+        self.pod = self.template.get("spec") or {}
+        self.labels = (self.template.get("metadata") or {}).get("labels") or {}
+        self.containers = self.pod.get("containers") or []
+
+    def __str__(self):
+        return f"{self.kind}/{self.name}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="repository root")
+    ap.add_argument("--bin_dir", required=True, help="directory with the built binaries")
+    ap.add_argument("--kubectl", default=os.environ.get("KUBECTL", ""),
+                    help="kubectl to render with (default: $KUBECTL, then PATH)")
+    args = ap.parse_args()
+
+    kubectl = args.kubectl or shutil.which("kubectl")
+    if not kubectl:
+        dc.die("kubectl not found: `kubectl kustomize` renders deploy/k8s. Install Debian's "
+               "kubernetes-client (scripts/install-deps.sh installs it), or set KUBECTL.")
+    c = dc.Checker("K8sManifests")
+    k8s_dir = os.path.join(args.repo, "deploy", "k8s")
+    text = render(kubectl, k8s_dir)
+
+    # ---- every object parses and is a Kubernetes object ----
+    objs = []
+    try:
+        for doc in yaml.safe_load_all(text):
+            if doc is not None:
+                objs.append(doc)
+    except yaml.YAMLError as e:
+        dc.die(f"the rendered manifests do not parse: {e}")
+    for o in objs:
+        c.ok(isinstance(o, dict) and o.get("apiVersion") and o.get("kind")
+             and (o.get("metadata") or {}).get("name"),
+             f"object without apiVersion/kind/metadata.name: {str(o)[:200]}")
+    objs = [o for o in objs if isinstance(o, dict) and o.get("kind")]
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    print(f"rendered {len(objs)} objects: "
+          + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
+
+    configmaps = {o["metadata"]["name"]: o for o in by_kind.get("ConfigMap", [])}
+    services = by_kind.get("Service", [])
+    workloads = [Workload(o) for o in by_kind.get("Deployment", []) + by_kind.get("StatefulSet", [])]
+
+    # ---- which workload runs which binary ----
+    role = {}  # binary -> (workload, container)
+    for w in workloads:
+        c.ok(len(w.containers) == 1, f"{w}: expected one container, has {len(w.containers)}")
+        for ct in w.containers:
+            cmd = ct.get("command") or []
+            binary = os.path.basename(cmd[0]) if cmd else ""
+            # The binary itself is PID 1: SIGTERM reaches it (the worker's Leave path).
+            if not c.ok(binary in dc.SERVERS and len(cmd) == 1,
+                        f"{w}: command must be exactly one of {dc.SERVERS} (PID 1, gets SIGTERM), "
+                        f"is {cmd}"):
+                continue
+            c.ok(binary not in role, f"{w}: a second workload runs {binary}")
+            role[binary] = (w, ct)
+
+    for binary in dc.SERVERS:
+        c.ok(binary in role, f"no workload runs {binary}")
+    if not all(b in role for b in dc.SERVERS):
+        return c.finish()
+
+    coord_w, coord_c = role["shoal-coordinator"]
+    ckpt_w, ckpt_c = role["shoal-checkpoint"]
+    work_w, work_c = role["shoal-worker"]
+    c.ok(coord_w.kind == "Deployment", f"the coordinator must be a Deployment, is {coord_w.kind}")
+    c.ok(coord_w.spec.get("replicas", 1) == 1, f"{coord_w}: replicas must be 1")
+    c.ok((coord_w.spec.get("strategy") or {}).get("type") == "Recreate",
+         f"{coord_w}: strategy must be Recreate (never two coordinators at once)")
+    c.ok(ckpt_w.kind == "StatefulSet", f"the checkpoint store must be a StatefulSet, is {ckpt_w.kind}")
+    c.ok(work_w.kind == "StatefulSet", f"the workers must be a StatefulSet, is {work_w.kind}")
+    c.ok(ckpt_w.spec.get("volumeClaimTemplates"), f"{ckpt_w}: no volumeClaimTemplates")
+    c.ok(ckpt_w.spec.get("replicas", 1) == 1, f"{ckpt_w}: one store per data directory: replicas 1")
+    c.ok(configmaps, "no ConfigMap")
+    c.ok(any((s.get("spec") or {}).get("clusterIP") == "None" for s in services),
+         "no headless Service (clusterIP: None)")
+
+    images = {ct.get("image") for w in workloads for ct in w.containers}
+    c.ok(len(images) == 1, f"every container should run the one Shoal image, found {images}")
+
+    # ---- per container: flags, ports, probes, resources, volumes ----
+    listen = {}  # binary -> port
+    values = {}  # binary -> {flag: value} ($(VAR) unexpanded)
+    for binary, (w, ct) in role.items():
+        where = f"{w} container {ct.get('name')}"
+        known = dc.binary_flags(args.bin_dir, binary)
+        env = {e["name"]: e for e in ct.get("env") or []}
+        mounts = ct.get("volumeMounts") or []
+        volumes = {v["name"]: v for v in w.pod.get("volumes") or []}
+        vct = {t["metadata"]["name"] for t in w.spec.get("volumeClaimTemplates") or []}
+
+        def mount_of(path):
+            best = None
+            for m in mounts:
+                mp = m["mountPath"].rstrip("/")
+                if path == mp or path.startswith(mp + "/"):
+                    if best is None or len(mp) > len(best["mountPath"].rstrip("/")):
+                        best = m
+            return best
+
+        def flagfile_text(path):
+            m = mount_of(path)
+            if m is None:
+                return None, f"no volume is mounted at {path}"
+            vol = volumes.get(m["name"])
+            if vol is None or "configMap" not in vol:
+                return None, f"{path} is not in a ConfigMap volume"
+            cm = configmaps.get(vol["configMap"]["name"])
+            if cm is None:
+                return None, f"ConfigMap {vol['configMap']['name']} is not in the manifests"
+            rel = os.path.relpath(path, m["mountPath"])
+            key = rel
+            for item in vol["configMap"].get("items") or []:
+                if item["path"] == rel:
+                    key = item["key"]
+            data = (cm.get("data") or {}).get(key)
+            if data is None:
+                return None, f"ConfigMap {cm['metadata']['name']} has no key {key}"
+            return data, None
+
+        # absl reads a --flagfile where it stands; later flags override.
+        flags = []
+        for name, value in dc.flag_tokens(ct.get("args") or []):
+            if name is None:
+                c.fail(f"{where}: argument '{value}' is not a --flag")
+                continue
+            if name == "flagfile":
+                for path in (value or "").split(","):
+                    data, err = flagfile_text(path)
+                    if not c.ok(err is None, f"{where}: --flagfile={path}: {err}"):
+                        continue
+                    tokens, trailing = dc.flagfile_tokens(data)
+                    c.ok(not trailing, f"{where}: {path} lines {trailing} end in white space "
+                                       f"(absl keeps it in the value)")
+                    for fname, fvalue in dc.flag_tokens(tokens):
+                        if fname is None:
+                            c.fail(f"{where}: {path}: '{fvalue}' is not a --flag")
+                            continue
+                        c.ok(fname in known, f"{where}: --{fname} (in {path}) is not a flag of "
+                                             f"{binary} (see {binary} --helpfull)")
+                        flags.append((fname, fvalue))
+                continue
+            c.ok(name in known,
+                 f"{where}: --{name} is not a flag of {binary} (see {binary} --helpfull)")
+            flags.append((name, value))
+        vals = dc.last_values(flags)
+        values[binary] = vals
+
+        # $(VAR) in args must name env vars of the container (else Kubernetes leaves it as is).
+        for a in ct.get("args") or []:
+            for var in re.findall(r"\$\((\w+)\)", a):
+                c.ok(var in env, f"{where}: {a} uses $({var}), which is not in env")
+
+        # --listen: reachable from other pods, on the declared container port.
+        hp = dc.split_hostport(vals.get("listen"))
+        ports = [p["containerPort"] for p in ct.get("ports") or []]
+        if c.ok(hp is not None, f"{where}: --listen={vals.get('listen')} is not host:port"):
+            host, port = hp
+            listen[binary] = port
+            c.ok(host in ("0.0.0.0", "[::]", "::"),
+                 f"{where}: --listen host {host} is not reachable from other pods (use 0.0.0.0)")
+            c.ok(ports == [port], f"{where}: containerPort {ports} != --listen port {port}")
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = ct.get(kind)
+                if probe is None:
+                    c.ok(kind == "startupProbe", f"{where}: no {kind}")
+                    continue
+                handlers = [h for h in ("grpc", "httpGet", "tcpSocket", "exec") if h in probe]
+                c.ok(handlers == ["grpc"], f"{where}: {kind} must be a gRPC probe, has {handlers}")
+                if "grpc" in probe:
+                    c.ok(probe["grpc"].get("port") == port,
+                         f"{where}: {kind} probes port {probe['grpc'].get('port')}, the server "
+                         f"listens on {port}")
+                    c.ok(not probe["grpc"].get("service"),
+                         f"{where}: {kind} asks for service '{probe['grpc'].get('service')}'; "
+                         f"the servers report health for the empty service name")
+
+        res = ct.get("resources") or {}
+        for part in ("requests", "limits"):
+            for r in ("cpu", "memory"):
+                c.ok((res.get(part) or {}).get(r), f"{where}: no resources.{part}.{r}")
+        sc_pod = w.pod.get("securityContext") or {}
+        sc = ct.get("securityContext") or {}
+        c.ok(sc.get("runAsNonRoot", sc_pod.get("runAsNonRoot")) is True,
+             f"{where}: runAsNonRoot is not set")
+        grace = w.pod.get("terminationGracePeriodSeconds", 30)
+        c.ok(grace >= 5, f"{w}: terminationGracePeriodSeconds {grace} < 5 s")
+
+        # Directories the server writes must be volumes (the root file system is read-only).
+        for flag in ("state_dir", "data_dir"):
+            if flag not in vals or binary == "shoal-worker":
+                continue
+            m = mount_of(vals[flag])
+            if c.ok(m is not None and m["mountPath"].rstrip("/") == vals[flag].rstrip("/"),
+                    f"{where}: --{flag}={vals[flag]} is not a mounted volume"):
+                if binary == "shoal-checkpoint":
+                    c.ok(m["name"] in vct, f"{where}: --data_dir is on volume {m['name']}, not on "
+                                           f"a volumeClaimTemplate ({sorted(vct)})")
+
+    # ---- Services: selectors and target ports ----
+    def service_for(workload, binary):
+        """Services that select `workload` with a port reaching its --listen port."""
+        found = []
+        ct = role[binary][1]
+        named = {p.get("name"): p["containerPort"] for p in ct.get("ports") or []}
+        for s in services:
+            spec = s.get("spec") or {}
+            if not labels_match(spec.get("selector"), workload.labels):
+                continue
+            for p in spec.get("ports") or []:
+                target = p.get("targetPort", p.get("port"))
+                target = named.get(target, target)
+                if target == listen.get(binary):
+                    found.append((s, p["port"]))
+        return found
+
+    for s in services:
+        spec = s.get("spec") or {}
+        c.ok(any(labels_match(spec.get("selector"), w.labels) for w in workloads),
+             f"Service/{s['metadata']['name']} selects no workload")
+
+    coord_svcs = service_for(coord_w, "shoal-coordinator")
+    ckpt_svcs = service_for(ckpt_w, "shoal-checkpoint")
+    work_svcs = service_for(work_w, "shoal-worker")
+    c.ok(coord_svcs, "no Service reaches the coordinator's port")
+    c.ok(ckpt_svcs, "no Service reaches the checkpoint store's port")
+
+    # The store's governing Service.
+    c.ok(any(s["metadata"]["name"] == ckpt_w.spec.get("serviceName") for s, _ in ckpt_svcs),
+         f"{ckpt_w}: serviceName {ckpt_w.spec.get('serviceName')} is not a Service selecting it")
+
+    # ---- workers: stable DNS names through the headless Service ----
+    svc_name = work_w.spec.get("serviceName")
+    headless = [s for s, _ in work_svcs if s["metadata"]["name"] == svc_name]
+    if c.ok(headless, f"{work_w}: serviceName {svc_name} is not a Service selecting the workers "
+                      f"on their peer port"):
+        c.ok((headless[0].get("spec") or {}).get("clusterIP") == "None",
+             f"Service/{svc_name} must be headless (clusterIP: None) for per-pod DNS names")
+        c.ok((headless[0].get("spec") or {}).get("publishNotReadyAddresses") is True,
+             f"Service/{svc_name}: publishNotReadyAddresses should be true (peers resolve a "
+             f"worker before it is Ready)")
+    wv = values["shoal-worker"]
+    env = {e["name"]: e for e in work_c.get("env") or []}
+    adv = wv.get("advertise") or ""
+    m = re.fullmatch(r"\$\((\w+)\)\.([a-z0-9-]+)\.\$\((\w+)\)\.svc\.cluster\.local:(\d+)", adv)
+    if c.ok(m, f"{work_w}: --advertise={adv} is not "
+               f"$(POD_NAME).<headless service>.$(POD_NAMESPACE).svc.cluster.local:<port>"):
+        def field_of(var):
+            return ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        c.ok(field_of(m.group(1)) == "metadata.name",
+             f"{work_w}: $({m.group(1)}) must come from the downward API (metadata.name)")
+        c.ok(field_of(m.group(3)) == "metadata.namespace",
+             f"{work_w}: $({m.group(3)}) must come from the downward API (metadata.namespace)")
+        c.ok(m.group(2) == svc_name,
+             f"{work_w}: --advertise names Service {m.group(2)}, serviceName is {svc_name}")
+        c.ok(int(m.group(4)) == listen.get("shoal-worker"),
+             f"{work_w}: --advertise port {m.group(4)} != --listen port "
+             f"{listen.get('shoal-worker')}")
+
+    def names_service(value, svcs, what):
+        hp = dc.split_hostport(value)
+        if not c.ok(hp is not None, f"{what}={value} is not host:port"):
+            return
+        host, port = hp
+        ok = False
+        for s, sport in svcs:
+            n = s["metadata"]["name"]
+            dns = re.fullmatch(re.escape(n) + r"(\.[a-z0-9-]+|\.\$\(\w+\))?(\.svc(\.cluster\.local)?)?",
+                               host)
+            if dns and port == sport:
+                ok = True
+        c.ok(ok, f"{what}={value} is not the name and port of a Service in front of it "
+                 f"({[(s['metadata']['name'], p) for s, p in svcs]})")
+
+    names_service(wv.get("coordinator"), coord_svcs, f"{work_w}: --coordinator")
+    cv = values["shoal-coordinator"]
+    if c.ok("checkpoint_store" in cv, f"{coord_w}: no --checkpoint_store"):
+        names_service(cv["checkpoint_store"], ckpt_svcs, f"{coord_w}: --checkpoint_store")
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
