@@ -89,11 +89,14 @@ TEST_F(FaultsTest, StoppedPastTheDeadlineSitsOutAndCatchesUp) {
       StartCoordinator({"--min_participants=2", "--local_steps=100", "--heartbeat_lease=30s",
                         "--round_timeout=3s", "--max_missed_rounds=0"});
   for (int i = 0; i < 3; ++i) StartWorker(addr);
+  // A round all three take part in (the first may start with two).
   v1::RunStatus s = WaitForStatus(
       [](const v1::RunStatus& s) {
-        return s.last_completed_round() >= 1 && s.phase() == v1::TRAINING;
+        return s.last_completed_round() >= 1 && s.phase() == v1::TRAINING &&
+               s.participants_size() == 3;
       },
       absl::Seconds(60));
+  ASSERT_EQ(s.participants_size(), 3);
   const std::string id = s.participants(2);
   Process* straggler = WorkerById(id);
   ASSERT_NE(straggler, nullptr);
