@@ -1,0 +1,227 @@
+// micro: Google Benchmark micro-benchmarks of the hot paths of a transfer,
+// each next to memcpy of the same bytes (the baseline: what moving the
+// bytes once costs on this machine).
+//
+//   shoal-bench-micro --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include "bench/proto_zc/zc_peer.h"
+#include "common/chunk_codec.h"
+#include "common/crc32c.h"
+#include "common/sha256.h"
+#include "shoal/v1/common.pb.h"
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::bench {
+namespace {
+
+constexpr size_t kChunk = 1 << 20;  // Shoal's chunk size
+
+std::vector<float> Floats(size_t bytes) {
+  std::vector<float> v(bytes / sizeof(float));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 9973) * 0.5f;
+  return v;
+}
+
+void SetBytes(benchmark::State& state, size_t bytes) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+
+// Baseline: one copy of the chunk.
+void BM_Memcpy(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  std::vector<float> src = Floats(bytes), dst(src.size());
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, bytes);
+}
+BENCHMARK(BM_Memcpy)->Arg(kChunk);
+
+void BM_Crc32c(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  std::vector<float> src = Floats(bytes);
+  for (auto _ : state) benchmark::DoNotOptimize(Crc32c(src.data(), bytes));
+  SetBytes(state, bytes);
+}
+BENCHMARK(BM_Crc32c)->Arg(64 << 10)->Arg(kChunk);
+
+// Prototype: three interleaved CRC lanes (bench/proto_zc).
+void BM_Crc32c3Lanes(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  std::vector<float> src = Floats(bytes);
+  if (Crc32cExtend(0, src.data(), bytes) != Crc32c(src.data(), bytes)) {
+    state.SkipWithError("3-lane CRC differs from Crc32c");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(Crc32cExtend(0, src.data(), bytes));
+  SetBytes(state, bytes);
+}
+BENCHMARK(BM_Crc32c3Lanes)->Arg(64 << 10)->Arg(kChunk);
+
+// Sender side: copy into the message + CRC.
+void BM_EncodeChunk(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk);
+  shoal::v1::TensorChunk chunk;
+  for (auto _ : state) {
+    EncodeChunk(7, 0, src.data(), src.size(), &chunk);
+    benchmark::DoNotOptimize(chunk.crc32c());
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_EncodeChunk);
+
+// Receiver side: the checks and the CRC.
+void BM_ChunkReceiverAccept(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk);
+  shoal::v1::TensorChunk chunk;
+  EncodeChunk(7, 0, src.data(), src.size(), &chunk);
+  for (auto _ : state) {
+    ChunkReceiver receiver(7, 0, src.size());
+    auto view = receiver.Accept(chunk);
+    benchmark::DoNotOptimize(view->data);
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_ChunkReceiverAccept);
+
+// What the user-space part of one chunk's trip costs today: encode,
+// serialize (gRPC's protobuf serializer copies), parse (copies again),
+// accept, copy into the model.
+void BM_ChunkRoundTripProtobuf(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk), dst(src.size());
+  shoal::v1::TensorChunk chunk, parsed;
+  std::string wire;
+  for (auto _ : state) {
+    EncodeChunk(7, 0, src.data(), src.size(), &chunk);
+    chunk.SerializeToString(&wire);
+    parsed.ParseFromString(wire);
+    ChunkReceiver receiver(7, 0, src.size());
+    auto view = receiver.Accept(parsed);
+    std::memcpy(dst.data(), view->data, view->count * sizeof(float));
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_ChunkRoundTripProtobuf);
+
+// The exchanger's reduce step as written in services/worker/exchanger.cc
+// (compiled with the project's flags: -O2, which leaves it scalar because
+// dst and src may alias).
+__attribute__((noinline)) void AddAsExchanger(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+__attribute__((noinline)) void ScaleAsExchanger(float* dst, size_t n, int parts) {
+  const float scale = static_cast<float>(parts);
+  for (size_t i = 0; i < n; ++i) dst[i] /= scale;
+}
+// The same with the aliasing ruled out and vectorization requested.
+__attribute__((noinline, optimize("O3"))) void AddRestrict(float* __restrict dst,
+                                                            const float* __restrict src,
+                                                            size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+__attribute__((noinline, optimize("O3"))) void ScaleRestrict(float* __restrict dst, size_t n,
+                                                              int parts) {
+  const float scale = static_cast<float>(parts);
+  for (size_t i = 0; i < n; ++i) dst[i] /= scale;  // same rounding as above
+}
+
+void BM_AverageAddScalar(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk), dst = Floats(kChunk);
+  for (auto _ : state) {
+    AddAsExchanger(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_AverageAddScalar);
+
+void BM_AverageAddVector(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk), dst = Floats(kChunk);
+  for (auto _ : state) {
+    AddRestrict(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_AverageAddVector);
+
+void BM_AverageScaleScalar(benchmark::State& state) {
+  std::vector<float> dst = Floats(kChunk);
+  for (auto _ : state) {
+    ScaleAsExchanger(dst.data(), dst.size(), static_cast<int>(state.range(0)));
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_AverageScaleScalar)->Arg(1);  // divisor 1 at run time: no denormals
+
+void BM_AverageScaleVector(benchmark::State& state) {
+  std::vector<float> dst = Floats(kChunk);
+  for (auto _ : state) {
+    ScaleRestrict(dst.data(), dst.size(), static_cast<int>(state.range(0)));
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_AverageScaleVector)->Arg(1);
+
+void BM_Sha256(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  std::vector<float> src = Floats(bytes);
+  for (auto _ : state) benchmark::DoNotOptimize(Sha256Hex(src.data(), bytes));
+  SetBytes(state, bytes);
+}
+BENCHMARK(BM_Sha256)->Arg(4 << 20);
+
+// The coordinator's per-recipient work on a round plan of N participants
+// (services/coordinator): SendPlan pushes one copy of the plan message per
+// participant into the directives, Deliver copies it again into each
+// session's queue, and each session serializes its copy. Times are per
+// recipient; multiply by N for a round.
+shoal::v1::CoordinatorMessage PlanMessage(int n) {
+  shoal::v1::CoordinatorMessage msg;
+  auto* plan = msg.mutable_round_plan();
+  plan->set_round(12);
+  plan->set_attempt(1);
+  plan->set_total_elements(1000000);
+  for (int k = 0; k < n; ++k) {
+    auto* s = plan->add_slices();
+    s->set_worker_id("w" + std::to_string(k + 1));
+    s->set_peer_address("127.0.0.1:" + std::to_string(10000 + k));
+    s->set_begin(uint64_t{1000000} * k / n);
+    s->set_end(uint64_t{1000000} * (k + 1) / n);
+  }
+  return msg;
+}
+
+void BM_PlanCopyAndDestroy(benchmark::State& state) {
+  const shoal::v1::CoordinatorMessage msg = PlanMessage(static_cast<int>(state.range(0)));
+  for (auto _ : state) {
+    shoal::v1::CoordinatorMessage copy(msg);
+    benchmark::DoNotOptimize(copy.round_plan().slices_size());
+  }
+  state.counters["plan_bytes"] = static_cast<double>(msg.ByteSizeLong());
+}
+BENCHMARK(BM_PlanCopyAndDestroy)->Arg(10)->Arg(1000);
+
+void BM_PlanSerialize(benchmark::State& state) {
+  const shoal::v1::CoordinatorMessage msg = PlanMessage(static_cast<int>(state.range(0)));
+  std::string out;
+  for (auto _ : state) {
+    msg.SerializeToString(&out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["plan_bytes"] = static_cast<double>(msg.ByteSizeLong());
+}
+BENCHMARK(BM_PlanSerialize)->Arg(10)->Arg(1000);
+
+}  // namespace
+}  // namespace shoal::bench
+
+BENCHMARK_MAIN();

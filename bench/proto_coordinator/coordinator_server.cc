@@ -1,0 +1,137 @@
+#include "bench/proto_coordinator/coordinator_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "services/checkpoint/checkpoint_client.h"
+
+namespace shoal::coordinator {
+
+absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
+  if (c.model() != "mlp" && c.model() != "cnn") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model must be 'mlp' or 'cnn', got '", c.model(), "'"));
+  }
+  if (!(c.learning_rate() > 0)) return absl::InvalidArgumentError("--learning_rate must be > 0");
+  if (c.momentum() < 0 || c.momentum() >= 1) {
+    return absl::InvalidArgumentError("--momentum must be in [0, 1)");
+  }
+  if (c.batch_size() == 0) return absl::InvalidArgumentError("--batch_size must be > 0");
+  if (c.local_steps() == 0) return absl::InvalidArgumentError("--local_steps must be > 0");
+  if (c.min_participants() == 0) {
+    return absl::InvalidArgumentError("--min_participants must be > 0");
+  }
+  if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
+  if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::string& store,
+                                                                    const std::string& run_id) {
+  checkpoint::CheckpointClientOptions copts;
+  copts.call_timeout = absl::Seconds(20);  // the store may be starting too
+  checkpoint::GrpcCheckpointClient client(store, copts);
+  absl::StatusOr<std::vector<shoal::v1::CheckpointInfo>> list = client.List(run_id);
+  if (!list.ok()) {
+    return absl::Status(list.status().code(), absl::StrCat("cannot look for checkpoints of run ",
+                                                           run_id, " in --checkpoint_store ", store,
+                                                           ": ", list.status().message()));
+  }
+  const shoal::v1::CheckpointInfo* newest = nullptr;
+  for (const auto& info : *list) {
+    if (info.run_id() != run_id || !info.damage().empty()) continue;
+    if (newest == nullptr || info.round() > newest->round()) newest = &info;
+  }
+  if (newest == nullptr) {
+    SHOAL_LOG(INFO) << "no checkpoint of run " << run_id << " in " << store << "; starting fresh";
+    return std::optional<shoal::v1::RunRecord>();
+  }
+  absl::StatusOr<shoal::v1::Manifest> manifest = client.GetManifest(newest->id());
+  if (!manifest.ok()) return manifest.status();
+  shoal::v1::RunRecord r;
+  r.set_run_id(run_id);
+  r.set_last_completed_round(manifest->round());
+  r.set_model_hash(manifest->model_sha256());
+  r.set_checkpoint_id(manifest->id());
+  r.set_checkpoint_round(manifest->round());
+  r.set_next_worker_number(1);
+  SHOAL_LOG(INFO) << "resuming run " << run_id << " from checkpoint " << manifest->id()
+                  << " (round " << manifest->round() << ")";
+  return std::optional<shoal::v1::RunRecord>(r);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    CoordinatorOptions options, const Clock* clock) {
+  if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->records_ = std::make_unique<RunRecordStore>(options.state_dir);
+  if (absl::Status s = server->records_->Open(); !s.ok()) return s;
+  absl::StatusOr<std::optional<shoal::v1::RunRecord>> record = server->records_->Load();
+  if (!record.ok()) return record.status();
+  if (record->has_value()) {
+    const shoal::v1::RunRecord& r = **record;
+    if (options.run_id_from_flag && r.run_id() != options.engine.run_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state_dir ", options.state_dir, " holds run ", r.run_id(),
+          ", not --run_id=", options.engine.run_id, "; use another --state_dir for a new run"));
+    }
+    if (r.config().SerializeAsString() != options.engine.config.SerializeAsString()) {
+      SHOAL_LOG(WARNING) << "the run record's configuration differs from the flags; the run "
+                            "continues with the recorded one";
+    }
+    options.engine.run_id = r.run_id();
+    options.engine.config = r.config();
+    options.engine.resume = r;
+  } else if (options.run_id_from_flag && !options.engine.config.checkpoint_store().empty()) {
+    // A full restart: no record here, but the store may hold the run.
+    absl::StatusOr<std::optional<shoal::v1::RunRecord>> from_store =
+        ResumeFromStore(options.engine.config.checkpoint_store(), options.engine.run_id);
+    if (!from_store.ok()) return from_store.status();
+    if (from_store->has_value()) {
+      shoal::v1::RunRecord r = **from_store;
+      *r.mutable_config() = options.engine.config;
+      options.engine.resume = r;
+    }
+  }
+  server->engine_ = std::make_unique<RoundEngine>(options.engine, clock);
+  CoordinatorServer* raw = server.get();
+  server->service_ =
+      std::make_unique<CoordinatorService>(server->engine_.get(), [raw] { raw->Persist(); });
+  server->Persist();
+  auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
+  if (!grpc_server.ok()) return grpc_server.status();
+  server->server_ = std::move(*grpc_server);
+  CoordinatorService* service = server->service_.get();
+  absl::Notification* stop = &server->stop_;
+  const absl::Duration tick = options.tick_interval;
+  server->ticker_ = std::thread([service, stop, tick] {
+    while (!stop->WaitForNotificationWithTimeout(tick)) service->Tick();
+  });
+  return server;
+}
+
+void CoordinatorServer::Persist() {
+  if (!records_->enabled()) return;
+  absl::MutexLock lock(&persist_mu_);
+  const uint64_t version = engine_->record_version();
+  if (version == persisted_version_) return;
+  absl::Status s = records_->Save(engine_->Record());
+  if (!s.ok()) {
+    SHOAL_LOG(ERROR) << "cannot persist the run record: " << s;
+    return;
+  }
+  persisted_version_ = version;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(1)); }
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  // Start() may have failed before everything existed.
+  if (service_) service_->CloseAllSessions();
+  if (server_) server_->Shutdown(grace);
+}
+
+}  // namespace shoal::coordinator

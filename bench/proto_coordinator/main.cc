@@ -1,0 +1,113 @@
+// shoal-coordinator: membership, rounds, shard plans and run status.
+#include <cstdio>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "bench/proto_coordinator/coordinator_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to serve on (host:port; port 0 picks a free port).");
+ABSL_FLAG(std::string, run_id, "", "Run id; empty generates one (run-<time>-<random>).");
+ABSL_FLAG(std::string, model, "mlp", "Model architecture every worker builds: mlp or cnn.");
+ABSL_FLAG(double, learning_rate, 0.05, "SGD learning rate.");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum (the momentum buffer stays local).");
+ABSL_FLAG(uint32_t, batch_size, 64, "Mini-batch size of local SGD.");
+ABSL_FLAG(uint32_t, local_steps, 50, "Local SGD steps per round before averaging.");
+ABSL_FLAG(uint32_t, min_participants, 2, "Minimum participants for a round to start.");
+ABSL_FLAG(uint64_t, rounds, 0, "Rounds to run; 0 = until the coordinator is stopped.");
+ABSL_FLAG(uint64_t, seed, 1, "Run seed: model initialisation and data order.");
+ABSL_FLAG(uint32_t, data_shards, 0,
+          "Disjoint training-data shards; 0 = --min_participants. A worker trains on "
+          "shard (data_rank % data_shards).");
+ABSL_FLAG(uint32_t, eval_every, 1, "Workers evaluate on the test set every N rounds.");
+ABSL_FLAG(absl::Duration, heartbeat_lease, absl::Seconds(10),
+          "A worker whose session is silent this long is removed.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for the durable run record; a restarted coordinator on the same directory "
+          "continues the run (round numbering, worker ids). Empty = not persisted.");
+ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(120),
+          "Participants not ready this long after a round starts sit it out (and catch up); the "
+          "same deadline applies to the exchange.");
+ABSL_FLAG(absl::Duration, connection_timeout, absl::Seconds(10),
+          "Time for every participant to reach its peers after a plan.");
+ABSL_FLAG(uint32_t, max_connection_retry, 3,
+          "Peer-connection retries of a plan before failing peers are evicted.");
+ABSL_FLAG(uint32_t, max_missed_rounds, 5,
+          "A worker that misses this many rounds in a row is asked to leave (0 = never).");
+ABSL_FLAG(std::string, checkpoint_store, "",
+          "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
+          "--state_dir, a run that has checkpoints there resumes from the newest one.");
+ABSL_FLAG(uint32_t, checkpoint_every, 10,
+          "Upload a checkpoint every N rounds (and after the last round); 0 = never.");
+ABSL_FLAG(uint32_t, checkpointers, 1,
+          "Workers tried, one after the other, for each checkpoint upload before giving up.");
+ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
+          "An upload not reported within this time moves to another worker.");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "Heartbeat period the workers keep on their session.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "shoal-coordinator: keeps membership, rounds and status of a Shoal training run.\n"
+      "Usage: shoal-coordinator --listen=127.0.0.1:50051 --min_participants=3 --local_steps=50 "
+      "--rounds=20");
+  absl::ParseCommandLine(argc, argv);
+  shoal::SetLogTag("coordinator");
+  shoal::ShutdownSignal::Install();
+
+  shoal::coordinator::CoordinatorOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  auto& engine = options.engine;
+  engine.run_id = absl::GetFlag(FLAGS_run_id);
+  options.run_id_from_flag = !engine.run_id.empty();
+  if (engine.run_id.empty()) {
+    std::random_device rd;
+    engine.run_id = absl::StrFormat("run-%d-%04x", absl::ToUnixSeconds(absl::Now()), rd() & 0xFFFF);
+  }
+  engine.heartbeat_lease = absl::GetFlag(FLAGS_heartbeat_lease);
+  engine.session_grace = absl::GetFlag(FLAGS_heartbeat_lease);
+  engine.round_timeout = absl::GetFlag(FLAGS_round_timeout);
+  engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
+  engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
+  engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
+  engine.checkpointers = absl::GetFlag(FLAGS_checkpointers);
+  engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
+  auto& c = engine.config;
+  c.set_model(absl::GetFlag(FLAGS_model));
+  c.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+  c.set_momentum(absl::GetFlag(FLAGS_momentum));
+  c.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  c.set_local_steps(absl::GetFlag(FLAGS_local_steps));
+  c.set_min_participants(absl::GetFlag(FLAGS_min_participants));
+  c.set_rounds(absl::GetFlag(FLAGS_rounds));
+  c.set_seed(absl::GetFlag(FLAGS_seed));
+  const uint32_t shards = absl::GetFlag(FLAGS_data_shards);
+  c.set_data_shards(shards == 0 ? c.min_participants() : shards);
+  c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
+  c.set_checkpoint_store(absl::GetFlag(FLAGS_checkpoint_store));
+  c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
+  c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
+  c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
+
+  auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
+  if (!server.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << server.status().message();
+    return 2;
+  }
+  SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
+                  << " run_id=" << engine.run_id << " model=" << c.model()
+                  << " min_participants=" << c.min_participants()
+                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds();
+  while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
+  }
+  (*server)->Shutdown(absl::Seconds(2));
+  SHOAL_LOG(INFO) << "stopped after round " << (*server)->engine().last_completed_round();
+  return 0;
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
+# baseline, repetitions, cores, load) and ends with one line
+# `NAME: <figures> ratio=<value>`.
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | all
+# Environment:
+#   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
+#   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
+#   BENCH_QUICK=1         fewer repetitions / smaller runs (a smoke run, not for RESULTS.md)
+# Nothing here asserts on time; a benchmark fails only when its result is wrong
+# (a bad average, a failed pull) or a process does not start.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD=${BUILD:-build}
+BIN="$BUILD/bin"
+OUT=${BENCH_OUT:-$(mktemp -d /tmp/shoal-bench-XXXXXX)}
+mkdir -p "$OUT"
+QUICK=${BENCH_QUICK:-0}
+NAME=${1:-}
+
+usage() {
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|all" >&2
+  exit 2
+}
+[[ -n "$NAME" ]] || usage
+
+build() {
+  if [[ ! -f "$BUILD/build.ninja" ]]; then
+    echo "bench: no build in $BUILD; run 'make build' first" >&2
+    exit 2
+  fi
+  if ! ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^bench_binaries:'; then
+    echo "bench: $BUILD has no bench targets; the top-level CMakeLists.txt needs" >&2
+    echo "  add_subdirectory(bench EXCLUDE_FROM_ALL)   (then re-run cmake or make build)" >&2
+    exit 2
+  fi
+  ninja -C "$BUILD" bench_binaries shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
+    { tail -n 30 "$OUT/build.log"; exit 1; }
+  # The coordinator prototype is a snapshot of services/coordinator: measured
+  # when it still builds, skipped (with a note) when it does not.
+  PROTO_COORDINATOR=""
+  if ninja -C "$BUILD" shoal-bench-coordinator-proto >>"$OUT/build.log" 2>&1; then
+    PROTO_COORDINATOR="$BIN/shoal-bench-coordinator-proto"
+  fi
+}
+
+header() {
+  echo
+  echo "bench $1: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), logs in $OUT"
+}
+
+# Runs a benchmark: its table and final line on stdout (also in $OUT/NAME.txt),
+# its diagnostics in $OUT/NAME.log.
+run_stream() {
+  header stream
+  local reps=9 mib=256
+  [[ "$QUICK" == 1 ]] && reps=3 mib=64
+  "$BIN/shoal-bench-stream" --mib=$mib --reps=$reps \
+    --variants=shoal,tcp,tcp_crc,shoal+malloc,zc,zc+malloc \
+    --log="$OUT/stream.log" 2>>"$OUT/stream.log" | tee "$OUT/stream.txt"
+}
+
+run_exchange() {
+  header exchange
+  local reps=7
+  [[ "$QUICK" == 1 ]] && reps=2
+  "$BIN/shoal-bench-exchange" --workers=4 --mib=64 --reps=$reps --variants=shoal,shoal+malloc,zc+malloc \
+    --gloo="$ROOT/bench/exchange/gloo_allreduce.py" --python=/usr/bin/python3 \
+    --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange.txt"
+}
+
+run_latejoin() {
+  header latejoin
+  local reps=3
+  [[ "$QUICK" == 1 ]] && reps=1
+  "$BIN/shoal-bench-latejoin" --mb=150 --rate_mbps=400 --reps=$reps \
+    --log="$OUT/latejoin.log" 2>>"$OUT/latejoin.log" | tee "$OUT/latejoin.txt"
+}
+
+run_coordinator() {
+  header coordinator
+  local reps=3 large=1000 rounds_small=2000 rounds_large=8
+  [[ "$QUICK" == 1 ]] && reps=1 large=200 rounds_small=300 rounds_large=4
+  mkdir -p "$OUT/coordinator"
+  [[ -n "$PROTO_COORDINATOR" ]] ||
+    echo "bench coordinator: bench/proto_coordinator no longer builds (see $OUT/build.log); prototype not measured"
+  "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" \
+    --proto_bin="$PROTO_COORDINATOR" --small=10 \
+    --large=$large --reps=$reps --rounds_small=$rounds_small --rounds_large=$rounds_large \
+    --log_dir="$OUT/coordinator" 2>>"$OUT/coordinator.log" | tee "$OUT/coordinator.txt"
+}
+
+run_micro() {
+  header micro
+  local reps=5
+  [[ "$QUICK" == 1 ]] && reps=2
+  "$BIN/shoal-bench-micro" --benchmark_repetitions=$reps --benchmark_report_aggregates_only=true \
+    --benchmark_min_time=0.2 --benchmark_out="$OUT/micro.json" --benchmark_out_format=json \
+    >"$OUT/micro.log" 2>&1
+  /usr/bin/python3 bench/micro/summarize.py "$OUT/micro.json" | tee "$OUT/micro.txt"
+}
+
+run_demo() {
+  header demo
+  local rounds=10
+  [[ "$QUICK" == 1 ]] && rounds=3
+  mkdir -p "$OUT/demo"
+  SHOAL_DEMO_ROUNDS=$rounds SHOAL_DEMO_LOGS="$OUT/demo" bash scripts/demo.sh "$BIN" \
+    >"$OUT/demo.out" 2>&1 || { tail -n 20 "$OUT/demo.out"; return 1; }
+  /usr/bin/python3 bench/demo/summarize.py "$OUT/demo.out" "$OUT/demo" | tee "$OUT/demo.txt"
+}
+
+case "$NAME" in
+  stream | exchange | latejoin | coordinator | micro | demo)
+    build
+    "run_$NAME"
+    ;;
+  all)
+    build
+    start=$(date +%s)
+    failed=()
+    for n in micro stream exchange latejoin coordinator demo; do
+      "run_$n" || failed+=("$n")
+    done
+    echo
+    echo "bench all: $(( $(date +%s) - start )) s, load average $(cut -d' ' -f1-3 /proc/loadavg), outputs in $OUT"
+    for n in micro stream exchange latejoin coordinator demo; do
+      if [[ -s "$OUT/$n.txt" ]]; then tail -n 1 "$OUT/$n.txt"; fi
+    done
+    if [[ ${#failed[@]} -gt 0 ]]; then
+      echo "bench all: FAILED: ${failed[*]} (logs in $OUT)"
+      exit 1
+    fi
+    ;;
+  *) usage ;;
+esac
