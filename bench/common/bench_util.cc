@@ -225,7 +225,8 @@ uint64_t StatusField(const char* name) {
   std::string line;
   const std::string prefix = std::string(name) + ":";
   while (std::getline(f, line)) {
-    if (line.rfind(prefix, 0) == 0) return std::strtoull(line.c_str() + prefix.size(), nullptr, 10) * 1024;
+    if (line.rfind(prefix, 0) == 0)
+      return std::strtoull(line.c_str() + prefix.size(), nullptr, 10) * 1024;
   }
   return 0;
 }

@@ -429,7 +429,8 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
   for (auto& s : sims) s->Stop();
   coordinator.Terminate(absl::Seconds(10));
   if (run.finished != n || run.errors > 0 || run.t_end == 0) {
-    std::fprintf(stderr, "coordinator bench: run with %d workers failed (%d finished, %d errors; log %s)\n",
+    std::fprintf(stderr,
+                 "coordinator bench: run with %d workers failed (%d finished, %d errors; log %s)\n",
                  n, run.finished.load(), run.errors.load(), log.c_str());
     return result;
   }
@@ -468,9 +469,9 @@ int RunDriver(Flags& flags) {
     for (const bool is_proto : {false, true}) {
       if (is_proto && proto_bin.empty()) continue;
       for (int n : {small, large}) {
-        const Result r = RunOnce(n, n == small ? rounds_small : rounds_large,
-                                 n == small ? 0 : status_rounds,
-                                 is_proto ? proto_bin : bin, log_dir, status_poll_ms);
+        const Result r =
+            RunOnce(n, n == small ? rounds_small : rounds_large, n == small ? 0 : status_rounds,
+                    is_proto ? proto_bin : bin, log_dir, status_poll_ms);
         if (!r.ok) return 1;
         Series& s = is_proto ? proto[n] : series[n];
         s.cpu_per_worker.push_back(r.cpu_per_round / n);
@@ -485,14 +486,13 @@ int RunDriver(Flags& flags) {
   for (int n : {small, large}) {
     const Series& s = series[n];
     const uint64_t rounds = n == small ? rounds_small : rounds_large;
-    rows.push_back({absl::StrCat(n, " workers: CPU us/worker/round"),
-                    Fmt(Median(s.cpu_per_worker) * 1e6, 1),
-                    absl::StrCat("coordinator CPU per round / ", n, "; median of ", reps,
-                                 " runs of ", rounds, " rounds [",
-                                 Join(std::vector<double>(s.cpu_per_worker.begin(),
-                                                          s.cpu_per_worker.end()),
-                                      7),
-                                 " s]", n == small ? "  (baseline)" : "")});
+    rows.push_back(
+        {absl::StrCat(n, " workers: CPU us/worker/round"), Fmt(Median(s.cpu_per_worker) * 1e6, 1),
+         absl::StrCat(
+             "coordinator CPU per round / ", n, "; median of ", reps, " runs of ", rounds,
+             " rounds [",
+             Join(std::vector<double>(s.cpu_per_worker.begin(), s.cpu_per_worker.end()), 7), " s]",
+             n == small ? "  (baseline)" : "")});
     rows.push_back({absl::StrCat(n, " workers: last ready -> last plan ms"),
                     Fmt(Median(s.ready_to_plan) * 1e3, 2),
                     absl::StrCat("per worker ", Fmt(Median(s.ready_to_plan) * 1e6 / n, 1),
@@ -504,12 +504,12 @@ int RunDriver(Flags& flags) {
                     "3 idle seconds: sessions open, 1 heartbeat per worker per second, the "
                     "coordinator's tick (not in the per-round figure)"});
     if (!s.status_ms.empty()) {
-      rows.push_back({absl::StrCat(n, " workers: GetRunStatus p50/p99 ms"),
-                      absl::StrCat(Fmt(Percentile(s.status_ms, 50), 2), "/",
-                                   Fmt(Percentile(s.status_ms, 99), 2)),
-                      absl::StrCat(s.status_ms.size(), " calls every ", status_poll_ms,
-                                   " ms during ", status_rounds,
-                                   " more rounds with heartbeats (not in the CPU figures)")});
+      rows.push_back(
+          {absl::StrCat(n, " workers: GetRunStatus p50/p99 ms"),
+           absl::StrCat(Fmt(Percentile(s.status_ms, 50), 2), "/",
+                        Fmt(Percentile(s.status_ms, 99), 2)),
+           absl::StrCat(s.status_ms.size(), " calls every ", status_poll_ms, " ms during ",
+                        status_rounds, " more rounds with heartbeats (not in the CPU figures)")});
     }
   }
   const double ratio = Median(series[large].cpu_per_worker) / Median(series[small].cpu_per_worker);
@@ -537,25 +537,26 @@ int RunDriver(Flags& flags) {
                                    Fmt(Percentile(proto[large].status_ms, 99), 2)),
                       absl::StrCat(proto[large].status_ms.size(), " calls")});
     }
-    rows.push_back({"prototype: CPU per worker ratio",
-                    Fmt(Median(proto[large].cpu_per_worker) / Median(proto[small].cpu_per_worker), 2),
-                    absl::StrCat(large, " vs ", small, " workers")});
+    rows.push_back(
+        {"prototype: CPU per worker ratio",
+         Fmt(Median(proto[large].cpu_per_worker) / Median(proto[small].cpu_per_worker), 2),
+         absl::StrCat(large, " vs ", small, " workers")});
   }
   rows.push_back({"ready->plan per worker ratio", Fmt(wall_ratio, 2),
                   absl::StrCat(large, " vs ", small, " workers")});
-  PrintTable(absl::StrCat("coordinator: simulated workers against a real shoal-coordinator, ",
-                          reps, " repetitions"),
+  PrintTable(absl::StrCat("coordinator: simulated workers against a real shoal-coordinator, ", reps,
+                          " repetitions"),
              rows);
   const Series& L = series[large];
-  std::printf("coordinator: cpu_us_per_worker_round_%d=%s cpu_us_per_worker_round_%d=%s "
-              "ready_to_plan_ms_%d=%s ready_to_plan_ms_%d=%s status_p50_ms=%s status_p99_ms=%s "
-              "reps=%d cores=%d ratio=%s\n",
-              small, Fmt(Median(series[small].cpu_per_worker) * 1e6, 1).c_str(), large,
-              Fmt(Median(L.cpu_per_worker) * 1e6, 1).c_str(), small,
-              Fmt(Median(series[small].ready_to_plan) * 1e3, 2).c_str(), large,
-              Fmt(Median(L.ready_to_plan) * 1e3, 2).c_str(),
-              Fmt(Percentile(L.status_ms, 50), 2).c_str(),
-              Fmt(Percentile(L.status_ms, 99), 2).c_str(), reps, Cores(), Fmt(ratio, 3).c_str());
+  std::printf(
+      "coordinator: cpu_us_per_worker_round_%d=%s cpu_us_per_worker_round_%d=%s "
+      "ready_to_plan_ms_%d=%s ready_to_plan_ms_%d=%s status_p50_ms=%s status_p99_ms=%s "
+      "reps=%d cores=%d ratio=%s\n",
+      small, Fmt(Median(series[small].cpu_per_worker) * 1e6, 1).c_str(), large,
+      Fmt(Median(L.cpu_per_worker) * 1e6, 1).c_str(), small,
+      Fmt(Median(series[small].ready_to_plan) * 1e3, 2).c_str(), large,
+      Fmt(Median(L.ready_to_plan) * 1e3, 2).c_str(), Fmt(Percentile(L.status_ms, 50), 2).c_str(),
+      Fmt(Percentile(L.status_ms, 99), 2).c_str(), reps, Cores(), Fmt(ratio, 3).c_str());
   return 0;
 }
 

@@ -9,7 +9,8 @@
 // Variants: shoal (as is), zc (bench/proto_zc zero-copy stream), and either
 // with "+malloc" (worker processes that called TuneMalloc()).
 //
-//   shoal-bench-exchange [--workers=4] [--mib=64] [--reps=5] [--variants=shoal,shoal+malloc,zc+malloc]
+//   shoal-bench-exchange [--workers=4] [--mib=64] [--reps=5]
+//   [--variants=shoal,shoal+malloc,zc+malloc]
 //                        [--gloo=bench/exchange/gloo_allreduce.py] [--log=FILE]
 //   shoal-bench-exchange --role=worker ...   (started by the driver)
 #include <unistd.h>
@@ -348,11 +349,12 @@ int RunDriver(Flags& flags) {
   const double baseline_cpu = baseline > 0 ? Median(cpu[baseline_name]) : 0;
   for (const std::string& v : all) {
     const double c = Median(cpu[v]);
-    rows.push_back({absl::StrCat(v, " CPU-s"), Fmt(c, 3),
-                    absl::StrCat("all ", n, " processes, median",
-                                 v == baseline_name || baseline_cpu <= 0
-                                     ? ""
-                                     : absl::StrCat("  ratio vs baseline ", Fmt(c / baseline_cpu, 2)))});
+    rows.push_back(
+        {absl::StrCat(v, " CPU-s"), Fmt(c, 3),
+         absl::StrCat("all ", n, " processes, median",
+                      v == baseline_name || baseline_cpu <= 0
+                          ? ""
+                          : absl::StrCat("  ratio vs baseline ", Fmt(c / baseline_cpu, 2)))});
   }
   for (const std::string& v : variants) {
     rows.push_back({absl::StrCat(v, ": peak RSS / model"), Fmt(peak_rss[v] / model_bytes, 2),
@@ -360,11 +362,11 @@ int RunDriver(Flags& flags) {
                                  " MiB (", Fmt(peak_above_base[v] / model_bytes, 2),
                                  " x model above its RSS before the model was allocated)")});
   }
-  PrintTable(absl::StrCat("exchange: one round's average of a ", mib, " MiB model (",
-                          sizes.size(), " tensors) across ", n,
-                          " processes on loopback, slowest process's time, ", reps,
-                          " repetitions (after 1 warm-up)"),
-             rows);
+  PrintTable(
+      absl::StrCat("exchange: one round's average of a ", mib, " MiB model (", sizes.size(),
+                   " tensors) across ", n, " processes on loopback, slowest process's time, ", reps,
+                   " repetitions (after 1 warm-up)"),
+      rows);
   const double shoal = Median(secs[variants.front()]);
   auto key = [](const std::string& v) { return absl::StrReplaceAll(v, {{"+", "_"}}); };
   std::string figures = absl::StrCat(key(variants.front()), "_s=", Fmt(shoal, 3));
@@ -372,8 +374,8 @@ int RunDriver(Flags& flags) {
     absl::StrAppend(&figures, " ", key(variants[i]), "_s=", Fmt(Median(secs[variants[i]]), 3));
   }
   if (baseline > 0) absl::StrAppend(&figures, " gloo_s=", Fmt(baseline, 3));
-  absl::StrAppend(&figures, " ", key(variants.front()), "_cpu_s=",
-                  Fmt(Median(cpu[variants.front()]), 3));
+  absl::StrAppend(&figures, " ", key(variants.front()),
+                  "_cpu_s=", Fmt(Median(cpu[variants.front()]), 3));
   if (baseline > 0) absl::StrAppend(&figures, " gloo_cpu_s=", Fmt(baseline_cpu, 3));
   absl::StrAppend(&figures, " rss_over_model=", Fmt(peak_rss[variants.front()] / model_bytes, 2));
   std::printf("exchange: %s reps=%d cores=%d ratio=%s\n", figures.c_str(), reps, Cores(),

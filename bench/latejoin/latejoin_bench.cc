@@ -132,8 +132,8 @@ int RunDriver(Flags& flags) {
     worker::SyncProgress progress;
     worker::SyncStats stats;
     const absl::Time start = absl::Now();
-    absl::Status s = syncer.Sync(kRound, hash, configs.at(name), {}, dst, total, "w99", &progress,
-                                 {}, &stats);
+    absl::Status s =
+        syncer.Sync(kRound, hash, configs.at(name), {}, dst, total, "w99", &progress, {}, &stats);
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
     if (!s.ok()) {
       std::fprintf(stderr, "latejoin: sync from %s failed: %s\n", name.c_str(),
@@ -168,16 +168,18 @@ int RunDriver(Flags& flags) {
                                  "% of the rate sum)  bytes per holder: ", shares[name])});
   }
   rows.push_back({"speed-up 1 -> 3 peers", Fmt(t1 / t3, 2), "(baseline: 1 peer; ideal 3.00)"});
-  rows.push_back({"half-rate run vs ideal", Fmt(idealh / th, 2),
-                  "ideal time (rates 1 + 1 + 0.5) / measured"});
-  PrintTable(absl::StrCat("latejoin: pull a ", mb, " MB model with ModelSyncer, each holder capped at ",
-                          Fmt(rate_mbps, 0), " Mbit/s (", Fmt(rate / 1e6, 1), " MB/s), ", reps,
-                          " repetitions (after 2 warm-ups)"),
-             rows);
-  std::printf("latejoin: one_peer_s=%s three_peers_s=%s half_rate_s=%s half_rate_vs_ideal=%s "
-              "reps=%d cores=%d ratio=%s\n",
-              Fmt(t1, 2).c_str(), Fmt(t3, 2).c_str(), Fmt(th, 2).c_str(),
-              Fmt(idealh / th, 2).c_str(), reps, Cores(), Fmt(t1 / t3 / 3, 3).c_str());
+  rows.push_back(
+      {"half-rate run vs ideal", Fmt(idealh / th, 2), "ideal time (rates 1 + 1 + 0.5) / measured"});
+  PrintTable(
+      absl::StrCat("latejoin: pull a ", mb, " MB model with ModelSyncer, each holder capped at ",
+                   Fmt(rate_mbps, 0), " Mbit/s (", Fmt(rate / 1e6, 1), " MB/s), ", reps,
+                   " repetitions (after 2 warm-ups)"),
+      rows);
+  std::printf(
+      "latejoin: one_peer_s=%s three_peers_s=%s half_rate_s=%s half_rate_vs_ideal=%s "
+      "reps=%d cores=%d ratio=%s\n",
+      Fmt(t1, 2).c_str(), Fmt(t3, 2).c_str(), Fmt(th, 2).c_str(), Fmt(idealh / th, 2).c_str(), reps,
+      Cores(), Fmt(t1 / t3 / 3, 3).c_str());
   return ok ? 0 : 1;
 }
 

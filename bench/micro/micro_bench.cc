@@ -121,12 +121,11 @@ __attribute__((noinline)) void ScaleAsExchanger(float* dst, size_t n, int parts)
 }
 // The same with the aliasing ruled out and vectorization requested.
 __attribute__((noinline, optimize("O3"))) void AddRestrict(float* __restrict dst,
-                                                            const float* __restrict src,
-                                                            size_t n) {
+                                                           const float* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 __attribute__((noinline, optimize("O3"))) void ScaleRestrict(float* __restrict dst, size_t n,
-                                                              int parts) {
+                                                             int parts) {
   const float scale = static_cast<float>(parts);
   for (size_t i = 0; i < n; ++i) dst[i] /= scale;  // same rounding as above
 }

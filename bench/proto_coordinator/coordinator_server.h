@@ -9,10 +9,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
-#include "common/grpc_util.h"
 #include "bench/proto_coordinator/coordinator_service.h"
 #include "bench/proto_coordinator/core/round_engine.h"
 #include "bench/proto_coordinator/core/run_record.h"
+#include "common/grpc_util.h"
 
 namespace shoal::coordinator {
 

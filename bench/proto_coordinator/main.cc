@@ -7,9 +7,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "bench/proto_coordinator/coordinator_server.h"
 #include "common/logging.h"
 #include "common/signals.h"
-#include "bench/proto_coordinator/coordinator_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");

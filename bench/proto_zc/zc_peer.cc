@@ -126,14 +126,13 @@ class ZcReadSliceReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     if (park_ && absl::IsUnavailable(s) && request_.kind() == shoal::v1::AVERAGED &&
         !ctx_->IsCancelled()) {
-      alarm_.Set(absl::ToChronoTime(absl::Now() + absl::Microseconds(200)),
-                 [this](bool ok) {
-                   if (!ok) {
-                     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "wait cancelled"));
-                     return;
-                   }
-                   Start();
-                 });
+      alarm_.Set(absl::ToChronoTime(absl::Now() + absl::Microseconds(200)), [this](bool ok) {
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "wait cancelled"));
+          return;
+        }
+        Start();
+      });
       return;
     }
     Finish(ToGrpcStatus(s));
@@ -390,29 +389,28 @@ absl::Status ZcPeerClient::ReadSliceInto(const std::string& address,
                                          absl::Duration timeout, float* dst) {
   uint64_t next = request.begin();
   const uint64_t end = request.end();
-  absl::Status s = RawRead(
-      ChannelFor(address), request, timeout, &messages_, &slices_,
-      [&](const std::vector<grpc::Slice>* slices) -> absl::Status {
-        ParsedChunk p;
-        RETURN_IF_ERROR(Parse(slices, &p));
-        RETURN_IF_ERROR(CheckChunk(p, request.round(), next, end));
-        // Checksum and copy block by block, so the copy reads bytes the
-        // checksum just brought into the cache.
-        auto* out = reinterpret_cast<uint8_t*>(dst + next);
-        uint32_t crc = 0;
-        p.data_at.Pieces(p.data_size, [&](const uint8_t* piece, size_t n) {
-          constexpr size_t kBlock = 96 << 10;
-          for (size_t off = 0; off < n; off += kBlock) {
-            const size_t m = std::min(kBlock, n - off);
-            crc = Crc32cExtend(crc, piece + off, m);
-            std::memcpy(out, piece + off, m);
-            out += m;
-          }
-        });
-        if (crc != p.crc) return absl::DataLossError("checksum mismatch");
-        next += p.data_size / kBytesPerElement;
-        return absl::OkStatus();
-      });
+  absl::Status s = RawRead(ChannelFor(address), request, timeout, &messages_, &slices_,
+                           [&](const std::vector<grpc::Slice>* slices) -> absl::Status {
+                             ParsedChunk p;
+                             RETURN_IF_ERROR(Parse(slices, &p));
+                             RETURN_IF_ERROR(CheckChunk(p, request.round(), next, end));
+                             // Checksum and copy block by block, so the copy reads bytes the
+                             // checksum just brought into the cache.
+                             auto* out = reinterpret_cast<uint8_t*>(dst + next);
+                             uint32_t crc = 0;
+                             p.data_at.Pieces(p.data_size, [&](const uint8_t* piece, size_t n) {
+                               constexpr size_t kBlock = 96 << 10;
+                               for (size_t off = 0; off < n; off += kBlock) {
+                                 const size_t m = std::min(kBlock, n - off);
+                                 crc = Crc32cExtend(crc, piece + off, m);
+                                 std::memcpy(out, piece + off, m);
+                                 out += m;
+                               }
+                             });
+                             if (crc != p.crc) return absl::DataLossError("checksum mismatch");
+                             next += p.data_size / kBytesPerElement;
+                             return absl::OkStatus();
+                           });
   if (!s.ok()) return s;
   if (next != end) return absl::DataLossError("stream ended before the end of the range");
   return absl::OkStatus();
@@ -425,37 +423,36 @@ absl::Status ZcPeerClient::ReadSlice(const std::string& address,
   uint64_t next = request.begin();
   const uint64_t end = request.end();
   std::vector<float> scratch;
-  absl::Status s = RawRead(
-      ChannelFor(address), request, timeout, &messages_, &slices_,
-      [&](const std::vector<grpc::Slice>* slices) -> absl::Status {
-        ParsedChunk p;
-        RETURN_IF_ERROR(Parse(slices, &p));
-        RETURN_IF_ERROR(CheckChunk(p, request.round(), next, end));
-        const size_t count = p.data_size / kBytesPerElement;
-        const uint8_t* contiguous = nullptr;
-        const float* data;
-        // Bytes in one slice and aligned: a view, no copy. Otherwise gather.
-        if (p.data_at.Contiguous(p.data_size, &contiguous) &&
-            reinterpret_cast<uintptr_t>(contiguous) % alignof(float) == 0) {
-          data = reinterpret_cast<const float*>(contiguous);
-        } else {
-          scratch.resize(count);
-          auto* out = reinterpret_cast<uint8_t*>(scratch.data());
-          p.data_at.Pieces(p.data_size, [&](const uint8_t* piece, size_t n) {
-            std::memcpy(out, piece, n);
-            out += n;
-          });
-          data = scratch.data();
-        }
-        if (Crc32cExtend(0, data, p.data_size) != p.crc) {
-          return absl::DataLossError("checksum mismatch");
-        }
-        if (!on_chunk(ChunkView{p.begin, data, count})) {
-          return absl::CancelledError("read cancelled by the caller");
-        }
-        next += count;
-        return absl::OkStatus();
-      });
+  absl::Status s = RawRead(ChannelFor(address), request, timeout, &messages_, &slices_,
+                           [&](const std::vector<grpc::Slice>* slices) -> absl::Status {
+                             ParsedChunk p;
+                             RETURN_IF_ERROR(Parse(slices, &p));
+                             RETURN_IF_ERROR(CheckChunk(p, request.round(), next, end));
+                             const size_t count = p.data_size / kBytesPerElement;
+                             const uint8_t* contiguous = nullptr;
+                             const float* data;
+                             // Bytes in one slice and aligned: a view, no copy. Otherwise gather.
+                             if (p.data_at.Contiguous(p.data_size, &contiguous) &&
+                                 reinterpret_cast<uintptr_t>(contiguous) % alignof(float) == 0) {
+                               data = reinterpret_cast<const float*>(contiguous);
+                             } else {
+                               scratch.resize(count);
+                               auto* out = reinterpret_cast<uint8_t*>(scratch.data());
+                               p.data_at.Pieces(p.data_size, [&](const uint8_t* piece, size_t n) {
+                                 std::memcpy(out, piece, n);
+                                 out += n;
+                               });
+                               data = scratch.data();
+                             }
+                             if (Crc32cExtend(0, data, p.data_size) != p.crc) {
+                               return absl::DataLossError("checksum mismatch");
+                             }
+                             if (!on_chunk(ChunkView{p.begin, data, count})) {
+                               return absl::CancelledError("read cancelled by the caller");
+                             }
+                             next += count;
+                             return absl::OkStatus();
+                           });
   if (!s.ok()) return s;
   if (next != end) return absl::DataLossError("stream ended before the end of the range");
   return absl::OkStatus();

@@ -51,7 +51,7 @@ class ZcPeerService final
   explicit ZcPeerService(const worker::ModelState* state, bool park_averaged_reads = true)
       : state_(state), park_averaged_reads_(park_averaged_reads) {}
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSlice(grpc::CallbackServerContext* ctx,
-                                                       const grpc::ByteBuffer* request) override;
+                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetPeerInfo(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::GetPeerInfoRequest* request,
                                         shoal::v1::PeerInfo* response) override;
@@ -71,9 +71,8 @@ class ZcPeerClient : public worker::PeerClient {
   // Reads [request.begin, request.end) into dst[begin, end) (dst points at
   // element 0). Bytes are copied while being checksummed, so a chunk that
   // then fails its CRC has already been written (the caller re-reads it).
-  absl::Status ReadSliceInto(const std::string& address,
-                             const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
-                             float* dst);
+  absl::Status ReadSliceInto(const std::string& address, const shoal::v1::ReadSliceRequest& request,
+                             absl::Duration timeout, float* dst);
 
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
                          absl::Duration timeout,

@@ -308,8 +308,8 @@ int RunDriver(Flags& flags) {
     }
     double mbps = 0;
     (void)absl::SimpleAtod(rest, &mbps);
-    cpu_total[v] += ProcessSchedSeconds(pair.server->pid()) +
-                    ProcessSchedSeconds(pair.client->pid()) - cpu0;
+    cpu_total[v] +=
+        ProcessSchedSeconds(pair.server->pid()) + ProcessSchedSeconds(pair.client->pid()) - cpu0;
     gb_total[v] += mib * 1048576.0 / 1e9;
     return mbps;
   };
@@ -346,23 +346,24 @@ int RunDriver(Flags& flags) {
   const double tcp_cpu = cpu_total[tcp_name] / gb_total[tcp_name];
   for (const std::string& v : variants) {
     const double c = cpu_total[v] / gb_total[v];
-    rows.push_back({absl::StrCat(v, " CPU-s/GB"), Fmt(c, 3),
-                    absl::StrCat("server + client, all threads",
-                                 v == tcp_name ? "  (baseline)"
-                                               : absl::StrCat("  ratio vs tcp ", Fmt(c / tcp_cpu, 2)))});
+    rows.push_back(
+        {absl::StrCat(v, " CPU-s/GB"), Fmt(c, 3),
+         absl::StrCat("server + client, all threads",
+                      v == tcp_name ? "  (baseline)"
+                                    : absl::StrCat("  ratio vs tcp ", Fmt(c / tcp_cpu, 2)))});
   }
   PrintTable(absl::StrCat("stream: ", mib, " MiB between two processes on loopback, ", reps,
                           " repetitions (after 1 warm-up)"),
              rows);
   std::string figures;
   for (const std::string& v : variants) {
-    absl::StrAppend(&figures, absl::StrReplaceAll(v, {{"+", "_"}}), "_MBps=",
-                    Fmt(Median(mbps[v]), 0), " ");
+    absl::StrAppend(&figures, absl::StrReplaceAll(v, {{"+", "_"}}),
+                    "_MBps=", Fmt(Median(mbps[v]), 0), " ");
   }
   const std::string main_variant = mbps.count("shoal") ? "shoal" : variants.front();
-  absl::StrAppend(&figures, "shoal_cpu_s_per_GB=",
-                  Fmt(cpu_total[main_variant] / gb_total[main_variant], 3), " tcp_cpu_s_per_GB=",
-                  Fmt(tcp_cpu, 3), " ");
+  absl::StrAppend(&figures,
+                  "shoal_cpu_s_per_GB=", Fmt(cpu_total[main_variant] / gb_total[main_variant], 3),
+                  " tcp_cpu_s_per_GB=", Fmt(tcp_cpu, 3), " ");
   std::printf("stream: %sreps=%d cores=%d ratio=%s\n", figures.c_str(), reps, Cores(),
               Fmt(Median(mbps[main_variant]) / tcp, 3).c_str());
   return 0;

@@ -27,7 +27,8 @@
 ABSL_FLAG(int, workers, 6, "Workers to keep around.");
 ABSL_FLAG(int, seconds, 180, "How long to run the chaos.");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed of the fault schedule.");
-ABSL_FLAG(std::string, bin_dir, "", "Directory of the binaries (default: $SHOAL_BIN_DIR or build/bin).");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Directory of the binaries (default: $SHOAL_BIN_DIR or build/bin).");
 ABSL_FLAG(std::string, data_dir, "", "Fashion-MNIST directory (default: Debian's).");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(5), "--round_timeout of the coordinator.");
 ABSL_FLAG(absl::Duration, connection_timeout, absl::Seconds(2),
@@ -49,7 +50,8 @@ struct Cluster {
   std::string StartCoordinator(const std::string& listen) {
     std::vector<std::string> argv = {bin + "/shoal-coordinator", "--listen=" + listen};
     argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
-    coordinator = Process::Start(argv, absl::StrCat(dir, "/coordinator-", ++coordinator_starts, ".log"));
+    coordinator =
+        Process::Start(argv, absl::StrCat(dir, "/coordinator-", ++coordinator_starts, ".log"));
     return coordinator->WaitForListenAddress(absl::Seconds(20));
   }
   void StartWorker() {
@@ -67,8 +69,10 @@ struct Cluster {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   Cluster c;
-  c.bin = absl::GetFlag(FLAGS_bin_dir).empty() ? shoal::testing::BinDir() : absl::GetFlag(FLAGS_bin_dir);
-  c.data = absl::GetFlag(FLAGS_data_dir).empty() ? shoal::testing::DataDir() : absl::GetFlag(FLAGS_data_dir);
+  c.bin = absl::GetFlag(FLAGS_bin_dir).empty() ? shoal::testing::BinDir()
+                                               : absl::GetFlag(FLAGS_bin_dir);
+  c.data = absl::GetFlag(FLAGS_data_dir).empty() ? shoal::testing::DataDir()
+                                                 : absl::GetFlag(FLAGS_data_dir);
   shoal::testing::TempDir tmp;
   c.dir = tmp.path();
   c.state = c.dir + "/state";
@@ -76,10 +80,13 @@ int main(int argc, char** argv) {
   const absl::Duration connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
   const int retries = absl::GetFlag(FLAGS_max_connection_retry);
   c.coordinator_flags = {
-      "--min_participants=2", "--local_steps=30", "--heartbeat_lease=3s",
+      "--min_participants=2",
+      "--local_steps=30",
+      "--heartbeat_lease=3s",
       absl::StrCat("--round_timeout=", absl::FormatDuration(round_timeout)),
       absl::StrCat("--connection_timeout=", absl::FormatDuration(connection_timeout)),
-      absl::StrCat("--max_connection_retry=", retries), "--max_missed_rounds=0",
+      absl::StrCat("--max_connection_retry=", retries),
+      "--max_missed_rounds=0",
       "--state_dir=" + c.state};
   c.addr = c.StartCoordinator("127.0.0.1:0");
   if (c.addr.empty()) {
@@ -177,8 +184,10 @@ int main(int argc, char** argv) {
     if (w.model_round() != final_status.last_completed_round()) continue;
     (w.model_hash() == final_status.model_hash() ? agreeing : disagreeing)++;
   }
-  const absl::Duration bound = round_timeout + connection_timeout * (retries + 1) + absl::Seconds(5);
-  std::cout << absl::StrFormat("chaos: %d workers, %ds, %d faults:", n, absl::GetFlag(FLAGS_seconds), faults);
+  const absl::Duration bound =
+      round_timeout + connection_timeout * (retries + 1) + absl::Seconds(5);
+  std::cout << absl::StrFormat("chaos: %d workers, %ds, %d faults:", n,
+                               absl::GetFlag(FLAGS_seconds), faults);
   for (const auto& [k, v] : fault_counts) std::cout << " " << k << "=" << v;
   std::cout << "\n";
   const bool ok = mismatches == 0 && disagreeing == 0 && agreeing > 0 && longest_stall <= bound &&
@@ -188,6 +197,7 @@ int main(int argc, char** argv) {
       "final_agreeing=%d final_disagreeing=%d result=%s\n",
       final_status.last_completed_round() - first_round, absl::ToDoubleSeconds(longest_stall),
       absl::ToDoubleSeconds(bound), mismatches, agreeing, disagreeing, ok ? "PASS" : "FAIL");
-  if (!ok) std::cout << "chaos: logs kept in " << c.dir << " until exit\n" << final_status.DebugString();
+  if (!ok)
+    std::cout << "chaos: logs kept in " << c.dir << " until exit\n" << final_status.DebugString();
   return ok ? 0 : 1;
 }

@@ -7,8 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/logging.h"
 #include "bench/proto_coordinator/core/shard_planner.h"
+#include "common/logging.h"
 
 namespace shoal::coordinator {
 namespace {
