@@ -85,7 +85,7 @@ run_coordinator() {
   [[ "$QUICK" == 1 ]] && reps=1 large=200 rounds_small=300 rounds_large=4
   mkdir -p "$OUT/coordinator"
   [[ -n "$PROTO_COORDINATOR" ]] ||
-    echo "bench coordinator: bench/proto_coordinator no longer builds (see $OUT/build.log); prototype not measured"
+    echo "bench coordinator: no coordinator prototype in this tree (bench/RESULTS.md has its figures); not measured"
   "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" \
     --proto_bin="$PROTO_COORDINATOR" --small=10 \
     --large=$large --reps=$reps --rounds_small=$rounds_small --rounds_large=$rounds_large \
