@@ -133,7 +133,7 @@ int RunDriver(Flags& flags) {
     worker::SyncStats stats;
     const absl::Time start = absl::Now();
     absl::Status s =
-        syncer.Sync(kRound, hash, configs.at(name), {}, dst, total, "w99", &progress, {}, &stats);
+        syncer.Sync(kRound, hash, configs.at(name), dst, total, "w99", &progress, {}, &stats);
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
     if (!s.ok()) {
       std::fprintf(stderr, "latejoin: sync from %s failed: %s\n", name.c_str(),

@@ -994,9 +994,8 @@ void SyncRun::FillStats(SyncStats* stats) {
 }  // namespace
 
 absl::Status ModelSyncer::Sync(uint64_t round, const std::string& expected_hash,
-                               const std::vector<std::string>& holders,
-                               const std::vector<uint64_t>& layer_offsets, float* dst,
-                               uint64_t total, const std::string& self_id, SyncProgress* progress,
+                               const std::vector<std::string>& holders, float* dst, uint64_t total,
+                               const std::string& self_id, SyncProgress* progress,
                                const CheckpointFallback& fallback, SyncStats* stats) {
   SyncStats local;
   if (stats == nullptr) stats = &local;

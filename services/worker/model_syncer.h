@@ -126,12 +126,10 @@ class ModelSyncer {
   // Fills dst[0, total) with the model of `round` whose hash is
   // `expected_hash`, read from `holders` (and from `fallback` what they
   // cannot serve). UNAVAILABLE when neither can serve some piece, DATA_LOSS
-  // when the whole-model hash never matches. `layer_offsets` is no longer
-  // needed (the holders' manifests carry the layer table) and is ignored;
-  // `self_id` is for logs. `stats` (optional) gets what happened.
+  // when the whole-model hash never matches (the holders' manifests carry
+  // the layer table); `self_id` is for logs. `stats` (optional) gets what happened.
   absl::Status Sync(uint64_t round, const std::string& expected_hash,
-                    const std::vector<std::string>& holders,
-                    const std::vector<uint64_t>& layer_offsets, float* dst, uint64_t total,
+                    const std::vector<std::string>& holders, float* dst, uint64_t total,
                     const std::string& self_id, SyncProgress* progress,
                     const CheckpointFallback& fallback = {}, SyncStats* stats = nullptr);
 

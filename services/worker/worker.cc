@@ -197,8 +197,8 @@ void Worker::CatchUp(uint64_t round, const std::string& hash,
     }
   }
   ModelSyncer syncer(peers_.get(), options_.sync);
-  absl::Status s = syncer.Sync(round, hash, sources, /*layer_offsets=*/{}, snapshot_.data(),
-                               snapshot_.size(), worker_id_, &sync_progress_, fallback);
+  absl::Status s = syncer.Sync(round, hash, sources, snapshot_.data(), snapshot_.size(), worker_id_,
+                               &sync_progress_, fallback);
   if (!s.ok()) {
     // Keep what we had; the next average folds this worker's model in.
     std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));

@@ -114,7 +114,7 @@ class LateJoinTest : public ::testing::Test {
   absl::Status Sync(const CheckpointFallback& fallback = {}) {
     dst_.assign(kTotal, 0.0f);
     ModelSyncer syncer(&client_, options_);
-    return syncer.Sync(kRound, hash_, addresses_, {}, dst_.data(), kTotal, "joiner", &progress_,
+    return syncer.Sync(kRound, hash_, addresses_, dst_.data(), kTotal, "joiner", &progress_,
                        fallback, &stats_);
   }
 

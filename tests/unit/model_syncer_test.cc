@@ -297,7 +297,7 @@ class ModelSyncerTest : public ::testing::Test {
                     const CheckpointFallback& fallback = {}) {
     dst_.assign(kTotal, 0.0f);
     ModelSyncer syncer(peers, options_);
-    return syncer.Sync(kRound, hash_, holders, {}, dst_.data(), kTotal, "w9", &progress_, fallback,
+    return syncer.Sync(kRound, hash_, holders, dst_.data(), kTotal, "w9", &progress_, fallback,
                        &stats_);
   }
 
