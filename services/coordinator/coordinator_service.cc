@@ -145,6 +145,12 @@ void CoordinatorService::Register(const std::string& worker_id, SessionReactor* 
     if (old != nullptr) {
       old->Close(grpc::Status(grpc::StatusCode::ABORTED, "superseded by a newer session"));
     }
+    // Directives sent before the Hello was processed go out now.
+    auto pending = pending_.find(worker_id);
+    if (pending != pending_.end()) {
+      for (auto& msg : pending->second) session->Enqueue(std::move(msg));
+      pending_.erase(pending);
+    }
   }
 }
 
@@ -162,7 +168,15 @@ void CoordinatorService::Deliver(const Directives& directives) {
   for (const Directive& d : directives) {
     auto it = sessions_.find(d.worker_id);
     if (it == sessions_.end()) {
-      SHOAL_VLOG(1) << "no session for " << d.worker_id << "; directive dropped";
+      // A worker may call JoinRound before its session's Hello is processed:
+      // keep its directives until the session registers (bounded).
+      if (engine_->IsActive(d.worker_id)) {
+        auto& queue = pending_[d.worker_id];
+        queue.push_back(d.message);
+        if (queue.size() > kMaxPending) queue.pop_front();
+      } else {
+        SHOAL_VLOG(1) << "no session for " << d.worker_id << "; directive dropped";
+      }
       continue;
     }
     it->second->Enqueue(d.message);
@@ -173,6 +187,9 @@ void CoordinatorService::Tick() {
   Deliver(engine_->Tick());
   // Close the sessions of workers the engine no longer knows (evicted).
   absl::MutexLock lock(&mu_);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    it = engine_->IsActive(it->first) ? std::next(it) : pending_.erase(it);
+  }
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!engine_->IsActive(it->first)) {
       it->second->Close(

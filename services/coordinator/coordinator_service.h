@@ -4,6 +4,7 @@
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -70,6 +71,10 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
   const std::function<void()> on_change_;
   absl::Mutex mu_;
   std::map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
+  // Directives for active workers whose session has not registered yet
+  // (lock order: mu_, then the engine's).
+  static constexpr size_t kMaxPending = 64;
+  std::map<std::string, std::deque<shoal::v1::CoordinatorMessage>> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -815,4 +815,35 @@ TEST_F(CoordinatorRpcTest, HealthCheckReportsServing) {
 }
 
 }  // namespace
+// A worker may call JoinRound before the coordinator has processed its
+// session's Hello: the RoundStart must still reach it (it is held until the
+// session registers), not be dropped.
+TEST_F(CoordinatorRpcTest, RoundStartReachesAWorkerWhoseSessionIsStillRegistering) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    workers_.clear();
+    TestWorker* a = AddWorker(100 + 2 * attempt);
+    TestWorker* b = AddWorker(101 + 2 * attempt);
+    for (TestWorker* w : {a, b}) {
+      SessionLog* log = &w->log;
+      ASSERT_TRUE(w->client
+                      ->OpenSession(
+                          w->id, kHeartbeat, [log](const CoordinatorMessage& m) { log->Add(m); },
+                          [log](const absl::Status& st) { log->Closed(st); })
+                      .ok());
+      // No wait for a heartbeat here: JoinRound races the Hello.
+      ASSERT_TRUE(w->client->JoinRound(w->id, 0).ok());
+    }
+    const uint64_t round = server_->engine().Status().round();
+    for (TestWorker* w : {a, b}) {
+      EXPECT_TRUE(WaitUntil([&] { return w->log.Has(CoordinatorMessage::kRoundStart, round); },
+                            absl::Seconds(5)))
+          << "attempt " << attempt << ": " << w->id << " never got RoundStart(" << round << ")";
+    }
+    if (HasFailure()) return;
+    for (TestWorker* w : {a, b}) w->client->CloseSession();
+    ASSERT_TRUE(
+        WaitUntil([&] { return server_->engine().Status().members() == 0; }, absl::Seconds(5)));
+  }
+}
+
 }  // namespace shoal
