@@ -39,7 +39,8 @@ test-e2e: build
 
 # The image, docker-compose on host networking, a killed and an added worker
 # (scripts/test-deploy.sh). Needs root; starts and stops its own Docker engine;
-# long (base image + image build): not part of `make test` or CI.
+# 5-10 minutes (base image + image build): not part of `make test`; .ci/run
+# runs it after `make test`.
 test-deploy:
 	@BUILD=$(BUILD) bash scripts/test-deploy.sh
 

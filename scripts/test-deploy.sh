@@ -9,7 +9,8 @@
 #  4. docker build of the image;
 #  5. bad input: containers with a wrong coordinator address, no volume on a
 #     read-only root, a bad run configuration must exit non-zero with a clear message;
-#  6. deploy/docker-compose.hostnet.yml up (unique project name, free ports);
+#  6. docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.hostnet.yml
+#     up (unique project name, free ports);
 #     waits for 3 completed rounds, checks the image's health checks; kills a
 #     worker (SIGKILL) and sees rounds go on; scales the workers up by one and
 #     sees the new one take part with the run's model hash; exports a
@@ -30,7 +31,8 @@ BASE_IMAGE=debian:bookworm
 BUILD_TIMEOUT="${SHOAL_DEPLOY_BUILD_TIMEOUT:-3600}"
 WAIT="${SHOAL_DEPLOY_WAIT:-300}"
 PY=/usr/bin/python3
-COMPOSE_FILE="$ROOT/deploy/docker-compose.hostnet.yml"
+# The base file with the host-network override, exactly as the README shows it.
+COMPOSE_FILES=(-f "$ROOT/deploy/docker-compose.yml" -f "$ROOT/deploy/docker-compose.hostnet.yml")
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 
 START=$(date +%s)
@@ -56,11 +58,11 @@ cleanup() {
   if [[ -n "$PROJECT" ]]; then
     if [[ $RESULT -ne 0 ]]; then
       log "logs of the cluster (last lines per container):"
-      timeout 60 $COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE" logs --no-color --tail=25 2>&1 |
+      timeout 60 $COMPOSE -p "$PROJECT" "${COMPOSE_FILES[@]}" logs --no-color --tail=25 2>&1 |
         sed 's/^/    /' | tail -n 200
     fi
     log "tearing down compose project $PROJECT"
-    timeout 180 $COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE" down -v --remove-orphans -t 20 \
+    timeout 180 $COMPOSE -p "$PROJECT" "${COMPOSE_FILES[@]}" down -v --remove-orphans -t 20 \
       >"$WORK/down.log" 2>&1 || { log "compose down failed:"; tail -n 20 "$WORK/down.log"; }
   fi
   if [[ -n "$DOCKERD_PID" ]]; then
@@ -175,10 +177,10 @@ log "built $IMAGE: $((IMAGE_BYTES / 1000000)) MB in ${TIMES[build]}s"
 # --------------------------------------------------------- host's shoalctl --
 case "$BUILD" in /*) BUILD_DIR="$BUILD" ;; *) BUILD_DIR="$ROOT/$BUILD" ;; esac
 SHOALCTL="$BUILD_DIR/bin/shoalctl"
-if [[ ! -x "$SHOALCTL" ]]; then
-  log "building $BUILD_DIR/bin/shoalctl"
+if [[ ! -x "$SHOALCTL" || ! -x "$BUILD_DIR/bin/shoal-reflect-call" ]]; then
+  log "building $BUILD_DIR/bin/shoalctl and shoal-reflect-call"
   make --no-print-directory configure BUILD="$BUILD_DIR" >/dev/null
-  timeout 1800 ninja -C "$BUILD_DIR" shoalctl >"$WORK/shoalctl-build.log" 2>&1 ||
+  timeout 1800 ninja -C "$BUILD_DIR" shoalctl shoal-reflect-call >"$WORK/shoalctl-build.log" 2>&1 ||
     { tail -n 30 "$WORK/shoalctl-build.log"; fail "building shoalctl"; }
 fi
 
@@ -223,7 +225,7 @@ PROJECT="shoal-test-deploy-$$-$(date +%s)"
 export SHOAL_IMAGE="$IMAGE" SHOAL_COORDINATOR_PORT="$CPORT" SHOAL_CHECKPOINT_PORT="$KPORT" \
   SHOAL_RUN_ID="$PROJECT" SHOAL_MIN_PARTICIPANTS=2 SHOAL_LOCAL_STEPS=50 SHOAL_ROUNDS=0 \
   SHOAL_CHECKPOINT_EVERY=5 SHOAL_CHECKPOINT_RETAIN=3
-COMPOSE_P=($COMPOSE -p "$PROJECT" -f "$COMPOSE_FILE")
+COMPOSE_P=($COMPOSE -p "$PROJECT" "${COMPOSE_FILES[@]}")
 
 status_json() { "$SHOALCTL" status --coordinator="127.0.0.1:$CPORT" --json --rpc_timeout=5s 2>/dev/null; }
 # field EXPR: a Python expression over the status `s` (None when unreachable).
@@ -261,6 +263,20 @@ wait_for "3 completed rounds" rounds_at_least 3
 elapsed rounds3 "$t"
 log "3 rounds completed ${TIMES[rounds3]}s after compose up; $(field '"%s workers, model %s" % (s["members"], s["model_hash"][:12])')"
 [[ $(worker_ids | wc -l) -eq 3 ]] || fail "expected 3 worker containers"
+[[ -z $(service_container net) ]] || fail "the base file's network holder started with the host-network override"
+
+# Round status through server reflection alone, as grpcurl does it (grpcurl is
+# not packaged in Debian; shoal-reflect-call carries no Shoal protos).
+REFLECT="$BUILD_DIR/bin/shoal-reflect-call"
+timeout 30 "$REFLECT" "127.0.0.1:$CPORT" shoal.v1.Coordinator/GetRunStatus >"$WORK/status.json" 2>&1 ||
+  { cat "$WORK/status.json"; fail "GetRunStatus through reflection"; }
+grep -q '"lastCompletedRound"' "$WORK/status.json" || { cat "$WORK/status.json"; fail "no lastCompletedRound in GetRunStatus"; }
+log "GetRunStatus through reflection: $(grep -o '"lastCompletedRound": *"*[0-9]*"*' "$WORK/status.json")"
+if command -v grpcurl >/dev/null 2>&1; then
+  timeout 30 grpcurl -plaintext "127.0.0.1:$CPORT" shoal.v1.Coordinator/GetRunStatus >/dev/null ||
+    fail "grpcurl GetRunStatus"
+  log "grpcurl GetRunStatus: ok"
+fi
 
 # The image's HEALTHCHECK (shoalctl against the coordinator and the store).
 COORD_C=$(service_container coordinator)

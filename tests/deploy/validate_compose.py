@@ -1,14 +1,19 @@
 #!/usr/bin/python3
-"""Offline checks of the compose files (deploy/docker-compose.yml and
-deploy/docker-compose.hostnet.yml), with no Docker engine.
+"""Offline checks of the compose files, with no Docker engine:
+deploy/docker-compose.yml alone (the project network) and with the
+deploy/docker-compose.hostnet.yml override layered on it (host networking).
 
-Interpolates ${VAR:-default} with the defaults (as with an empty
+Merges the override the way compose does for the keys the files use,
+interpolates ${VAR:-default} with the defaults (as with an empty
 environment), then checks that every flag handed to a binary is one of its
-flags, that published ports and addresses agree with the --listen flags,
-that workers can be scaled (no fixed name or port) and advertise an address
-their peers reach, that data directories are named volumes, and that the
-image's HEALTHCHECK ports apply. When docker-compose is installed,
-`docker-compose config -q` must accept each file too.
+flags, that published ports and addresses agree with the --listen flags
+(also through the network holder whose namespace the coordinator and the
+store share), that no service started with host networking publishes ports
+(docker-compose 1.29 refuses that), that workers can be scaled (no fixed
+name or port) and advertise an address their peers reach, that data
+directories are named volumes, and that the image's HEALTHCHECK ports apply.
+When docker-compose is installed, `docker-compose config -q` must accept the
+base file and the pair too.
 
   /usr/bin/python3 tests/deploy/validate_compose.py --repo=. --bin_dir=build/bin
 """
@@ -98,20 +103,59 @@ def seconds(duration):
     return int(m.group(1) or 0) * 60 + int(m.group(2) or 0)
 
 
-def check_file(path, host_mode, bin_dir, repo, c):
-    name = os.path.relpath(path, repo)
+def load(path, c):
     with open(path) as f:
         raw = yaml.safe_load(f)
     if not c.ok(isinstance(raw, dict) and isinstance(raw.get("services"), dict),
-                f"{name}: no services"):
-        return
+                f"{path}: no services"):
+        return None
+    return raw
+
+
+def merge_override(base, override):
+    """docker-compose's merge of an override file, for the keys Shoal's files
+    use: a service's scalars, command and healthcheck are replaced,
+    environment and other mappings merged, ports/profiles/lists unioned."""
+    out = dict(base)
+    out["services"] = {k: dict(v) for k, v in base["services"].items()}
+    for svc_name, over in override["services"].items():
+        svc = out["services"].setdefault(svc_name, {})
+        for key, value in over.items():
+            if key in ("command", "healthcheck", "entrypoint") or not isinstance(
+                    svc.get(key), (dict, list)):
+                svc[key] = value
+            elif isinstance(value, dict):
+                svc[key] = {**svc[key], **value}
+            else:
+                svc[key] = svc[key] + [v for v in value if v not in svc[key]]
+    for key in ("volumes", "networks"):
+        if override.get(key):
+            out[key] = {**(out.get(key) or {}), **override[key]}
+    return out
+
+
+def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
+    """name: what to call it in messages; raw: the (merged) file as parsed;
+    base_dir: the directory build contexts are relative to."""
     doc = interpolate(raw, name, c)
     c.ok(str(doc.get("version", "")).startswith("3."),
          f"{name}: version should be 3.x (docker-compose 1.29 and docker compose)")
-    services = doc["services"]
+    # Services with a profile are not started by a plain `up`.
+    services = {k: v for k, v in doc["services"].items() if not v.get("profiles")}
     declared_volumes = set((doc.get("volumes") or {}).keys())
     for svc_name in ("coordinator", "checkpoint", "worker"):
-        c.ok(svc_name in services, f"{name}: no service {svc_name}")
+        c.ok(svc_name in services, f"{name}: no service {svc_name} (or it has a profile)")
+
+    # Network holders: services whose network namespace others join
+    # (network_mode: service:NAME). They publish the ports of their guests.
+    guests = {}
+    for svc_name, svc in services.items():
+        mode = str(svc.get("network_mode", ""))
+        if mode.startswith("service:"):
+            holder = mode[len("service:"):]
+            guests.setdefault(holder, []).append(svc_name)
+            c.ok(holder in services, f"{name}: {svc_name} joins the network of {holder}, "
+                                     f"which is not started")
 
     info = {}  # service -> (binary, flags dict, listen (host, port))
     for svc_name, svc in services.items():
@@ -120,9 +164,25 @@ def check_file(path, host_mode, bin_dir, repo, c):
              f"{where}: image should be ${{SHOAL_IMAGE:-shoal:latest}}")
         build = svc.get("build")
         if c.ok(isinstance(build, dict), f"{where}: no build section"):
-            ctx = os.path.normpath(os.path.join(os.path.dirname(path), build.get("context", ".")))
+            ctx = os.path.normpath(os.path.join(base_dir, build.get("context", ".")))
             df = os.path.join(ctx, build.get("dockerfile", "Dockerfile"))
             c.ok(os.path.isfile(df), f"{where}: build context {ctx} has no {df}")
+        if host_mode:
+            c.ok(svc.get("network_mode") == "host", f"{where}: network_mode should be host")
+            c.ok(not svc.get("ports"), f"{where}: published ports do not go with "
+                                       f"network_mode: host (docker-compose 1.29 refuses them)")
+        if svc_name in guests:
+            # A holder runs no server; it must outlive its guests and stop on SIGTERM.
+            c.ok(svc.get("restart") in ("unless-stopped", "always"),
+                 f"{where}: holds the network of {guests[svc_name]} and should restart "
+                 f"unless-stopped")
+            hc = svc.get("healthcheck") or {}
+            c.ok(hc.get("disable") or hc.get("test") == ["NONE"],
+                 f"{where}: runs no server, its health check should be disabled")
+            cmd = svc.get("command")
+            c.ok(isinstance(cmd, list) and "trap" in " ".join(map(str, cmd)),
+                 f"{where}: as PID 1 the shell ignores SIGTERM unless it traps it")
+            continue
         binary, argv, via_shell = command_of(svc, where, c)
         if not c.ok(binary in dc.SERVERS, f"{where}: runs {binary}, not one of {dc.SERVERS}"):
             continue
@@ -146,14 +206,14 @@ def check_file(path, host_mode, bin_dir, repo, c):
             env = dict(e.split("=", 1) for e in env if "=" in e)
 
         if host_mode:
-            c.ok(svc.get("network_mode") == "host", f"{where}: network_mode should be host")
-            c.ok(not ports, f"{where}: published ports do not go with network_mode: host "
-                            f"(docker-compose 1.29 refuses them)")
             c.ok(host == "127.0.0.1", f"{where}: --listen should be on 127.0.0.1, is {host}")
         else:
-            c.ok("network_mode" not in svc, f"{where}: network_mode set on the project network")
+            mode = str(svc.get("network_mode", ""))
+            c.ok(mode == "" or mode.startswith("service:"),
+                 f"{where}: network_mode {mode} on the project network")
             c.ok(host == "0.0.0.0", f"{where}: --listen host {host}: other containers cannot "
                                     f"reach it (use 0.0.0.0)")
+            c.ok(not (ports and mode), f"{where}: publishes ports in another's network")
             for _, _, target in ports:
                 c.ok(target == port, f"{where}: publishes container port {target}, the server "
                                      f"listens on {port}")
@@ -205,6 +265,26 @@ def check_file(path, host_mode, bin_dir, repo, c):
 
     if not all(s in info for s in ("coordinator", "checkpoint", "worker")):
         return
+
+    def published(svc_name):
+        """Container ports published for a service (by itself or its holder)."""
+        svc = services[svc_name]
+        mode = str(svc.get("network_mode", ""))
+        owner = services.get(mode[len("service:"):], {}) if mode.startswith("service:") else svc
+        return [parse_port(p)[2] for p in owner.get("ports") or []]
+
+    def reachable_as(svc_name):
+        """Names other containers reach a service by on the project network."""
+        svc = services[svc_name]
+        mode = str(svc.get("network_mode", ""))
+        if not mode.startswith("service:"):
+            return {svc_name}
+        nets = services.get(mode[len("service:"):], {}).get("networks") or {}
+        names = set()
+        for net in (nets.values() if isinstance(nets, dict) else []):
+            names.update((net or {}).get("aliases") or [])
+        return names
+
     coord_port = info["coordinator"][2][1]
     ckpt_port = info["checkpoint"][2][1]
     worker_vals = info["worker"][1]
@@ -217,9 +297,17 @@ def check_file(path, host_mode, bin_dir, repo, c):
     else:
         want_coord = f"coordinator:{coord_port}"
         want_ckpt = f"checkpoint:{ckpt_port}"
-        c.ok(any(t == coord_port for _, _, t in (parse_port(p) for p in
-                                                 services["coordinator"].get("ports") or [])),
+        c.ok(coord_port in published("coordinator"),
              f"{name}: the coordinator's port is not published (grpcurl from the host)")
+        c.ok(ckpt_port in published("checkpoint"),
+             f"{name}: the store's port is not published (shoalctl checkpoints from the host)")
+        for svc_name in ("coordinator", "checkpoint"):
+            c.ok(svc_name in reachable_as(svc_name),
+                 f"{name}: other containers cannot reach {svc_name} by that name (its network "
+                 f"holder needs the alias)")
+        if guests:
+            c.ok(ckpt_port != coord_port, f"{name}: the coordinator and the store share a "
+                                          f"network namespace and need distinct ports")
     c.ok(worker_vals.get("coordinator") == want_coord,
          f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected {want_coord}")
     c.ok(coord_vals.get("checkpoint_store") == want_ckpt,
@@ -229,9 +317,16 @@ def check_file(path, host_mode, bin_dir, repo, c):
     deps = services["worker"].get("depends_on") or []
     c.ok("coordinator" in deps, f"{name}: worker should depend on the coordinator")
 
+
+
+def compose_config(files, name, c):
+    """`docker-compose config -q` on the files, when docker-compose is installed."""
     compose = shutil.which("docker-compose")
     if compose:
-        proc = subprocess.run([compose, "-f", path, "config", "-q"], stdout=subprocess.PIPE,
+        args = [compose]
+        for f in files:
+            args += ["-f", f]
+        proc = subprocess.run(args + ["config", "-q"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=120, check=False,
                               env={k: v for k, v in os.environ.items()
                                    if not k.startswith("SHOAL_")})
@@ -249,8 +344,19 @@ def main():
     args = ap.parse_args()
     c = dc.Checker("ComposeFiles")
     deploy = os.path.join(args.repo, "deploy")
-    check_file(os.path.join(deploy, "docker-compose.yml"), False, args.bin_dir, args.repo, c)
-    check_file(os.path.join(deploy, "docker-compose.hostnet.yml"), True, args.bin_dir, args.repo, c)
+    base_path = os.path.join(deploy, "docker-compose.yml")
+    host_path = os.path.join(deploy, "docker-compose.hostnet.yml")
+    base, override = load(base_path, c), load(host_path, c)
+    base_name = "deploy/docker-compose.yml"
+    pair_name = base_name + " + deploy/docker-compose.hostnet.yml"
+    if base:
+        check_doc(base_name, base, False, deploy, args.bin_dir, c)
+        compose_config([base_path], base_name, c)
+    if base and override:
+        c.ok(not any(svc.get("ports") for svc in override["services"].values()),
+             "deploy/docker-compose.hostnet.yml: an override cannot remove ports, only add")
+        check_doc(pair_name, merge_override(base, override), True, deploy, args.bin_dir, c)
+        compose_config([base_path, host_path], pair_name, c)
     return c.finish()
 
 
