@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->engine_ = std::make_unique<RoundEngine>(options.engine, clock);
   CoordinatorServer* raw = server.get();
   server->service_ =
-      std::make_unique<CoordinatorService>(server->engine_.get(), [raw] { raw->Persist(); });
+      std::make_unique<CoordinatorService>(server->engine_.get(), clock, [raw] { raw->Persist(); });
   server->Persist();
   auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
   if (!grpc_server.ok()) return grpc_server.status();

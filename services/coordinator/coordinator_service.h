@@ -1,35 +1,63 @@
 // gRPC adapter of the coordinator: decodes requests, calls the RoundEngine
 // and pushes the directives it returns onto the workers' session streams.
 // Callback API only; no handler ever blocks a gRPC thread.
+//
+// Two methods are raw (grpc::ByteBuffer in and out, same wire format):
+// Session, so that a directive broadcast to N workers (a RoundPlan lists all
+// N participants) is serialized once and its bytes (reference-counted
+// slices) are shared by every stream instead of serialized per recipient;
+// and GetRunStatus, served from cached bytes until the engine's status
+// changes.
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <deque>
 #include <functional>
-#include <map>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 #include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/versioned_cache.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 
 namespace shoal::coordinator {
 
 class SessionReactor;
 
+// Coordinator::CallbackService with Session and GetRunStatus raw.
+using CoordinatorServiceBase = shoal::v1::Coordinator::WithCallbackMethod_Join<
+    shoal::v1::Coordinator::WithRawCallbackMethod_Session<
+        shoal::v1::Coordinator::WithCallbackMethod_JoinRound<
+            shoal::v1::Coordinator::WithCallbackMethod_ReportReady<
+                shoal::v1::Coordinator::WithCallbackMethod_ReportRoundDone<
+                    shoal::v1::Coordinator::WithCallbackMethod_ConnectionsReady<
+                        shoal::v1::Coordinator::WithCallbackMethod_ReportCheckpoint<
+                            shoal::v1::Coordinator::WithCallbackMethod_Leave<
+                                shoal::v1::Coordinator::WithRawCallbackMethod_GetRunStatus<
+                                    shoal::v1::Coordinator::Service>>>>>>>>>;
+
 // Thread-safe. Owns the registry of open session streams.
-class CoordinatorService final : public shoal::v1::Coordinator::CallbackService {
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
+  // A cached GetRunStatus answer is at most this old even when nothing but
+  // heartbeats happened (they move last_seen_ms_ago and nothing else).
+  static constexpr absl::Duration kStatusMaxAge = absl::Milliseconds(100);
+
   // `on_change` runs after every engine call, before directives go out (the
-  // server persists the run record there).
-  CoordinatorService(RoundEngine* engine, std::function<void()> on_change)
-      : engine_(engine), on_change_(std::move(on_change)) {}
+  // server persists the run record there). `clock` ages the status cache.
+  CoordinatorService(RoundEngine* engine, const Clock* clock, std::function<void()> on_change)
+      : engine_(engine), clock_(clock), on_change_(std::move(on_change)) {}
   ~CoordinatorService() override;
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
                                  const shoal::v1::JoinRequest* request,
                                  shoal::v1::JoinResponse* response) override;
-  grpc::ServerBidiReactor<shoal::v1::WorkerMessage, shoal::v1::CoordinatorMessage>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
                                       const shoal::v1::JoinRoundRequest* request,
@@ -50,8 +78,8 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
                                   const shoal::v1::LeaveRequest* request,
                                   shoal::v1::LeaveResponse* response) override;
   grpc::ServerUnaryReactor* GetRunStatus(grpc::CallbackServerContext* ctx,
-                                         const shoal::v1::GetRunStatusRequest* request,
-                                         shoal::v1::RunStatus* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
   // Pushes directives to the sessions they are addressed to; a worker with
   // no open session misses them (it re-syncs through its unary calls).
@@ -68,14 +96,23 @@ class CoordinatorService final : public shoal::v1::Coordinator::CallbackService 
   bool Unregister(const std::string& worker_id, SessionReactor* session);
 
   RoundEngine* const engine_;
+  const Clock* const clock_;
   const std::function<void()> on_change_;
   absl::Mutex mu_;
-  std::map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
-  // Directives for active workers whose session has not registered yet
-  // (lock order: mu_, then the engine's).
+  absl::flat_hash_map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
+  // Serialized directives for active workers whose session has not
+  // registered yet (lock order: mu_, then the engine's).
   static constexpr size_t kMaxPending = 64;
-  std::map<std::string, std::deque<shoal::v1::CoordinatorMessage>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::deque<grpc::ByteBuffer>> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // The engine's departures() when Tick last matched the sessions against
+  // the members (nobody to close while it has not moved).
+  uint64_t departures_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  // The serialized RunStatus of the engine's current status_version().
+  // Held while rebuilding, so that concurrent callers wait for one rebuild
+  // instead of each taking the engine lock for an O(members) build.
+  absl::Mutex status_mu_;
+  VersionedCache<grpc::ByteBuffer> status_cache_ ABSL_GUARDED_BY(status_mu_){kStatusMaxAge};
 };
 
 }  // namespace shoal::coordinator

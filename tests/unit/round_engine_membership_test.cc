@@ -47,7 +47,7 @@ std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
 std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
   std::vector<std::string> ids;
   for (const Directive& d : ds) {
-    if (d.message.kind_case() == kind) ids.push_back(d.worker_id);
+    if (d.message->kind_case() == kind) ids.push_back(d.worker_id);
   }
   return ids;
 }
@@ -55,7 +55,7 @@ std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase k
 CoordinatorMessage MessageFor(const Directives& ds, const std::string& id,
                               CoordinatorMessage::KindCase kind) {
   for (const Directive& d : ds) {
-    if (d.worker_id == id && d.message.kind_case() == kind) return d.message;
+    if (d.worker_id == id && d.message->kind_case() == kind) return *d.message;
   }
   ADD_FAILURE() << "no directive of kind " << kind << " for " << id;
   return CoordinatorMessage();
@@ -97,6 +97,16 @@ struct JoinArgs {
 
 class MembershipTest : public ::testing::Test {
  protected:
+  // The engine keeps O(1) barrier counters and participant/queue sets next
+  // to the members' flags; every helper below checks them against a full
+  // recount, so every test of this file also tests them.
+  void TearDown() override {
+    if (engine_ != nullptr) ExpectConsistent();
+  }
+  void ExpectConsistent() {
+    EXPECT_TRUE(engine_->CountersConsistentForTesting()) << engine_->Status().DebugString();
+  }
+
   void Start(const Options& o = Options()) {
     EngineOptions options;
     options.config.set_model("mlp");
@@ -136,6 +146,7 @@ class MembershipTest : public ::testing::Test {
     EXPECT_TRUE(joined.ok()) << joined.status();
     if (!joined.ok()) return {};
     EXPECT_TRUE(engine_->Connect(joined->response.worker_id()).ok());
+    ExpectConsistent();
     return joined->response;
   }
 
@@ -146,6 +157,7 @@ class MembershipTest : public ::testing::Test {
   Directives JoinRoundOk(const std::string& id, uint64_t round, uint64_t expected_admitted) {
     Directives out;
     absl::StatusOr<uint64_t> admitted = engine_->JoinRound(id, round, &out);
+    ExpectConsistent();
     EXPECT_TRUE(admitted.ok()) << admitted.status();
     if (admitted.ok()) {
       EXPECT_EQ(*admitted, expected_admitted) << id;
@@ -159,7 +171,9 @@ class MembershipTest : public ::testing::Test {
     request.set_round(round);
     request.set_total_elements(kTotal);
     request.set_train_loss(0.5);
-    return engine_->ReportReady(request, out);
+    const absl::Status s = engine_->ReportReady(request, out);
+    ExpectConsistent();
+    return s;
   }
 
   Directives ReadyOk(const std::string& id, uint64_t round) {
@@ -176,7 +190,9 @@ class MembershipTest : public ::testing::Test {
     request.set_round(round);
     request.set_attempt(attempt);
     for (const std::string& u : unreachable) request.add_unreachable(u);
-    return engine_->ConnectionsReady(request, out);
+    const absl::Status s = engine_->ConnectionsReady(request, out);
+    ExpectConsistent();
+    return s;
   }
 
   Directives ConnectedOk(const std::string& id, uint64_t round, uint32_t attempt,
@@ -218,7 +234,9 @@ class MembershipTest : public ::testing::Test {
     request.set_worker_id(id);
     request.set_round(round);
     request.set_model_hash(hash);
-    return engine_->ReportRoundDone(request, out);
+    const absl::Status s = engine_->ReportRoundDone(request, out);
+    ExpectConsistent();
+    return s;
   }
 
   Directives DoneOk(const std::string& id, uint64_t round, const std::string& hash) {
@@ -261,6 +279,7 @@ class MembershipTest : public ::testing::Test {
       d -= step;
       for (const std::string& id : alive) (void)engine_->Heartbeat(id);
       for (Directive& x : engine_->Tick()) all.push_back(std::move(x));
+      ExpectConsistent();
     }
     return all;
   }
@@ -1124,6 +1143,183 @@ TEST_F(MembershipTest, ResumedRecordKeepsTheCheckpoint) {
   EXPECT_EQ(joined.checkpoint_round(), 6u);
   EXPECT_THAT(joined.holders(), IsEmpty());
   EXPECT_EQ(joined.next_round(), 7u);
+}
+
+// ---------------------------------------------------------------- Scaling
+
+// The barrier counters (ready / connected / unreachable / done) and the
+// participant and queue sets follow every way a worker enters or leaves a
+// round; the phase detail is printed from the counters.
+TEST_F(MembershipTest, CountersStayConsistentThroughJoinsLeavesEvictionsAndReplans) {
+  Start({.min_participants = 2, .connection_timeout = absl::Seconds(5), .max_connection_retry = 1});
+  std::vector<std::string> ids = StartRoundOne(3);
+  // A newcomer joins the running round before anyone is ready.
+  const std::string late = AddMember(9004);
+  JoinRoundOk(late, 1, 1);
+  ids.push_back(late);
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("0/4 participants ready"));
+  ReadyOk(ids[0], 1);
+  ReadyOk(ids[1], 1);
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("2/4 participants ready"));
+  // A ready participant leaves before the plan: it no longer counts.
+  engine_->Disconnect(ids[1], "left");
+  ExpectConsistent();
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("1/3 participants ready"));
+  // A queued joiner (after the first ready) does not count either.
+  const std::string queued = AddMember(9005);
+  JoinRoundOk(queued, 1, 2);
+  ReadyOk(ids[2], 1);
+  const Directives plan = ReadyOk(ids[3], 1);
+  EXPECT_THAT(To(plan, kPlan), ElementsAre(ids[0], ids[2], ids[3]));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 0/3"));
+
+  // Attempt 1: one reports an unreachable peer, one reports nothing.
+  ConnectedOk(ids[0], 1, 1, {ids[3]});
+  ConnectedOk(ids[2], 1, 1, {ids[3]});
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 2/3"));
+  // The deadline resets the barrier (retry 1 of 1) ...
+  Directives out = Pass(absl::Seconds(5), {ids[0], ids[2], ids[3], queued});
+  EXPECT_THAT(To(out, kRetry), ElementsAre(ids[0], ids[2], ids[3]));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 0/3"));
+  // ... a report that names nobody now replaces one that named a peer ...
+  ConnectedOk(ids[0], 1, 1, {ids[3]});
+  ConnectedOk(ids[0], 1, 1);
+  ConnectedOk(ids[2], 1, 1, {ids[3]});
+  // ... and after the last retry the peer named by the majority is evicted
+  // and the others get attempt 2.
+  out = Pass(absl::Seconds(5), {ids[0], ids[2], ids[3], queued});
+  EXPECT_THAT(To(out, kConnFail), ElementsAre(ids[3]));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[2]));
+  EXPECT_EQ(engine_->Status().attempt(), 2u);
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 0/2"));
+
+  // Attempt 2 starts sharing; one is done, then the other is lost: re-plan.
+  AllConnected(1);
+  DoneOk(ids[0], 1, Hash('a'));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("1/2 participants done sharing"));
+  const std::string extra = AddMember(9006);
+  JoinRoundOk(extra, 1, 2);
+  out = engine_->Disconnect(ids[2], "crashed");
+  ExpectConsistent();
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0]));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("connecting: 0/1"));
+  AllConnected(1);
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("0/1 participants done sharing"));
+  out = DoneOk(ids[0], 1, Hash('a'));
+  EXPECT_THAT(To(out, kComplete), ElementsAre(ids[0]));
+
+  // Round 2: the survivor and the queued joiners; one straggler misses it.
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], queued, extra));
+  ReadyOk(ids[0], 2);
+  ReadyOk(queued, 2);
+  out = Pass(absl::Seconds(60), {ids[0], queued, extra});
+  EXPECT_THAT(To(out, kMissed), ElementsAre(extra));
+  EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], queued));
+  AllConnected(2);
+  // Hashes disagree with no majority: the round is aborted and restarts.
+  DoneOk(ids[0], 2, Hash('b'));
+  out = DoneOk(queued, 2, Hash('c'));
+  EXPECT_THAT(To(out, kAborted), ElementsAre(ids[0], queued));
+  EXPECT_THAT(To(out, kStart), ElementsAre(ids[0], queued, extra));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("0/3 participants ready"));
+  RunRound({ids[0], queued, extra}, 2, Hash('d'));
+  EXPECT_EQ(engine_->last_completed_round(), 2u);
+}
+
+TEST_F(MembershipTest, BroadcastsShareOneMessageObject) {
+  Start({.min_participants = 3});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReadyNoBarrier({ids[0], ids[1]}, 1);
+  const Directives plan = ReadyOk(ids[2], 1);
+  ASSERT_EQ(To(plan, kPlan).size(), 3u);
+  // One RoundPlan listing every participant, pointed at by every directive.
+  for (const Directive& d : plan) EXPECT_EQ(d.message.get(), plan[0].message.get());
+  EXPECT_EQ(plan[0].message->round_plan().slices_size(), 3);
+  const Directives sharing = AllConnected(1);
+  ASSERT_EQ(To(sharing, kStartSharing).size(), 3u);
+  for (const Directive& d : sharing) EXPECT_EQ(d.message.get(), sharing[0].message.get());
+  const Directives done = AllDone(ids, 1, Hash('a'));
+  std::vector<const CoordinatorMessage*> starts, completes;
+  for (const Directive& d : done) {
+    if (d.message->has_round_start()) starts.push_back(d.message.get());
+    if (d.message->has_round_complete()) completes.push_back(d.message.get());
+  }
+  ASSERT_EQ(starts.size(), 3u);
+  ASSERT_EQ(completes.size(), 3u);
+  EXPECT_THAT(starts, ::testing::Each(starts[0]));
+  EXPECT_THAT(completes, ::testing::Each(completes[0]));
+}
+
+TEST_F(MembershipTest, StatusVersionMovesWithTheStatusButNotWithPlainHeartbeats) {
+  Start({.min_participants = 2});
+  uint64_t v = engine_->status_version();
+  const std::string w1 = AddMember(9001);
+  EXPECT_GT(engine_->status_version(), v);
+  const std::string w2 = AddMember(9002);
+
+  // A heartbeat that only refreshes last_seen leaves the version.
+  v = engine_->status_version();
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());
+  EXPECT_EQ(engine_->status_version(), v);
+  // Sync progress is shown: it moves the version, once per change.
+  v1::Heartbeat syncing;
+  syncing.set_syncing(true);
+  syncing.set_sync_bytes_done(10);
+  syncing.set_sync_bytes_total(100);
+  ASSERT_TRUE(engine_->Heartbeat(w1, syncing).ok());
+  EXPECT_GT(engine_->status_version(), v);
+  v = engine_->status_version();
+  ASSERT_TRUE(engine_->Heartbeat(w1, syncing).ok());
+  EXPECT_EQ(engine_->status_version(), v);
+  ASSERT_TRUE(engine_->Heartbeat(w1).ok());  // sync over
+  EXPECT_GT(engine_->status_version(), v);
+
+  // Round reports move it; a quiet Tick does not.
+  v = engine_->status_version();
+  JoinRoundOk(w1, 1, 1);
+  EXPECT_GT(engine_->status_version(), v);
+  JoinRoundOk(w2, 1, 1);
+  v = engine_->status_version();
+  EXPECT_THAT(Pass(absl::Seconds(1), {w1, w2}), IsEmpty());
+  EXPECT_EQ(engine_->status_version(), v);
+  ReadyOk(w1, 1);
+  EXPECT_GT(engine_->status_version(), v);
+  v = engine_->status_version();
+  // A refused report changes nothing.
+  Directives none;
+  EXPECT_FALSE(Ready(w1, 7, &none).ok());
+  EXPECT_EQ(engine_->status_version(), v);
+
+  // Status(&version) hands out the version it reflects.
+  uint64_t seen = 0;
+  const RunStatus status = engine_->Status(&seen);
+  EXPECT_EQ(seen, engine_->status_version());
+  EXPECT_THAT(status.detail(), HasSubstr("1/2 participants ready"));
+
+  // An eviction by the lease is a change.
+  v = engine_->status_version();
+  Pass(absl::Seconds(15), {w1});
+  EXPECT_GT(engine_->status_version(), v);
+  EXPECT_EQ(engine_->Status().members(), 1u);
+}
+
+TEST_F(MembershipTest, DeparturesCountEveryRemoval) {
+  Start({.min_participants = 2});
+  const std::string w1 = AddMember(9001);
+  const std::string w2 = AddMember(9002);
+  const std::string w3 = AddMember(9003);
+  EXPECT_EQ(engine_->departures(), 0u);
+  engine_->Disconnect(w1, "left");
+  EXPECT_EQ(engine_->departures(), 1u);
+  engine_->Disconnect(w1, "again");  // unknown by now: nothing removed
+  EXPECT_EQ(engine_->departures(), 1u);
+  AddMember(9002);  // a new worker at w2's address replaces it
+  EXPECT_FALSE(engine_->IsActive(w2));
+  EXPECT_EQ(engine_->departures(), 2u);
+  Pass(absl::Seconds(15), {});  // leases expire
+  EXPECT_FALSE(engine_->IsActive(w3));
+  EXPECT_EQ(engine_->departures(), 4u);
 }
 
 }  // namespace

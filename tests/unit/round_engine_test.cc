@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/core/versioned_cache.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -44,7 +45,7 @@ std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
 std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
   std::vector<std::string> ids;
   for (const Directive& d : ds) {
-    if (d.message.kind_case() == kind) ids.push_back(d.worker_id);
+    if (d.message->kind_case() == kind) ids.push_back(d.worker_id);
   }
   return ids;
 }
@@ -53,7 +54,7 @@ std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase k
 CoordinatorMessage MessageFor(const Directives& ds, const std::string& id,
                               CoordinatorMessage::KindCase kind) {
   for (const Directive& d : ds) {
-    if (d.worker_id == id && d.message.kind_case() == kind) return d.message;
+    if (d.worker_id == id && d.message->kind_case() == kind) return *d.message;
   }
   ADD_FAILURE() << "no directive of kind " << kind << " for " << id;
   return CoordinatorMessage();
@@ -337,9 +338,9 @@ TEST_F(RoundEngineTest, NewcomerJoinsRunningRoundBeforeAnyoneIsReady) {
   const Directives out = JoinRoundOk(w3, 1, 1);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].worker_id, w3);
-  ASSERT_EQ(out[0].message.kind_case(), kStart);
-  EXPECT_EQ(out[0].message.round_start().round(), 1u);
-  EXPECT_EQ(out[0].message.round_start().base_model_round(), 0u);
+  ASSERT_EQ(out[0].message->kind_case(), kStart);
+  EXPECT_EQ(out[0].message->round_start().round(), 1u);
+  EXPECT_EQ(out[0].message->round_start().base_model_round(), 0u);
   EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], w3));
 
   // The plan now waits for the newcomer as well.
@@ -1020,8 +1021,8 @@ TEST_F(RoundEngineTest, HashTieWithoutMajorityAbortsTheRound) {
   // Nobody is evicted: both roll back and round 1 runs again.
   int aborted = 0, restarted = 0;
   for (const Directive& d : out) {
-    aborted += d.message.has_round_aborted();
-    restarted += d.message.has_round_start() && d.message.round_start().round() == 1;
+    aborted += d.message->has_round_aborted();
+    restarted += d.message->has_round_start() && d.message->round_start().round() == 1;
   }
   EXPECT_EQ(aborted, 2);
   EXPECT_EQ(restarted, 2);
@@ -1029,6 +1030,23 @@ TEST_F(RoundEngineTest, HashTieWithoutMajorityAbortsTheRound) {
   EXPECT_EQ(status.last_completed_round(), 0u);
   EXPECT_EQ(status.members(), 2u);
   for (const WorkerStatus& w : status.workers()) EXPECT_EQ(w.model_round(), 0u) << w.id();
+}
+
+// The cache behind GetRunStatus: good for one version, for max_age.
+TEST(VersionedCacheTest, ServesTheValueOfItsVersionUntilItIsTooOld) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'700'000'000);
+  VersionedCache<std::string> cache(absl::Milliseconds(100));
+  EXPECT_EQ(cache.Get(1, t0), nullptr);  // nothing built yet
+  EXPECT_EQ(cache.Put(7, t0, "seven"), "seven");
+  ASSERT_NE(cache.Get(7, t0), nullptr);
+  EXPECT_EQ(*cache.Get(7, t0), "seven");
+  EXPECT_NE(cache.Get(7, t0 + absl::Milliseconds(100)), nullptr);
+  EXPECT_EQ(cache.Get(7, t0 + absl::Milliseconds(101)), nullptr);  // too old
+  EXPECT_EQ(cache.Get(8, t0), nullptr);                            // source changed
+  EXPECT_EQ(cache.Get(7, t0 - absl::Milliseconds(1)), nullptr);    // clock went back
+  cache.Put(8, t0 + absl::Seconds(1), "eight");
+  EXPECT_EQ(cache.Get(7, t0 + absl::Seconds(1)), nullptr);
+  EXPECT_EQ(*cache.Get(8, t0 + absl::Seconds(1)), "eight");
 }
 
 }  // namespace

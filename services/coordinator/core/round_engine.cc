@@ -14,6 +14,16 @@ namespace {
 
 using shoal::v1::CoordinatorMessage;
 
+SharedMessage Share(CoordinatorMessage msg) {
+  return std::make_shared<const CoordinatorMessage>(std::move(msg));
+}
+
+// Whether two heartbeats carry the same sync progress (what Status() shows).
+bool SameProgress(const shoal::v1::Heartbeat& a, const shoal::v1::Heartbeat& b) {
+  return a.syncing() == b.syncing() && a.sync_bytes_done() == b.sync_bytes_done() &&
+         a.sync_bytes_total() == b.sync_bytes_total() && a.sync_sources() == b.sync_sources();
+}
+
 absl::Status ValidatePeerAddress(const std::string& address) {
   if (address.empty()) return absl::InvalidArgumentError("peer_address is empty");
   if (address.size() > 256) return absl::InvalidArgumentError("peer_address is too long");
@@ -75,23 +85,119 @@ const char* RoundEngine::StateName(MemberState s) {
   return "unknown";
 }
 
+RoundEngine::Member& RoundEngine::At(const std::string& worker_id) const {
+  return *index_.at(worker_id);
+}
+
 absl::StatusOr<RoundEngine::Member*> RoundEngine::FindActive(const std::string& worker_id) {
-  auto it = members_.find(worker_id);
-  if (it == members_.end()) {
+  auto it = index_.find(worker_id);
+  if (it == index_.end()) {
     if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
     return absl::NotFoundError(absl::StrCat("unknown worker id '", worker_id,
                                             "' (never joined, left or was evicted: Join again)"));
   }
-  return &it->second;
+  return it->second;
 }
 
 bool RoundEngine::IsParticipant(const std::string& worker_id) const {
-  return std::find(participants_.begin(), participants_.end(), worker_id) != participants_.end();
+  return participant_set_.contains(worker_id);
+}
+
+void RoundEngine::CountFlags(const Member& m, int sign) {
+  // Unsigned wrap-around makes -1 a decrement.
+  const size_t d = static_cast<size_t>(sign);
+  if (m.ready) ready_count_ += d;
+  if (m.connections_ok) connected_count_ += d;
+  if (m.connections_ok && !m.unreachable.empty()) unreachable_count_ += d;
+  if (m.done) done_count_ += d;
+}
+
+template <typename F>
+void RoundEngine::UpdateFlags(Member& m, F&& update) {
+  const bool counted = IsParticipant(m.id);
+  if (counted) CountFlags(m, -1);
+  update(m);
+  if (counted) CountFlags(m, +1);
+}
+
+void RoundEngine::ResetRoundFlags(Member& m) {
+  UpdateFlags(m, [](Member& x) { x.ready = x.done = x.connections_ok = false; });
+}
+
+void RoundEngine::AddParticipant(const std::string& worker_id) {
+  if (!participant_set_.insert(worker_id).second) return;
+  participants_.push_back(worker_id);
+  CountFlags(At(worker_id), +1);
+}
+
+bool RoundEngine::RemoveParticipant(const std::string& worker_id) {
+  if (participant_set_.erase(worker_id) == 0) return false;
+  // Removals are rare (misses, departures); the vector keeps join order.
+  participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
+  CountFlags(At(worker_id), -1);
+  return true;
+}
+
+std::vector<std::string> RoundEngine::TakeParticipants() {
+  std::vector<std::string> taken = std::move(participants_);
+  participants_.clear();
+  participant_set_.clear();
+  ready_count_ = connected_count_ = unreachable_count_ = done_count_ = 0;
+  return taken;
+}
+
+void RoundEngine::Enqueue(const std::string& worker_id) {
+  if (queued_set_.insert(worker_id).second) queued_.push_back(worker_id);
+}
+
+bool RoundEngine::IsQueued(const std::string& worker_id) const {
+  return queued_set_.contains(worker_id);
+}
+
+void RoundEngine::Dequeue(const std::string& worker_id) {
+  if (queued_set_.erase(worker_id) == 0) return;
+  queued_.erase(std::find(queued_.begin(), queued_.end(), worker_id));
+}
+
+std::vector<std::string> RoundEngine::TakeQueue() {
+  std::vector<std::string> taken = std::move(queued_);
+  queued_.clear();
+  queued_set_.clear();
+  return taken;
+}
+
+bool RoundEngine::CountersConsistentForTesting() const {
+  absl::MutexLock lock(&mu_);
+  size_t ready = 0, connected = 0, unreachable = 0, done = 0;
+  for (const std::string& id : participants_) {
+    if (!index_.contains(id)) return false;
+    const Member& m = At(id);
+    ready += m.ready;
+    connected += m.connections_ok;
+    unreachable += m.connections_ok && !m.unreachable.empty();
+    done += m.done;
+  }
+  if (participant_set_.size() != participants_.size() || queued_set_.size() != queued_.size() ||
+      index_.size() != members_.size()) {
+    return false;
+  }
+  for (const auto& [id, m] : members_) {
+    auto it = index_.find(id);
+    if (it == index_.end() || it->second != &m) return false;
+  }
+  for (const std::string& id : participants_) {
+    if (!participant_set_.contains(id)) return false;
+  }
+  for (const std::string& id : queued_) {
+    if (!queued_set_.contains(id) || !index_.contains(id)) return false;
+  }
+  return ready == ready_count_ && connected == connected_count_ &&
+         unreachable == unreachable_count_ && done == done_count_;
 }
 
 bool RoundEngine::IsActive(const std::string& worker_id) const {
   absl::MutexLock lock(&mu_);
-  return members_.count(worker_id) > 0;
+  return index_.contains(worker_id);
 }
 
 absl::Status RoundEngine::CheckRound(uint64_t round, const char* what) const {
@@ -127,13 +233,14 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     return absl::FailedPreconditionError(
         absl::StrCat("run ", options_.run_id, " is finished after round ", last_completed_round_));
   }
+  ++status_version_;
   const absl::Time now = clock_->Now();
   JoinResult result;
   Member* member = nullptr;
   const std::string& previous = request.previous_worker_id();
   if (!previous.empty()) {
-    auto it = members_.find(previous);
-    if (it != members_.end()) member = &it->second;
+    auto it = index_.find(previous);
+    if (it != index_.end()) member = it->second;
   }
   if (member == nullptr) {
     // A new worker at the address of an active member means that member's
@@ -170,6 +277,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     }
     m.joined_at = now;
     member = &members_.emplace(m.id, std::move(m)).first->second;
+    index_[member->id] = member;
     SHOAL_LOG(INFO) << "member joined: " << member->id << " at " << request.peer_address()
                     << " data_rank=" << member->data_rank
                     << " model_round=" << request.model_round() << " round=" << round_
@@ -220,6 +328,7 @@ absl::Status RoundEngine::Connect(const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   auto member = FindActive(worker_id);
   if (!member.ok()) return member.status();
+  ++status_version_;
   (*member)->connected = true;
   (*member)->last_seen = clock_->Now();
   return absl::OkStatus();
@@ -231,6 +340,9 @@ absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
   auto member = FindActive(worker_id);
   if (!member.ok()) return member.status();
   (*member)->last_seen = clock_->Now();
+  // A heartbeat that only refreshes last_seen leaves a cached status valid
+  // (the service bounds its age); sync progress is shown, so it counts.
+  if (!SameProgress((*member)->progress, heartbeat)) ++status_version_;
   (*member)->progress = heartbeat;
   return absl::OkStatus();
 }
@@ -238,7 +350,8 @@ absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
 Directives RoundEngine::Disconnect(const std::string& worker_id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   Directives out;
-  if (members_.count(worker_id)) RemoveMember(worker_id, MemberState::kLeft, reason, &out);
+  ++status_version_;
+  if (index_.contains(worker_id)) RemoveMember(worker_id, MemberState::kLeft, reason, &out);
   return out;
 }
 
@@ -251,6 +364,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   if (phase_ == shoal::v1::FINISHED) {
     return absl::FailedPreconditionError("run is finished");
   }
+  ++status_version_;
   // 0: the earliest round still open to this worker (a joiner that spent a
   // while catching up cannot know which one that is).
   if (round == 0) round = round_;
@@ -264,27 +378,25 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   }
   if (IsParticipant(worker_id)) return round_;
   const bool waiting = phase_ == shoal::v1::WAITING_FOR_MEMBERS;
-  if (std::find(queued_.begin(), queued_.end(), worker_id) != queued_.end()) {
-    return waiting ? round_ : round_ + 1;
-  }
+  if (IsQueued(worker_id)) return waiting ? round_ : round_ + 1;
   member->last_seen = clock_->Now();
   if (waiting) {
-    queued_.push_back(worker_id);
+    Enqueue(worker_id);
     SHOAL_LOG(INFO) << "member " << worker_id << " waits for round " << round_ << " ("
                     << queued_.size() << "/" << options_.config.min_participants() << ")";
     MaybeStartRound(out);
     return round_;
   }
   if (phase_ == shoal::v1::TRAINING && !any_ready_ && round == round_) {
-    participants_.push_back(worker_id);
+    ResetRoundFlags(*member);
+    AddParticipant(worker_id);
     member->state = MemberState::kTraining;
-    member->ready = member->done = member->connections_ok = false;
-    out->push_back({worker_id, RoundStartMessage()});
+    out->push_back({worker_id, Share(RoundStartMessage())});
     SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
                     << " participants=" << participants_.size();
     return round_;
   }
-  queued_.push_back(worker_id);
+  Enqueue(worker_id);
   SHOAL_LOG(INFO) << "member " << worker_id << " queued for round " << round_ + 1;
   return round_ + 1;
 }
@@ -305,22 +417,23 @@ void RoundEngine::MaybeStartRound(Directives* out) {
   if (phase_ != shoal::v1::WAITING_FOR_MEMBERS) return;
   const size_t min = std::max<uint32_t>(1, options_.config.min_participants());
   if (queued_.size() < min) return;
-  participants_ = std::move(queued_);
-  queued_.clear();
+  TakeParticipants();  // none while waiting; the queue becomes the round
+  const std::vector<std::string> starting = TakeQueue();
   phase_ = shoal::v1::TRAINING;
   any_ready_ = false;
   attempt_ = 0;
   connection_retries_ = 0;
   sharing_started_ = false;
-  plan_.clear();
   round_started_at_ = clock_->Now();
   deadline_ = round_started_at_ + options_.round_timeout;
-  const CoordinatorMessage start = RoundStartMessage();
-  for (const std::string& id : participants_) {
-    Member& m = members_.at(id);
+  // One message for all: it lists every holder of the base model (O(N)).
+  const SharedMessage start = Share(RoundStartMessage());
+  for (const std::string& id : starting) {
+    Member& m = At(id);
     m.state = MemberState::kTraining;
-    m.ready = m.done = m.connections_ok = false;
+    ResetRoundFlags(m);
     m.exchange_seconds = 0;
+    AddParticipant(id);
     out->push_back({id, start});
   }
   SHOAL_LOG(INFO) << "round " << round_ << " started with " << participants_.size()
@@ -353,8 +466,9 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
                                                    " elements, the run's model has ",
                                                    total_elements_, " (different --model?)"));
   }
+  ++status_version_;
   member->last_seen = clock_->Now();
-  member->ready = true;
+  UpdateFlags(*member, [](Member& m) { m.ready = true; });
   member->state = MemberState::kReady;
   member->train_loss = request.train_loss();
   any_ready_ = true;
@@ -364,9 +478,7 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
 
 void RoundEngine::MaybeSendPlan(Directives* out) {
   if (phase_ != shoal::v1::TRAINING || participants_.empty()) return;
-  for (const std::string& id : participants_) {
-    if (!members_.at(id).ready) return;
-  }
+  if (ready_count_ < participants_.size()) return;
   phase_ = shoal::v1::SHARING;
   SendPlan(out);
 }
@@ -382,25 +494,28 @@ void RoundEngine::SendPlan(Directives* out) {
   plan->set_round(round_);
   plan->set_total_elements(total_elements_);
   plan->set_attempt(attempt_);
-  plan_.clear();
+  plan->mutable_slices()->Reserve(static_cast<int>(participants_.size()));
   for (size_t k = 0; k < participants_.size(); ++k) {
-    Member& m = members_.at(participants_[k]);
+    Member& m = At(participants_[k]);
     m.state = MemberState::kSharing;
     if (m.done && m.model_round == round_) {
       // A report of an earlier attempt: that model is discarded.
       m.model_round = last_completed_round_;
       m.model_hash = agreed_hash_;
     }
-    m.connections_ok = m.done = false;
-    m.unreachable.clear();
+    UpdateFlags(m, [](Member& x) {
+      x.connections_ok = x.done = false;
+      x.unreachable.clear();
+    });
     auto* s = plan->add_slices();
     s->set_worker_id(m.id);
     s->set_peer_address(m.address);
     s->set_begin(slices[k].begin);
     s->set_end(slices[k].end);
-    plan_.push_back(*s);
   }
-  for (const std::string& id : participants_) out->push_back({id, msg});
+  // The plan names every participant: one shared copy for all of them.
+  const SharedMessage shared = Share(std::move(msg));
+  for (const std::string& id : participants_) out->push_back({id, shared});
   SHOAL_LOG(INFO) << "round " << round_ << " plan attempt " << attempt_ << ": "
                   << participants_.size() << " participants, " << total_elements_ << " elements";
 }
@@ -428,9 +543,12 @@ absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequ
           absl::StrCat("unreachable worker '", id, "' is not a participant of round ", round_));
     }
   }
+  ++status_version_;
   member->last_seen = clock_->Now();
-  member->connections_ok = true;
-  member->unreachable.assign(request.unreachable().begin(), request.unreachable().end());
+  UpdateFlags(*member, [&request](Member& m) {
+    m.connections_ok = true;
+    m.unreachable.assign(request.unreachable().begin(), request.unreachable().end());
+  });
   if (!member->unreachable.empty()) {
     SHOAL_LOG(WARNING) << "round " << round_ << ": " << member->id << " cannot reach "
                        << absl::StrJoin(member->unreachable, ",");
@@ -446,14 +564,14 @@ std::vector<std::string> RoundEngine::FailingPeers() const {
   std::map<std::string, int> named;
   int reporters = 0;
   for (const std::string& id : participants_) {
-    const Member& m = members_.at(id);
+    const Member& m = At(id);
     if (!m.connections_ok) continue;
     ++reporters;
     for (const std::string& u : m.unreachable) ++named[u];
   }
   std::vector<std::string> failing;
   for (const std::string& id : participants_) {
-    const Member& m = members_.at(id);
+    const Member& m = At(id);
     const int others = reporters - (m.connections_ok ? 1 : 0);
     const auto it = named.find(id);
     const int n = it == named.end() ? 0 : it->second;
@@ -464,7 +582,7 @@ std::vector<std::string> RoundEngine::FailingPeers() const {
   // the others (a worker whose own outbound connections fail).
   const size_t others = participants_.size() - 1;
   for (const std::string& id : participants_) {
-    if (2 * members_.at(id).unreachable.size() > others) failing.push_back(id);
+    if (2 * At(id).unreachable.size() > others) failing.push_back(id);
   }
   if (!failing.empty()) return failing;
   // Still nobody (e.g. two workers that cannot reach each other): blame
@@ -477,13 +595,8 @@ std::vector<std::string> RoundEngine::FailingPeers() const {
 
 void RoundEngine::MaybeStartSharing(Directives* out) {
   if (phase_ != shoal::v1::SHARING || sharing_started_) return;
-  bool any_unreachable = false;
-  for (const std::string& id : participants_) {
-    const Member& m = members_.at(id);
-    if (!m.connections_ok) return;
-    any_unreachable |= !m.unreachable.empty();
-  }
-  if (any_unreachable) {
+  if (connected_count_ < participants_.size()) return;
+  if (unreachable_count_ > 0) {
     ConnectionTimeout(out);  // everyone reported: no need to wait for the deadline
     return;
   }
@@ -492,7 +605,8 @@ void RoundEngine::MaybeStartSharing(Directives* out) {
   CoordinatorMessage msg;
   msg.mutable_start_sharing()->set_round(round_);
   msg.mutable_start_sharing()->set_attempt(attempt_);
-  for (const std::string& id : participants_) out->push_back({id, msg});
+  const SharedMessage shared = Share(std::move(msg));
+  for (const std::string& id : participants_) out->push_back({id, shared});
   SHOAL_LOG(INFO) << "round " << round_ << ": all " << participants_.size()
                   << " participants connected, sharing starts (attempt " << attempt_ << ")";
 }
@@ -511,11 +625,13 @@ void RoundEngine::ConnectionTimeout(Directives* out) {
     retry->set_attempt(attempt_);
     retry->set_retry(connection_retries_);
     for (const std::string& id : failing) retry->add_failing(id);
+    const SharedMessage shared = Share(std::move(msg));
     for (const std::string& id : participants_) {
-      Member& m = members_.at(id);
-      m.connections_ok = false;
-      m.unreachable.clear();
-      out->push_back({id, msg});
+      UpdateFlags(At(id), [](Member& m) {
+        m.connections_ok = false;
+        m.unreachable.clear();
+      });
+      out->push_back({id, shared});
     }
     return;
   }
@@ -525,7 +641,7 @@ void RoundEngine::ConnectionTimeout(Directives* out) {
     CoordinatorMessage msg;
     msg.mutable_connection_fail()->set_round(round_);
     msg.mutable_connection_fail()->set_reason(reason);
-    out->push_back({id, msg});
+    out->push_back({id, Share(std::move(msg))});
     Depart(id, MemberState::kEvicted, reason);
   }
   if (participants_.empty()) {
@@ -556,8 +672,9 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   if (!IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
   }
+  ++status_version_;
   member->last_seen = clock_->Now();
-  member->done = true;
+  UpdateFlags(*member, [](Member& m) { m.done = true; });
   member->model_hash = request.model_hash();
   member->model_round = request.round();
   member->exchange_seconds = request.exchange_seconds();
@@ -571,12 +688,10 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
 
 void RoundEngine::MaybeCompleteRound(Directives* out) {
   if (phase_ != shoal::v1::SHARING || !sharing_started_ || participants_.empty()) return;
-  for (const std::string& id : participants_) {
-    if (!members_.at(id).done) return;
-  }
+  if (done_count_ < participants_.size()) return;
   // The hash most participants hold wins; the others are out of sync.
   std::map<std::string, size_t> votes;
-  for (const std::string& id : participants_) ++votes[members_.at(id).model_hash];
+  for (const std::string& id : participants_) ++votes[At(id).model_hash];
   std::string hash;
   size_t best = 0;
   for (const auto& [h, n] : votes) {
@@ -590,16 +705,15 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   }
   std::vector<std::string> disagree;
   for (const std::string& id : participants_) {
-    if (members_.at(id).model_hash != hash) disagree.push_back(id);
+    if (At(id).model_hash != hash) disagree.push_back(id);
   }
   for (const std::string& id : disagree) {
     SHOAL_LOG(ERROR) << "round " << round_ << ": worker " << id << " reported hash "
-                     << members_.at(id).model_hash.substr(0, 12) << ", majority has "
-                     << hash.substr(0, 12);
+                     << At(id).model_hash.substr(0, 12) << ", majority has " << hash.substr(0, 12);
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(
         absl::StrCat("model hash mismatch in round ", round_));
-    out->push_back({id, msg});
+    out->push_back({id, Share(std::move(msg))});
     Depart(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_));
   }
 
@@ -611,7 +725,7 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   summary.set_model_hash(hash);
   double loss = 0, exchange = 0;
   for (const std::string& id : participants_) {
-    Member& m = members_.at(id);
+    Member& m = At(id);
     loss += m.train_loss;
     exchange += m.exchange_seconds;
     if (m.metrics_round == round_ && !summary.evaluated()) {
@@ -641,7 +755,8 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   CoordinatorMessage done;
   done.mutable_round_complete()->set_round(round_);
   done.mutable_round_complete()->set_model_hash(hash);
-  for (const std::string& id : participants_) out->push_back({id, done});
+  const SharedMessage shared_done = Share(std::move(done));
+  for (const std::string& id : participants_) out->push_back({id, shared_done});
 
   const uint64_t limit = options_.config.rounds();
   const bool last = limit > 0 && last_completed_round_ >= limit;
@@ -657,12 +772,10 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   }
   // Participation is sticky: this round's participants take part in the next
   // one, joined by those queued during this round.
-  std::vector<std::string> next = std::move(participants_);
-  participants_.clear();
-  for (const std::string& id : queued_) {
-    if (std::find(next.begin(), next.end(), id) == next.end()) next.push_back(id);
-  }
-  queued_ = std::move(next);
+  const std::vector<std::string> stay = TakeParticipants();
+  const std::vector<std::string> joining = TakeQueue();
+  for (const std::string& id : stay) Enqueue(id);
+  for (const std::string& id : joining) Enqueue(id);  // skips those already in
   ++round_;
   phase_ = shoal::v1::WAITING_FOR_MEMBERS;
   MaybeStartRound(out);
@@ -670,12 +783,12 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
 
 void RoundEngine::MissRound(const std::string& worker_id, const std::string& reason,
                             Directives* out) {
-  Member& m = members_.at(worker_id);
-  participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
+  Member& m = At(worker_id);
+  RemoveParticipant(worker_id);
   ++m.missed_in_row;
   m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
   m.state = MemberState::kWaiting;
-  m.ready = m.done = m.connections_ok = false;
+  ResetRoundFlags(m);
   SHOAL_LOG(WARNING) << "worker " << worker_id << " sits out round " << round_ << ": " << reason
                      << " (" << m.missed_in_row << " in a row)";
   if (options_.max_missed_rounds > 0 && m.missed_in_row >= options_.max_missed_rounds) {
@@ -683,22 +796,27 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
         absl::StrCat("missed ", m.missed_in_row, " rounds in a row (last: ", reason, ")");
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(why);
-    out->push_back({worker_id, msg});
+    out->push_back({worker_id, Share(std::move(msg))});
     Depart(worker_id, MemberState::kEvicted, why);
     return;
   }
   CoordinatorMessage msg;
   msg.mutable_round_missed()->set_round(round_);
   msg.mutable_round_missed()->set_reason(reason);
-  out->push_back({worker_id, msg});
-  queued_.push_back(worker_id);  // takes part again from the next round
+  out->push_back({worker_id, Share(std::move(msg))});
+  Enqueue(worker_id);  // takes part again from the next round
 }
 
 bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason) {
   auto it = members_.find(worker_id);
   if (it == members_.end()) return false;
+  // Out of the round first: its flags leave the counters with it.
+  const bool was_participant = RemoveParticipant(worker_id);
+  Dequeue(worker_id);
   Member gone = std::move(it->second);
+  index_.erase(worker_id);
   members_.erase(it);
+  ++departures_;
   gone.state = why;
   gone.reason = reason;
   gone.connected = false;
@@ -707,11 +825,7 @@ bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const st
                   << "\" members=" << members_.size();
   departed_.push_back(std::move(gone));
   while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
-  queued_.erase(std::remove(queued_.begin(), queued_.end(), worker_id), queued_.end());
-  auto p = std::find(participants_.begin(), participants_.end(), worker_id);
-  if (p == participants_.end()) return false;
-  participants_.erase(p);
-  return true;
+  return was_participant;
 }
 
 void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
@@ -745,21 +859,22 @@ void RoundEngine::AbortRound(const std::string& reason, Directives* out) {
   CoordinatorMessage msg;
   msg.mutable_round_aborted()->set_round(round_);
   msg.mutable_round_aborted()->set_reason(reason);
-  std::vector<std::string> next = participants_;
-  for (const std::string& id : participants_) {
-    out->push_back({id, msg});
-    Member& m = members_.at(id);
+  const SharedMessage shared = Share(std::move(msg));
+  const std::vector<std::string> aborted = TakeParticipants();
+  const std::vector<std::string> waiting = TakeQueue();
+  for (const std::string& id : aborted) {
+    out->push_back({id, shared});
+    Member& m = At(id);
     m.state = MemberState::kWaiting;
     if (m.done && m.model_round == round_) {
       // It rolls back to the last agreed model.
       m.model_round = last_completed_round_;
       m.model_hash = agreed_hash_;
     }
-    m.ready = m.done = m.connections_ok = false;
+    ResetRoundFlags(m);
+    Enqueue(id);
   }
-  for (const std::string& id : queued_) next.push_back(id);
-  participants_.clear();
-  queued_ = std::move(next);
+  for (const std::string& id : waiting) Enqueue(id);
   phase_ = shoal::v1::WAITING_FOR_MEMBERS;
   MaybeStartRound(out);
 }
@@ -771,12 +886,13 @@ void RoundEngine::Finish(const std::string& reason, Directives* out) {
   CoordinatorMessage msg;
   msg.mutable_run_finished()->set_last_round(last_completed_round_);
   msg.mutable_run_finished()->set_reason(reason);
+  const SharedMessage shared = Share(std::move(msg));
   for (auto& [id, m] : members_) {
     m.state = MemberState::kWaiting;
-    out->push_back({id, msg});
+    out->push_back({id, shared});
   }
-  participants_.clear();
-  queued_.clear();
+  TakeParticipants();
+  TakeQueue();
 }
 
 void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
@@ -799,7 +915,7 @@ void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
     msg.mutable_checkpoint_request()->set_round(round);
     msg.mutable_checkpoint_request()->set_model_hash(agreed_hash_);
     msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
-    out->push_back({id, msg});
+    out->push_back({id, Share(std::move(msg))});
     SHOAL_LOG(INFO) << "checkpoint of round " << round << " assigned to " << id;
     return;
   }
@@ -812,6 +928,7 @@ absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequ
   absl::MutexLock lock(&mu_);
   auto found = FindActive(request.worker_id());
   if (!found.ok()) return found.status();
+  ++status_version_;
   if (pending_checkpoint_round_ == 0 || request.round() != pending_checkpoint_round_ ||
       request.worker_id() != pending_checkpoint_worker_) {
     return absl::FailedPreconditionError(absl::StrCat("no checkpoint of round ", request.round(),
@@ -847,20 +964,24 @@ Directives RoundEngine::Tick() {
                                             absl::FormatDuration(options_.session_grace)));
     }
   }
+  if (!expired.empty()) ++status_version_;
   for (const auto& [id, reason] : expired) RemoveMember(id, MemberState::kEvicted, reason, &out);
   if (pending_checkpoint_round_ > 0 &&
-      (!members_.count(pending_checkpoint_worker_) ||
+      (!index_.contains(pending_checkpoint_worker_) ||
        now - pending_checkpoint_since_ > options_.checkpoint_timeout)) {
+    ++status_version_;
     SHOAL_LOG(WARNING) << "checkpoint of round " << pending_checkpoint_round_ << " by "
                        << pending_checkpoint_worker_ << " did not complete; reassigning";
     AssignCheckpoint(pending_checkpoint_round_, &out);
   }
 
   if (now < deadline_) return out;
+  // Only these phases act on the deadline (a quiet tick leaves the status).
+  if (phase_ == shoal::v1::TRAINING || phase_ == shoal::v1::SHARING) ++status_version_;
   if (phase_ == shoal::v1::TRAINING) {
     std::vector<std::string> late;
     for (const std::string& id : participants_) {
-      if (!members_.at(id).ready) late.push_back(id);
+      if (!At(id).ready) late.push_back(id);
     }
     if (late.size() == participants_.size()) {
       // Nobody is ready: there is no one to go on with, so keep waiting.
@@ -881,7 +1002,7 @@ Directives RoundEngine::Tick() {
   } else if (phase_ == shoal::v1::SHARING) {
     std::vector<std::string> late;
     for (const std::string& id : participants_) {
-      if (!members_.at(id).done) late.push_back(id);
+      if (!At(id).done) late.push_back(id);
     }
     if (late.size() == participants_.size()) {
       AbortRound("no participant finished sharing within --round_timeout", &out);
@@ -902,22 +1023,16 @@ std::string RoundEngine::PhaseDetail() const {
     case shoal::v1::WAITING_FOR_MEMBERS:
       return absl::StrCat(queued_.size(), " of ", min, " participants needed for round ", round_,
                           " (", members_.size(), " members)");
-    case shoal::v1::TRAINING: {
-      size_t ready = 0;
-      for (const auto& id : participants_) ready += members_.at(id).ready;
-      return absl::StrCat(ready, "/", participants_.size(), " participants ready");
-    }
+    case shoal::v1::TRAINING:
+      return absl::StrCat(ready_count_, "/", participants_.size(), " participants ready");
     case shoal::v1::SHARING: {
-      size_t n = 0;
       if (!sharing_started_) {
-        for (const auto& id : participants_) n += members_.at(id).connections_ok;
-        return absl::StrCat("connecting: ", n, "/", participants_.size(),
+        return absl::StrCat("connecting: ", connected_count_, "/", participants_.size(),
                             " participants reached their peers (attempt ", attempt_, ", retry ",
                             connection_retries_, "/", options_.max_connection_retry, ")");
       }
-      for (const auto& id : participants_) n += members_.at(id).done;
-      return absl::StrCat(n, "/", participants_.size(), " participants done sharing (attempt ",
-                          attempt_, ")");
+      return absl::StrCat(done_count_, "/", participants_.size(),
+                          " participants done sharing (attempt ", attempt_, ")");
     }
     case shoal::v1::FINISHED:
       return absl::StrCat("finished after round ", last_completed_round_);
@@ -928,6 +1043,26 @@ std::string RoundEngine::PhaseDetail() const {
 
 shoal::v1::RunStatus RoundEngine::Status() const {
   absl::MutexLock lock(&mu_);
+  return StatusLocked();
+}
+
+shoal::v1::RunStatus RoundEngine::Status(uint64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  *version = status_version_;
+  return StatusLocked();
+}
+
+uint64_t RoundEngine::departures() const {
+  absl::MutexLock lock(&mu_);
+  return departures_;
+}
+
+uint64_t RoundEngine::status_version() const {
+  absl::MutexLock lock(&mu_);
+  return status_version_;
+}
+
+shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   const absl::Time now = clock_->Now();
   shoal::v1::RunStatus s;
   s.set_run_id(options_.run_id);

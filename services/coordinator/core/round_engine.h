@@ -15,11 +15,14 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -57,10 +60,15 @@ struct EngineOptions {
   std::optional<shoal::v1::RunRecord> resume;
 };
 
-// A message for one worker's session stream.
+// A message for one worker's session stream. Immutable and shared: a
+// broadcast (RoundStart with its holders, RoundPlan with one slice per
+// participant) is built once and every recipient's Directive points at the
+// same object. Copying an O(N) message per recipient made each round O(N^2);
+// the service also serializes each shared message only once.
+using SharedMessage = std::shared_ptr<const shoal::v1::CoordinatorMessage>;
 struct Directive {
   std::string worker_id;
-  shoal::v1::CoordinatorMessage message;
+  SharedMessage message;
 };
 using Directives = std::vector<Directive>;
 
@@ -101,6 +109,19 @@ class RoundEngine {
   bool finished() const;
   uint64_t last_completed_round() const;
   bool IsActive(const std::string& worker_id) const;
+  // How many members were removed so far (left, evicted, replaced): the
+  // service re-checks its sessions only when this moved.
+  uint64_t departures() const;
+  // Increments whenever anything Status() reports changes, except the
+  // passing of time and heartbeats that only refresh a member's last_seen
+  // (their sync progress does count). Lets the service serve a cached
+  // status until something happened.
+  uint64_t status_version() const;
+  // Status() together with the status_version() it reflects.
+  shoal::v1::RunStatus Status(uint64_t* version) const;
+  // Recomputes the barrier counters and the participant/queue indexes from
+  // the members and compares them with the maintained ones (tests).
+  bool CountersConsistentForTesting() const;
 
  private:
   enum class MemberState { kWaiting, kTraining, kReady, kSharing, kLeft, kEvicted };
@@ -132,8 +153,33 @@ class RoundEngine {
   };
 
   static const char* StateName(MemberState s);
+  shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Participants and the queue: an ordered vector (join order decides the
+  // plan's slice order) plus a hash set for O(1) membership tests, and the
+  // counters of the per-round flags (ready, connections_ok, done) over the
+  // current participants, so that a report checks its barrier in O(1)
+  // instead of walking every participant. All changes go through these.
+  void AddParticipant(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns false when the worker was no participant.
+  bool RemoveParticipant(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the participants over (in order) and leaves none.
+  std::vector<std::string> TakeParticipants() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Enqueue(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsQueued(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Dequeue(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> TakeQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies `update` to the member's per-round flags (ready,
+  // connections_ok, unreachable, done), keeping the counters right when it
+  // is a participant.
+  template <typename F>
+  void UpdateFlags(Member& m, F&& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Clears ready, connections_ok and done.
+  void ResetRoundFlags(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountFlags(const Member& m, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Member*> FindActive(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The active member `worker_id` (which must be one).
+  Member& At(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsParticipant(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRound(uint64_t round, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -171,7 +217,10 @@ class RoundEngine {
   const Clock* const clock_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // active ones
+  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // active ones, by id
+  // The same members by id in O(1) for the per-report lookups (the map keeps
+  // the id order that Status() and Tick() walk; its nodes never move).
+  absl::flat_hash_map<std::string, Member*> index_ ABSL_GUARDED_BY(mu_);
   std::deque<Member> departed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
   shoal::v1::Phase phase_ ABSL_GUARDED_BY(mu_) = shoal::v1::WAITING_FOR_MEMBERS;
@@ -181,10 +230,19 @@ class RoundEngine {
   std::string agreed_hash_ ABSL_GUARDED_BY(mu_);
   // No round completed since this coordinator started (restart window).
   bool fresh_start_ ABSL_GUARDED_BY(mu_) = true;
-  // Participants of round_ (in join order) while TRAINING / SHARING.
+  // Participants of round_ (in join order) while TRAINING / SHARING, and the
+  // same ids as a set.
   std::vector<std::string> participants_ ABSL_GUARDED_BY(mu_);
-  // Workers admitted to the next round to start (waiting).
+  absl::flat_hash_set<std::string> participant_set_ ABSL_GUARDED_BY(mu_);
+  // How many participants are ready / reported ConnectionsReady (and of
+  // those, how many named unreachable peers) / reported RoundDone.
+  size_t ready_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t connected_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unreachable_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t done_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Workers admitted to the next round to start (waiting), and as a set.
   std::vector<std::string> queued_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> queued_set_ ABSL_GUARDED_BY(mu_);
   bool any_ready_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t total_elements_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time round_started_at_ ABSL_GUARDED_BY(mu_);
@@ -194,9 +252,10 @@ class RoundEngine {
   uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<shoal::v1::SliceAssignment> plan_ ABSL_GUARDED_BY(mu_);
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);
   uint64_t record_version_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t status_version_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string checkpoint_id_ ABSL_GUARDED_BY(mu_);
   uint64_t checkpoint_round_ ABSL_GUARDED_BY(mu_) = 0;
   // The upload in progress: round (0 = none), worker, since when, and the
