@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -254,12 +253,6 @@ void* AllocTouched(size_t bytes) {
   auto* c = static_cast<volatile char*>(p);
   for (size_t i = 0; i < bytes; i += page) c[i] = 1;
   return p;
-}
-
-void TuneMalloc() {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 128 << 20);
-  mallopt(M_ARENA_MAX, 1);
 }
 
 void PrintTable(const std::string& title, const std::vector<Row>& rows) {

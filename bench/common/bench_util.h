@@ -72,15 +72,6 @@ int Cores();
 // The memory stays until process exit.
 void* AllocTouched(size_t bytes);
 
-// Keeps freed memory in the process (glibc malloc): a fixed mmap threshold
-// of 32 MiB (so 1-4 MiB message buffers come from the heap, not from fresh
-// mmap'ed pages that fault on first touch), a trim threshold of 128 MiB (the
-// heap is not handed back to the kernel after every burst) and one arena
-// (buffers freed by one gRPC thread are reused by the next, and RSS stays
-// bounded). What a worker could do with three mallopt() calls at start-up;
-// the benchmarks measure it as a variant ("+malloc").
-void TuneMalloc();
-
 // Prints the table: a header line with the machine, then one row per
 // figure: name, value, unit, and a note (baseline / repetitions).
 struct Row {

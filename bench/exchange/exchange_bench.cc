@@ -6,11 +6,13 @@
 // round plan (no coordinator, no training) and alternates Shoal and gloo
 // repetitions. Time of a repetition = the slowest process's own time.
 //
-// Variants: shoal (as is), zc (bench/proto_zc zero-copy stream), and either
-// with "+malloc" (worker processes that called TuneMalloc()).
+// The worker processes set up glibc malloc as shoal-worker does
+// (TuneMallocForTensorStreams) and, like a worker at the end of training,
+// make their contribution readable (ModelState::SetReady, which computes its
+// chunks' CRCs) before the timed exchange; that step's time is reported on
+// its own.
 //
 //   shoal-bench-exchange [--workers=4] [--mib=64] [--reps=5]
-//   [--variants=shoal,shoal+malloc,zc+malloc]
 //                        [--gloo=bench/exchange/gloo_allreduce.py] [--log=FILE]
 //   shoal-bench-exchange --role=worker ...   (started by the driver)
 #include <unistd.h>
@@ -23,20 +25,17 @@
 #include <memory>
 #include <sstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "bench/common/bench_util.h"
-#include "bench/proto_zc/zc_peer.h"
 #include "common/grpc_util.h"
 #include "common/sha256.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/exchanger.h"
+#include "services/worker/malloc_tuning.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
 
@@ -81,11 +80,10 @@ shoal::v1::RoundPlan MakePlan(uint64_t round, uint64_t total,
 }
 
 int RunWorker(Flags& flags) {
+  worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
   const int index = static_cast<int>(flags.Int("index", 0));
   const uint64_t mib = flags.Int("mib", 64);
-  const bool tune = flags.Int("malloc", 0) != 0;
   flags.CheckAllUsed();
-  if (tune) TuneMalloc();
   const uint64_t rss_base = CurrentRssBytes();
   const std::vector<uint64_t> sizes = LayerSizes(mib);
   const uint64_t total = mib * (1 << 20) / sizeof(float);
@@ -102,35 +100,33 @@ int RunWorker(Flags& flags) {
   const std::string self = absl::StrCat("w", index + 1);
   state.SetWorkerId(self);
   worker::PeerService service(&state);
-  ZcPeerService zc_service(&state);
   auto server = GrpcServer::Start("127.0.0.1:0", {&service});
-  auto zc_server = GrpcServer::Start("127.0.0.1:0", {&zc_service});
-  if (!server.ok() || !zc_server.ok()) return 2;
-  std::printf("ready %s %s %lu\n", (*server)->address().c_str(), (*zc_server)->address().c_str(),
-              static_cast<unsigned long>(rss_base));
+  if (!server.ok()) return 2;
+  std::printf("ready %s %lu\n", (*server)->address().c_str(), static_cast<unsigned long>(rss_base));
   std::fflush(stdout);
 
   worker::GrpcPeerClient grpc_client;
-  ZcPeerClient zc_client;
-  std::map<std::string, std::vector<std::string>> peers;  // variant -> addresses
+  std::vector<std::string> peers;
   std::string line;
   uint64_t round = 0;
   while (std::getline(std::cin, line)) {
     std::vector<std::string> w = absl::StrSplit(line, ' ');
-    if (w[0] == "peers") {  // peers VARIANT addr...
-      peers[w[1]].assign(w.begin() + 2, w.end());
+    if (w[0] == "peers") {  // peers addr...
+      peers.assign(w.begin() + 1, w.end());
     } else if (w[0] == "prepare") {  // prepare ROUND: the trained model of this round
       (void)absl::SimpleAtoi(w[1], &round);
-      for (uint64_t i = 0; i < total; ++i) params[i] = Value(i, index, round);
+      // As the worker: close the previous round's window, wait until gRPC
+      // has given back what it was sending from it, then "train".
       state.BeginTraining(round);
+      (void)state.AwaitReturned(worker::ModelState::Buffer::kParameters, absl::Seconds(5));
+      for (uint64_t i = 0; i < total; ++i) params[i] = Value(i, index, round);
+      const absl::Time t0 = absl::Now();
       state.SetReady(round);
-      std::printf("prepared %lu\n", static_cast<unsigned long>(round));
-    } else if (w[0] == "go") {  // go VARIANT
-      const std::string& variant = w[1];
-      worker::PeerClient* client =
-          variant == "zc" ? static_cast<worker::PeerClient*>(&zc_client) : &grpc_client;
-      worker::Exchanger exchanger(client, &state, params, worker::ExchangeOptions());
-      const shoal::v1::RoundPlan plan = MakePlan(round, total, peers[variant]);
+      std::printf("prepared %lu %.6f\n", static_cast<unsigned long>(round),
+                  absl::ToDoubleSeconds(absl::Now() - t0));
+    } else if (w[0] == "go") {
+      worker::Exchanger exchanger(&grpc_client, &state, params, worker::ExchangeOptions());
+      const shoal::v1::RoundPlan plan = MakePlan(round, total, peers);
       worker::ExchangeStats stats;
       const double cpu0 = SelfCpuSeconds();
       const absl::Time start = absl::Now();
@@ -148,7 +144,7 @@ int RunWorker(Flags& flags) {
       // Not timed: what the driver checks.
       const std::string hash = Sha256Hex(params, total * sizeof(float));
       double expect_offset = 0;
-      const int n = static_cast<int>(peers[variant].size());
+      const int n = static_cast<int>(peers.size());
       for (int k = 0; k < n; ++k) expect_offset += k;
       expect_offset = expect_offset / n + static_cast<double>(round % 3);
       bool values_ok = true;
@@ -163,7 +159,6 @@ int RunWorker(Flags& flags) {
     std::fflush(stdout);
   }
   (*server)->Shutdown(absl::Seconds(1));
-  (*zc_server)->Shutdown(absl::Seconds(1));
   return 0;
 }
 
@@ -171,51 +166,35 @@ int RunDriver(Flags& flags) {
   const int n = static_cast<int>(flags.Int("workers", 4));
   const int64_t mib = flags.Int("mib", 64);
   const int reps = static_cast<int>(flags.Int("reps", 5));
-  const std::string variants_flag = flags.Str("variants", "shoal");
   const std::string gloo = flags.Str("gloo", "");
   const std::string python = flags.Str("python", "/usr/bin/python3");
   const std::string log = flags.Str("log", "/dev/null");
   flags.CheckAllUsed();
-  const std::vector<std::string> variants = absl::StrSplit(variants_flag, ',');
   const std::vector<uint64_t> sizes = LayerSizes(mib);
   const double model_bytes = mib * 1048576.0;
 
-  // One set of N worker processes per malloc setting (variants ending in
-  // "+malloc" run in processes that called TuneMalloc()).
-  struct WorkerSet {
-    std::vector<std::unique_ptr<Child>> procs;
-    std::vector<uint64_t> rss_base;
-  };
-  std::map<int, WorkerSet> sets;
-  for (const std::string& v : variants) {
-    const int tuned = absl::EndsWith(v, "+malloc") ? 1 : 0;
-    if (sets.count(tuned)) continue;
-    WorkerSet& set = sets[tuned];
-    for (int k = 0; k < n; ++k) {
-      set.procs.push_back(std::make_unique<Child>(
-          std::vector<std::string>{SelfExe(), "--role=worker", absl::StrCat("--index=", k),
-                                   absl::StrCat("--mib=", mib), absl::StrCat("--malloc=", tuned)},
-          log));
-    }
-    std::vector<std::string> grpc_addrs, zc_addrs;
-    for (auto& w : set.procs) {
-      std::string rest;
-      if (!w->Expect("ready ", &rest, absl::Seconds(60))) {
-        std::fprintf(stderr, "exchange: a worker did not start (log: %s)\n", log.c_str());
-        return 2;
-      }
-      std::vector<std::string> p = absl::StrSplit(rest, ' ');
-      grpc_addrs.push_back(p[0]);
-      zc_addrs.push_back(p[1]);
-      uint64_t base = 0;
-      (void)absl::SimpleAtoi(p[2], &base);
-      set.rss_base.push_back(base);
-    }
-    for (auto& w : set.procs) {
-      w->Send("peers shoal " + absl::StrJoin(grpc_addrs, " "));
-      w->Send("peers zc " + absl::StrJoin(zc_addrs, " "));
-    }
+  std::vector<std::unique_ptr<Child>> workers;
+  std::vector<uint64_t> rss_base;
+  for (int k = 0; k < n; ++k) {
+    workers.push_back(std::make_unique<Child>(
+        std::vector<std::string>{SelfExe(), "--role=worker", absl::StrCat("--index=", k),
+                                 absl::StrCat("--mib=", mib)},
+        log));
   }
+  std::vector<std::string> addrs;
+  for (auto& w : workers) {
+    std::string rest;
+    if (!w->Expect("ready ", &rest, absl::Seconds(60))) {
+      std::fprintf(stderr, "exchange: a worker did not start (log: %s)\n", log.c_str());
+      return 2;
+    }
+    std::vector<std::string> p = absl::StrSplit(rest, ' ');
+    addrs.push_back(p[0]);
+    uint64_t base = 0;
+    (void)absl::SimpleAtoi(p[1], &base);
+    rss_base.push_back(base);
+  }
+  for (auto& w : workers) w->Send("peers " + absl::StrJoin(addrs, " "));
 
   std::unique_ptr<Child> gloo_proc;
   if (!gloo.empty()) {
@@ -232,21 +211,26 @@ int RunDriver(Flags& flags) {
   }
 
   uint64_t round = 0;
-  std::map<std::string, uint64_t> peak_rss, peak_above_base;  // per variant
-  std::map<std::string, std::vector<double>> retries;         // per variant, per rep
-  std::map<std::string, std::vector<double>> cpu;             // CPU-s of all processes, per rep
+  uint64_t peak_rss = 0, peak_above_base = 0;
+  std::vector<double> retries;                     // per rep, per worker
+  std::vector<double> set_ready_ms;                // per rep, slowest worker
+  std::map<std::string, std::vector<double>> cpu;  // CPU-s of all processes, per rep
   bool all_ok = true;
   // One Shoal repetition: returns the slowest worker's time.
-  auto shoal_rep = [&](const std::string& name) -> double {
-    const bool tuned = absl::EndsWith(name, "+malloc");
-    const std::string variant(absl::StripSuffix(name, "+malloc"));
-    WorkerSet& set = sets[tuned ? 1 : 0];
-    auto& workers = set.procs;
-    double rep_retries = 0, rep_cpu = 0;
+  auto shoal_rep = [&]() -> double {
+    double rep_retries = 0, rep_cpu = 0, rep_set_ready = 0;
     ++round;
     for (auto& w : workers) w->Send(absl::StrCat("prepare ", round));
-    for (auto& w : workers) w->Expect("prepared", nullptr, absl::Seconds(60));
-    for (auto& w : workers) w->Send("go " + variant);
+    for (auto& w : workers) {
+      std::string rest;
+      w->Expect("prepared ", &rest, absl::Seconds(60));
+      std::vector<std::string> p = absl::StrSplit(rest, ' ');
+      double secs = 0;
+      if (p.size() >= 2) (void)absl::SimpleAtod(p[1], &secs);
+      rep_set_ready = std::max(rep_set_ready, secs);
+    }
+    set_ready_ms.push_back(rep_set_ready * 1e3);
+    for (auto& w : workers) w->Send("go");
     double slowest = 0;
     std::string first_hash;
     for (int k = 0; k < n; ++k) {
@@ -272,11 +256,11 @@ int RunDriver(Flags& flags) {
         std::fprintf(stderr, "exchange: worker %d ended with a different or wrong model\n", k);
         all_ok = false;
       }
-      peak_rss[name] = std::max(peak_rss[name], rss);
-      peak_above_base[name] = std::max(peak_above_base[name], rss - set.rss_base[k]);
+      peak_rss = std::max(peak_rss, rss);
+      peak_above_base = std::max(peak_above_base, rss - rss_base[k]);
     }
-    retries[name].push_back(rep_retries / n);
-    cpu[name].push_back(rep_cpu);
+    retries.push_back(rep_retries / n);
+    cpu["shoal"].push_back(rep_cpu);
     return slowest;
   };
   auto gloo_rep = [&](const std::string& mode, const std::string& name) -> double {
@@ -299,7 +283,7 @@ int RunDriver(Flags& flags) {
     return secs;
   };
 
-  std::vector<std::string> all = variants;
+  std::vector<std::string> all = {"shoal"};
   if (gloo_proc) {
     all.push_back("gloo_flat");
     all.push_back("gloo_per_tensor");
@@ -307,9 +291,12 @@ int RunDriver(Flags& flags) {
   auto run = [&](const std::string& v) {
     if (v == "gloo_flat") return gloo_rep("flat", v);
     if (v == "gloo_per_tensor") return gloo_rep("per_tensor", v);
-    return shoal_rep(v);
+    return shoal_rep();
   };
   for (const std::string& v : all) run(v);  // warm-up: connections, caches
+  retries.clear();
+  set_ready_ms.clear();
+  cpu.clear();
   std::map<std::string, std::vector<double>> secs;
   for (int r = 0; r < reps; ++r) {
     if (r % 2 == 0) {
@@ -320,11 +307,11 @@ int RunDriver(Flags& flags) {
   }
   if (gloo_proc) gloo_proc->Send("quit");
   gloo_proc.reset();
-  sets.clear();
+  workers.clear();
 
   double baseline = 0;
   std::string baseline_name = "none";
-  for (const std::string& g : {"gloo_flat", "gloo_per_tensor"}) {
+  for (const char* g : {"gloo_flat", "gloo_per_tensor"}) {
     if (secs.count(g) && (baseline == 0 || Median(secs[g]) < baseline)) {
       baseline = Median(secs[g]);
       baseline_name = g;
@@ -339,8 +326,8 @@ int RunDriver(Flags& flags) {
     } else if (baseline > 0) {
       absl::StrAppend(&note, "  ratio vs baseline ", Fmt(m / baseline, 2));
     }
-    if (retries.count(v)) {
-      absl::StrAppend(&note, "  UNAVAILABLE retries/worker ", Fmt(Median(retries[v]), 1));
+    if (v == "shoal") {
+      absl::StrAppend(&note, "  UNAVAILABLE retries/worker ", Fmt(Median(retries), 1));
     }
     rows.push_back({absl::StrCat(v, " s"), Fmt(m, 3), note});
   }
@@ -356,28 +343,24 @@ int RunDriver(Flags& flags) {
                           ? ""
                           : absl::StrCat("  ratio vs baseline ", Fmt(c / baseline_cpu, 2)))});
   }
-  for (const std::string& v : variants) {
-    rows.push_back({absl::StrCat(v, ": peak RSS / model"), Fmt(peak_rss[v] / model_bytes, 2),
-                    absl::StrCat("largest VmHWM of a worker ", Fmt(peak_rss[v] / 1048576.0, 0),
-                                 " MiB (", Fmt(peak_above_base[v] / model_bytes, 2),
-                                 " x model above its RSS before the model was allocated)")});
-  }
+  rows.push_back({"shoal SetReady ms", Fmt(Median(set_ready_ms), 1),
+                  "CRCs of the contribution, computed when training ends (before the exchange, "
+                  "not in its time); slowest worker, median"});
+  rows.push_back({"shoal: peak RSS / model", Fmt(peak_rss / model_bytes, 2),
+                  absl::StrCat("largest VmHWM of a worker ", Fmt(peak_rss / 1048576.0, 0), " MiB (",
+                               Fmt(peak_above_base / model_bytes, 2),
+                               " x model above its RSS before the model was allocated)")});
   PrintTable(
       absl::StrCat("exchange: one round's average of a ", mib, " MiB model (", sizes.size(),
                    " tensors) across ", n, " processes on loopback, slowest process's time, ", reps,
                    " repetitions (after 1 warm-up)"),
       rows);
-  const double shoal = Median(secs[variants.front()]);
-  auto key = [](const std::string& v) { return absl::StrReplaceAll(v, {{"+", "_"}}); };
-  std::string figures = absl::StrCat(key(variants.front()), "_s=", Fmt(shoal, 3));
-  for (size_t i = 1; i < variants.size(); ++i) {
-    absl::StrAppend(&figures, " ", key(variants[i]), "_s=", Fmt(Median(secs[variants[i]]), 3));
-  }
+  const double shoal = Median(secs["shoal"]);
+  std::string figures = absl::StrCat("shoal_s=", Fmt(shoal, 3));
   if (baseline > 0) absl::StrAppend(&figures, " gloo_s=", Fmt(baseline, 3));
-  absl::StrAppend(&figures, " ", key(variants.front()),
-                  "_cpu_s=", Fmt(Median(cpu[variants.front()]), 3));
+  absl::StrAppend(&figures, " shoal_cpu_s=", Fmt(Median(cpu["shoal"]), 3));
   if (baseline > 0) absl::StrAppend(&figures, " gloo_cpu_s=", Fmt(baseline_cpu, 3));
-  absl::StrAppend(&figures, " rss_over_model=", Fmt(peak_rss[variants.front()] / model_bytes, 2));
+  absl::StrAppend(&figures, " rss_over_model=", Fmt(peak_rss / model_bytes, 2));
   std::printf("exchange: %s reps=%d cores=%d ratio=%s\n", figures.c_str(), reps, Cores(),
               baseline > 0 ? Fmt(shoal / baseline, 3).c_str() : "n/a");
   if (!all_ok) {

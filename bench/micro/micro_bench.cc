@@ -5,10 +5,11 @@
 //   shoal-bench-micro --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include "bench/proto_zc/zc_peer.h"
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/sha256.h"
@@ -42,6 +43,7 @@ void BM_Memcpy(benchmark::State& state) {
 }
 BENCHMARK(BM_Memcpy)->Arg(kChunk);
 
+// Crc32c: three interleaved lanes (common/crc32c.cc).
 void BM_Crc32c(benchmark::State& state) {
   const size_t bytes = state.range(0);
   std::vector<float> src = Floats(bytes);
@@ -50,18 +52,24 @@ void BM_Crc32c(benchmark::State& state) {
 }
 BENCHMARK(BM_Crc32c)->Arg(64 << 10)->Arg(kChunk);
 
-// Prototype: three interleaved CRC lanes (bench/proto_zc).
-void BM_Crc32c3Lanes(benchmark::State& state) {
+// The one-lane loop Crc32c used before (one dependent crc32 chain).
+void BM_Crc32cOneLane(benchmark::State& state) {
   const size_t bytes = state.range(0);
   std::vector<float> src = Floats(bytes);
-  if (Crc32cExtend(0, src.data(), bytes) != Crc32c(src.data(), bytes)) {
-    state.SkipWithError("3-lane CRC differs from Crc32c");
+  if (!crc32c_internal::HasSse42()) {
+    state.SkipWithError("no SSE4.2");
     return;
   }
-  for (auto _ : state) benchmark::DoNotOptimize(Crc32cExtend(0, src.data(), bytes));
+  if (crc32c_internal::ExtendSse42OneLane(0, src.data(), bytes) != Crc32c(src.data(), bytes)) {
+    state.SkipWithError("one-lane CRC differs from Crc32c");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(crc32c_internal::ExtendSse42OneLane(0, src.data(), bytes));
+  }
   SetBytes(state, bytes);
 }
-BENCHMARK(BM_Crc32c3Lanes)->Arg(64 << 10)->Arg(kChunk);
+BENCHMARK(BM_Crc32cOneLane)->Arg(kChunk);
 
 // Sender side: copy into the message + CRC.
 void BM_EncodeChunk(benchmark::State& state) {
@@ -89,9 +97,9 @@ void BM_ChunkReceiverAccept(benchmark::State& state) {
 }
 BENCHMARK(BM_ChunkReceiverAccept);
 
-// What the user-space part of one chunk's trip costs today: encode,
-// serialize (gRPC's protobuf serializer copies), parse (copies again),
-// accept, copy into the model.
+// The user-space part of one chunk's trip through protobuf (what tests and
+// any standard client do): encode, serialize (gRPC's protobuf serializer
+// copies), parse (copies again), accept, copy into the model.
 void BM_ChunkRoundTripProtobuf(benchmark::State& state) {
   std::vector<float> src = Floats(kChunk), dst(src.size());
   shoal::v1::TensorChunk chunk, parsed;
@@ -102,38 +110,66 @@ void BM_ChunkRoundTripProtobuf(benchmark::State& state) {
     parsed.ParseFromString(wire);
     ChunkReceiver receiver(7, 0, src.size());
     auto view = receiver.Accept(parsed);
-    std::memcpy(dst.data(), view->data, view->count * sizeof(float));
+    view->CopyTo(dst.data());
     benchmark::ClobberMemory();
   }
   SetBytes(state, kChunk);
 }
 BENCHMARK(BM_ChunkRoundTripProtobuf);
 
-// The exchanger's reduce step as written in services/worker/exchanger.cc
-// (compiled with the project's flags: -O2, which leaves it scalar because
-// dst and src may alias).
-__attribute__((noinline)) void AddAsExchanger(float* dst, const float* src, size_t n) {
+// The same chunk as the worker sends and receives it (zero-copy): the
+// sender writes a header next to model memory (its CRC precomputed), the
+// receiver parses the fields across 16 receive slices of 64 KiB, checks the
+// CRC there and copies the data once into the model.
+void BM_ChunkRoundTripZeroCopy(benchmark::State& state) {
+  std::vector<float> src = Floats(kChunk), dst(src.size());
+  const uint32_t crc = Crc32c(src.data(), kChunk);  // precomputed (SetReady)
+  // The bytes as they lie in the receiver's buffers (gRPC and the kernel
+  // put them there: not Shoal's work, and outside the loop).
+  uint8_t head[kChunkHeaderMaxBytes];
+  uint8_t tail[kChunkTrailerBytes];
+  const size_t h = EncodeChunkHeader(7, 0, kChunk, head);
+  EncodeChunkTrailer(crc, tail);
+  std::string wire(reinterpret_cast<const char*>(head), h);
+  wire.append(reinterpret_cast<const char*>(src.data()), kChunk);
+  wire.append(reinterpret_cast<const char*>(tail), sizeof(tail));
+  std::vector<BytePiece> pieces;
+  for (size_t at = 0; at < wire.size(); at += 64 << 10) {
+    pieces.push_back({reinterpret_cast<const uint8_t*>(wire.data()) + at,
+                      std::min<size_t>(64 << 10, wire.size() - at)});
+  }
+  RawChunk raw;
+  for (auto _ : state) {
+    // Sender: the header and trailer (the data is not touched).
+    benchmark::DoNotOptimize(EncodeChunkHeader(7, 0, kChunk, head));
+    EncodeChunkTrailer(crc, tail);
+    // Receiver: fields, checks and CRC over the pieces, one copy.
+    (void)ParseChunk(pieces.data(), pieces.size(), &raw);
+    ChunkReceiver receiver(7, 0, src.size());
+    auto view = receiver.Accept(raw);
+    view->CopyTo(dst.data());
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk);
+}
+BENCHMARK(BM_ChunkRoundTripZeroCopy);
+
+// The exchanger's reduce step as it was (a plain loop: compiled with the
+// project's flags, -O2, it stays scalar because dst and src may alias) and
+// as it is (AddFloats / DivideFloats in common/chunk_codec.cc: __restrict,
+// vectorized at -O2).
+__attribute__((noinline)) void AddAsBefore(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
-__attribute__((noinline)) void ScaleAsExchanger(float* dst, size_t n, int parts) {
+__attribute__((noinline)) void ScaleAsBefore(float* dst, size_t n, int parts) {
   const float scale = static_cast<float>(parts);
   for (size_t i = 0; i < n; ++i) dst[i] /= scale;
-}
-// The same with the aliasing ruled out and vectorization requested.
-__attribute__((noinline, optimize("O3"))) void AddRestrict(float* __restrict dst,
-                                                           const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-__attribute__((noinline, optimize("O3"))) void ScaleRestrict(float* __restrict dst, size_t n,
-                                                             int parts) {
-  const float scale = static_cast<float>(parts);
-  for (size_t i = 0; i < n; ++i) dst[i] /= scale;  // same rounding as above
 }
 
 void BM_AverageAddScalar(benchmark::State& state) {
   std::vector<float> src = Floats(kChunk), dst = Floats(kChunk);
   for (auto _ : state) {
-    AddAsExchanger(dst.data(), src.data(), src.size());
+    AddAsBefore(dst.data(), src.data(), src.size());
     benchmark::ClobberMemory();
   }
   SetBytes(state, kChunk);
@@ -143,7 +179,7 @@ BENCHMARK(BM_AverageAddScalar);
 void BM_AverageAddVector(benchmark::State& state) {
   std::vector<float> src = Floats(kChunk), dst = Floats(kChunk);
   for (auto _ : state) {
-    AddRestrict(dst.data(), src.data(), src.size());
+    AddFloats(dst.data(), reinterpret_cast<const uint8_t*>(src.data()), src.size());
     benchmark::ClobberMemory();
   }
   SetBytes(state, kChunk);
@@ -153,7 +189,7 @@ BENCHMARK(BM_AverageAddVector);
 void BM_AverageScaleScalar(benchmark::State& state) {
   std::vector<float> dst = Floats(kChunk);
   for (auto _ : state) {
-    ScaleAsExchanger(dst.data(), dst.size(), static_cast<int>(state.range(0)));
+    ScaleAsBefore(dst.data(), dst.size(), static_cast<int>(state.range(0)));
     benchmark::ClobberMemory();
   }
   SetBytes(state, kChunk);
@@ -163,7 +199,7 @@ BENCHMARK(BM_AverageScaleScalar)->Arg(1);  // divisor 1 at run time: no denormal
 void BM_AverageScaleVector(benchmark::State& state) {
   std::vector<float> dst = Floats(kChunk);
   for (auto _ : state) {
-    ScaleRestrict(dst.data(), dst.size(), static_cast<int>(state.range(0)));
+    DivideFloats(dst.data(), dst.size(), static_cast<float>(state.range(0)));
     benchmark::ClobberMemory();
   }
   SetBytes(state, kChunk);

@@ -2,13 +2,13 @@
 // (PeerService serving a ModelState-bound buffer; GrpcPeerClient::ReadSlice
 // into a preallocated, pre-touched buffer) vs. a plain TCP socket
 // sender/receiver (1 MiB writes, recv straight into a preallocated buffer).
-// Variants: shoal (as is), zc (bench/proto_zc: zero-copy ByteBuffer path),
-// tcp (the baseline), tcp_crc (TCP plus CRC-32C of every 1 MiB on both ends:
-// the floor of any checksummed stream); a "+malloc" suffix runs the same in a server/client
-// pair whose glibc malloc keeps freed memory (TuneMalloc). Every variant runs
-// once per repetition, in alternating order, so load changes hit all alike.
+// Variants: shoal, tcp (the baseline), tcp_crc (TCP plus CRC-32C of every
+// 1 MiB on both ends: the floor of any checksummed stream). Both processes
+// set up glibc malloc as shoal-worker does (TuneMallocForTensorStreams).
+// Every variant runs once per repetition, in alternating order, so load
+// changes hit all alike.
 //
-//   shoal-bench-stream [--mib=256] [--reps=7] [--variants=shoal,zc,tcp,shoal+malloc,zc+malloc]
+//   shoal-bench-stream [--mib=256] [--reps=7] [--variants=shoal,tcp,tcp_crc]
 //   shoal-bench-stream --role=server|client ...   (started by the driver)
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,17 +22,16 @@
 #include <memory>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "bench/common/bench_util.h"
-#include "bench/proto_zc/zc_peer.h"
+#include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "services/worker/core/model_state.h"
+#include "services/worker/malloc_tuning.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
 
@@ -78,7 +77,7 @@ void ServeTcpConnection(int fd, const char* data, size_t size) {
       const uint64_t n = std::min<uint64_t>(kTcpChunk, want - off);
       if (!SendAll(fd, data + off, n)) break;
       if (crc) {
-        const uint32_t c = Crc32cExtend(0, data + off, n);
+        const uint32_t c = Crc32c(data + off, n);
         if (!SendAll(fd, reinterpret_cast<const char*>(&c), sizeof(c))) break;
       }
     }
@@ -87,10 +86,9 @@ void ServeTcpConnection(int fd, const char* data, size_t size) {
 }
 
 int RunServer(Flags& flags) {
+  worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
   const uint64_t mib = flags.Int("mib", 256);
-  const bool tune = flags.Int("malloc", 0) != 0;
   flags.CheckAllUsed();
-  if (tune) TuneMalloc();
   const uint64_t total = mib * (1 << 20) / sizeof(float);
   auto* params = static_cast<float*>(AllocTouched(total * sizeof(float)));
   Fill(params, total);
@@ -98,12 +96,14 @@ int RunServer(Flags& flags) {
   worker::ModelState state(params, total, "bench");
   state.SetWorkerId("w1");
   state.BeginTraining(1);
-  state.SetReady(1);  // CONTRIBUTION reads of round 1 may be served
+  // CONTRIBUTION reads of round 1 may be served. As in a round, the chunks'
+  // CRCs are computed here, when the contribution becomes readable.
+  const absl::Time crc_start = absl::Now();
+  state.SetReady(1);
+  const double set_ready_s = absl::ToDoubleSeconds(absl::Now() - crc_start);
   worker::PeerService service(&state);
-  ZcPeerService zc_service(&state);
   auto server = GrpcServer::Start("127.0.0.1:0", {&service});
-  auto zc_server = GrpcServer::Start("127.0.0.1:0", {&zc_service});
-  if (!server.ok() || !zc_server.ok()) {
+  if (!server.ok()) {
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
     return 2;
   }
@@ -129,14 +129,13 @@ int RunServer(Flags& flags) {
     }
   }).detach();
 
-  std::printf("ready grpc=%s zc=%s tcp=%d\n", (*server)->address().c_str(),
-              (*zc_server)->address().c_str(), ntohs(addr.sin_port));
+  std::printf("ready grpc=%s tcp=%d setready=%.6f\n", (*server)->address().c_str(),
+              ntohs(addr.sin_port), set_ready_s);
   std::fflush(stdout);
   char buf[256];
   while (fgets(buf, sizeof(buf), stdin) != nullptr) {
   }
   (*server)->Shutdown(absl::Seconds(1));
-  (*zc_server)->Shutdown(absl::Seconds(1));
   std::_Exit(0);  // detached TCP threads may still be blocked in recv
 }
 
@@ -153,11 +152,10 @@ bool Check(const float* got, uint64_t total) {
 // Reads from the server at the addresses in `ready` on request: each "run
 // VARIANT" line on stdin is answered with "result MBPS".
 int RunClient(Flags& flags) {
+  worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
   const int64_t mib = flags.Int("mib", 256);
-  const bool tune = flags.Int("malloc", 0) != 0;
   const std::string ready = flags.Str("server", "");
   flags.CheckAllUsed();
-  if (tune) TuneMalloc();
   std::map<std::string, std::string> addr;
   for (absl::string_view kv : absl::StrSplit(ready, ' ')) {
     std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
@@ -168,18 +166,6 @@ int RunClient(Flags& flags) {
   auto* dst = static_cast<float*>(AllocTouched(bytes));
 
   worker::GrpcPeerClient client;
-  // SHOAL_BENCH_ZC_ARGS="name=value,..." adds integer channel arguments to
-  // the zc client (experiments).
-  std::vector<std::pair<std::string, int>> extra;
-  if (const char* e = std::getenv("SHOAL_BENCH_ZC_ARGS"); e != nullptr && *e != 0) {
-    for (absl::string_view kv : absl::StrSplit(e, ',')) {
-      std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
-      int v = 0;
-      (void)absl::SimpleAtoi(p.second, &v);
-      extra.emplace_back(p.first, v);
-    }
-  }
-  ZcPeerClient zc_client(extra);
   const int tfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -210,12 +196,12 @@ int RunClient(Flags& flags) {
     const absl::Time start = absl::Now();
     absl::Status s;
     if (v == "shoal") {
+      // What the Exchanger does with an AVERAGED chunk: one copy, straight
+      // from gRPC's receive buffers into place.
       s = client.ReadSlice(addr["grpc"], request, absl::Seconds(120), [&](const ChunkView& c) {
-        std::memcpy(dst + c.begin, c.data, c.count * sizeof(float));
+        c.CopyTo(dst + c.begin);
         return true;
       });
-    } else if (v == "zc") {
-      s = zc_client.ReadSliceInto(addr["zc"], request, absl::Seconds(120), dst);
     } else if (v == "tcp") {
       const uint64_t want = bytes;
       if (!SendAll(tfd, reinterpret_cast<const char*>(&want), sizeof(want)) ||
@@ -236,7 +222,7 @@ int RunClient(Flags& flags) {
         if (!RecvAll(tfd, out + off, n) ||
             !RecvAll(tfd, reinterpret_cast<char*>(&crc), sizeof(crc))) {
           s = absl::UnavailableError("tcp read failed");
-        } else if (Crc32cExtend(0, out + off, n) != crc) {
+        } else if (Crc32c(out + off, n) != crc) {
           s = absl::DataLossError("checksum mismatch");
         }
       }
@@ -252,64 +238,47 @@ int RunClient(Flags& flags) {
     }
     std::fflush(stdout);
   }
-  if (zc_client.messages() > 0) {
-    std::fprintf(stderr, "zc client: %lu messages in %lu slices (%.1f per 1 MiB chunk)\n",
-                 static_cast<unsigned long>(zc_client.messages()),
-                 static_cast<unsigned long>(zc_client.slices()),
-                 static_cast<double>(zc_client.slices()) / zc_client.messages());
-  }
   return 0;
 }
 
 int RunDriver(Flags& flags) {
   const int64_t mib = flags.Int("mib", 256);
   const int reps = static_cast<int>(flags.Int("reps", 7));
-  const std::string variants_flag = flags.Str("variants", "shoal,zc,tcp");
+  const std::string variants_flag = flags.Str("variants", "shoal,tcp,tcp_crc");
   const std::string log = flags.Str("log", "/dev/null");
   flags.CheckAllUsed();
   const std::vector<std::string> variants = absl::StrSplit(variants_flag, ',');
-
-  // One server + client pair per malloc setting.
-  struct Pair {
-    std::unique_ptr<Child> server, client;
-  };
-  std::map<int, Pair> pairs;
   for (const std::string& v : variants) {
-    const int tuned = absl::EndsWith(v, "+malloc") ? 1 : 0;
-    if (pairs.count(tuned)) continue;
-    Pair& p = pairs[tuned];
-    p.server = std::make_unique<Child>(
-        std::vector<std::string>{SelfExe(), "--role=server", absl::StrCat("--mib=", mib),
-                                 absl::StrCat("--malloc=", tuned)},
-        log);
-    std::string ready;
-    if (!p.server->Expect("ready ", &ready, absl::Seconds(60))) {
-      std::fprintf(stderr, "stream: the server did not start (log: %s)\n", log.c_str());
+    if (v != "shoal" && v != "tcp" && v != "tcp_crc") {
+      std::fprintf(stderr, "stream: unknown variant %s (shoal, tcp, tcp_crc)\n", v.c_str());
       return 2;
     }
-    p.client = std::make_unique<Child>(
-        std::vector<std::string>{SelfExe(), "--role=client", absl::StrCat("--mib=", mib),
-                                 absl::StrCat("--malloc=", tuned), "--server=" + ready},
-        log);
   }
+
+  Child server({SelfExe(), "--role=server", absl::StrCat("--mib=", mib)}, log);
+  std::string ready;
+  if (!server.Expect("ready ", &ready, absl::Seconds(60))) {
+    std::fprintf(stderr, "stream: the server did not start (log: %s)\n", log.c_str());
+    return 2;
+  }
+  double set_ready_s = 0;
+  for (absl::string_view kv : absl::StrSplit(ready, ' ')) {
+    if (absl::ConsumePrefix(&kv, "setready=")) (void)absl::SimpleAtod(kv, &set_ready_s);
+  }
+  Child client({SelfExe(), "--role=client", absl::StrCat("--mib=", mib), "--server=" + ready}, log);
   // CPU-seconds of both processes per GB moved, per variant (all reps).
   std::map<std::string, double> cpu_total, gb_total;
   auto run = [&](const std::string& v) -> double {
-    const bool tuned = absl::EndsWith(v, "+malloc");
-    Pair& pair = pairs[tuned ? 1 : 0];
-    Child& c = *pair.client;
-    const double cpu0 =
-        ProcessSchedSeconds(pair.server->pid()) + ProcessSchedSeconds(pair.client->pid());
-    c.Send("run " + std::string(absl::StripSuffix(v, "+malloc")));
+    const double cpu0 = ProcessSchedSeconds(server.pid()) + ProcessSchedSeconds(client.pid());
+    client.Send("run " + v);
     std::string rest;
-    if (!c.Expect("result ", &rest, absl::Seconds(300))) {
+    if (!client.Expect("result ", &rest, absl::Seconds(300))) {
       std::fprintf(stderr, "stream: variant %s failed (log: %s)\n", v.c_str(), log.c_str());
       std::exit(1);
     }
     double mbps = 0;
     (void)absl::SimpleAtod(rest, &mbps);
-    cpu_total[v] +=
-        ProcessSchedSeconds(pair.server->pid()) + ProcessSchedSeconds(pair.client->pid()) - cpu0;
+    cpu_total[v] += ProcessSchedSeconds(server.pid()) + ProcessSchedSeconds(client.pid()) - cpu0;
     gb_total[v] += mib * 1048576.0 / 1e9;
     return mbps;
   };
@@ -326,46 +295,48 @@ int RunDriver(Flags& flags) {
       for (auto it = variants.rbegin(); it != variants.rend(); ++it) mbps[*it].push_back(run(*it));
     }
   }
-  for (auto& [tuned, p] : pairs) {
-    p.client->Stop(absl::Seconds(5));
-    p.server->Stop(absl::Seconds(5));
-  }
+  client.Stop(absl::Seconds(5));
+  server.Stop(absl::Seconds(5));
 
-  const double tcp = Median(mbps.count("tcp") ? mbps["tcp"] : mbps["tcp+malloc"]);
+  const bool has_tcp = mbps.count("tcp") > 0;
+  const double tcp = has_tcp ? Median(mbps["tcp"]) : 0;
+  const double tcp_cpu = has_tcp ? cpu_total["tcp"] / gb_total["tcp"] : 0;
   std::vector<Row> rows;
   for (const std::string& v : variants) {
     const double m = Median(mbps[v]);
     rows.push_back({absl::StrCat(v, " MB/s"), Fmt(m, 0),
                     absl::StrCat("median of ", reps, " [", Join(mbps[v], 0), "]",
                                  v == "tcp" ? "  (baseline)"
-                                            : absl::StrCat("  ratio vs tcp ", Fmt(m / tcp, 3)))});
+                                 : has_tcp  ? absl::StrCat("  ratio vs tcp ", Fmt(m / tcp, 3))
+                                            : "")});
   }
   // CPU per GB: both processes, every thread (schedstat); less sensitive to
   // other load on the machine than throughput.
-  const std::string tcp_name = mbps.count("tcp") ? "tcp" : "tcp+malloc";
-  const double tcp_cpu = cpu_total[tcp_name] / gb_total[tcp_name];
   for (const std::string& v : variants) {
     const double c = cpu_total[v] / gb_total[v];
-    rows.push_back(
-        {absl::StrCat(v, " CPU-s/GB"), Fmt(c, 3),
-         absl::StrCat("server + client, all threads",
-                      v == tcp_name ? "  (baseline)"
-                                    : absl::StrCat("  ratio vs tcp ", Fmt(c / tcp_cpu, 2)))});
+    rows.push_back({absl::StrCat(v, " CPU-s/GB"), Fmt(c, 3),
+                    absl::StrCat("server + client, all threads",
+                                 v == "tcp" ? "  (baseline)"
+                                 : has_tcp  ? absl::StrCat("  ratio vs tcp ", Fmt(c / tcp_cpu, 2))
+                                            : "")});
   }
+  rows.push_back({"shoal SetReady ms", Fmt(set_ready_s * 1e3, 1),
+                  absl::StrCat("CRCs of the ", mib,
+                               " MiB contribution, computed once when it becomes readable "
+                               "(before the reads, not in the figures above)")});
   PrintTable(absl::StrCat("stream: ", mib, " MiB between two processes on loopback, ", reps,
                           " repetitions (after 1 warm-up)"),
              rows);
   std::string figures;
   for (const std::string& v : variants) {
-    absl::StrAppend(&figures, absl::StrReplaceAll(v, {{"+", "_"}}),
-                    "_MBps=", Fmt(Median(mbps[v]), 0), " ");
+    absl::StrAppend(&figures, v, "_MBps=", Fmt(Median(mbps[v]), 0), " ");
   }
   const std::string main_variant = mbps.count("shoal") ? "shoal" : variants.front();
   absl::StrAppend(&figures,
                   "shoal_cpu_s_per_GB=", Fmt(cpu_total[main_variant] / gb_total[main_variant], 3),
                   " tcp_cpu_s_per_GB=", Fmt(tcp_cpu, 3), " ");
   std::printf("stream: %sreps=%d cores=%d ratio=%s\n", figures.c_str(), reps, Cores(),
-              Fmt(Median(mbps[main_variant]) / tcp, 3).c_str());
+              has_tcp ? Fmt(Median(mbps[main_variant]) / tcp, 3).c_str() : "n/a");
   return 0;
 }
 

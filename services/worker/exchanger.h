@@ -5,9 +5,22 @@
 //  2. all-gather: it reads every other owner's averaged slice straight into
 //     its parameters.
 // Both phases run at once (one thread per read); an all-gather read of a
-// slice its owner has not averaged yet gets UNAVAILABLE and is retried after
-// a short backoff. Each worker moves about 2(N-1)/N of the model per round.
-// Reads resume where they stopped, so a retried read never adds twice.
+// slice its owner has not averaged yet waits on the owner's server until
+// the average is there (PeerService), and is retried after a short backoff
+// if that wait ends UNAVAILABLE. Each worker moves about 2(N-1)/N of the
+// model per round. Reads resume where they stopped, so a retried read never
+// adds twice. When the exchange stops (abort, or a failed reduce that means
+// our slice will never be averaged) every read still running is cancelled.
+//
+// Chunks are applied straight from the receive buffers (ChunkView::CopyTo /
+// AddTo), once checked.
+//
+// Why peers may read our parameters while we write them (the zero-copy
+// server lends model memory to gRPC, see core/model_state.h): we write a
+// slice other than our own only in the all-gather, with its owner's
+// average, and the owner averages only after it has received our
+// contribution of that slice completely; we write our own slice (adds,
+// divide) before MarkAveraged, and nobody else reads it before that.
 #ifndef SHOAL_SERVICES_WORKER_EXCHANGER_H_
 #define SHOAL_SERVICES_WORKER_EXCHANGER_H_
 
@@ -48,13 +61,13 @@ class Exchanger {
 
  private:
   // Reads [begin, end) of `kind` from `address`, resuming after failures;
-  // `apply` gets each checked chunk.
+  // `apply` gets each checked chunk; `canceller` ends the read early.
   absl::Status ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind, uint64_t round,
                              uint32_t attempt, uint64_t begin, uint64_t end,
                              const std::string& self_id, absl::Time deadline,
                              const std::function<bool()>& stopped,
                              const std::function<void(const ChunkView&)>& apply,
-                             std::atomic<int>* retries);
+                             ReadCanceller* canceller, std::atomic<int>* retries);
 
   PeerClient* const peers_;
   ModelState* const state_;

@@ -4,6 +4,7 @@
 #include "absl/flags/usage.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
@@ -28,6 +29,8 @@ ABSL_FLAG(absl::Duration, exchange_timeout, absl::Seconds(120),
           "Deadline of one round's weight exchange.");
 
 int main(int argc, char** argv) {
+  // Before anything starts a thread (gRPC, LibTorch): see malloc_tuning.h.
+  shoal::worker::TuneMallocForTensorStreams();
   absl::SetProgramUsageMessage(
       "shoal-worker: trains a model on its shard of Fashion-MNIST and averages it with its "
       "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "

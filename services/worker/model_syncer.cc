@@ -866,8 +866,7 @@ void SyncRun::RunRead(Read* r) {
     s = client_->ReadSliceCancellable(addresses_[r->source], request, options_.piece_timeout,
                                       &r->canceller, [&](const ChunkView& c) {
                                         // ChunkReceiver keeps chunks within [begin, end).
-                                        std::memcpy(r->buffer.data() + (c.begin - r->begin), c.data,
-                                                    c.count * sizeof(float));
+                                        c.CopyTo(r->buffer.data() + (c.begin - r->begin));
                                         OnBytes(r, c.count * sizeof(float));
                                         return true;
                                       });

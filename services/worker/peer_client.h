@@ -3,6 +3,8 @@
 #ifndef SHOAL_SERVICES_WORKER_PEER_CLIENT_H_
 #define SHOAL_SERVICES_WORKER_PEER_CLIENT_H_
 
+#include <grpcpp/impl/rpc_method.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -44,7 +46,9 @@ class PeerClient {
   // Streams [request.begin, request.end) from the peer at `address`. Every
   // chunk is checked (ChunkReceiver) before `on_chunk` sees it; the first bad
   // chunk ends the call with its error. `on_chunk` returning false cancels.
-  // The whole call is bounded by `timeout`.
+  // The whole call is bounded by `timeout`. The view (and the receive
+  // buffers its pieces point into) is valid during the callback only; use
+  // ChunkView::CopyTo / AddTo, which work on pieces.
   virtual absl::Status ReadSlice(const std::string& address,
                                  const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
                                  const std::function<bool(const ChunkView&)>& on_chunk) = 0;
@@ -70,6 +74,9 @@ class PeerClient {
 };
 
 // gRPC implementation; keeps one channel per peer address. Thread-safe.
+// ReadSlice reads each TensorChunk as a raw grpc::ByteBuffer and checks and
+// hands over its data bytes where gRPC received them (ChunkView pieces):
+// no protobuf parse into a string, no copy before the caller's own.
 class GrpcPeerClient : public PeerClient {
  public:
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
@@ -87,9 +94,17 @@ class GrpcPeerClient : public PeerClient {
                                             absl::Duration timeout) override;
 
  private:
-  shoal::v1::Peer::Stub* StubFor(const std::string& address);
+  struct Peer {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<shoal::v1::Peer::Stub> stub;
+    // Peer.ReadSlice registered on `channel`, read as raw bytes (the typed
+    // stub would parse each chunk into a protobuf string).
+    std::unique_ptr<grpc::internal::RpcMethod> read_slice;
+  };
+  const Peer& PeerFor(const std::string& address);
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<shoal::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // Entries are never removed, so references stay valid.
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shoal::worker

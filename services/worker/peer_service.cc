@@ -3,7 +3,11 @@
 #include <grpcpp/alarm.h>
 
 #include <algorithm>
+#include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
@@ -13,59 +17,259 @@
 namespace shoal::worker {
 namespace {
 
-constexpr uint64_t kChunkElements = kChunkBytes / kBytesPerElement;
+using Buffer = ModelState::Buffer;
 
-// Writes one slice chunk by chunk; each chunk is encoded from model memory
-// just before it is written, so at most one chunk is buffered per stream.
-class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk> {
+constexpr uint64_t kCellElements = ModelState::kCellElements;
+static_assert(ModelState::kCellElements * kBytesPerElement == kChunkBytes,
+              "zero-copy chunks are cut on ModelState's grid, which must be the chunk size");
+
+// Destroy functions of the slices that point into model memory: gRPC calls
+// them when it drops its last reference, i.e. when it will not read the
+// bytes again (after they were written to the socket, or were dropped by a
+// cancelled stream).
+void ReturnParameterChunk(void* state) {
+  static_cast<const ModelState*>(state)->ReturnChunk(Buffer::kParameters);
+}
+void ReturnSnapshotChunk(void* state) {
+  static_cast<const ModelState*>(state)->ReturnChunk(Buffer::kSnapshot);
+}
+
+// Serves one ReadSlice call: checks it against ModelState (parking an
+// AVERAGED read until its slice is averaged), then writes the range chunk
+// by chunk, one chunk in flight at a time, each lent by ModelState.
+//
+// Lifetime: reference-counted. gRPC holds one reference until OnDone,
+// ModelState one while the reactor is registered as an observer (and one
+// during each notification), each pending alarm one. So a notification or
+// an alarm never runs on a deleted reactor.
+class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                               public ModelState::Observer {
  public:
-  ReadSliceReactor(const ModelState* state, RateLimiter* limiter,
-                   const shoal::v1::ReadSliceRequest& request, bool corrupt)
-      : state_(state),
-        limiter_(limiter),
-        corrupt_(corrupt),
-        round_(request.round()),
-        snapshot_(request.kind() == shoal::v1::SNAPSHOT),
-        next_(request.begin()),
-        end_(request.end()) {
-    absl::Status s = state->CheckRead(request, &generation_);
-    if (!s.ok()) {
-      SHOAL_VLOG(1) << "ReadSlice from " << request.reader_id() << " refused: " << s;
-      Finish(ToGrpcStatus(s));
+  ReadSliceReactor(const ModelState* state, RateLimiter* limiter, const PeerServiceOptions& options,
+                   grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
+                   bool corrupt)
+      : state_(state), limiter_(limiter), ctx_(ctx), corrupt_(corrupt) {
+    grpc::ByteBuffer copy(*raw_request);  // Deserialize consumes its input
+    if (!grpc::SerializationTraits<shoal::v1::ReadSliceRequest>::Deserialize(&copy, &request_)
+             .ok()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "the request is not a serialized shoal.v1.ReadSliceRequest"));
       return;
     }
-    WriteNext();
+    next_ = request_.begin();
+    end_ = request_.end();
+    snapshot_ = request_.kind() == shoal::v1::SNAPSHOT;
+    // Park at most `averaged_wait`, and end before the reader's deadline so
+    // that it hears why rather than DEADLINE_EXCEEDED.
+    const absl::Time now = absl::Now();
+    park_until_ = now + options.averaged_wait;
+    const absl::Time deadline = absl::FromChrono(ctx->deadline());
+    if (deadline < park_until_) {
+      park_until_ = deadline - std::min((deadline - now) / 10, absl::Milliseconds(100));
+    }
+    // Registered before the first check, so that no change between that
+    // check and the park can go unnoticed.
+    state_->AddObserver(this);
+    Check(/*timer_expired=*/false);
   }
 
+  // ModelState::Observer
+  void AddRef() override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Release() override {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  void OnServingChange(bool revoke) override {
+    if (!revoke) {
+      bool waiting;
+      {
+        absl::MutexLock lock(&mu_);
+        waiting = phase_ == Phase::kStarting || phase_ == Phase::kParked;
+      }
+      if (waiting) Check(/*timer_expired=*/false);
+      return;
+    }
+    // The worker waits to rewrite a buffer whose window closed, and this
+    // stream still has a chunk of it in gRPC's hands (its reader stopped
+    // reading): cancelling the call makes gRPC drop the chunk. Under mu_, so
+    // that OnDone (after which ctx_ is gone) cannot run meanwhile; gRPC runs
+    // reactions on its own threads, never inside TryCancel.
+    absl::MutexLock lock(&mu_);
+    if (phase_ == Phase::kStreaming && write_pending_ && !done_ && !state_->IsCurrent(grant_)) {
+      SHOAL_VLOG(1) << "ReadSlice from " << request_.reader_id()
+                    << ": cancelled, its reader holds a chunk of a closed window";
+      ctx_->TryCancel();
+    }
+  }
+
+  // gRPC reactions
   void OnWriteDone(bool ok) override {
+    buffer_.Clear();  // our reference to the lent slice
+    {
+      absl::MutexLock lock(&mu_);
+      write_pending_ = false;
+    }
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
-    } else if (snapshot_ && state_->snapshot_generation() != generation_) {
-      // The bytes sent may mix two models; the reader must start over.
-      Finish(grpc::Status(grpc::StatusCode::ABORTED,
-                          "the snapshot was replaced by a newer round during the read"));
+      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
+    } else if (snapshot_ && !state_->IsCurrent(grant_)) {
+      // As before zero-copy: a read during which the snapshot was replaced
+      // ends ABORTED even after its last chunk (the reader starts over).
+      FinishOnce(grpc::Status(grpc::StatusCode::ABORTED,
+                              "the snapshot was replaced by a newer round during the read"));
     } else if (next_ < end_) {
       WriteNext();
     } else {
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    bool parked;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      parked = phase_ == Phase::kParked;
+    }
+    // Pending timers fire at once (ok=false) and finish the call.
+    absl::MutexLock lock(&alarm_mu_);
+    if (parked && park_armed_) park_alarm_.Cancel();
+    if (pace_armed_) pace_alarm_.Cancel();
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    state_->RemoveObserver(this);
+    Release();  // gRPC's reference
+  }
 
  private:
+  enum class Phase { kStarting, kParked, kStreaming, kFinished };
+
+  ~ReadSliceReactor() override = default;
+
+  // Decides what to do with the request (from the constructor, a ModelState
+  // change, or the park timer): stream it, keep it parked, or refuse it.
+  void Check(bool timer_expired) {
+    {
+      // A park timer that fired just as the read was decided otherwise may
+      // run after OnDone, when ModelState may be gone: decided reads never
+      // look at it again.
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kStarting && phase_ != Phase::kParked) return;
+    }
+    ModelState::ReadGrant grant;
+    bool may_wait = false;
+    const absl::Status s = state_->CheckRead(request_, &grant, &may_wait);
+    enum class Action { kNone, kPark, kStream, kFinish } action = Action::kNone;
+    bool leave_park = false;
+    grpc::Status refusal;
+    {
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kStarting && phase_ != Phase::kParked) return;  // decided already
+      const bool parked = phase_ == Phase::kParked;
+      // The park timer is cancelled when the park ends for another reason
+      // (its callback then finds the phase changed and only lets go).
+      if (s.ok()) {
+        grant_ = grant;
+        phase_ = Phase::kStreaming;
+        action = Action::kStream;
+        leave_park = parked && !timer_expired;
+      } else if (may_wait && request_.kind() == shoal::v1::AVERAGED && !timer_expired &&
+                 !cancelled_ && absl::Now() < park_until_) {
+        if (!parked) {
+          phase_ = Phase::kParked;
+          action = Action::kPark;
+        }
+      } else {
+        phase_ = Phase::kFinished;
+        action = Action::kFinish;
+        leave_park = parked && !timer_expired;
+        refusal = ToGrpcStatus(s);
+        if (timer_expired && may_wait) {
+          refusal = grpc::Status(
+              grpc::StatusCode::UNAVAILABLE,
+              absl::StrCat(s.message(), " (waited ", absl::FormatDuration(absl::Now() - created_),
+                           " on the server)"));
+        }
+      }
+    }
+    switch (action) {
+      case Action::kNone:
+        return;
+      case Action::kPark: {
+        SHOAL_VLOG(2) << "ReadSlice from " << request_.reader_id() << " parked: " << s;
+        absl::MutexLock lock(&alarm_mu_);
+        AddRef();  // the alarm's
+        park_armed_ = true;
+        park_alarm_.Set(absl::ToChronoTime(park_until_), [this](bool ok) {
+          OnParkTimer(ok);
+          Release();
+        });
+        return;
+      }
+      case Action::kStream:
+        if (leave_park) CancelParkAlarm();
+        WriteNext();
+        return;
+      case Action::kFinish:
+        if (leave_park) CancelParkAlarm();
+        SHOAL_VLOG(1) << "ReadSlice from " << request_.reader_id() << " refused: " << s;
+        FinishOnce(refusal);
+        return;
+    }
+  }
+
+  void CancelParkAlarm() {
+    absl::MutexLock lock(&alarm_mu_);
+    if (park_armed_) park_alarm_.Cancel();
+  }
+
+  void OnParkTimer(bool expired) {
+    if (expired) {
+      Check(/*timer_expired=*/true);
+      return;
+    }
+    // Cancelled: by OnCancel (still parked), or by a Check that already
+    // left the park (nothing to do).
+    {
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kParked) return;
+      phase_ = Phase::kFinished;
+    }
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "read cancelled while waiting for the slice's average"));
+  }
+
   void WriteNext() {
-    const uint64_t count = std::min(kChunkElements, end_ - next_);
+    // Up to the next cell boundary: a chunk is a whole cell (with its
+    // precomputed CRC) whenever the range allows.
+    const uint64_t cell_end = (next_ / kCellElements + 1) * kCellElements;
+    const uint64_t count = std::min(cell_end, end_) - next_;
     if (limiter_ != nullptr && limiter_->limited()) {
       const absl::Time when = limiter_->Reserve(count * kBytesPerElement);
       if (when > absl::Now()) {
-        // Wait on a timer, not on this gRPC thread.
-        alarm_.Set(absl::ToChronoTime(when), [this, count](bool ok) {
-          if (!ok) {
-            Finish(grpc::Status(grpc::StatusCode::CANCELLED, "upload pacing cancelled"));
-            return;
+        // Wait on a timer, not on this gRPC thread (nothing is lent yet).
+        absl::MutexLock lock(&alarm_mu_);
+        AddRef();  // the alarm's
+        pace_armed_ = true;
+        pace_alarm_.Set(absl::ToChronoTime(when), [this, count](bool ok) {
+          // Captures copied first: once WriteChunk has started the write,
+          // the next chunk's pacing may re-set this alarm (and so replace
+          // this function) before we return.
+          ReadSliceReactor* const self = this;
+          const uint64_t n = count;
+          {
+            absl::MutexLock lock(&self->alarm_mu_);
+            self->pace_armed_ = false;
           }
-          WriteChunk(count);
+          if (!ok) {
+            self->FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "upload pacing cancelled"));
+          } else {
+            self->WriteChunk(n);
+          }
+          self->Release();
         });
         return;
       }
@@ -74,35 +278,96 @@ class ReadSliceReactor : public grpc::ServerWriteReactor<shoal::v1::TensorChunk>
   }
 
   void WriteChunk(uint64_t count) {
-    const float* base = snapshot_ ? state_->snapshot() : state_->parameters();
-    EncodeChunk(round_, next_, base + next_, count, &chunk_);
-    if (corrupt_ && snapshot_) {
-      // Test hook: flip one bit per element, then a CRC that matches.
-      std::string* data = chunk_.mutable_data();
-      for (size_t i = 0; i < data->size(); i += kBytesPerElement) (*data)[i] ^= 0x01;
-      chunk_.set_crc32c(Crc32c(data->data(), data->size()));
+    absl::StatusOr<ModelState::LentChunk> lent = state_->LendChunk(grant_, next_, count);
+    if (!lent.ok()) {
+      SHOAL_VLOG(1) << "ReadSlice from " << request_.reader_id() << " stopped: " << lent.status();
+      FinishOnce(ToGrpcStatus(lent.status()));
+      return;
     }
+    const size_t bytes = count * kBytesPerElement;
+    grpc::Slice data;
+    uint32_t crc = 0;
+    if (corrupt_ && snapshot_) {
+      // Test hook: flip one bit per element, then a CRC that matches. A copy
+      // (the model is never written), so the lent chunk goes back at once.
+      std::string copy(reinterpret_cast<const char*>(lent->data), bytes);
+      state_->ReturnChunk(grant_.buffer);
+      for (size_t i = 0; i < copy.size(); i += kBytesPerElement) copy[i] ^= 0x01;
+      crc = Crc32c(copy.data(), copy.size());
+      data = grpc::Slice(copy);
+    } else {
+      // Whole cells come with their CRC; a partial one (the ends of the
+      // range) or a snapshot chunk is checksummed here, from the same
+      // immutable bytes gRPC will send.
+      crc = lent->has_crc ? lent->crc : Crc32c(lent->data, bytes);
+      // The slice points at model memory; gRPC never writes through it.
+      data = grpc::Slice(
+          const_cast<float*>(lent->data), bytes,
+          grant_.buffer == Buffer::kSnapshot ? &ReturnSnapshotChunk : &ReturnParameterChunk,
+          const_cast<ModelState*>(state_));
+    }
+    uint8_t head[kChunkHeaderMaxBytes];
+    const size_t head_size = EncodeChunkHeader(request_.round(), next_, bytes, head);
+    uint8_t tail[kChunkTrailerBytes];
+    EncodeChunkTrailer(crc, tail);
+    grpc::Slice slices[3] = {grpc::Slice(head, head_size), std::move(data),
+                             grpc::Slice(tail, sizeof(tail))};
+    buffer_ = grpc::ByteBuffer(slices, 3);
     next_ += count;
-    StartWrite(&chunk_);
+    {
+      absl::MutexLock lock(&mu_);
+      write_pending_ = true;
+    }
+    StartWrite(&buffer_);
+  }
+
+  void FinishOnce(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+      phase_ = Phase::kFinished;
+    }
+    Finish(std::move(status));
   }
 
   const ModelState* const state_;
   RateLimiter* const limiter_;
+  grpc::CallbackServerContext* const ctx_;
   const bool corrupt_;
-  grpc::Alarm alarm_;
-  const uint64_t round_;
-  const bool snapshot_;
-  uint64_t generation_ = 0;
-  uint64_t next_;
-  const uint64_t end_;
-  shoal::v1::TensorChunk chunk_;
+  const absl::Time created_ = absl::Now();
+  std::atomic<int> refs_{1};  // gRPC's, until OnDone
+
+  shoal::v1::ReadSliceRequest request_;
+  bool snapshot_ = false;
+  absl::Time park_until_;
+  // Position of the stream: touched by one write step at a time.
+  uint64_t next_ = 0;
+  uint64_t end_ = 0;
+  grpc::ByteBuffer buffer_;
+
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kStarting;
+  ModelState::ReadGrant grant_;  // set when streaming starts, then constant
+  bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Alarms are set and cancelled from different threads: serialized here.
+  absl::Mutex alarm_mu_;
+  grpc::Alarm park_alarm_;
+  bool park_armed_ ABSL_GUARDED_BY(alarm_mu_) = false;
+  grpc::Alarm pace_alarm_;
+  bool pace_armed_ ABSL_GUARDED_BY(alarm_mu_) = false;
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<shoal::v1::TensorChunk>* PeerService::ReadSlice(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) {
-  return new ReadSliceReactor(state_, limiter_, *request, corrupt_for_testing_.load());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  return new ReadSliceReactor(state_, limiter_, options_, ctx, request,
+                              corrupt_for_testing_.load());
 }
 
 grpc::ServerUnaryReactor* PeerService::GetManifest(

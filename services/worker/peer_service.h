@@ -1,26 +1,49 @@
 // gRPC adapter of the worker's Peer service: streams slices of the flat
 // parameter vector, straight from model memory, once ModelState allows it,
 // and describes the snapshot (GetManifest) for workers catching up.
+//
+// ReadSlice is served through the generated raw method: each chunk is a
+// grpc::ByteBuffer of three slices, a few header bytes, a slice that points
+// into model memory (no copy: lent by ModelState, see "Lending model
+// memory" in core/model_state.h) and the CRC-32C field. The bytes are those
+// of a serialized shoal.v1.TensorChunk, so any protobuf client reads them.
+// Chunks are cut on ModelState's 1 MiB grid, so most of them are whole
+// cells whose CRC ModelState computed once when they became readable.
+//
+// An AVERAGED read of a slice whose owner has not averaged it yet waits on
+// the server (no thread blocked: a ModelState observer plus a timer) until
+// it is averaged, for at most `averaged_wait` (and less than the reader's
+// deadline); then it fails UNAVAILABLE and the reader may ask again.
 #ifndef SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 
 #include <atomic>
 
+#include "absl/time/time.h"
 #include "common/rate_limiter.h"
 #include "services/worker/core/model_state.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
 
+struct PeerServiceOptions {
+  // Longest wait of an AVERAGED read for its slice's average (0: refuse at
+  // once with UNAVAILABLE, as before reads were parked).
+  absl::Duration averaged_wait = absl::Seconds(2);
+};
+
 // Thread-safe (state lives in ModelState).
-class PeerService final : public shoal::v1::Peer::CallbackService {
+class PeerService final
+    : public shoal::v1::Peer::WithRawCallbackMethod_ReadSlice<shoal::v1::Peer::CallbackService> {
  public:
   // `limiter` (optional) caps the bytes per second served to all peers.
-  explicit PeerService(const ModelState* state, RateLimiter* limiter = nullptr)
-      : state_(state), limiter_(limiter) {}
+  explicit PeerService(const ModelState* state, RateLimiter* limiter = nullptr,
+                       PeerServiceOptions options = {})
+      : state_(state), limiter_(limiter), options_(options) {}
 
-  grpc::ServerWriteReactor<shoal::v1::TensorChunk>* ReadSlice(
-      grpc::CallbackServerContext* ctx, const shoal::v1::ReadSliceRequest* request) override;
+  // `request` is a serialized ReadSliceRequest (INVALID_ARGUMENT if not).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSlice(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetPeerInfo(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::GetPeerInfoRequest* request,
                                         shoal::v1::PeerInfo* response) override;
@@ -38,6 +61,7 @@ class PeerService final : public shoal::v1::Peer::CallbackService {
  private:
   const ModelState* const state_;
   RateLimiter* const limiter_;
+  const PeerServiceOptions options_;
   std::atomic<bool> corrupt_for_testing_{false};
 };
 

@@ -34,10 +34,41 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   return w;
 }
 
+namespace {
+
+// How long the worker waits for gRPC to give back the model memory lent to
+// peers before rewriting it (see "Lending model memory" in
+// core/model_state.h). Readers that are reading return it within
+// milliseconds; ModelState cancels the streams of readers that stopped.
+constexpr absl::Duration kLentChunksTimeout = absl::Seconds(5);
+
+}  // namespace
+
 Worker::~Worker() {
   if (coordinator_) coordinator_->CloseSession();
   if (state_) state_->SetShuttingDown();
   if (server_) server_->Shutdown(absl::Seconds(1));
+  // The members below (model, snapshot) are freed after this body; gRPC may
+  // still hold slices pointing into them for a moment after the shutdown.
+  if (state_ && !(state_->AwaitReturned(ModelState::Buffer::kParameters, kLentChunksTimeout) &&
+                  state_->AwaitReturned(ModelState::Buffer::kSnapshot, kLentChunksTimeout))) {
+    SHOAL_LOG(ERROR) << "gRPC still holds model memory lent to peers; leaking the model instead "
+                        "of freeing memory it may read";
+    (void)trainer_.release();
+    (void)new std::vector<float>(std::move(snapshot_));  // keeps the buffer
+    (void)state_.release();
+  }
+}
+
+void Worker::AwaitLentChunks(ModelState::Buffer buffer) {
+  if (!state_->AwaitReturned(buffer, kLentChunksTimeout)) {
+    // Only a reader of a window that has closed can still hold the chunk:
+    // whatever it receives now fails its CRC check there (DATA_LOSS).
+    SHOAL_LOG(WARNING) << "after " << kLentChunksTimeout << " gRPC still holds "
+                       << state_->chunks_lent(buffer) << " chunks of the "
+                       << (buffer == ModelState::Buffer::kSnapshot ? "snapshot" : "model")
+                       << " lent to peers; rewriting it anyway";
+  }
 }
 
 bool Worker::StopRequested() const {
@@ -155,12 +186,19 @@ absl::Status Worker::OpenSession() {
 
 void Worker::UpdateSnapshot(uint64_t round) {
   state_->BeginSnapshotUpdate();
+  AwaitLentChunks(ModelState::Buffer::kSnapshot);
   std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
   state_->SetSnapshot(round);
 }
 
 void Worker::DropRound(const std::string& why) {
-  if (round_ > model_round_) state_->Abort(round_);
+  if (round_ > model_round_) {
+    state_->Abort(round_);
+    AwaitLentChunks(ModelState::Buffer::kParameters);
+  }
+  // Otherwise the parameters already hold the snapshot (the averaged model
+  // of model_round_, possibly still being read by a slower participant):
+  // the copy below rewrites identical bytes.
   std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
   contribution_round_ = 0;
   plan_.Clear();
@@ -186,6 +224,7 @@ void Worker::CatchUp(uint64_t round, const std::string& hash,
   const absl::Time t0 = absl::Now();
   // Pull into the snapshot buffer: it is not served while being replaced.
   state_->BeginSnapshotUpdate();
+  AwaitLentChunks(ModelState::Buffer::kSnapshot);
   // Peers first; the checkpoint store serves what no peer can.
   CheckpointFallback fallback;
   if (store_ != nullptr && !checkpoint_id.empty() && checkpoint_round == round) {
@@ -207,6 +246,10 @@ void Worker::CatchUp(uint64_t round, const std::string& hash,
                        << "; continuing with the model of round " << model_round_;
     return;
   }
+  // The parameters switch to a newer model: nothing of the old round is
+  // served from them any more.
+  state_->Unready();
+  AwaitLentChunks(ModelState::Buffer::kParameters);
   std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
   model_round_ = round;
   model_hash_ = hash;
@@ -295,6 +338,7 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
   contribution_round_ = 0;
   plan_.Clear();
   state_->BeginTraining(round_);
+  AwaitLentChunks(ModelState::Buffer::kParameters);  // training rewrites them
   const absl::Time t0 = absl::Now();
   train_loss_ = trainer_->TrainSteps(config_.local_steps());
   train_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -320,13 +364,19 @@ void Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
                        << ")";
     return;
   }
-  state_->Unready();
   if (contribution_round_ != round_) {
-    // First plan of the round: keep the trained model for re-plans.
+    // First plan of the round: keep the trained model for re-plans. Nobody
+    // reads it yet (peers start at StartWeightSharing, which waits for our
+    // ConnectionsReady below), and it does not change: the contribution's
+    // window (and the CRCs SetReady computed) stays open.
     std::memcpy(contribution_.data(), trainer_->parameters(), contribution_.size() * sizeof(float));
     contribution_round_ = round_;
   } else {
-    // A participant was lost: exchange again from the trained model.
+    // A participant was lost: exchange again from the trained model. Reads
+    // of the previous attempt are refused, and their chunks given back,
+    // before the parameters are restored.
+    state_->Unready();
+    AwaitLentChunks(ModelState::Buffer::kParameters);
     std::memcpy(trainer_->parameters(), contribution_.data(), contribution_.size() * sizeof(float));
     SHOAL_LOG(INFO) << "round " << round_ << ": new plan (attempt " << plan.attempt() << ", "
                     << plan.slices_size() << " participants)";

@@ -92,6 +92,11 @@ class Worker {
   // Discards the local work of the current round.
   void DropRound(const std::string& why);
   void UpdateSnapshot(uint64_t round);
+  // Waits (bounded) until gRPC has given back every chunk of `buffer` lent
+  // to peers, before the worker rewrites it outside the exchange protocol.
+  // Call after closing the buffer's window in state_ (BeginTraining,
+  // Unready, Abort, BeginSnapshotUpdate).
+  void AwaitLentChunks(ModelState::Buffer buffer);
   absl::Status Rejoin(const std::string& why);
   // True for directives that make a running exchange pointless.
   static bool Interrupts(const shoal::v1::CoordinatorMessage& msg);

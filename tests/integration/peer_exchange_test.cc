@@ -3,6 +3,8 @@
 // timeout; every server is stopped by its owner's destructor.
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <cmath>
 #include <cstring>
@@ -27,6 +29,7 @@
 #include "services/worker/peer_service.h"
 #include "shoal/v1/coordinator.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
+#include "tests/support/test_support.h"
 
 namespace shoal::worker {
 namespace {
@@ -50,8 +53,8 @@ constexpr uint32_t kAttempt = 1;
 // One in-process "worker": its parameters, the state its PeerService serves
 // from, the server, and its own outbound client and exchanger.
 struct PeerNode {
-  PeerNode(std::string id, std::vector<float> initial)
-      : id(std::move(id)), params(std::move(initial)), service(&state) {
+  PeerNode(std::string id, std::vector<float> initial, PeerServiceOptions service_options = {})
+      : id(std::move(id)), params(std::move(initial)), service(&state, nullptr, service_options) {
     state.Bind(params.data(), params.size(), "mlp");
     state.SetWorkerId(this->id);
     auto started = GrpcServer::Start("127.0.0.1:0", {&service});
@@ -99,7 +102,11 @@ absl::Status Read(GrpcPeerClient* client, const std::string& address, uint64_t r
   request.set_kind(kind);
   request.set_reader_id("test");
   return client->ReadSlice(address, request, kTimeout, [&](const ChunkView& c) {
-    if (out != nullptr) out->insert(out->end(), c.data, c.data + c.count);
+    if (out != nullptr) {
+      const size_t at = out->size();
+      out->resize(at + c.count);
+      c.CopyTo(out->data() + at);
+    }
     return true;
   });
 }
@@ -177,7 +184,10 @@ class PeerServiceTest : public ::testing::Test {
   static constexpr uint64_t kRound = 2;
 
   void SetUp() override {
-    node_ = std::make_unique<PeerNode>("w1", RandomVector(kElements, 7, 1.0f));
+    // A short wait for averages, so that "not averaged yet" answers quickly.
+    PeerServiceOptions options;
+    options.averaged_wait = absl::Milliseconds(200);
+    node_ = std::make_unique<PeerNode>("w1", RandomVector(kElements, 7, 1.0f), options);
     ASSERT_NE(node_->server, nullptr);
     node_->state.BeginTraining(kRound);
     node_->state.SetReady(kRound);
@@ -260,6 +270,276 @@ TEST_F(PeerServiceTest, PeerInfoDescribesTheWorker) {
   EXPECT_EQ(info.model_hash(), std::string(64, 'e'));
   EXPECT_EQ(info.total_elements(), kElements);
   EXPECT_EQ(info.model(), "mlp");
+}
+
+// ------------------------------------------------ the zero-copy ReadSlice
+
+ReadSliceRequest MakeRequest(uint64_t round, uint64_t begin, uint64_t end, v1::SliceKind kind,
+                             uint32_t attempt = kAttempt) {
+  ReadSliceRequest request;
+  request.set_round(round);
+  request.set_attempt(attempt);
+  request.set_begin(begin);
+  request.set_end(end);
+  request.set_kind(kind);
+  request.set_reader_id("test");
+  return request;
+}
+
+class ZeroCopyServiceTest : public ::testing::Test {
+ protected:
+  // 2.7 cells of the 1 MiB grid.
+  static constexpr uint64_t kElements = 700'000;
+  static constexpr uint64_t kRound = 4;
+  static constexpr uint64_t kCell = ModelState::kCellElements;
+
+  void Start(PeerServiceOptions options = {}) {
+    node_ = std::make_unique<PeerNode>("w1", RandomVector(kElements, 8, 1.0f), options);
+    ASSERT_NE(node_->server, nullptr);
+    node_->state.BeginTraining(kRound);
+    node_->state.SetReady(kRound);
+    node_->state.SetPlan(kRound, kAttempt, 0, kElements / 2);
+  }
+
+  // Every chunk lent to gRPC is eventually given back.
+  void ExpectAllReturned() {
+    EXPECT_TRUE(testing::WaitUntil(
+        [&] { return node_->state.chunks_lent(ModelState::Buffer::kParameters) == 0; }, kTimeout));
+  }
+
+  std::unique_ptr<PeerNode> node_;
+  GrpcPeerClient client_;
+};
+
+// What the raw server writes is a TensorChunk stream to any protobuf client:
+// the generated typed stub parses every chunk, each passes the standard
+// checks, and chunks follow the 1 MiB grid.
+TEST_F(ZeroCopyServiceTest, StandardProtobufClientReadsTheStream) {
+  Start();
+  auto stub = v1::Peer::NewStub(MakeChannel(node_->address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(kTimeout));
+  const uint64_t begin = 1000, end = 650'000;
+  auto reader = stub->ReadSlice(&ctx, MakeRequest(kRound, begin, end, v1::CONTRIBUTION));
+  ChunkReceiver receiver(kRound, begin, end);
+  std::vector<float> got(end, 0.0f);
+  std::vector<uint64_t> starts;
+  TensorChunk chunk;
+  while (reader->Read(&chunk)) {
+    absl::StatusOr<ChunkView> view = receiver.Accept(chunk);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_LE(chunk.data().size(), kChunkBytes);
+    starts.push_back(view->begin);
+    view->CopyTo(got.data() + view->begin);
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(receiver.Finish().ok());
+  EXPECT_EQ(starts, (std::vector<uint64_t>{begin, kCell, 2 * kCell}));
+  EXPECT_EQ(
+      std::memcmp(got.data() + begin, node_->params.data() + begin, (end - begin) * sizeof(float)),
+      0);
+  ExpectAllReturned();
+}
+
+TEST_F(ZeroCopyServiceTest, GrpcPeerClientReadsWholeAndPartialCells) {
+  Start();
+  for (auto [begin, end] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0, kElements}, {0, kCell}, {kCell - 1, kCell + 1}, {123, 124}, {kCell, kElements}}) {
+    std::vector<float> got;
+    absl::Status s = Read(&client_, node_->address(), kRound, begin, end, v1::CONTRIBUTION, &got);
+    ASSERT_TRUE(s.ok()) << begin << ".." << end << ": " << s;
+    ASSERT_EQ(got.size(), end - begin);
+    EXPECT_EQ(std::memcmp(got.data(), node_->params.data() + begin, (end - begin) * sizeof(float)),
+              0);
+  }
+  ExpectAllReturned();
+}
+
+// Bad bytes as the request: a clear INVALID_ARGUMENT, and the server goes on.
+TEST_F(ZeroCopyServiceTest, MalformedRequestIsInvalidArgument) {
+  Start();
+  auto channel = MakeChannel(node_->address());
+  const grpc::internal::RpcMethod method("/shoal.v1.Peer/ReadSlice",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(kTimeout));
+  const std::string garbage = "\x0a\xff\xff";  // a field claiming more bytes than follow
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                    request));
+  grpc::ByteBuffer message;
+  EXPECT_FALSE(reader->Read(&message));
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(Read(&client_, node_->address(), kRound, 0, 10, v1::CONTRIBUTION).ok());
+}
+
+// An AVERAGED read of a slice not averaged yet waits on the server and
+// returns the average as soon as it is there.
+TEST_F(ZeroCopyServiceTest, ParkedAveragedReadReturnsWhenAveraged) {
+  PeerServiceOptions options;
+  options.averaged_wait = absl::Seconds(4);
+  Start(options);
+  std::vector<float> got;
+  absl::Status s;
+  absl::Time done;
+  std::thread reader([&] {
+    s = Read(&client_, node_->address(), kRound, 100, kElements / 2, v1::AVERAGED, &got);
+    done = absl::Now();
+  });
+  // Parked: registered with ModelState, not answered.
+  ASSERT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 1; }, kTimeout));
+  for (uint64_t i = 0; i < kElements / 2; ++i) node_->params[i] *= 0.5f;  // "the average"
+  const absl::Time averaged = absl::Now();
+  node_->state.MarkAveraged(kRound);
+  reader.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LT(done - averaged, absl::Seconds(2)) << "answered at once, not at the end of the wait";
+  ASSERT_EQ(got.size(), kElements / 2 - 100);
+  EXPECT_EQ(std::memcmp(got.data(), node_->params.data() + 100, got.size() * sizeof(float)), 0);
+  ExpectAllReturned();
+  EXPECT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 0; }, kTimeout));
+}
+
+// Not averaged within the server's wait: UNAVAILABLE (retryable), saying so.
+TEST_F(ZeroCopyServiceTest, ParkedAveragedReadTimesOutUnavailable) {
+  PeerServiceOptions options;
+  options.averaged_wait = absl::Milliseconds(300);
+  Start(options);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = Read(&client_, node_->address(), kRound, 0, 10, v1::AVERAGED);
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("not averaged yet"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("waited"), std::string::npos) << s;
+  EXPECT_GE(took, absl::Milliseconds(290));
+  EXPECT_LT(took, kTimeout);
+  EXPECT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 0; }, kTimeout));
+}
+
+// The server's wait ends before the reader's deadline, so the reader hears
+// why rather than DEADLINE_EXCEEDED.
+TEST_F(ZeroCopyServiceTest, ParkedReadEndsBeforeTheReadersDeadline) {
+  PeerServiceOptions options;
+  options.averaged_wait = absl::Seconds(30);
+  Start(options);
+  // The server stops waiting 100 ms before the reader's deadline.
+  constexpr absl::Duration kReaderTimeout = absl::Seconds(2);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = client_.ReadSlice(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),
+                                     kReaderTimeout, [](const ChunkView&) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("waited"), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - t0, kReaderTimeout);
+}
+
+// A change that makes the read impossible ends the wait at once, with the
+// read's own refusal.
+TEST_F(ZeroCopyServiceTest, ParkedReadEndsWhenTheRoundIsAborted) {
+  PeerServiceOptions options;
+  options.averaged_wait = absl::Seconds(10);
+  Start(options);
+  absl::Status s;
+  absl::Time done;
+  std::thread reader([&] {
+    s = Read(&client_, node_->address(), kRound, 0, 10, v1::AVERAGED);
+    done = absl::Now();
+  });
+  ASSERT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 1; }, kTimeout));
+  const absl::Time aborted = absl::Now();
+  node_->state.Abort(kRound);
+  reader.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_LT(done - aborted, absl::Seconds(2));
+}
+
+// A reader that gives up while parked frees the server's wait.
+TEST_F(ZeroCopyServiceTest, CancelledParkedReadIsReleased) {
+  PeerServiceOptions options;
+  options.averaged_wait = absl::Seconds(10);
+  Start(options);
+  ReadCanceller canceller;
+  absl::Status s;
+  std::thread reader([&] {
+    s = client_.ReadSliceCancellable(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),
+                                     kTimeout, &canceller, [](const ChunkView&) { return true; });
+  });
+  ASSERT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 1; }, kTimeout));
+  canceller.Cancel();
+  reader.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 0; }, kTimeout));
+}
+
+// A model much larger than what loopback TCP and HTTP/2 flow control buffer
+// between a server and a reader that does not read (a few MiB).
+class LargeModelTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kElements = 16 << 20;  // 64 MiB, 64 chunks
+  static constexpr uint64_t kRound = 4;
+
+  void SetUp() override {
+    std::vector<float> params(kElements);
+    for (uint64_t i = 0; i < kElements; ++i) params[i] = static_cast<float>(i % 1013);
+    node_ = std::make_unique<PeerNode>("w1", std::move(params));
+    ASSERT_NE(node_->server, nullptr);
+    node_->state.BeginTraining(kRound);
+    node_->state.SetReady(kRound);
+  }
+
+  std::unique_ptr<PeerNode> node_;
+  GrpcPeerClient client_;
+};
+
+// A reader that stops reading keeps a chunk of model memory in gRPC's
+// hands. When the worker closes the window to rewrite the parameters,
+// AwaitReturned cancels that stream and gets the chunk back promptly.
+TEST_F(LargeModelTest, StalledReaderIsCancelledWhenTheWindowCloses) {
+  auto stub = v1::Peer::NewStub(MakeChannel(node_->address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(absl::Seconds(60)));
+  auto reader = stub->ReadSlice(&ctx, MakeRequest(kRound, 0, kElements, v1::CONTRIBUTION));
+  TensorChunk first;
+  ASSERT_TRUE(reader->Read(&first));
+  // Do not read on: the server fills the buffers up to flow control, then
+  // its next chunk stays lent.
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return node_->state.chunks_lent(ModelState::Buffer::kParameters) > 0; }, kTimeout));
+  // Not a synchronization (the test holds either way): by then the buffers
+  // are full, so the chunk is stuck and has to be revoked rather than sent.
+  absl::SleepFor(absl::Milliseconds(300));
+  node_->state.BeginTraining(kRound + 1);
+  const absl::Time t0 = absl::Now();
+  EXPECT_TRUE(node_->state.AwaitReturned(ModelState::Buffer::kParameters, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  // The stream does not complete: what was buffered arrives, then an error.
+  TensorChunk more;
+  int chunks = 1;
+  while (reader->Read(&more)) ++chunks;
+  EXPECT_LT(chunks, 64);
+  const grpc::Status s = reader->Finish();
+  EXPECT_TRUE(s.error_code() == grpc::StatusCode::CANCELLED ||
+              s.error_code() == grpc::StatusCode::ABORTED)
+      << s.error_code() << " " << s.error_message();
+}
+
+// A read whose window closes during the stream ends ABORTED at the next
+// chunk it would lend.
+TEST_F(LargeModelTest, WindowClosedDuringTheReadIsAborted) {
+  int chunks = 0;
+  absl::Status s =
+      client_.ReadSlice(node_->address(), MakeRequest(kRound, 0, kElements, v1::CONTRIBUTION),
+                        kTimeout, [&](const ChunkView&) {
+                          if (++chunks == 1)
+                            node_->state.Unready();  // e.g. a re-plan restoring the model
+                          return true;
+                        });
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_LT(chunks, 64);
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return node_->state.chunks_lent(ModelState::Buffer::kParameters) == 0; }, kTimeout));
 }
 
 // A peer that streams whatever chunks the test gives it, then ends with OK.

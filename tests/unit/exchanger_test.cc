@@ -57,8 +57,11 @@ struct Faults {
 
 class FakePeerClient : public PeerClient {
  public:
-  FakePeerClient(std::map<std::string, FakeWorker*> by_address, Faults faults)
-      : by_address_(std::move(by_address)), faults_(std::move(faults)) {}
+  // `in_pieces`: chunks are handed over as byte pieces cut at odd offsets
+  // (inside elements), as GrpcPeerClient hands over gRPC's receive slices.
+  FakePeerClient(std::map<std::string, FakeWorker*> by_address, Faults faults,
+                 bool in_pieces = false)
+      : by_address_(std::move(by_address)), faults_(std::move(faults)), in_pieces_(in_pieces) {}
 
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override {
@@ -93,6 +96,20 @@ class FakePeerClient : public PeerClient {
       }
       absl::StatusOr<ChunkView> view = receiver.Accept(chunk);
       if (!view.ok()) return view.status();
+      std::vector<BytePiece> pieces;
+      if (in_pieces_) {
+        const auto* bytes = reinterpret_cast<const uint8_t*>(view->data);
+        const size_t total = view->count * sizeof(float);
+        const size_t sizes[] = {5, 1, 4099, 2, 7, 65536};
+        for (size_t at = 0, i = 0; at < total; ++i) {
+          const size_t n = std::min(total - at, sizes[i % 6]);
+          pieces.push_back({bytes + at, n});
+          at += n;
+        }
+        view->data = nullptr;
+        view->pieces = pieces.data();
+        view->num_pieces = pieces.size();
+      }
       if (!on_chunk(*view)) return absl::CancelledError("read cancelled by the caller");
     }
     return receiver.Finish();
@@ -103,6 +120,7 @@ class FakePeerClient : public PeerClient {
  private:
   const std::map<std::string, FakeWorker*> by_address_;
   const Faults faults_;
+  const bool in_pieces_;
   std::atomic<int> calls_{0};
 };
 
@@ -253,6 +271,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ExchangerAverageTest,
                          [](const ::testing::TestParamInfo<Shape>& info) {
                            return absl::StrCat("N", info.param.n, "_T", info.param.total);
                          });
+
+// Chunks in pieces cut inside elements (as from gRPC's receive buffers):
+// the same average.
+TEST(ExchangerTest, ChunksInPiecesAverageTheSame) {
+  for (Shape shape : {Shape{3, 1000}, Shape{4, 600000}, Shape{7, 100003}}) {
+    SCOPED_TRACE(absl::StrCat("N", shape.n, "_T", shape.total));
+    auto workers = MakeWorkers(shape.n, shape.total, 2000 + shape.n);
+    const RoundPlan plan = MakePlan(workers, shape.total);
+    FakePeerClient client(ByAddress(workers), {}, /*in_pieces=*/true);
+    RunResult r = RunAll(workers, plan, &client);
+    for (int k = 0; k < shape.n; ++k) {
+      ASSERT_TRUE(r.status[k].ok()) << workers[k]->id << ": " << r.status[k];
+      EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k)) << workers[k]->id;
+    }
+    ExpectAveraged(workers);
+  }
+}
 
 TEST(ExchangerTest, SingleParticipantKeepsItsModel) {
   auto workers = MakeWorkers(1, 1000, 1);
