@@ -42,12 +42,6 @@ build() {
   fi
   ninja -C "$BUILD" bench_binaries shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
     { tail -n 30 "$OUT/build.log"; exit 1; }
-  # The coordinator prototype is a snapshot of services/coordinator: measured
-  # when it still builds, skipped (with a note) when it does not.
-  PROTO_COORDINATOR=""
-  if ninja -C "$BUILD" shoal-bench-coordinator-proto >>"$OUT/build.log" 2>&1; then
-    PROTO_COORDINATOR="$BIN/shoal-bench-coordinator-proto"
-  fi
 }
 
 header() {
@@ -87,10 +81,10 @@ run_coordinator() {
   local reps=3 large=1000 rounds_small=2000 rounds_large=8
   [[ "$QUICK" == 1 ]] && reps=1 large=200 rounds_small=300 rounds_large=4
   mkdir -p "$OUT/coordinator"
-  [[ -n "$PROTO_COORDINATOR" ]] ||
-    echo "bench coordinator: no coordinator prototype in this tree (bench/RESULTS.md has its figures); not measured"
+  # SHOAL_BENCH_OTHER_COORDINATOR=PATH: also measure another shoal-coordinator
+  # binary (e.g. one built from an older commit) in the same run, as "other".
   "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" \
-    --proto_bin="$PROTO_COORDINATOR" --small=10 \
+    --proto_bin="${SHOAL_BENCH_OTHER_COORDINATOR:-}" --small=10 \
     --large=$large --reps=$reps --rounds_small=$rounds_small --rounds_large=$rounds_large \
     --log_dir="$OUT/coordinator" 2>>"$OUT/coordinator.log" | tee "$OUT/coordinator.txt"
 }

@@ -448,7 +448,8 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
 
 int RunDriver(Flags& flags) {
   const std::string bin = flags.Str("coordinator_bin", "build/bin/shoal-coordinator");
-  // Optional: a prototype coordinator measured the same way (bench/proto_coordinator).
+  // Optional: another coordinator binary (e.g. built from an older commit)
+  // measured the same way in the same run, reported as "other".
   const std::string proto_bin = flags.Str("proto_bin", "");
   const int small = static_cast<int>(flags.Int("small", 10));
   const int large = static_cast<int>(flags.Int("large", 1000));
@@ -525,20 +526,19 @@ int RunDriver(Flags& flags) {
                   absl::StrCat(large, " vs ", small, " workers (goal <= 1.5)")});
   if (!proto.empty()) {
     for (int n : {small, large}) {
-      rows.push_back({absl::StrCat("prototype, ", n, " workers: CPU us/worker/round"),
+      rows.push_back({absl::StrCat("other, ", n, " workers: CPU us/worker/round"),
                       Fmt(Median(proto[n].cpu_per_worker) * 1e6, 1),
-                      absl::StrCat("bench/proto_coordinator (shared broadcast messages); last "
-                                   "ready -> last plan ",
+                      absl::StrCat("--proto_bin; last ready -> last plan ",
                                    Fmt(Median(proto[n].ready_to_plan) * 1e3, 2), " ms")});
     }
     if (!proto[large].status_ms.empty()) {
-      rows.push_back({absl::StrCat("prototype, ", large, " workers: GetRunStatus p50/p99 ms"),
+      rows.push_back({absl::StrCat("other, ", large, " workers: GetRunStatus p50/p99 ms"),
                       absl::StrCat(Fmt(Percentile(proto[large].status_ms, 50), 2), "/",
                                    Fmt(Percentile(proto[large].status_ms, 99), 2)),
                       absl::StrCat(proto[large].status_ms.size(), " calls")});
     }
     rows.push_back(
-        {"prototype: CPU per worker ratio",
+        {"other: CPU per worker ratio",
          Fmt(Median(proto[large].cpu_per_worker) / Median(proto[small].cpu_per_worker), 2),
          absl::StrCat(large, " vs ", small, " workers")});
   }
