@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/core/round_engine.h"
+#include "tests/unit/round_engine_test_util.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -28,49 +29,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
-constexpr uint64_t kTotal = 1000;
-constexpr auto kStart = CoordinatorMessage::kRoundStart;
-constexpr auto kPlan = CoordinatorMessage::kRoundPlan;
-constexpr auto kComplete = CoordinatorMessage::kRoundComplete;
-constexpr auto kFinished = CoordinatorMessage::kRunFinished;
-constexpr auto kAborted = CoordinatorMessage::kRoundAborted;
-constexpr auto kStartSharing = CoordinatorMessage::kStartSharing;
-constexpr auto kRetry = CoordinatorMessage::kRetryConnections;
-constexpr auto kConnFail = CoordinatorMessage::kConnectionFail;
-constexpr auto kMissed = CoordinatorMessage::kRoundMissed;
-constexpr auto kLeave = CoordinatorMessage::kLeaveRequested;
-constexpr auto kCheckpoint = CoordinatorMessage::kCheckpointRequest;
-
-std::string Hash(char c) { return std::string(64, c); }
-std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
-
-std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
-  std::vector<std::string> ids;
-  for (const Directive& d : ds) {
-    if (d.message->kind_case() == kind) ids.push_back(d.worker_id);
-  }
-  return ids;
-}
-
-CoordinatorMessage MessageFor(const Directives& ds, const std::string& id,
-                              CoordinatorMessage::KindCase kind) {
-  for (const Directive& d : ds) {
-    if (d.worker_id == id && d.message->kind_case() == kind) return *d.message;
-  }
-  ADD_FAILURE() << "no directive of kind " << kind << " for " << id;
-  return CoordinatorMessage();
-}
-
-std::optional<WorkerStatus> FindWorker(const RunStatus& status, const std::string& id) {
-  for (const WorkerStatus& w : status.workers()) {
-    if (w.id() == id) return w;
-  }
-  return std::nullopt;
-}
-
-std::vector<std::string> Participants(const RunStatus& status) {
-  return {status.participants().begin(), status.participants().end()};
-}
+using namespace test_util;  // NOLINT(build/namespaces): the shared test vocabulary
 
 std::vector<std::string> Strings(const google::protobuf::RepeatedPtrField<std::string>& r) {
   return {r.begin(), r.end()};
