@@ -425,7 +425,7 @@ TEST_F(ZeroCopyServiceTest, ParkedReadEndsBeforeTheReadersDeadline) {
   PeerServiceOptions options;
   options.averaged_wait = absl::Seconds(30);
   Start(options);
-  // The server stops waiting 100 ms before the reader's deadline.
+  // The server stops waiting 500 ms before the reader's deadline.
   constexpr absl::Duration kReaderTimeout = absl::Seconds(2);
   const absl::Time t0 = absl::Now();
   absl::Status s = client_.ReadSlice(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),
