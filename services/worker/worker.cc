@@ -147,6 +147,7 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
     store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config_.checkpoint_store());
   }
   // A run in progress: take its current model before anything else.
+  Settle(joined->model_round());
   CatchUp(joined->model_round(), joined->model_hash(),
           {joined->holders().begin(), joined->holders().end()}, joined->checkpoint_id(),
           joined->checkpoint_round());
@@ -184,22 +185,66 @@ absl::Status Worker::OpenSession() {
       });
 }
 
-void Worker::UpdateSnapshot(uint64_t round) {
+void Worker::HoldPending(uint64_t round, const std::string& hash) {
+  // Peers catching up may read this round at once: serve it from the
+  // parameters (nothing rewrites them before the round is settled) and keep
+  // the previous agreed model in snapshot_ in case the round is voided.
+  state_->BeginSnapshotUpdate();
+  AwaitLentChunks(ModelState::Buffer::kSnapshot);
+  state_->BindSnapshot(trainer_->parameters());
+  agreed_round_ = model_round_;
+  agreed_hash_ = model_hash_;
+  pending_ = true;
+  model_round_ = round;
+  model_hash_ = hash;
+  state_->SetSnapshot(round);
+  state_->SetModel(round, hash);
+}
+
+void Worker::CommitPending() {
+  if (!pending_) return;
   state_->BeginSnapshotUpdate();
   AwaitLentChunks(ModelState::Buffer::kSnapshot);
   std::memcpy(snapshot_.data(), trainer_->parameters(), snapshot_.size() * sizeof(float));
-  state_->SetSnapshot(round);
+  state_->BindSnapshot(snapshot_.data());
+  state_->SetSnapshot(model_round_);
+  pending_ = false;
+}
+
+void Worker::UncommitPending(const std::string& why) {
+  if (!pending_) return;
+  SHOAL_LOG(WARNING) << "the average of round " << model_round_ << " computed here is void (" << why
+                     << "); back to the agreed model of round " << agreed_round_;
+  state_->BeginSnapshotUpdate();
+  AwaitLentChunks(ModelState::Buffer::kSnapshot);
+  state_->BindSnapshot(snapshot_.data());
+  model_round_ = agreed_round_;
+  model_hash_ = agreed_hash_;
+  state_->SetSnapshot(model_round_);
+  state_->SetModel(model_round_, model_hash_);
+  pending_ = false;
+}
+
+void Worker::Settle(uint64_t agreed_round) {
+  if (!pending_) return;
+  if (agreed_round < model_round_) {
+    UncommitPending(absl::StrCat("the run's agreed model is of round ", agreed_round));
+    DropRound("round not agreed");
+  } else {
+    // Agreed, or the run moved on (then a catch-up follows). A hash that
+    // lost the vote gets this worker evicted (LeaveRequested).
+    CommitPending();
+  }
 }
 
 void Worker::DropRound(const std::string& why) {
   if (round_ > model_round_) {
     state_->Abort(round_);
     AwaitLentChunks(ModelState::Buffer::kParameters);
+    std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
   }
-  // Otherwise the parameters already hold the snapshot (the averaged model
-  // of model_round_, possibly still being read by a slower participant):
-  // the copy below rewrites identical bytes.
-  std::memcpy(trainer_->parameters(), snapshot_.data(), snapshot_.size() * sizeof(float));
+  // Otherwise the parameters hold the model of model_round_ already (agreed,
+  // or pending and settled later), possibly still read by a slower peer.
   contribution_round_ = 0;
   plan_.Clear();
   SHOAL_LOG(INFO) << "local work of round " << round_ << " dropped (" << why
@@ -329,6 +374,7 @@ absl::Status Worker::Rejoin(const std::string& why) {
 }
 
 absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
+  Settle(start.base_model_round());
   if (start.base_model_round() != model_round_) {
     CatchUp(start.base_model_round(), start.base_model_hash(),
             {start.holders().begin(), start.holders().end()}, start.checkpoint_id(),
@@ -359,6 +405,13 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
 }
 
 void Worker::OnRoundPlan(const shoal::v1::RoundPlan& plan) {
+  if (pending_ && plan.round() == round_ && plan.attempt() > plan_.attempt() &&
+      contribution_round_ == round_) {
+    // Our exchange ended before a peer was lost, theirs did not: the round
+    // is re-planned among the survivors and this worker exchanges again.
+    UncommitPending(
+        absl::StrCat("plan attempt ", plan.attempt(), " replaces attempt ", plan_.attempt()));
+  }
   if (plan.round() != round_ || round_ <= model_round_) {
     SHOAL_LOG(WARNING) << "ignoring the plan of round " << plan.round() << " (at round " << round_
                        << ")";
@@ -451,20 +504,19 @@ void Worker::OnStartSharing(const shoal::v1::StartWeightSharing& start) {
                        << " stopped: " << s;
     return;
   }
-  model_hash_ = HashParameters(trainer_->parameters(), trainer_->num_elements());
+  const std::string hash = HashParameters(trainer_->parameters(), trainer_->num_elements());
   shoal::v1::ReportRoundDoneRequest done;
   done.set_worker_id(worker_id_);
   done.set_round(round);
-  done.set_model_hash(model_hash_);
+  done.set_attempt(plan_.attempt());
+  done.set_model_hash(hash);
   done.set_exchange_seconds(exchange_seconds);
   done.set_train_seconds(train_seconds_);
   const bool last = config_.rounds() > 0 && round >= config_.rounds();
   if (round % std::max<uint32_t>(1, config_.eval_every()) == 0 || last) {
     *done.mutable_metrics() = trainer_->Evaluate();
   }
-  UpdateSnapshot(round);
-  model_round_ = round;
-  state_->SetModel(round, model_hash_);
+  HoldPending(round, hash);
   SHOAL_LOG(INFO) << absl::StrFormat(
       "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) hash=%s",
       round, train_loss_,
@@ -516,9 +568,12 @@ absl::Status Worker::Run() {
         OnStartSharing(msg.start_sharing());
         break;
       case shoal::v1::CoordinatorMessage::kCheckpointRequest:
+        // Only agreed rounds are checkpointed (a takeover may name an older one).
+        if (msg.checkpoint_request().round() == model_round_) CommitPending();
         UploadCheckpoint(msg.checkpoint_request());
         break;
       case shoal::v1::CoordinatorMessage::kRoundComplete:
+        Settle(msg.round_complete().round());
         if (msg.round_complete().model_hash() != model_hash_) {
           SHOAL_LOG(ERROR) << "round " << msg.round_complete().round() << " completed with hash "
                            << msg.round_complete().model_hash() << ", this worker has "
@@ -526,6 +581,10 @@ absl::Status Worker::Run() {
         }
         break;
       case shoal::v1::CoordinatorMessage::kRoundAborted:
+        if (msg.round_aborted().round() == round_) {
+          // Also when our exchange had ended: everyone goes back.
+          UncommitPending("round aborted");
+        }
         if (msg.round_aborted().round() == round_ && round_ > model_round_) {
           DropRound(absl::StrCat("round aborted: ", msg.round_aborted().reason()));
         }
@@ -533,6 +592,7 @@ absl::Status Worker::Run() {
       case shoal::v1::CoordinatorMessage::kRoundMissed:
         SHOAL_LOG(WARNING) << "sat out round " << msg.round_missed().round() << ": "
                            << msg.round_missed().reason();
+        if (msg.round_missed().round() == round_) UncommitPending("sat the round out");
         if (msg.round_missed().round() == round_ && round_ > model_round_) {
           DropRound("sat the round out");
         }

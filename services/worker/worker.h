@@ -91,7 +91,18 @@ class Worker {
   void UploadCheckpoint(const shoal::v1::CheckpointRequest& request);
   // Discards the local work of the current round.
   void DropRound(const std::string& why);
-  void UpdateSnapshot(uint64_t round);
+  // The exchange of round_ ended here: its average becomes this worker's
+  // model, pending until the coordinator agrees (see pending_).
+  void HoldPending(uint64_t round, const std::string& hash);
+  // The coordinator names the run's agreed round: a pending round past it
+  // is rolled back (with the local work), otherwise it is kept (committed).
+  void Settle(uint64_t agreed_round);
+  // The pending round is agreed: the snapshot buffer takes its average.
+  void CommitPending();
+  // The pending round is void (re-plan, abort, sat out): back to the
+  // previous agreed model's round and hash; the snapshot buffer still holds
+  // it. The parameters are restored by the caller (DropRound or a re-plan).
+  void UncommitPending(const std::string& why);
   // Waits (bounded) until gRPC has given back every chunk of `buffer` lent
   // to peers, before the worker rewrites it outside the exchange protocol.
   // Call after closing the buffer's window in state_ (BeginTraining,
@@ -118,7 +129,16 @@ class Worker {
   uint64_t round_ = 0;        // round being worked on
   uint64_t model_round_ = 0;  // round of the averaged model we hold
   std::string model_hash_;
-  std::vector<float> snapshot_;      // the averaged model of model_round_
+  std::vector<float> snapshot_;  // the averaged model of model_round_ (see pending_)
+  // True from the end of an exchange until the coordinator agrees on the
+  // round (RoundComplete, or a later RoundStart, checkpoint request or
+  // Join naming it) or voids it (a new plan attempt, RoundAborted,
+  // RoundMissed). Meanwhile model_round_ is that round, the parameters hold
+  // its average and are served as the snapshot, and snapshot_ keeps the
+  // previous agreed model (agreed_round_, agreed_hash_) to go back to.
+  bool pending_ = false;
+  uint64_t agreed_round_ = 0;
+  std::string agreed_hash_;
   std::vector<float> contribution_;  // the trained model of round_, for re-plans
   uint64_t contribution_round_ = 0;
   shoal::v1::RoundPlan plan_;  // the current plan of round_

@@ -84,6 +84,54 @@ TEST_F(FaultsTest, KillMidSharing) {
   EXPECT_EQ(after.recent_rounds(after.recent_rounds_size() - 1).participants(), 2u);
 }
 
+TEST_F(FaultsTest, KillAfterASurvivorFinishedSharing) {
+  // The survivor already holds the average of the first attempt (and has
+  // reported it) when a peer dies: it must take part in the new plan.
+  // Found by the deploy test, where both survivors were evicted after the
+  // connection retries. The slow uploader finishes first: everyone else
+  // waits for its averaged slice, it waits for nobody slow.
+  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=20"}));
+  Process* early = StartWorker(addr, {"--upload_rate_mbps=4"});
+  ASSERT_TRUE(WaitUntil([&] { return !WorkerId(early).empty(); }, absl::Seconds(30)))
+      << early->Log();
+  const std::string early_id = WorkerId(early);
+  for (int i = 0; i < 2; ++i) StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 1; },
+                absl::Seconds(60));
+  v1::RunStatus s;
+  std::string victim_id;
+  auto early_done_victim_not = [&] {
+    if (!Status(&s) || s.phase() != v1::SHARING || s.participants_size() != 3) return false;
+    const v1::WorkerStatus* e = FindWorker(s, early_id);
+    if (e == nullptr || e->model_round() != s.round()) return false;
+    for (const std::string& id : s.participants()) {
+      const v1::WorkerStatus* w = FindWorker(s, id);
+      if (id != early_id && w != nullptr && w->model_round() != s.round()) {
+        victim_id = id;
+        return true;
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(early_done_victim_not, absl::Seconds(60)))
+      << "never saw " << early_id << " done while a peer was still sharing\n"
+      << s.DebugString() << Logs();
+  Process* victim = WorkerById(victim_id);
+  ASSERT_NE(victim, nullptr);
+  victim->Signal(SIGKILL);
+  const v1::RunStatus after = ExpectRoundsGoOn(s.last_completed_round(), 3, 2);
+  const v1::WorkerStatus* e = FindWorker(after, early_id);
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->state(), "evicted") << e->reason() << Logs();
+  EXPECT_EQ(e->model_hash(), after.model_hash()) << Logs();
+  // The round of the kill completed among the two survivors.
+  bool replanned = false;
+  for (const auto& r : after.recent_rounds()) {
+    if (r.round() == s.round()) replanned = r.participants() == 2;
+  }
+  EXPECT_TRUE(replanned) << after.DebugString();
+}
+
 TEST_F(FaultsTest, StoppedPastTheDeadlineSitsOutAndCatchesUp) {
   const std::string addr =
       StartCoordinator({"--min_participants=2", "--local_steps=100", "--heartbeat_lease=30s",

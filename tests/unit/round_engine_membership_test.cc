@@ -626,6 +626,31 @@ TEST_F(MembershipTest, LeaseExpiryWhileExchangingReplansWithNextAttempt) {
   EXPECT_EQ(engine_->Status().model_hash(), Hash('b'));
 }
 
+TEST_F(MembershipTest, DoneReportOfASupersededAttemptIsFailedPrecondition) {
+  Start({.min_participants = 2});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  AllReady(ids, 1);
+  engine_->Disconnect(ids[2], "crashed");  // attempt 2 among ids[0], ids[1]
+  AllConnected(1);
+  ASSERT_EQ(engine_->Status().attempt(), 2u);
+  // ids[0] finished attempt 1 before it heard of attempt 2.
+  v1::ReportRoundDoneRequest late;
+  late.set_worker_id(ids[0]);
+  late.set_round(1);
+  late.set_attempt(1);
+  late.set_model_hash(Hash('e'));
+  Directives out;
+  const absl::Status s = engine_->ReportRoundDone(late, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("attempt 1 is not current"));
+  EXPECT_THAT(out, IsEmpty());
+  // The report of attempt 2 counts; the refused one left nothing behind.
+  late.set_attempt(2);
+  late.set_model_hash(Hash('b'));
+  ASSERT_TRUE(engine_->ReportRoundDone(late, &out).ok());
+  EXPECT_THAT(To(DoneOk(ids[1], 1, Hash('b')), kComplete), ElementsAre(ids[0], ids[1]));
+}
+
 TEST_F(MembershipTest, ReplanThenAbortRollsBackTheEarlierDoneReport) {
   Start({.min_participants = 2});
   const std::vector<std::string> ids = StartRoundOne(3);

@@ -669,6 +669,11 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
   }
+  if (request.attempt() != 0 && request.attempt() != attempt_) {
+    return absl::FailedPreconditionError(absl::StrCat("plan attempt ", request.attempt(),
+                                                      " is not current (round ", round_,
+                                                      " is at attempt ", attempt_, ")"));
+  }
   if (!IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
   }
