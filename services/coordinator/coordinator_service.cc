@@ -112,9 +112,12 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) {
-        // The stream is broken; OnReadDone(false) will follow and clean up.
+        // The stream is broken: nothing more goes out. If the read side
+        // already saw it (Close while this write was in flight), the stream
+        // ends here; otherwise OnReadDone(false) follows and ends it. Not
+        // finishing here would leave the reactor alive for good, and the
+        // server's shutdown (Server::Wait) waiting for it.
         queue_.clear();
-        return;
       }
       next = TakeNextLocked();
     }

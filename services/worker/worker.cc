@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/logging.h"
+#include "common/shard_plan.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 
@@ -94,8 +95,11 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
   request.set_peer_address(advertise_);
   request.set_name(options_.name);
   request.set_previous_worker_id(previous_id);
-  request.set_model_round(model_round_);
-  if (model_round_ > 0) request.set_model_hash(model_hash_);
+  // A pending round is not claimed: the coordinator may have voided it
+  // (Settle below learns which).
+  const uint64_t held_round = pending_ ? agreed_round_ : model_round_;
+  request.set_model_round(held_round);
+  if (held_round > 0) request.set_model_hash(pending_ ? agreed_hash_ : model_hash_);
   if (has_data_rank_) request.set_previous_data_rank(data_rank_);
   absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
   if (!joined.ok()) {
@@ -147,7 +151,7 @@ absl::Status Worker::JoinRun(const std::string& previous_id) {
     store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config_.checkpoint_store());
   }
   // A run in progress: take its current model before anything else.
-  Settle(joined->model_round());
+  Settle(joined->model_round(), joined->model_hash());
   CatchUp(joined->model_round(), joined->model_hash(),
           {joined->holders().begin(), joined->holders().end()}, joined->checkpoint_id(),
           joined->checkpoint_round());
@@ -189,8 +193,9 @@ void Worker::HoldPending(uint64_t round, const std::string& hash) {
   // Peers catching up may read this round at once: serve it from the
   // parameters (nothing rewrites them before the round is settled) and keep
   // the previous agreed model in snapshot_ in case the round is voided.
+  // snapshot_ is not rewritten here, so chunks of it still lent may stay
+  // out (CommitPending and UncommitPending wait for them before writing it).
   state_->BeginSnapshotUpdate();
-  AwaitLentChunks(ModelState::Buffer::kSnapshot);
   state_->BindSnapshot(trainer_->parameters());
   agreed_round_ = model_round_;
   agreed_hash_ = model_hash_;
@@ -225,15 +230,20 @@ void Worker::UncommitPending(const std::string& why) {
   pending_ = false;
 }
 
-void Worker::Settle(uint64_t agreed_round) {
+void Worker::Settle(uint64_t agreed_round, const std::string& agreed_hash) {
   if (!pending_) return;
-  if (agreed_round < model_round_) {
-    UncommitPending(absl::StrCat("the run's agreed model is of round ", agreed_round));
-    DropRound("round not agreed");
-  } else {
-    // Agreed, or the run moved on (then a catch-up follows). A hash that
-    // lost the vote gets this worker evicted (LeaveRequested).
+  if (agreed_round == model_round_ && agreed_hash == model_hash_) {
     CommitPending();
+  } else if (agreed_round > model_round_) {
+    // The run moved on without telling us this round's outcome: the
+    // catch-up that follows replaces the model anyway.
+    CommitPending();
+  } else {
+    // Voided, or agreed with another hash (this worker missed the new
+    // attempt): back to the last agreed model; a catch-up follows if needed.
+    UncommitPending(absl::StrCat("the run's model is round ", agreed_round, " hash ",
+                                 agreed_hash.substr(0, 12)));
+    DropRound("round not agreed");
   }
 }
 
@@ -254,7 +264,7 @@ void Worker::DropRound(const std::string& why) {
 void Worker::CatchUp(uint64_t round, const std::string& hash,
                      const std::vector<std::string>& holders, const std::string& checkpoint_id,
                      uint64_t checkpoint_round) {
-  if (round == model_round_ || hash.empty()) return;
+  if ((round == model_round_ && hash == model_hash_) || hash.empty()) return;
   if (round < model_round_) {
     SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
                        << model_round_ << "; keeping it";
@@ -374,10 +384,16 @@ absl::Status Worker::Rejoin(const std::string& why) {
 }
 
 absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
-  Settle(start.base_model_round());
-  if (start.base_model_round() != model_round_) {
-    CatchUp(start.base_model_round(), start.base_model_hash(),
-            {start.holders().begin(), start.holders().end()}, start.checkpoint_id(),
+  Settle(start.base_model_round(), start.base_model_hash());
+  if (start.base_model_round() != model_round_ || start.base_model_hash() != model_hash_) {
+    std::vector<std::string> holders(start.holders().begin(), start.holders().end());
+    if (holders.empty()) {
+      // The coordinator counted this worker as a holder (it sends the list
+      // only to the others): ask the participants of the last plan instead;
+      // the syncer skips those that do not hold the round.
+      for (const auto& [id, address] : plan_list_) holders.push_back(address);
+    }
+    CatchUp(start.base_model_round(), start.base_model_hash(), holders, start.checkpoint_id(),
             start.checkpoint_round());
   }
   round_ = start.round();
@@ -401,6 +417,32 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
     return absl::OkStatus();  // the session tells us what comes next
   }
   SHOAL_VLOG(1) << "round " << round_ << " ready, loss " << train_loss_;
+  return absl::OkStatus();
+}
+
+absl::Status Worker::ExpandPlan(shoal::v1::RoundPlan* plan) {
+  if (plan->slices_size() > 0) {
+    if (plan->participants_version() != 0) {
+      plan_list_version_ = plan->participants_version();
+      plan_list_.clear();
+      for (const auto& s : plan->slices()) plan_list_.emplace_back(s.worker_id(), s.peer_address());
+    }
+    return absl::OkStatus();
+  }
+  if (plan->participants_version() == 0 || plan->participants_version() != plan_list_version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the plan of round ", plan->round(), " uses participant list ",
+        plan->participants_version(), ", this worker holds list ", plan_list_version_));
+  }
+  const std::vector<SliceRange> ranges = PlanSlices(plan->total_elements(), plan_list_.size());
+  plan->mutable_slices()->Reserve(static_cast<int>(plan_list_.size()));
+  for (size_t k = 0; k < plan_list_.size(); ++k) {
+    auto* s = plan->add_slices();
+    s->set_worker_id(plan_list_[k].first);
+    s->set_peer_address(plan_list_[k].second);
+    s->set_begin(ranges[k].begin);
+    s->set_end(ranges[k].end);
+  }
   return absl::OkStatus();
 }
 
@@ -472,7 +514,8 @@ void Worker::ProbePeers(uint32_t retry) {
 }
 
 void Worker::OnStartSharing(const shoal::v1::StartWeightSharing& start) {
-  if (start.round() != round_ || start.attempt() != plan_.attempt() || plan_.round() != round_) {
+  if (start.round() != round_ || start.attempt() != plan_.attempt() || plan_.round() != round_ ||
+      round_ <= model_round_) {
     SHOAL_LOG(WARNING) << "ignoring start of sharing for round " << start.round() << " attempt "
                        << start.attempt();
     return;
@@ -555,9 +598,16 @@ absl::Status Worker::Run() {
       case shoal::v1::CoordinatorMessage::kRoundStart:
         RETURN_IF_ERROR(OnRoundStart(msg.round_start()));
         break;
-      case shoal::v1::CoordinatorMessage::kRoundPlan:
-        OnRoundPlan(msg.round_plan());
+      case shoal::v1::CoordinatorMessage::kRoundPlan: {
+        shoal::v1::RoundPlan plan = msg.round_plan();
+        if (absl::Status s = ExpandPlan(&plan); !s.ok()) {
+          // Only a fresh session gets the list again.
+          RETURN_IF_ERROR(Rejoin(s.ToString()));
+          break;
+        }
+        OnRoundPlan(plan);
         break;
+      }
       case shoal::v1::CoordinatorMessage::kRetryConnections:
         if (msg.retry_connections().round() == round_ &&
             msg.retry_connections().attempt() == plan_.attempt()) {
@@ -569,11 +619,13 @@ absl::Status Worker::Run() {
         break;
       case shoal::v1::CoordinatorMessage::kCheckpointRequest:
         // Only agreed rounds are checkpointed (a takeover may name an older one).
-        if (msg.checkpoint_request().round() == model_round_) CommitPending();
+        if (msg.checkpoint_request().round() == model_round_) {
+          Settle(msg.checkpoint_request().round(), msg.checkpoint_request().model_hash());
+        }
         UploadCheckpoint(msg.checkpoint_request());
         break;
       case shoal::v1::CoordinatorMessage::kRoundComplete:
-        Settle(msg.round_complete().round());
+        Settle(msg.round_complete().round(), msg.round_complete().model_hash());
         if (msg.round_complete().model_hash() != model_hash_) {
           SHOAL_LOG(ERROR) << "round " << msg.round_complete().round() << " completed with hash "
                            << msg.round_complete().model_hash() << ", this worker has "

@@ -80,6 +80,10 @@ class Worker {
   void Push(Event event);
   bool Pop(Event* event, absl::Duration timeout);
   absl::Status OnRoundStart(const shoal::v1::RoundStart& start);
+  // Fills in the slices of a plan that reuses a participant list this
+  // worker was given before (RoundPlan.participants_version), and keeps the
+  // list of a full plan. FAILED_PRECONDITION: a list it never got.
+  absl::Status ExpandPlan(shoal::v1::RoundPlan* plan);
   void OnRoundPlan(const shoal::v1::RoundPlan& plan);
   void ProbePeers(uint32_t retry);
   void OnStartSharing(const shoal::v1::StartWeightSharing& start);
@@ -94,9 +98,10 @@ class Worker {
   // The exchange of round_ ended here: its average becomes this worker's
   // model, pending until the coordinator agrees (see pending_).
   void HoldPending(uint64_t round, const std::string& hash);
-  // The coordinator names the run's agreed round: a pending round past it
-  // is rolled back (with the local work), otherwise it is kept (committed).
-  void Settle(uint64_t agreed_round);
+  // The coordinator names the run's agreed model: a pending round with that
+  // round and hash (or older than it) is kept (committed); otherwise it is
+  // rolled back with the local work.
+  void Settle(uint64_t agreed_round, const std::string& agreed_hash);
   // The pending round is agreed: the snapshot buffer takes its average.
   void CommitPending();
   // The pending round is void (re-plan, abort, sat out): back to the
@@ -142,6 +147,10 @@ class Worker {
   std::vector<float> contribution_;  // the trained model of round_, for re-plans
   uint64_t contribution_round_ = 0;
   shoal::v1::RoundPlan plan_;  // the current plan of round_
+  // The participant list of the latest full plan (id, address) and its
+  // version: one version names one list (see RoundPlan).
+  std::vector<std::pair<std::string, std::string>> plan_list_;
+  uint64_t plan_list_version_ = 0;
   double train_seconds_ = 0;
   double train_loss_ = 0;
   uint32_t data_rank_ = 0;

@@ -387,6 +387,24 @@ class CoordinatorRpcTest : public ::testing::Test {
   std::vector<std::unique_ptr<TestWorker>> workers_;
 };
 
+// A plan that carries its participant list: two contiguous slices covering
+// the model, owned by the two workers at their addresses.
+void ExpectFullPlan(const v1::RoundPlan& plan, const std::string& id1, const std::string& id2) {
+  ASSERT_EQ(plan.slices_size(), 2);
+  EXPECT_EQ(plan.slices(0).begin(), 0u);
+  EXPECT_EQ(plan.slices(0).end(), plan.slices(1).begin());
+  EXPECT_EQ(plan.slices(1).end(), kTotal);
+  EXPECT_LT(plan.slices(0).begin(), plan.slices(0).end());
+  EXPECT_LT(plan.slices(1).begin(), plan.slices(1).end());
+  std::set<std::string> owners, addresses;
+  for (const auto& s : plan.slices()) {
+    owners.insert(s.worker_id());
+    addresses.insert(s.peer_address());
+  }
+  EXPECT_EQ(owners, (std::set<std::string>{id1, id2}));
+  EXPECT_EQ(addresses, (std::set<std::string>{PeerAddress(1), PeerAddress(2)}));
+}
+
 TEST_F(CoordinatorRpcTest, TwoWorkersRunTwoRoundsToTheEnd) {
   TestWorker* w1 = AddWorker(1);
   TestWorker* w2 = AddWorker(2);
@@ -427,6 +445,7 @@ TEST_F(CoordinatorRpcTest, TwoWorkersRunTwoRoundsToTheEnd) {
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ(*r2, 1u);
 
+  uint64_t list_version = 0;
   for (uint64_t round = 1; round <= 2; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     ASSERT_TRUE(WaitUntil(
@@ -455,19 +474,15 @@ TEST_F(CoordinatorRpcTest, TwoWorkersRunTwoRoundsToTheEnd) {
         << "both participants get the same plan";
     EXPECT_EQ(plan.total_elements(), kTotal);
     EXPECT_EQ(plan.attempt(), 1u);
-    ASSERT_EQ(plan.slices_size(), 2);
-    EXPECT_EQ(plan.slices(0).begin(), 0u);
-    EXPECT_EQ(plan.slices(0).end(), plan.slices(1).begin());
-    EXPECT_EQ(plan.slices(1).end(), kTotal);
-    EXPECT_LT(plan.slices(0).begin(), plan.slices(0).end());
-    EXPECT_LT(plan.slices(1).begin(), plan.slices(1).end());
-    std::set<std::string> owners, addresses;
-    for (const auto& s : plan.slices()) {
-      owners.insert(s.worker_id());
-      addresses.insert(s.peer_address());
+    EXPECT_NE(plan.participants_version(), 0u);
+    if (round > 1) {
+      // The same participants: the list is not sent again, only its version.
+      EXPECT_EQ(plan.slices_size(), 0);
+      EXPECT_EQ(plan.participants_version(), list_version);
+    } else {
+      list_version = plan.participants_version();
+      ExpectFullPlan(plan, w1->id, w2->id);
     }
-    EXPECT_EQ(owners, (std::set<std::string>{w1->id, w2->id}));
-    EXPECT_EQ(addresses, (std::set<std::string>{PeerAddress(1), PeerAddress(2)}));
 
     // Both reached their peers: sharing starts.
     ConnectionsReady(w1, round, plan.attempt());

@@ -318,6 +318,76 @@ TEST_F(MembershipTest, RoundCanHaveMoreThanMinParticipants) {
   EXPECT_EQ(engine_->Status().recent_rounds(0).participants(), 4u);
 }
 
+TEST_F(MembershipTest, PlansCarryTheParticipantListOnlyToSessionsThatLackIt) {
+  Start({.min_participants = 2});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  const Directives p1 = AllReadyNoBarrier(ids, 1);
+  const uint64_t v1 = MessageFor(p1, ids[0], kPlan).round_plan().participants_version();
+  EXPECT_NE(v1, 0u);
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(p1, id, kPlan).round_plan();
+    EXPECT_EQ(plan.slices_size(), 2) << id;
+    EXPECT_EQ(plan.participants_version(), v1) << id;
+  }
+  AllConnected(1);
+  AllDone(ids, 1, Hash('a'));
+
+  // Same list: the plan carries its version, not the list.
+  const Directives p2 = AllReadyNoBarrier(ids, 2);
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(p2, id, kPlan).round_plan();
+    EXPECT_EQ(plan.slices_size(), 0) << id;
+    EXPECT_EQ(plan.participants_version(), v1) << id;
+    EXPECT_EQ(plan.total_elements(), kTotal);
+    EXPECT_EQ(plan.round(), 2u);
+    EXPECT_EQ(plan.attempt(), 1u);
+  }
+  AllConnected(2);
+  AllDone(ids, 2, Hash('b'));
+
+  // A new session (the worker process may be new): it alone gets the list.
+  ASSERT_TRUE(engine_->Connect(ids[1]).ok());
+  const Directives p3 = AllReadyNoBarrier(ids, 3);
+  EXPECT_EQ(MessageFor(p3, ids[0], kPlan).round_plan().slices_size(), 0);
+  EXPECT_EQ(MessageFor(p3, ids[1], kPlan).round_plan().slices_size(), 2);
+  EXPECT_EQ(MessageFor(p3, ids[1], kPlan).round_plan().participants_version(), v1);
+  AllConnected(3);
+  AllDone(ids, 3, Hash('c'));
+
+  // A joiner changes the list: a new version, with the list, for everyone.
+  const std::string w3 = AddMember(9003);
+  JoinRoundOk(w3, 4, 4);
+  const std::vector<std::string> all = {ids[0], ids[1], w3};
+  const Directives p4 = AllReadyNoBarrier(all, 4);
+  for (const std::string& id : all) {
+    const v1::RoundPlan plan = MessageFor(p4, id, kPlan).round_plan();
+    EXPECT_EQ(plan.slices_size(), 3) << id;
+    EXPECT_GT(plan.participants_version(), v1) << id;
+  }
+  // A lost participant changes it again: the re-plan carries the new list.
+  const uint64_t v2 = MessageFor(p4, w3, kPlan).round_plan().participants_version();
+  const Directives replan = engine_->Disconnect(w3, "crashed");
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(replan, id, kPlan).round_plan();
+    EXPECT_EQ(plan.attempt(), 2u);
+    EXPECT_EQ(plan.slices_size(), 2) << id;
+    EXPECT_GT(plan.participants_version(), v2) << id;
+  }
+}
+
+TEST_F(MembershipTest, ParticipantListVersionsOfTwoCoordinatorStartsDiffer) {
+  Start({.min_participants = 1});
+  const std::vector<std::string> a = StartRoundOne(1);
+  const uint64_t first =
+      MessageFor(AllReadyNoBarrier(a, 1), a[0], kPlan).round_plan().participants_version();
+  clock_.Advance(absl::Seconds(1));
+  Start({.min_participants = 1});  // a restarted coordinator
+  const std::vector<std::string> b = StartRoundOne(1);
+  const uint64_t second =
+      MessageFor(AllReadyNoBarrier(b, 1), b[0], kPlan).round_plan().participants_version();
+  EXPECT_NE(first, second);
+}
+
 // ---------------------------------------------------------------- Minimum
 
 TEST_F(MembershipTest, BelowMinimumWaitsForMembersAndResumes) {
@@ -669,8 +739,10 @@ TEST_F(MembershipTest, ReplanThenAbortRollsBackTheEarlierDoneReport) {
   // The done report of the voided attempt was rolled back at the re-plan.
   EXPECT_EQ(FindWorker(status, ids[0])->model_round(), 1u);
   EXPECT_EQ(FindWorker(status, ids[0])->model_hash(), Hash('a'));
-  EXPECT_THAT(Strings(MessageFor(out, ids[1], kStart).round_start().holders()),
-              UnorderedElementsAre(Address(9001), Address(9002)));
+  EXPECT_EQ(FindWorker(status, ids[1])->model_round(), 1u);
+  // Both count as holders of the base: no holder list, no catch-up.
+  EXPECT_THAT(MessageFor(out, ids[0], kStart).round_start().holders(), IsEmpty());
+  EXPECT_THAT(MessageFor(out, ids[1], kStart).round_start().holders(), IsEmpty());
 }
 
 // ---------------------------------------------------------------- Deadlines
@@ -809,7 +881,9 @@ TEST_F(MembershipTest, HoldersAreTheMembersWithTheAgreedModel) {
   EXPECT_EQ(start.round(), 2u);
   EXPECT_EQ(start.base_model_round(), 1u);
   EXPECT_EQ(start.base_model_hash(), Hash('a'));
-  EXPECT_THAT(Strings(start.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+  // Both hold the base model: their RoundStart leaves the list out.
+  EXPECT_THAT(start.holders(), IsEmpty());
+  EXPECT_THAT(MessageFor(done, ids[1], kStart).round_start().holders(), IsEmpty());
 
   // A joiner with the initial model is no holder; it is told who holds it.
   const v1::JoinResponse j3 = AddMemberResponse(9003);
@@ -891,7 +965,9 @@ TEST_F(MembershipTest, ResumeContinuesRoundNumberingIdsAndRanks) {
   EXPECT_EQ(rs.round(), 8u);
   EXPECT_EQ(rs.base_model_round(), 7u);
   EXPECT_EQ(rs.base_model_hash(), Hash('c'));
-  EXPECT_THAT(Strings(rs.holders()), UnorderedElementsAre(Address(9001), Address(9002)));
+  // Both hold that model: no holder list.
+  EXPECT_THAT(rs.holders(), IsEmpty());
+  EXPECT_THAT(MessageFor(start, "w4", kStart).round_start().holders(), IsEmpty());
   const Directives done = RunRound({"w2", "w4"}, 8, Hash('d'));
   EXPECT_EQ(MessageFor(done, "w2", kComplete).round_complete().round(), 8u);
   EXPECT_EQ(engine_->Record().last_completed_round(), 8u);

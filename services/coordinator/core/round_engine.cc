@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "services/coordinator/core/shard_planner.h"
+#include "common/shard_plan.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -53,6 +53,11 @@ bool ValidWorkerId(const std::string& id) {
 
 RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
     : options_(std::move(options)), clock_(clock), started_at_(clock->Now()) {
+  // Versions of participant lists from different coordinator starts never
+  // meet (a worker may keep a list across a restart): they start at the
+  // start time in ms times 1000.
+  plan_list_version_ =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(started_at_))) * 1000;
   if (options_.resume.has_value()) {
     const shoal::v1::RunRecord& r = *options_.resume;
     last_completed_round_ = r.last_completed_round();
@@ -212,13 +217,15 @@ absl::Status RoundEngine::CheckRound(uint64_t round, const char* what) const {
   return absl::OkStatus();
 }
 
+bool RoundEngine::HoldsAgreedModel(const Member& m) const {
+  return m.model_round == last_completed_round_ && m.model_hash == agreed_hash_ &&
+         !agreed_hash_.empty();
+}
+
 std::vector<std::string> RoundEngine::Holders() const {
   std::vector<std::string> holders;
   for (const auto& [id, m] : members_) {
-    if (m.model_round == last_completed_round_ && m.model_hash == agreed_hash_ &&
-        !agreed_hash_.empty()) {
-      holders.push_back(m.address);
-    }
+    if (HoldsAgreedModel(m)) holders.push_back(m.address);
   }
   return holders;
 }
@@ -288,6 +295,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   member->address = request.peer_address();
   member->name = request.name();
   member->connected = false;
+  member->plan_list_known = 0;
   member->last_seen = now;
   member->model_round = request.model_round();
   member->model_hash = request.model_hash();
@@ -330,6 +338,7 @@ absl::Status RoundEngine::Connect(const std::string& worker_id) {
   if (!member.ok()) return member.status();
   ++status_version_;
   (*member)->connected = true;
+  (*member)->plan_list_known = 0;  // a new session has no participant list yet
   (*member)->last_seen = clock_->Now();
   return absl::OkStatus();
 }
@@ -391,7 +400,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
     ResetRoundFlags(*member);
     AddParticipant(worker_id);
     member->state = MemberState::kTraining;
-    out->push_back({worker_id, Share(RoundStartMessage())});
+    out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(*member)))});
     SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
                     << " participants=" << participants_.size();
     return round_;
@@ -401,13 +410,15 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   return round_ + 1;
 }
 
-CoordinatorMessage RoundEngine::RoundStartMessage() const {
+CoordinatorMessage RoundEngine::RoundStartMessage(bool with_holders) const {
   CoordinatorMessage msg;
   auto* start = msg.mutable_round_start();
   start->set_round(round_);
   start->set_base_model_round(last_completed_round_);
   start->set_base_model_hash(agreed_hash_);
-  for (const std::string& h : Holders()) start->add_holders(h);
+  if (with_holders) {
+    for (const std::string& h : Holders()) start->add_holders(h);
+  }
   start->set_checkpoint_id(checkpoint_id_);
   start->set_checkpoint_round(checkpoint_round_);
   return msg;
@@ -426,15 +437,21 @@ void RoundEngine::MaybeStartRound(Directives* out) {
   sharing_started_ = false;
   round_started_at_ = clock_->Now();
   deadline_ = round_started_at_ + options_.round_timeout;
-  // One message for all: it lists every holder of the base model (O(N)).
-  const SharedMessage start = Share(RoundStartMessage());
+  // Two shared messages: the holders of the base model (O(N)) go only to
+  // the workers that lack it.
+  const SharedMessage start = Share(RoundStartMessage(/*with_holders=*/false));
+  SharedMessage start_with_holders;
   for (const std::string& id : starting) {
     Member& m = At(id);
+    const bool holds = HoldsAgreedModel(m);
+    if (!holds && start_with_holders == nullptr) {
+      start_with_holders = Share(RoundStartMessage(/*with_holders=*/true));
+    }
     m.state = MemberState::kTraining;
     ResetRoundFlags(m);
     m.exchange_seconds = 0;
     AddParticipant(id);
-    out->push_back({id, start});
+    out->push_back({id, holds ? start : start_with_holders});
   }
   SHOAL_LOG(INFO) << "round " << round_ << " started with " << participants_.size()
                   << " participants: " << absl::StrJoin(participants_, ",");
@@ -489,11 +506,25 @@ void RoundEngine::SendPlan(Directives* out) {
   sharing_started_ = false;
   deadline_ = clock_->Now() + options_.connection_timeout;
   const std::vector<SliceRange> slices = PlanSlices(total_elements_, participants_.size());
+  // A new version whenever the list (ids, addresses, order) changed.
+  bool same_list = plan_list_.size() == participants_.size();
+  for (size_t k = 0; same_list && k < participants_.size(); ++k) {
+    const Member& m = At(participants_[k]);
+    same_list = plan_list_[k].first == m.id && plan_list_[k].second == m.address;
+  }
+  if (!same_list) {
+    ++plan_list_version_;
+    plan_list_.clear();
+    plan_list_.reserve(participants_.size());
+    for (const std::string& id : participants_) plan_list_.emplace_back(id, At(id).address);
+  }
   CoordinatorMessage msg;
   shoal::v1::RoundPlan* plan = msg.mutable_round_plan();
   plan->set_round(round_);
   plan->set_total_elements(total_elements_);
   plan->set_attempt(attempt_);
+  plan->set_participants_version(plan_list_version_);
+  CoordinatorMessage compact = msg;  // the same plan without the list
   plan->mutable_slices()->Reserve(static_cast<int>(participants_.size()));
   for (size_t k = 0; k < participants_.size(); ++k) {
     Member& m = At(participants_[k]);
@@ -513,9 +544,15 @@ void RoundEngine::SendPlan(Directives* out) {
     s->set_begin(slices[k].begin);
     s->set_end(slices[k].end);
   }
-  // The plan names every participant: one shared copy for all of them.
-  const SharedMessage shared = Share(std::move(msg));
-  for (const std::string& id : participants_) out->push_back({id, shared});
+  // The full plan names every participant (O(N) bytes): it goes, as one
+  // shared copy, only to sessions that do not hold this list yet.
+  const SharedMessage full = Share(std::move(msg));
+  const SharedMessage small = Share(std::move(compact));
+  for (const std::string& id : participants_) {
+    Member& m = At(id);
+    out->push_back({id, m.plan_list_known == plan_list_version_ ? small : full});
+    m.plan_list_known = plan_list_version_;
+  }
   SHOAL_LOG(INFO) << "round " << round_ << " plan attempt " << attempt_ << ": "
                   << participants_.size() << " participants, " << total_elements_ << " elements";
 }

@@ -150,6 +150,9 @@ class RoundEngine {
     std::vector<std::string> unreachable;
     bool done = false;
     double exchange_seconds = 0;
+    // Version of the participant list this member's session was given in a
+    // full plan (0 = none): plans with that list go to it without slices.
+    uint64_t plan_list_known = 0;
   };
 
   static const char* StateName(MemberState s);
@@ -184,7 +187,12 @@ class RoundEngine {
   absl::Status CheckRound(uint64_t round, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> Holders() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  shoal::v1::CoordinatorMessage RoundStartMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the member holds the run's agreed model (no catch-up).
+  bool HoldsAgreedModel(const Member& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RoundStart of the current round; `with_holders` lists the holders of
+  // its base model (O(N)), which only a worker without it needs.
+  shoal::v1::CoordinatorMessage RoundStartMessage(bool with_holders) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -250,6 +258,11 @@ class RoundEngine {
   // deadline, depending on the phase.
   absl::Time deadline_ ABSL_GUARDED_BY(mu_);
   uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  // The participant list (id, address, in order) of the latest plan and its
+  // version (RoundPlan.participants_version): one version names one list
+  // within a coordinator's lifetime, and versions are unique across starts.
+  std::vector<std::pair<std::string, std::string>> plan_list_ ABSL_GUARDED_BY(mu_);
+  uint64_t plan_list_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);

@@ -205,22 +205,26 @@ void ModelState::GetManifest(uint64_t round, ManifestCallback done) const {
       layout = layout_version_;
       if (model_round_ == snapshot_round_) known_hash = model_hash_;
       snapshot = snapshot_.load();
+      // The snapshot is read below without the lock: it counts as lent, so
+      // that whoever rewrites that memory (AwaitReturned) waits for it.
+      ++lent_[static_cast<int>(Buffer::kSnapshot)];
     }
   }
   if (!compute) {
     done(std::move(answer));
     return;
   }
-  // Cache miss: hash on this thread, without the lock. The snapshot is
-  // only rewritten after BeginSnapshotUpdate() bumps the generation, which
-  // is checked below: digests of a snapshot that changed meanwhile are
-  // never cached nor returned.
+  // Cache miss: hash on this thread, without the lock. The memory is lent
+  // (see above) and only rewritten after BeginSnapshotUpdate() bumps the
+  // generation, which is checked below: digests of a snapshot that changed
+  // meanwhile are never cached nor returned.
   shoal::v1::ModelManifest manifest =
       ComputeModelManifest(snapshot, total, layers, piece_elements, round, known_hash);
   absl::StatusOr<shoal::v1::ModelManifest> result;
   std::vector<ManifestCallback> waiters;
   {
     absl::MutexLock lock(&mu_);
+    --lent_[static_cast<int>(Buffer::kSnapshot)];
     if (computing_generation_ == generation) computing_generation_.reset();
     for (auto it = manifest_waiters_.begin(); it != manifest_waiters_.end();) {
       if (it->first == generation) {

@@ -1,13 +1,15 @@
 // Cuts the flat parameter vector into one contiguous slice per participant,
-// balanced by bytes (all parameters are float32, so by elements).
-#ifndef SHOAL_SERVICES_COORDINATOR_CORE_SHARD_PLANNER_H_
-#define SHOAL_SERVICES_COORDINATOR_CORE_SHARD_PLANNER_H_
+// balanced by bytes (all parameters are float32, so by elements). The
+// coordinator plans with it; a worker given a plan without slices (see
+// RoundPlan.participants_version) cuts the same slices with it.
+#ifndef SHOAL_COMMON_SHARD_PLAN_H_
+#define SHOAL_COMMON_SHARD_PLAN_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace shoal::coordinator {
+namespace shoal {
 
 struct SliceRange {
   uint64_t begin = 0;
@@ -19,6 +21,6 @@ struct SliceRange {
 // Requires participants > 0.
 std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants);
 
-}  // namespace shoal::coordinator
+}  // namespace shoal
 
-#endif  // SHOAL_SERVICES_COORDINATOR_CORE_SHARD_PLANNER_H_
+#endif  // SHOAL_COMMON_SHARD_PLAN_H_

@@ -1,6 +1,6 @@
-#include "services/coordinator/core/shard_planner.h"
+#include "common/shard_plan.h"
 
-namespace shoal::coordinator {
+namespace shoal {
 
 std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants) {
   std::vector<SliceRange> slices(participants);
@@ -14,4 +14,4 @@ std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants)
   return slices;
 }
 
-}  // namespace shoal::coordinator
+}  // namespace shoal

@@ -1,6 +1,6 @@
 // Unit tests of the shard planner: one contiguous, balanced slice per
 // participant covering the flat parameter vector exactly.
-#include "services/coordinator/core/shard_planner.h"
+#include "common/shard_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 
-namespace shoal::coordinator {
+namespace shoal {
 namespace {
 
 // Checks the documented invariants of a plan of `total` over `n`.
@@ -98,4 +98,4 @@ TEST(ShardPlannerTest, LargeTotalsDoNotOverflow) {
 }
 
 }  // namespace
-}  // namespace shoal::coordinator
+}  // namespace shoal
