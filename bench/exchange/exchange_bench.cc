@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "bench/common/bench_util.h"
 #include "common/grpc_util.h"
+#include "common/mutex_mode.h"
 #include "common/sha256.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/exchanger.h"
@@ -81,6 +82,7 @@ shoal::v1::RoundPlan MakePlan(uint64_t round, uint64_t total,
 
 int RunWorker(Flags& flags) {
   worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
+  DisableMutexDeadlockDetection();       // likewise
   const int index = static_cast<int>(flags.Int("index", 0));
   const uint64_t mib = flags.Int("mib", 64);
   flags.CheckAllUsed();

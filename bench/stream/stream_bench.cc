@@ -30,6 +30,7 @@
 #include "bench/common/bench_util.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/mutex_mode.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/peer_client.h"
@@ -87,6 +88,7 @@ void ServeTcpConnection(int fd, const char* data, size_t size) {
 
 int RunServer(Flags& flags) {
   worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
+  DisableMutexDeadlockDetection();       // likewise
   const uint64_t mib = flags.Int("mib", 256);
   flags.CheckAllUsed();
   const uint64_t total = mib * (1 << 20) / sizeof(float);
@@ -153,6 +155,7 @@ bool Check(const float* got, uint64_t total) {
 // VARIANT" line on stdin is answered with "result MBPS".
 int RunClient(Flags& flags) {
   worker::TuneMallocForTensorStreams();  // as shoal-worker's main() does
+  DisableMutexDeadlockDetection();       // likewise
   const int64_t mib = flags.Int("mib", 256);
   const std::string ready = flags.Str("server", "");
   flags.CheckAllUsed();

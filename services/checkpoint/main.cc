@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
+#include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "services/checkpoint/checkpoint_server.h"
 
@@ -21,6 +22,7 @@ ABSL_FLAG(bool, verify_on_start, true,
           "(reads fail with DATA_LOSS). When false only blob sizes are checked.");
 
 int main(int argc, char** argv) {
+  shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "shoal-checkpoint: durable checkpoints of Shoal runs.\n"
       "Usage: shoal-checkpoint --data_dir=/var/lib/shoal/checkpoints [--listen=127.0.0.1:50052] "

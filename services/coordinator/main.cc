@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "services/coordinator/coordinator_server.h"
 
@@ -53,6 +54,7 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
 
 int main(int argc, char** argv) {
+  shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "shoal-coordinator: keeps membership, rounds and status of a Shoal training run.\n"
       "Usage: shoal-coordinator --listen=127.0.0.1:50051 --min_participants=3 --local_steps=50 "

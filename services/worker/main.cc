@@ -3,6 +3,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
+#include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
@@ -31,6 +32,7 @@ ABSL_FLAG(absl::Duration, exchange_timeout, absl::Seconds(120),
 int main(int argc, char** argv) {
   // Before anything starts a thread (gRPC, LibTorch): see malloc_tuning.h.
   shoal::worker::TuneMallocForTensorStreams();
+  shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "shoal-worker: trains a model on its shard of Fashion-MNIST and averages it with its "
       "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "
