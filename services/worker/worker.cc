@@ -8,7 +8,6 @@
 #include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/logging.h"
-#include "common/shard_plan.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 
@@ -232,11 +231,9 @@ void Worker::UncommitPending(const std::string& why) {
 
 void Worker::Settle(uint64_t agreed_round, const std::string& agreed_hash) {
   if (!pending_) return;
-  if (agreed_round == model_round_ && agreed_hash == model_hash_) {
-    CommitPending();
-  } else if (agreed_round > model_round_) {
-    // The run moved on without telling us this round's outcome: the
-    // catch-up that follows replaces the model anyway.
+  if ((agreed_round == model_round_ && agreed_hash == model_hash_) || agreed_round > model_round_) {
+    // Agreed; or the run moved on without telling us this round's outcome,
+    // and the catch-up that follows replaces the model anyway.
     CommitPending();
   } else {
     // Voided, or agreed with another hash (this worker missed the new
@@ -391,7 +388,7 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
       // The coordinator counted this worker as a holder (it sends the list
       // only to the others): ask the participants of the last plan instead;
       // the syncer skips those that do not hold the round.
-      for (const auto& [id, address] : plan_list_) holders.push_back(address);
+      holders = plan_list_.Addresses();
     }
     CatchUp(start.base_model_round(), start.base_model_hash(), holders, start.checkpoint_id(),
             start.checkpoint_round());
@@ -417,32 +414,6 @@ absl::Status Worker::OnRoundStart(const shoal::v1::RoundStart& start) {
     return absl::OkStatus();  // the session tells us what comes next
   }
   SHOAL_VLOG(1) << "round " << round_ << " ready, loss " << train_loss_;
-  return absl::OkStatus();
-}
-
-absl::Status Worker::ExpandPlan(shoal::v1::RoundPlan* plan) {
-  if (plan->slices_size() > 0) {
-    if (plan->participants_version() != 0) {
-      plan_list_version_ = plan->participants_version();
-      plan_list_.clear();
-      for (const auto& s : plan->slices()) plan_list_.emplace_back(s.worker_id(), s.peer_address());
-    }
-    return absl::OkStatus();
-  }
-  if (plan->participants_version() == 0 || plan->participants_version() != plan_list_version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the plan of round ", plan->round(), " uses participant list ",
-        plan->participants_version(), ", this worker holds list ", plan_list_version_));
-  }
-  const std::vector<SliceRange> ranges = PlanSlices(plan->total_elements(), plan_list_.size());
-  plan->mutable_slices()->Reserve(static_cast<int>(plan_list_.size()));
-  for (size_t k = 0; k < plan_list_.size(); ++k) {
-    auto* s = plan->add_slices();
-    s->set_worker_id(plan_list_[k].first);
-    s->set_peer_address(plan_list_[k].second);
-    s->set_begin(ranges[k].begin);
-    s->set_end(ranges[k].end);
-  }
   return absl::OkStatus();
 }
 
@@ -600,7 +571,7 @@ absl::Status Worker::Run() {
         break;
       case shoal::v1::CoordinatorMessage::kRoundPlan: {
         shoal::v1::RoundPlan plan = msg.round_plan();
-        if (absl::Status s = ExpandPlan(&plan); !s.ok()) {
+        if (absl::Status s = plan_list_.Expand(&plan); !s.ok()) {
           // Only a fresh session gets the list again.
           RETURN_IF_ERROR(Rejoin(s.ToString()));
           break;

@@ -22,6 +22,7 @@
 #include "services/worker/coordinator_client.h"
 #include "services/worker/core/idx_reader.h"
 #include "services/worker/core/model_state.h"
+#include "services/worker/core/plan_list.h"
 #include "services/worker/core/trainer.h"
 #include "services/worker/exchanger.h"
 #include "services/worker/model_syncer.h"
@@ -80,10 +81,6 @@ class Worker {
   void Push(Event event);
   bool Pop(Event* event, absl::Duration timeout);
   absl::Status OnRoundStart(const shoal::v1::RoundStart& start);
-  // Fills in the slices of a plan that reuses a participant list this
-  // worker was given before (RoundPlan.participants_version), and keeps the
-  // list of a full plan. FAILED_PRECONDITION: a list it never got.
-  absl::Status ExpandPlan(shoal::v1::RoundPlan* plan);
   void OnRoundPlan(const shoal::v1::RoundPlan& plan);
   void ProbePeers(uint32_t retry);
   void OnStartSharing(const shoal::v1::StartWeightSharing& start);
@@ -147,10 +144,7 @@ class Worker {
   std::vector<float> contribution_;  // the trained model of round_, for re-plans
   uint64_t contribution_round_ = 0;
   shoal::v1::RoundPlan plan_;  // the current plan of round_
-  // The participant list of the latest full plan (id, address) and its
-  // version: one version names one list (see RoundPlan).
-  std::vector<std::pair<std::string, std::string>> plan_list_;
-  uint64_t plan_list_version_ = 0;
+  PlanList plan_list_;         // the participant list of the latest full plan
   double train_seconds_ = 0;
   double train_loss_ = 0;
   uint32_t data_rank_ = 0;

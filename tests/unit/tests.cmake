@@ -9,6 +9,8 @@ shoal_test(idx_reader_test unit ${CMAKE_CURRENT_LIST_DIR}/idx_reader_test.cc
   LIBS worker_core ZLIB::ZLIB)
 shoal_test(model_state_test unit ${CMAKE_CURRENT_LIST_DIR}/model_state_test.cc
   LIBS worker_core)
+shoal_test(plan_list_test unit ${CMAKE_CURRENT_LIST_DIR}/plan_list_test.cc
+  LIBS worker_core)
 shoal_test(exchanger_test unit ${CMAKE_CURRENT_LIST_DIR}/exchanger_test.cc
   LIBS worker_lib)
 shoal_test(malloc_tuning_test unit ${CMAKE_CURRENT_LIST_DIR}/malloc_tuning_test.cc

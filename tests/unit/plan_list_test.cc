@@ -1,0 +1,95 @@
+// Unit tests of the worker's participant-list cache: plans that name a list
+// by version are expanded with the shard formula; unknown lists are refused.
+#include "services/worker/core/plan_list.h"
+
+#include "gtest/gtest.h"
+
+namespace shoal::worker {
+namespace {
+
+v1::RoundPlan FullPlan(uint64_t version) {
+  v1::RoundPlan plan;
+  plan.set_round(1);
+  plan.set_attempt(1);
+  plan.set_total_elements(10);
+  plan.set_participants_version(version);
+  const uint64_t bounds[] = {0, 3, 6, 10};
+  for (int k = 0; k < 3; ++k) {
+    auto* s = plan.add_slices();
+    s->set_worker_id("w" + std::to_string(k + 1));
+    s->set_peer_address("127.0.0.1:" + std::to_string(9001 + k));
+    s->set_begin(bounds[k]);
+    s->set_end(bounds[k + 1]);
+  }
+  return plan;
+}
+
+v1::RoundPlan CompactPlan(uint64_t version, uint64_t total) {
+  v1::RoundPlan plan;
+  plan.set_round(2);
+  plan.set_attempt(1);
+  plan.set_total_elements(total);
+  plan.set_participants_version(version);
+  return plan;
+}
+
+TEST(PlanListTest, FullPlanIsKeptAndLeftAsItIs) {
+  PlanList list;
+  v1::RoundPlan plan = FullPlan(7);
+  const std::string before = plan.SerializeAsString();
+  ASSERT_TRUE(list.Expand(&plan).ok());
+  EXPECT_EQ(plan.SerializeAsString(), before);
+  EXPECT_EQ(list.Addresses(),
+            (std::vector<std::string>{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"}));
+}
+
+TEST(PlanListTest, CompactPlanGetsTheSlicesOfTheKeptList) {
+  PlanList list;
+  v1::RoundPlan full = FullPlan(7);
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan plan = CompactPlan(7, 10);
+  ASSERT_TRUE(list.Expand(&plan).ok());
+  // The same list and the coordinator's formula: the full plan's slices.
+  ASSERT_EQ(plan.slices_size(), 3);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(plan.slices(k).SerializeAsString(), full.slices(k).SerializeAsString()) << k;
+  }
+  EXPECT_EQ(plan.round(), 2u);
+  // Another model size: the same owners, slices cut anew.
+  v1::RoundPlan bigger = CompactPlan(7, 1000);
+  ASSERT_TRUE(list.Expand(&bigger).ok());
+  EXPECT_EQ(bigger.slices(1).worker_id(), "w2");
+  EXPECT_EQ(bigger.slices(1).begin(), 333u);
+  EXPECT_EQ(bigger.slices(2).end(), 1000u);
+}
+
+TEST(PlanListTest, UnknownListIsFailedPrecondition) {
+  PlanList list;
+  v1::RoundPlan none = CompactPlan(7, 10);
+  absl::Status s = list.Expand(&none);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(none.slices_size(), 0);
+
+  v1::RoundPlan full = FullPlan(7);
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan other = CompactPlan(8, 10);
+  s = list.Expand(&other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("list 8"), std::string::npos) << s;
+  // Version 0 (no list named) without slices cannot be expanded either.
+  v1::RoundPlan zero = CompactPlan(0, 10);
+  EXPECT_EQ(list.Expand(&zero).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(PlanListTest, FullPlanWithoutVersionKeepsTheOldList) {
+  PlanList list;
+  v1::RoundPlan full = FullPlan(7);
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan unversioned = FullPlan(0);  // from a coordinator before versions
+  unversioned.mutable_slices(0)->set_peer_address("127.0.0.1:1");
+  ASSERT_TRUE(list.Expand(&unversioned).ok());
+  EXPECT_EQ(list.Addresses().front(), "127.0.0.1:9001");
+}
+
+}  // namespace
+}  // namespace shoal::worker
