@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
@@ -24,9 +25,10 @@ ABSL_FLAG(bool, verify_on_start, true,
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
-      "shoal-checkpoint: durable checkpoints of Shoal runs.\n"
+      "durable checkpoints of Shoal runs.\n"
       "Usage: shoal-checkpoint --data_dir=/var/lib/shoal/checkpoints [--listen=127.0.0.1:50052] "
       "[--retain=5] [--verify_on_start=true]");
+  shoal::UseFlagsOfFileForHelp(__FILE__);
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("checkpoint");
   shoal::ShutdownSignal::Install();

@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
@@ -56,9 +57,10 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
-      "shoal-coordinator: keeps membership, rounds and status of a Shoal training run.\n"
+      "keeps membership, rounds and status of a Shoal training run.\n"
       "Usage: shoal-coordinator --listen=127.0.0.1:50051 --min_participants=3 --local_steps=50 "
       "--rounds=20");
+  shoal::UseFlagsOfFileForHelp(__FILE__);
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("coordinator");
   shoal::ShutdownSignal::Install();

@@ -2,6 +2,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
@@ -34,9 +35,10 @@ int main(int argc, char** argv) {
   shoal::worker::TuneMallocForTensorStreams();
   shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
-      "shoal-worker: trains a model on its shard of Fashion-MNIST and averages it with its "
+      "trains a model on its shard of Fashion-MNIST and averages it with its "
       "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "
       "--data_dir=/usr/share/datasets/fashion-mnist");
+  shoal::UseFlagsOfFileForHelp(__FILE__);
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("worker");
   shoal::ShutdownSignal::Install();
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
                      << options.coordinator << "'";
     return 2;
   }
-  auto worker = shoal::worker::Worker::Create(options);
+  auto worker = shoal::worker::Worker::Start(options);
   if (!worker.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << worker.status();
     return 2;

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/flags_usage.h"
 #include "common/grpc_util.h"
 #include "common/signals.h"
 #include "common/status_util.h"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
     return shoal::ctl::RunCheckpointsCommand(std::vector<std::string>(argv + 2, argv + argc));
   }
   absl::SetProgramUsageMessage(kUsage);
+  shoal::UseFlagsOfFileForHelp(__FILE__);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::cerr << kUsage << "\n";
