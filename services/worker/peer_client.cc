@@ -11,67 +11,23 @@
 namespace shoal::worker {
 namespace {
 
-// Ties `ctx` to `canceller` for the scope of one call.
-class CancelScope {
- public:
-  CancelScope(ReadCanceller* canceller, grpc::ClientContext* ctx) : canceller_(canceller) {
-    if (canceller_ != nullptr) canceller_->SetHook([ctx] { ctx->TryCancel(); });
-  }
-  ~CancelScope() {
-    if (canceller_ != nullptr) canceller_->ClearHook();
-  }
-  CancelScope(const CancelScope&) = delete;
-  CancelScope& operator=(const CancelScope&) = delete;
-
- private:
-  ReadCanceller* const canceller_;
-};
-
-bool Cancelled(const ReadCanceller* canceller) {
+bool Cancelled(const shoal::CancellationToken* canceller) {
   return canceller != nullptr && canceller->cancelled();
 }
 
 }  // namespace
 
-void ReadCanceller::Cancel() {
-  absl::MutexLock lock(&mu_);
-  if (cancelled_) return;
-  cancelled_ = true;
-  if (hook_) hook_();
-}
-
-bool ReadCanceller::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
-
-void ReadCanceller::SetHook(std::function<void()> hook) {
-  absl::MutexLock lock(&mu_);
-  if (cancelled_) {
-    hook();
-    return;
-  }
-  hook_ = std::move(hook);
-}
-
-void ReadCanceller::ClearHook() {
-  absl::MutexLock lock(&mu_);
-  hook_ = nullptr;
-}
-
 absl::Status PeerClient::ReadSliceCancellable(
     const std::string& address, const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
-    ReadCanceller* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
+    shoal::CancellationToken* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
   if (Cancelled(canceller)) return absl::CancelledError("read cancelled");
   return ReadSlice(address, request, timeout,
                    [&](const ChunkView& c) { return !Cancelled(canceller) && on_chunk(c); });
 }
 
-absl::StatusOr<shoal::v1::ModelManifest> PeerClient::GetManifest(const std::string& address,
-                                                                 uint64_t round,
-                                                                 const std::string& reader_id,
-                                                                 absl::Duration timeout,
-                                                                 ReadCanceller* canceller) {
+absl::StatusOr<shoal::v1::ModelManifest> PeerClient::GetManifest(
+    const std::string& address, uint64_t round, const std::string& reader_id,
+    absl::Duration timeout, shoal::CancellationToken* canceller) {
   return absl::UnimplementedError("this PeerClient cannot ask for manifests");
 }
 
@@ -97,10 +53,10 @@ absl::Status GrpcPeerClient::ReadSlice(const std::string& address,
 
 absl::Status GrpcPeerClient::ReadSliceCancellable(
     const std::string& address, const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
-    ReadCanceller* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
+    shoal::CancellationToken* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(timeout));
-  CancelScope scope(canceller, &ctx);
+  ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   const Peer& peer = PeerFor(address);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
@@ -148,14 +104,12 @@ absl::Status GrpcPeerClient::ReadSliceCancellable(
   return Annotate(receiver.Finish(), absl::StrCat("from peer ", address));
 }
 
-absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(const std::string& address,
-                                                                     uint64_t round,
-                                                                     const std::string& reader_id,
-                                                                     absl::Duration timeout,
-                                                                     ReadCanceller* canceller) {
+absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(
+    const std::string& address, uint64_t round, const std::string& reader_id,
+    absl::Duration timeout, shoal::CancellationToken* canceller) {
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(timeout));
-  CancelScope scope(canceller, &ctx);
+  ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   shoal::v1::GetModelManifestRequest request;
   request.set_round(round);
   request.set_reader_id(reader_id);

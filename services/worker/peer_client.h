@@ -13,32 +13,15 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/chunk_codec.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
 
-// Lets one thread end another thread's call at once, even while no chunk
-// arrives (ModelSyncer moves stalled reads this way). Thread-safe.
-class ReadCanceller {
- public:
-  // Idempotent. Runs the hook (if any) before returning.
-  void Cancel();
-  bool cancelled() const;
-
-  // For PeerClient implementations: `hook` runs once at Cancel(), or at once
-  // when already cancelled. It runs under the canceller's lock, so it must be
-  // quick and must not touch the canceller (e.g. ClientContext::TryCancel);
-  // in exchange, once ClearHook() returns the hook is not running and will
-  // not run, so what it captured may go away.
-  void SetHook(std::function<void()> hook);
-  void ClearHook();
-
- private:
-  mutable absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::function<void()> hook_ ABSL_GUARDED_BY(mu_);
-};
+// Kept while exchanger, model_syncer and their tests move to the token's
+// own name.
+using ReadCanceller = shoal::CancellationToken;
 
 class PeerClient {
  public:
@@ -53,12 +36,13 @@ class PeerClient {
                                  const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
                                  const std::function<bool(const ChunkView&)>& on_chunk) = 0;
   // ReadSlice that `canceller` (may be null) ends with CANCELLED from
-  // another thread. The default implementation can only stop between
-  // chunks (fakes that never block need no more); GrpcPeerClient cancels
-  // the call itself, so a read waiting for a chunk ends at once.
+  // another thread (or at once when it is already cancelled). The default implementation can only
+  // stop between chunks (fakes that never block need no more); GrpcPeerClient cancels the call
+  // itself, so a read waiting for a chunk ends at once.
   virtual absl::Status ReadSliceCancellable(const std::string& address,
                                             const shoal::v1::ReadSliceRequest& request,
-                                            absl::Duration timeout, ReadCanceller* canceller,
+                                            absl::Duration timeout,
+                                            shoal::CancellationToken* canceller,
                                             const std::function<bool(const ChunkView&)>& on_chunk);
   // The peer's description of its snapshot of `round` (Peer.GetManifest),
   // within `timeout`; `canceller` (may be null) ends the call early.
@@ -67,7 +51,7 @@ class PeerClient {
                                                                uint64_t round,
                                                                const std::string& reader_id,
                                                                absl::Duration timeout,
-                                                               ReadCanceller* canceller);
+                                                               shoal::CancellationToken* canceller);
   // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
@@ -84,12 +68,11 @@ class GrpcPeerClient : public PeerClient {
                          const std::function<bool(const ChunkView&)>& on_chunk) override;
   absl::Status ReadSliceCancellable(const std::string& address,
                                     const shoal::v1::ReadSliceRequest& request,
-                                    absl::Duration timeout, ReadCanceller* canceller,
+                                    absl::Duration timeout, shoal::CancellationToken* canceller,
                                     const std::function<bool(const ChunkView&)>& on_chunk) override;
-  absl::StatusOr<shoal::v1::ModelManifest> GetManifest(const std::string& address, uint64_t round,
-                                                       const std::string& reader_id,
-                                                       absl::Duration timeout,
-                                                       ReadCanceller* canceller) override;
+  absl::StatusOr<shoal::v1::ModelManifest> GetManifest(
+      const std::string& address, uint64_t round, const std::string& reader_id,
+      absl::Duration timeout, shoal::CancellationToken* canceller) override;
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override;
 

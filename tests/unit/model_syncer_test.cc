@@ -9,7 +9,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,13 +48,7 @@ std::vector<LayerSpan> Layers() {
 }
 constexpr uint64_t kTotal = 140'110;
 
-std::vector<float> RandomModel(uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> v(kTotal);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+std::vector<float> RandomModel(uint32_t seed) { return testing::RandomModel(kTotal, seed); }
 
 std::string HashOf(const std::vector<float>& v) {
   return Sha256Hex(v.data(), v.size() * sizeof(float));
@@ -118,10 +111,10 @@ class FakePeers : public PeerClient {
     }
     if (stall) {
       absl::Notification cancelled;
-      if (canceller != nullptr) canceller->SetHook([&cancelled] { cancelled.Notify(); });
+      const uint64_t hook = canceller ? canceller->Register([&] { cancelled.Notify(); }) : 0;
       stall_started_.Notify();
       const bool got = cancelled.WaitForNotificationWithTimeout(absl::Seconds(30));
-      if (canceller != nullptr) canceller->ClearHook();
+      if (canceller != nullptr) canceller->Unregister(hook);
       stall_cancelled_ = got;
       return absl::CancelledError("stalled read cancelled");
     }
