@@ -55,7 +55,15 @@ bool ShutdownSignal::WaitFor(absl::Duration timeout) {
 
 void ShutdownSignal::Request() {
   static std::atomic<bool> requested{false};
-  if (!requested.exchange(true)) Note().Notify();
+  if (!requested.exchange(true)) {
+    Note().Notify();
+    Token()->Cancel();
+  }
+}
+
+CancellationToken* ShutdownSignal::Token() {
+  static CancellationToken* token = new CancellationToken();  // never destroyed
+  return token;
 }
 
 }  // namespace shoal

@@ -5,6 +5,7 @@
 #define SHOAL_COMMON_SIGNALS_H_
 
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 
 namespace shoal {
 
@@ -16,6 +17,9 @@ class ShutdownSignal {
   static bool WaitFor(absl::Duration timeout);
   // Lets code (and tests) request shutdown without a signal.
   static void Request();
+  // Cancelled when shutdown is requested: parent of the tokens that stop
+  // work in flight.
+  static CancellationToken* Token();
 };
 
 }  // namespace shoal

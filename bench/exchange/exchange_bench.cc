@@ -127,12 +127,12 @@ int RunWorker(Flags& flags) {
       std::printf("prepared %lu %.6f\n", static_cast<unsigned long>(round),
                   absl::ToDoubleSeconds(absl::Now() - t0));
     } else if (w[0] == "go") {
-      worker::Exchanger exchanger(&grpc_client, &state, params, worker::ExchangeOptions());
+      worker::Exchanger exchanger(&grpc_client, &state, worker::ExchangeOptions());
       const shoal::v1::RoundPlan plan = MakePlan(round, total, peers);
       worker::ExchangeStats stats;
       const double cpu0 = SelfCpuSeconds();
       const absl::Time start = absl::Now();
-      absl::Status s = exchanger.Run(plan, self, nullptr, &stats);
+      absl::Status s = exchanger.Average(plan, self, params, nullptr, &stats);
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       // Every thread of this process during its exchange: its reads and the
       // gRPC threads serving the others.

@@ -3,9 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/backoff.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/retry.h"
 #include "common/status_util.h"
 
 namespace shoal::worker {
@@ -28,18 +28,25 @@ GrpcCoordinatorClient::~GrpcCoordinatorClient() { CloseSession(); }
 
 absl::Status GrpcCoordinatorClient::CallWithRetry(
     const std::function<grpc::Status(grpc::ClientContext*)>& call, absl::Duration window) {
-  const absl::Time give_up = absl::Now() + window;
-  Backoff backoff(absl::Milliseconds(100), absl::Seconds(2));
-  while (true) {
-    grpc::ClientContext ctx;
-    // Never wait past the retry window.
-    ctx.set_deadline(DeadlineIn(
-        std::max(absl::Milliseconds(100), std::min(options_.rpc_timeout, give_up - absl::Now()))));
-    absl::Status s = FromGrpcStatus(call(&ctx));
-    if (!absl::IsUnavailable(s) || absl::Now() >= give_up) return s;
-    SHOAL_VLOG(1) << "coordinator unavailable (" << s.message() << "), retrying";
-    absl::SleepFor(std::min(backoff.Next(), give_up - absl::Now()));
-  }
+  // Idempotent calls only; UNAVAILABLE only (a DEADLINE_EXCEEDED report may
+  // have been applied, and its caller decides).
+  RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(100);
+  policy.max_backoff = absl::Seconds(2);
+  policy.deadline = window;
+  policy.unavailable_only = true;
+  return Retry(
+      policy, nullptr,
+      [&](absl::Duration left) -> absl::Status {
+        grpc::ClientContext ctx;
+        // Never wait past the retry window.
+        ctx.set_deadline(
+            DeadlineIn(std::max(absl::Milliseconds(100), std::min(options_.rpc_timeout, left))));
+        return FromGrpcStatus(call(&ctx));
+      },
+      [](const absl::Status& s, int) {
+        SHOAL_VLOG(1) << "coordinator unavailable (" << s.message() << "), retrying";
+      });
 }
 
 absl::StatusOr<shoal::v1::JoinResponse> GrpcCoordinatorClient::Join(

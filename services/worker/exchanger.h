@@ -4,13 +4,18 @@
 //     then divides by N;
 //  2. all-gather: it reads every other owner's averaged slice straight into
 //     its parameters.
+// The first Averager (core/averager.h); chunks are decoded through a Codec
+// (core/codec.h, fp32 today).
+//
 // Both phases run at once (one thread per read); an all-gather read of a
 // slice its owner has not averaged yet waits on the owner's server until
 // the average is there (PeerService), and is retried after a short backoff
-// if that wait ends UNAVAILABLE. Each worker moves about 2(N-1)/N of the
-// model per round. Reads resume where they stopped, so a retried read never
-// adds twice. When the exchange stops (abort, or a failed reduce that means
-// our slice will never be averaged) every read still running is cancelled.
+// if that wait ends UNAVAILABLE (common/retry.h: IsRetryable, backoff, the
+// exchange's deadline). Each worker moves about 2(N-1)/N of the model per
+// round. Reads resume where they stopped, so a retried read never adds
+// twice. When the exchange stops (the caller's token is cancelled, or a
+// failed reduce means our slice will never be averaged) one cancellation
+// token ends every read still running at once: nothing polls.
 //
 // Chunks are applied straight from the receive buffers (ChunkView::CopyTo /
 // AddTo), once checked.
@@ -29,6 +34,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
+#include "common/clock.h"
+#include "services/worker/core/averager.h"
+#include "services/worker/core/codec.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/peer_client.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -41,38 +50,41 @@ struct ExchangeOptions {
   // Backoff between retries of a read (not-yet-averaged, peer unavailable).
   absl::Duration initial_backoff = absl::Milliseconds(1);
   absl::Duration max_backoff = absl::Milliseconds(20);
+  // Time source of the deadline (the real clock when null).
+  const Clock* clock = nullptr;
 };
 
-struct ExchangeStats {
-  uint64_t bytes_received = 0;
-  int retries = 0;
-};
+using ExchangeStats = AveragingStats;
 
-class Exchanger {
+class Exchanger final : public Averager {
  public:
-  Exchanger(PeerClient* peers, ModelState* state, float* params, ExchangeOptions options)
-      : peers_(peers), state_(state), params_(params), options_(options) {}
+  // `codec` (the run's; fp32 when null) outlives the exchanger.
+  Exchanger(PeerClient* peers, ModelState* state, ExchangeOptions options,
+            const Codec* codec = nullptr);
 
-  // Runs the exchange of `plan` for the participant `self_id` (and records
-  // the plan in the ModelState, as the worker does when the plan arrives). Returns early
-  // with ABORTED when *abort becomes true. Not thread-safe (one at a time).
-  absl::Status Run(const shoal::v1::RoundPlan& plan, const std::string& self_id,
-                   const std::atomic<bool>* abort, ExchangeStats* stats);
+  const char* name() const override { return "sharded"; }
+  // Runs the exchange of `plan` for the participant `self_id` on `params`
+  // (and records the plan in the ModelState, as the worker does when the
+  // plan arrives). Returns ABORTED early when `cancel` is cancelled. One at
+  // a time.
+  absl::Status Average(const shoal::v1::RoundPlan& plan, const std::string& self_id, float* params,
+                       CancellationToken* cancel, AveragingStats* stats) override;
 
  private:
   // Reads [begin, end) of `kind` from `address`, resuming after failures;
-  // `apply` gets each checked chunk; `canceller` ends the read early.
+  // `apply` gets each checked chunk; `stop` ends the read early.
   absl::Status ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind, uint64_t round,
                              uint32_t attempt, uint64_t begin, uint64_t end,
                              const std::string& self_id, absl::Time deadline,
-                             const std::function<bool()>& stopped,
-                             const std::function<void(const ChunkView&)>& apply,
-                             ReadCanceller* canceller, std::atomic<int>* retries);
+                             CancellationToken* stop,
+                             const std::function<absl::Status(const ChunkView&)>& apply,
+                             std::atomic<int>* retries);
 
   PeerClient* const peers_;
   ModelState* const state_;
-  float* const params_;
   const ExchangeOptions options_;
+  const Clock* const clock_;
+  const Codec* const codec_;
 };
 
 }  // namespace shoal::worker

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
                      << options.coordinator << "'";
     return 2;
   }
-  auto worker = shoal::worker::Worker::Create(options);
+  auto worker = shoal::worker::Worker::Start(options);
   if (!worker.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << worker.status();
     return 2;

@@ -62,7 +62,7 @@ struct PeerNode {
     if (started.ok()) server = std::move(*started);
     ExchangeOptions options;
     options.timeout = absl::Seconds(30);
-    exchanger = std::make_unique<Exchanger>(&client, &state, params.data(), options);
+    exchanger = std::make_unique<Exchanger>(&client, &state, options);
   }
   ~PeerNode() {
     state.SetShuttingDown();
@@ -151,7 +151,8 @@ TEST(PeerExchangeTest, ThreeWorkersAverageToTheMean) {
     std::vector<std::thread> threads;
     for (int k = 0; k < 3; ++k) {
       threads.emplace_back([&, k] {
-        results[k] = nodes[k]->exchanger->Run(plan, nodes[k]->id, nullptr, &stats[k]);
+        results[k] = nodes[k]->exchanger->Average(plan, nodes[k]->id, nodes[k]->params.data(),
+                                                  nullptr, &stats[k]);
       });
     }
     for (auto& t : threads) t.join();

@@ -179,7 +179,7 @@ struct RunResult {
 
 // Runs every worker's exchange concurrently, as the participants of a round.
 RunResult RunAll(const std::vector<std::unique_ptr<FakeWorker>>& workers, const RoundPlan& plan,
-                 PeerClient* client, const std::atomic<bool>* abort = nullptr) {
+                 PeerClient* client, CancellationToken* abort = nullptr) {
   const size_t n = workers.size();
   RunResult r;
   r.status.resize(n);
@@ -187,8 +187,8 @@ RunResult RunAll(const std::vector<std::unique_ptr<FakeWorker>>& workers, const 
   std::vector<std::thread> threads;
   for (size_t k = 0; k < n; ++k) {
     threads.emplace_back([&, k] {
-      Exchanger ex(client, &workers[k]->state, workers[k]->params.data(), TestOptions());
-      r.status[k] = ex.Run(plan, workers[k]->id, abort, &r.stats[k]);
+      Exchanger ex(client, &workers[k]->state, TestOptions());
+      r.status[k] = ex.Average(plan, workers[k]->id, workers[k]->params.data(), abort, &r.stats[k]);
     });
   }
   for (auto& t : threads) t.join();
@@ -399,10 +399,10 @@ struct Harness {
       workers[k]->state.MarkAveraged(kRound);
     }
   }
-  absl::Status Run(PeerClient* client, const std::atomic<bool>* abort = nullptr,
+  absl::Status Run(PeerClient* client, CancellationToken* abort = nullptr,
                    ExchangeOptions options = TestOptions()) {
-    Exchanger ex(client, &workers[0]->state, workers[0]->params.data(), options);
-    return ex.Run(plan, workers[0]->id, abort, &stats);
+    Exchanger ex(client, &workers[0]->state, options);
+    return ex.Average(plan, workers[0]->id, workers[0]->params.data(), abort, &stats);
   }
   std::vector<std::unique_ptr<FakeWorker>> workers;
   RoundPlan plan;
@@ -455,7 +455,7 @@ TEST(ExchangerFailureTest, CorruptChunkFailsEveryParticipantWithoutHanging) {
     return absl::OkStatus();
   };
   FakePeerClient client(ByAddress(workers), faults);
-  std::atomic<bool> abort{false};
+  CancellationToken abort;
   // w1's failure never lets w1's slice be averaged; the others would wait
   // for it until the deadline, so the round gets aborted (as the coordinator
   // does when w1 leaves) once w1 has failed.
@@ -465,9 +465,10 @@ TEST(ExchangerFailureTest, CorruptChunkFailsEveryParticipantWithoutHanging) {
   std::vector<std::thread> threads;
   for (int k = 0; k < kN; ++k) {
     threads.emplace_back([&, k] {
-      Exchanger ex(&client, &workers[k]->state, workers[k]->params.data(), TestOptions());
-      r.status[k] = ex.Run(plan, workers[k]->id, &abort, &r.stats[k]);
-      if (k == 0) abort = true;
+      Exchanger ex(&client, &workers[k]->state, TestOptions());
+      r.status[k] =
+          ex.Average(plan, workers[k]->id, workers[k]->params.data(), &abort, &r.stats[k]);
+      if (k == 0) abort.Cancel();
     });
   }
   for (auto& t : threads) t.join();
@@ -506,7 +507,8 @@ TEST(ExchangerFailureTest, PeerInAnotherRoundFailsWithFailedPrecondition) {
 TEST(ExchangerFailureTest, AbortBeforeRunReturnsAborted) {
   Harness h(3, 999);
   FakePeerClient client(ByAddress(h.workers), {});
-  std::atomic<bool> abort{true};
+  CancellationToken abort;
+  abort.Cancel();
   absl::Status s = h.Run(&client, &abort);
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
 }
@@ -518,12 +520,12 @@ TEST(ExchangerFailureTest, AbortWhileWaitingForAnAverageReturnsAbortedPromptly) 
   h.workers[2]->state.SetReady(kRound);
   h.workers[2]->state.SetPlan(kRound, h.plan.attempt(), h.plan.slices(2).begin(),
                               h.plan.slices(2).end());
-  std::atomic<bool> abort{false};
+  CancellationToken abort;
   std::atomic<int> waits{0};
   Faults faults;
   faults.on_call = [&](const std::string& address, const ReadSliceRequest& r) {
     // The abort arrives after a few refused reads of the average.
-    if (r.kind() == AVERAGED && address == "10.0.0.3:7000" && ++waits == 5) abort = true;
+    if (r.kind() == AVERAGED && address == "10.0.0.3:7000" && ++waits == 5) abort.Cancel();
     return absl::OkStatus();
   };
   FakePeerClient client(ByAddress(h.workers), faults);
@@ -539,10 +541,10 @@ TEST(ExchangerFailureTest, AbortDuringAStreamReturnsAborted) {
   for (auto kind : {CONTRIBUTION, AVERAGED}) {
     SCOPED_TRACE(shoal::v1::SliceKind_Name(kind));
     Harness h(2, 600000);
-    std::atomic<bool> abort{false};
+    CancellationToken abort;
     Faults faults;
     faults.on_chunk = [&](const std::string&, const ReadSliceRequest& r, int index, TensorChunk*) {
-      if (r.kind() == kind && index == 2) abort = true;  // arrives mid-stream
+      if (r.kind() == kind && index == 2) abort.Cancel();  // arrives mid-stream
       return absl::OkStatus();
     };
     FakePeerClient client(ByAddress(h.workers), faults);

@@ -28,3 +28,10 @@ shoal_test(layer_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/layer_planner_test.
   LIBS worker_core)
 shoal_test(model_syncer_test unit ${CMAKE_CURRENT_LIST_DIR}/model_syncer_test.cc
   LIBS worker_lib)
+shoal_test(retry_test unit ${CMAKE_CURRENT_LIST_DIR}/retry_test.cc LIBS shoal_common)
+shoal_test(round_decisions_test unit ${CMAKE_CURRENT_LIST_DIR}/round_decisions_test.cc
+  LIBS coordinator_core)
+shoal_test(worker_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/worker_protocol_test.cc
+  LIBS worker_core)
+shoal_test(model_memory_test unit ${CMAKE_CURRENT_LIST_DIR}/model_memory_test.cc
+  LIBS worker_core)

@@ -1,0 +1,43 @@
+// The seam between the round protocol and the ways of averaging
+// (../shared/DESIGN.md, "Growing the averaging"): given the local model and
+// the round's directive, produce the new model in place. The protocol
+// (core/worker_protocol.h) and the worker's loop do not know which
+// implementation runs. Implementations today: the sharded synchronous
+// exchange (services/worker/exchanger.h). To come: the hierarchical
+// exchange (zones and supernodes) and gossip.
+//
+// An implementation writes only the memory it was given, follows the
+// lending rules of core/model_state.h for it, and returns when the average
+// is complete, the work is cancelled (CANCELLED or ABORTED: nothing is
+// reported, the coordinator decides what comes next), or it failed.
+#ifndef SHOAL_SERVICES_WORKER_CORE_AVERAGER_H_
+#define SHOAL_SERVICES_WORKER_CORE_AVERAGER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/cancellation.h"
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::worker {
+
+struct AveragingStats {
+  uint64_t bytes_received = 0;
+  int retries = 0;
+};
+
+class Averager {
+ public:
+  virtual ~Averager() = default;
+  // A short name for logs and status ("sharded").
+  virtual const char* name() const = 0;
+  // Averages the model in `params` according to `plan`, as participant
+  // `self_id`. `cancel` (may be null) ends it early.
+  virtual absl::Status Average(const shoal::v1::RoundPlan& plan, const std::string& self_id,
+                               float* params, CancellationToken* cancel, AveragingStats* stats) = 0;
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_CORE_AVERAGER_H_

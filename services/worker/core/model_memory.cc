@@ -1,0 +1,127 @@
+#include "services/worker/core/model_memory.h"
+
+#include <cstring>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace shoal::worker {
+
+ModelMemory::ModelMemory(ModelState* state, float* params, uint64_t total, const std::string& hash,
+                         absl::Duration lent_timeout)
+    : state_(state),
+      params_(params),
+      total_(total),
+      lent_timeout_(lent_timeout),
+      snapshot_(params, params + total),
+      contribution_(total) {
+  state_->BindSnapshot(snapshot_.data());
+  state_->SetModel(0, hash);
+  state_->SetSnapshot(0);
+}
+
+ModelMemory::~ModelMemory() {
+  state_->BeginSnapshotUpdate();
+  if (!state_->AwaitReturned(ModelState::Buffer::kSnapshot, lent_timeout_)) {
+    SHOAL_LOG(ERROR) << "gRPC still holds snapshot memory lent to peers; leaking it instead of "
+                        "freeing memory it may read";
+    (void)new std::vector<float>(std::move(snapshot_));
+  }
+}
+
+void ModelMemory::AwaitLent(ModelState::Buffer buffer) {
+  if (!state_->AwaitReturned(buffer, lent_timeout_)) {
+    // Only a reader of a window that has closed can still hold the chunk:
+    // whatever it receives now fails its CRC check there (DATA_LOSS).
+    SHOAL_LOG(WARNING) << "after " << lent_timeout_ << " gRPC still holds "
+                       << state_->chunks_lent(buffer) << " chunks of the "
+                       << (buffer == ModelState::Buffer::kSnapshot ? "snapshot" : "model")
+                       << " lent to peers; rewriting it anyway";
+  }
+}
+
+double ModelMemory::Train(uint64_t round, const std::function<double(float*)>& train) {
+  state_->BeginTraining(round);
+  AwaitLent(ModelState::Buffer::kParameters);
+  const double loss = train(params_);
+  state_->SetReady(round);
+  return loss;
+}
+
+void ModelMemory::KeepContribution(uint64_t round) {
+  (void)round;
+  std::memcpy(contribution_.data(), params_, total_ * sizeof(float));
+}
+
+void ModelMemory::RestoreContribution(uint64_t round) {
+  (void)round;
+  // Reads of the previous attempt are refused, and their chunks given back,
+  // before the parameters are restored.
+  state_->Unready();
+  AwaitLent(ModelState::Buffer::kParameters);
+  std::memcpy(params_, contribution_.data(), total_ * sizeof(float));
+}
+
+void ModelMemory::ServePlan(uint64_t round, uint32_t attempt, uint64_t begin, uint64_t end) {
+  state_->SetPlan(round, attempt, begin, end);
+  state_->SetReady(round);
+}
+
+void ModelMemory::HoldPending(uint64_t round, const std::string& hash) {
+  // Peers catching up may read this round at once: serve it from the
+  // parameters (nothing rewrites them before the round is settled). The
+  // snapshot buffer is not written here, so its chunks still lent may stay
+  // out (CommitPending and VoidPending wait for them before writing it).
+  state_->BeginSnapshotUpdate();
+  state_->BindSnapshot(params_);
+  state_->SetSnapshot(round);
+  state_->SetModel(round, hash);
+}
+
+void ModelMemory::CommitPending(uint64_t round) {
+  state_->BeginSnapshotUpdate();
+  AwaitLent(ModelState::Buffer::kSnapshot);
+  std::memcpy(snapshot_.data(), params_, total_ * sizeof(float));
+  state_->BindSnapshot(snapshot_.data());
+  state_->SetSnapshot(round);
+}
+
+void ModelMemory::VoidPending(uint64_t round, const std::string& hash) {
+  state_->BeginSnapshotUpdate();
+  AwaitLent(ModelState::Buffer::kSnapshot);
+  state_->BindSnapshot(snapshot_.data());
+  state_->SetSnapshot(round);
+  state_->SetModel(round, hash);
+}
+
+void ModelMemory::DropWork(uint64_t round) {
+  state_->Abort(round);
+  AwaitLent(ModelState::Buffer::kParameters);
+  std::memcpy(params_, snapshot_.data(), total_ * sizeof(float));
+}
+
+absl::Status ModelMemory::CatchUp(
+    uint64_t round, const std::string& hash, uint64_t model_round,
+    const std::function<absl::Status(float* dst, uint64_t total)>& pull) {
+  // Pull into the snapshot buffer: it is not served while being replaced.
+  state_->BeginSnapshotUpdate();
+  AwaitLent(ModelState::Buffer::kSnapshot);
+  state_->BindSnapshot(snapshot_.data());
+  absl::Status s = pull(snapshot_.data(), total_);
+  if (!s.ok()) {
+    // Keep what we had; the next average folds this worker's model in.
+    std::memcpy(snapshot_.data(), params_, total_ * sizeof(float));
+    state_->SetSnapshot(model_round);
+    return s;
+  }
+  // The parameters switch to a newer model: nothing of the old round is
+  // served from them any more.
+  state_->Unready();
+  AwaitLent(ModelState::Buffer::kParameters);
+  std::memcpy(params_, snapshot_.data(), total_ * sizeof(float));
+  state_->SetSnapshot(round);
+  state_->SetModel(round, hash);
+  return absl::OkStatus();
+}
+
+}  // namespace shoal::worker

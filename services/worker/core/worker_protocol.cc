@@ -1,0 +1,458 @@
+#include "services/worker/core/worker_protocol.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace shoal::worker {
+
+const char* ActionName(Action::Kind kind) {
+  switch (kind) {
+    case Action::kJoin:
+      return "join";
+    case Action::kOpenSession:
+      return "open-session";
+    case Action::kCatchUp:
+      return "catch-up";
+    case Action::kTrain:
+      return "train";
+    case Action::kReportReady:
+      return "report-ready";
+    case Action::kKeepContribution:
+      return "keep-contribution";
+    case Action::kRestoreContribution:
+      return "restore-contribution";
+    case Action::kServePlan:
+      return "serve-plan";
+    case Action::kProbe:
+      return "probe";
+    case Action::kExchange:
+      return "exchange";
+    case Action::kHoldPending:
+      return "hold-pending";
+    case Action::kCommit:
+      return "commit";
+    case Action::kVoid:
+      return "void";
+    case Action::kDropWork:
+      return "drop-work";
+    case Action::kReportDone:
+      return "report-done";
+    case Action::kUpload:
+      return "upload";
+    case Action::kRejoin:
+      return "rejoin";
+    case Action::kLeave:
+      return "leave";
+    case Action::kExit:
+      return "exit";
+  }
+  return "?";
+}
+
+namespace {
+
+Action Make(Action::Kind kind, uint64_t round = 0) {
+  Action a{kind};
+  a.round = round;
+  return a;
+}
+
+}  // namespace
+
+WorkerProtocol::WorkerProtocol(Options options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()) {}
+
+void WorkerProtocol::SetInitialModel(const std::string& hash) {
+  model_round_ = 0;
+  model_hash_ = hash;
+}
+
+Actions WorkerProtocol::Start() {
+  Action a = Make(Action::kJoin);
+  shoal::v1::JoinRequest& request = a.join;
+  request.set_peer_address(options_.advertise);
+  request.set_name(options_.name);
+  request.set_previous_worker_id(worker_id_);
+  // A pending round is not claimed: the coordinator may have voided it
+  // (Settle learns which from the response).
+  const uint64_t held_round = pending_ ? agreed_round_ : model_round_;
+  request.set_model_round(held_round);
+  if (held_round > 0) request.set_model_hash(pending_ ? agreed_hash_ : model_hash_);
+  if (has_data_rank_) request.set_previous_data_rank(data_rank_);
+  return {std::move(a)};
+}
+
+Actions WorkerProtocol::OnJoined(const shoal::v1::JoinResponse& joined) {
+  if (has_config_ && joined.config().SerializeAsString() != config_.SerializeAsString()) {
+    Action exit = Make(Action::kExit);
+    exit.status =
+        absl::FailedPreconditionError("the coordinator now runs a different configuration");
+    return {std::move(exit)};
+  }
+  worker_id_ = joined.worker_id();
+  config_ = joined.config();
+  has_config_ = true;
+  data_rank_ = joined.data_rank();
+  has_data_rank_ = true;
+  Actions out;
+  // A run in progress: take its current model before anything else.
+  Settle(joined.model_round(), joined.model_hash(), &out);
+  CatchUp(joined.model_round(), joined.model_hash(),
+          {joined.holders().begin(), joined.holders().end()}, joined.checkpoint_id(),
+          joined.checkpoint_round(), &out);
+  // JoinRound(0): the earliest open round (the catch-up may take a while,
+  // so joined.next_round() may be over by then).
+  out.push_back(Make(Action::kOpenSession));
+  return out;
+}
+
+bool WorkerProtocol::Interrupts(const shoal::v1::CoordinatorMessage& msg) {
+  return msg.has_round_plan() || msg.has_round_aborted() || msg.has_round_missed() ||
+         msg.has_connection_fail() || msg.has_leave_requested() || msg.has_run_finished();
+}
+
+Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
+  if (leaving_) return {};
+  Actions out;
+  switch (msg.kind_case()) {
+    case shoal::v1::CoordinatorMessage::kRoundStart:
+      return OnRoundStart(msg.round_start());
+    case shoal::v1::CoordinatorMessage::kRoundPlan:
+      return OnRoundPlan(msg.round_plan());
+    case shoal::v1::CoordinatorMessage::kRetryConnections:
+      if (msg.retry_connections().round() == round_ && plan_.round() == round_ &&
+          msg.retry_connections().attempt() == plan_.attempt()) {
+        Action probe = Make(Action::kProbe, round_);
+        probe.attempt = plan_.attempt();
+        probe.retry = msg.retry_connections().retry();
+        probe.plan = plan_;
+        out.push_back(std::move(probe));
+      }
+      return out;
+    case shoal::v1::CoordinatorMessage::kStartSharing:
+      return OnStartSharing(msg.start_sharing());
+    case shoal::v1::CoordinatorMessage::kCheckpointRequest:
+      return OnCheckpointRequest(msg.checkpoint_request());
+    case shoal::v1::CoordinatorMessage::kRoundComplete: {
+      const auto& complete = msg.round_complete();
+      Settle(complete.round(), complete.model_hash(), &out);
+      if (complete.round() == model_round_ && complete.model_hash() != model_hash_) {
+        SHOAL_LOG(ERROR) << "round " << complete.round() << " completed with hash "
+                         << complete.model_hash() << ", this worker has " << model_hash_;
+      }
+      return out;
+    }
+    case shoal::v1::CoordinatorMessage::kRoundAborted:
+      if (msg.round_aborted().round() == round_) {
+        // Also when this worker's exchange had ended: everyone goes back.
+        Void("round aborted", &out);
+        if (round_ > model_round_) {
+          DropRound(absl::StrCat("round aborted: ", msg.round_aborted().reason()), &out);
+        }
+      }
+      return out;
+    case shoal::v1::CoordinatorMessage::kRoundMissed:
+      SHOAL_LOG(WARNING) << "sat out round " << msg.round_missed().round() << ": "
+                         << msg.round_missed().reason();
+      if (msg.round_missed().round() == round_) {
+        Void("sat the round out", &out);
+        if (round_ > model_round_) DropRound("sat the round out", &out);
+      }
+      return out;
+    case shoal::v1::CoordinatorMessage::kConnectionFail: {
+      SHOAL_LOG(ERROR) << "removed from the run in round " << msg.connection_fail().round() << ": "
+                       << msg.connection_fail().reason() << ". Check that peers can reach this "
+                       << "worker at " << options_.advertise
+                       << " (--listen / --advertise) and that it can reach them.";
+      Action exit = Make(Action::kExit);
+      exit.status = absl::FailedPreconditionError(
+          absl::StrCat("connection failure: ", msg.connection_fail().reason()));
+      return {std::move(exit)};
+    }
+    case shoal::v1::CoordinatorMessage::kLeaveRequested: {
+      SHOAL_LOG(ERROR) << "the coordinator asked this worker to leave: "
+                       << msg.leave_requested().reason();
+      Action exit = Make(Action::kExit);
+      exit.status = absl::FailedPreconditionError(
+          absl::StrCat("asked to leave: ", msg.leave_requested().reason()));
+      return {std::move(exit)};
+    }
+    case shoal::v1::CoordinatorMessage::kRunFinished: {
+      SHOAL_LOG(INFO) << "run finished after round " << msg.run_finished().last_round() << ": "
+                      << msg.run_finished().reason();
+      Action exit = Make(Action::kExit);
+      exit.status = absl::OkStatus();
+      return {std::move(exit)};
+    }
+    default:
+      return out;
+  }
+}
+
+Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
+  Actions out;
+  Settle(start.base_model_round(), start.base_model_hash(), &out);
+  if (start.base_model_round() != model_round_ || start.base_model_hash() != model_hash_) {
+    std::vector<std::string> holders(start.holders().begin(), start.holders().end());
+    if (holders.empty()) {
+      // The coordinator counted this worker as a holder (it sends the list
+      // only to the others): ask the participants of the last plan instead;
+      // the syncer skips those that do not hold the round.
+      holders = plan_list_.Addresses();
+    }
+    CatchUp(start.base_model_round(), start.base_model_hash(), std::move(holders),
+            start.checkpoint_id(), start.checkpoint_round(), &out);
+  }
+  round_ = start.round();
+  contribution_round_ = 0;
+  plan_.Clear();
+  train_started_ = clock_->Now();
+  out.push_back(Make(Action::kTrain, round_));
+  return out;
+}
+
+Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t total_elements) {
+  if (round != round_) return {};
+  train_loss_ = train_loss;
+  train_seconds_ = absl::ToDoubleSeconds(clock_->Now() - train_started_);
+  Action a = Make(Action::kReportReady, round);
+  a.ready.set_worker_id(worker_id_);
+  a.ready.set_round(round);
+  a.ready.set_train_loss(train_loss);
+  a.ready.set_total_elements(total_elements);
+  return {std::move(a)};
+}
+
+Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& result) {
+  if (result.ok() || round != round_) return {};
+  SHOAL_LOG(WARNING) << "ready for round " << round << " refused: " << result.message();
+  // The session tells us what comes next.
+  Actions out;
+  DropRound("ready refused", &out);
+  return out;
+}
+
+Actions WorkerProtocol::OnRoundPlan(shoal::v1::RoundPlan plan) {
+  if (absl::Status s = plan_list_.Expand(&plan); !s.ok()) {
+    // Only a fresh session gets the list again.
+    return Rejoin(s.ToString());
+  }
+  Actions out;
+  if (pending_ && plan.round() == round_ && plan.attempt() > plan_.attempt() &&
+      contribution_round_ == round_) {
+    // This worker's exchange ended before a peer was lost, theirs did not:
+    // the round is re-planned among the survivors and it exchanges again.
+    Void(absl::StrCat("plan attempt ", plan.attempt(), " replaces attempt ", plan_.attempt()),
+         &out);
+  }
+  if (plan.round() != round_ || round_ <= model_round_) {
+    SHOAL_LOG(WARNING) << "ignoring the plan of round " << plan.round() << " (at round " << round_
+                       << ")";
+    return out;
+  }
+  if (contribution_round_ != round_) {
+    // First plan of the round: keep the trained model for re-plans.
+    out.push_back(Make(Action::kKeepContribution, round_));
+    contribution_round_ = round_;
+  } else {
+    // A participant was lost: exchange again from the trained model.
+    SHOAL_LOG(INFO) << "round " << round_ << ": new plan (attempt " << plan.attempt() << ", "
+                    << plan.slices_size() << " participants)";
+    out.push_back(Make(Action::kRestoreContribution, round_));
+  }
+  plan_ = std::move(plan);
+  Action serve = Make(Action::kServePlan, round_);
+  serve.attempt = plan_.attempt();
+  serve.plan = plan_;
+  out.push_back(std::move(serve));
+  Action probe = Make(Action::kProbe, round_);
+  probe.attempt = plan_.attempt();
+  probe.plan = plan_;
+  out.push_back(std::move(probe));
+  return out;
+}
+
+Actions WorkerProtocol::OnStartSharing(const shoal::v1::StartWeightSharing& start) {
+  if (start.round() != round_ || start.attempt() != plan_.attempt() || plan_.round() != round_ ||
+      round_ <= model_round_) {
+    // Also a duplicate for a round whose exchange ended here (pending).
+    SHOAL_LOG(WARNING) << "ignoring start of sharing for round " << start.round() << " attempt "
+                       << start.attempt();
+    return {};
+  }
+  exchange_started_ = clock_->Now();
+  Action a = Make(Action::kExchange, round_);
+  a.attempt = plan_.attempt();
+  a.plan = plan_;
+  return {std::move(a)};
+}
+
+Actions WorkerProtocol::OnExchanged(uint64_t round, uint32_t attempt, const absl::Status& result,
+                                    const std::string& hash) {
+  if (!result.ok()) {
+    // Nothing is reported: a new plan or the round deadline decides what
+    // comes next (the coordinator never waits forever).
+    SHOAL_LOG(WARNING) << "exchange of round " << round << " attempt " << attempt
+                       << " stopped: " << result;
+    return {};
+  }
+  if (round != round_ || attempt != plan_.attempt() || round_ <= model_round_) return {};
+  const double exchange_seconds = absl::ToDoubleSeconds(clock_->Now() - exchange_started_);
+  Actions out;
+  Action hold = Make(Action::kHoldPending, round);
+  hold.hash = hash;
+  out.push_back(std::move(hold));
+  agreed_round_ = model_round_;
+  agreed_hash_ = model_hash_;
+  pending_ = true;
+  model_round_ = round;
+  model_hash_ = hash;
+
+  Action done = Make(Action::kReportDone, round);
+  done.attempt = attempt;
+  done.hash = hash;
+  const bool last = config_.rounds() > 0 && round >= config_.rounds();
+  done.evaluate = round % std::max<uint32_t>(1, config_.eval_every()) == 0 || last;
+  done.done.set_worker_id(worker_id_);
+  done.done.set_round(round);
+  done.done.set_attempt(attempt);
+  done.done.set_model_hash(hash);
+  done.done.set_exchange_seconds(exchange_seconds);
+  done.done.set_train_seconds(train_seconds_);
+  out.push_back(std::move(done));
+  return out;
+}
+
+Actions WorkerProtocol::OnCheckpointRequest(const shoal::v1::CheckpointRequest& request) {
+  Actions out;
+  // Only agreed rounds are checkpointed (a takeover may name an older one).
+  if (request.round() == model_round_) Settle(request.round(), request.model_hash(), &out);
+  Action upload = Make(Action::kUpload, request.round());
+  upload.checkpoint = request;
+  if (model_round_ != request.round() || model_hash_ != request.model_hash()) {
+    upload.reason = absl::StrCat("holds round ", model_round_, ", not ", request.round());
+  }
+  out.push_back(std::move(upload));
+  return out;
+}
+
+Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
+                                   const absl::Status& result) {
+  if (result.ok()) {
+    model_round_ = round;
+    model_hash_ = hash;
+  } else {
+    SHOAL_LOG(WARNING) << "catch-up to round " << round << " failed: " << result
+                       << "; continuing with the model of round " << model_round_;
+  }
+  return {};
+}
+
+Actions WorkerProtocol::OnSessionClosed(const absl::Status& why) {
+  if (leaving_) return {};
+  return Rejoin(why.ToString());
+}
+
+Actions WorkerProtocol::OnSessionOpenFailed(const absl::Status& why) {
+  return Rejoin(why.ToString());
+}
+
+Actions WorkerProtocol::OnStopRequested() {
+  if (leaving_) return {};
+  leaving_ = true;
+  SHOAL_LOG(INFO) << "leaving the run (shutdown requested)";
+  Action leave = Make(Action::kLeave);
+  leave.reason = "worker shut down";
+  Action exit = Make(Action::kExit);
+  exit.status = absl::OkStatus();
+  return {std::move(leave), std::move(exit)};
+}
+
+Actions WorkerProtocol::Rejoin(const std::string& why) {
+  SHOAL_LOG(WARNING) << "lost the coordinator session (" << why << "); re-joining";
+  Actions out;
+  Action rejoin = Make(Action::kRejoin);
+  rejoin.reason = why;
+  out.push_back(std::move(rejoin));
+  DropRound("session lost", &out);
+  Actions join = Start();
+  out.insert(out.end(), join.begin(), join.end());
+  return out;
+}
+
+void WorkerProtocol::Settle(uint64_t agreed_round, const std::string& agreed_hash, Actions* out) {
+  if (!pending_) return;
+  if ((agreed_round == model_round_ && agreed_hash == model_hash_) || agreed_round > model_round_) {
+    // Agreed; or the run moved on without telling us this round's outcome,
+    // and the catch-up that follows replaces the model anyway.
+    Commit(out);
+  } else {
+    // Voided, or agreed with another hash (this worker missed the new
+    // attempt): back to the last agreed model; a catch-up follows if needed.
+    Void(absl::StrCat("the run's model is round ", agreed_round, " hash ",
+                      agreed_hash.substr(0, 12)),
+         out);
+    DropRound("round not agreed", out);
+  }
+}
+
+void WorkerProtocol::Commit(Actions* out) {
+  if (!pending_) return;
+  out->push_back(Make(Action::kCommit, model_round_));
+  out->back().hash = model_hash_;
+  pending_ = false;
+}
+
+void WorkerProtocol::Void(const std::string& why, Actions* out) {
+  if (!pending_) return;
+  SHOAL_LOG(WARNING) << "the average of round " << model_round_ << " computed here is void (" << why
+                     << "); back to the agreed model of round " << agreed_round_;
+  Action a = Make(Action::kVoid, agreed_round_);
+  a.hash = agreed_hash_;
+  a.reason = why;
+  out->push_back(std::move(a));
+  model_round_ = agreed_round_;
+  model_hash_ = agreed_hash_;
+  pending_ = false;
+}
+
+void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
+  if (round_ > model_round_) {
+    Action a = Make(Action::kDropWork, round_);
+    a.reason = why;
+    out->push_back(std::move(a));
+  }
+  // Otherwise the parameters hold the model of model_round_ already
+  // (agreed, or pending and settled later), possibly still read by a slower
+  // peer.
+  contribution_round_ = 0;
+  plan_.Clear();
+  SHOAL_LOG(INFO) << "local work of round " << round_ << " dropped (" << why
+                  << "); model back to the average of round " << model_round_;
+}
+
+void WorkerProtocol::CatchUp(uint64_t round, const std::string& hash,
+                             std::vector<std::string> holders, const std::string& checkpoint_id,
+                             uint64_t checkpoint_round, Actions* out) {
+  if ((round == model_round_ && hash == model_hash_) || hash.empty()) return;
+  if (round < model_round_) {
+    SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
+                       << model_round_ << "; keeping it";
+    return;
+  }
+  holders.erase(std::remove(holders.begin(), holders.end(), options_.advertise), holders.end());
+  Action a = Make(Action::kCatchUp, round);
+  a.hash = hash;
+  a.holders = std::move(holders);
+  if (checkpoint_round == round) {
+    a.checkpoint_id = checkpoint_id;
+    a.checkpoint_round = checkpoint_round;
+  }
+  out->push_back(std::move(a));
+}
+
+}  // namespace shoal::worker

@@ -1,0 +1,211 @@
+// The worker's side of the round protocol, as a state machine with no gRPC
+// types, threads or I/O: it takes the coordinator's directives and the
+// results of the worker's own work, and returns the actions to carry out.
+// `Worker` (services/worker/worker.cc) carries them out in order and
+// reports each result back; it makes no protocol decision of its own.
+//
+// What it tracks:
+//  - round_: the round being worked on; model_round_ / model_hash_: the
+//    averaged model the worker holds;
+//  - pending: from the end of this worker's exchange until the coordinator
+//    settles the round. Meanwhile the parameters hold the round's average
+//    (served to peers catching up as the snapshot) and the snapshot buffer
+//    keeps the previous agreed model (agreed_round_, agreed_hash_):
+//      commit (kCommit): RoundComplete naming the round and hash, a later
+//        RoundStart / CheckpointRequest / JoinResponse naming it or a newer
+//        round;
+//      void (kVoid): a new plan attempt of the round, RoundAborted,
+//        RoundMissed, or an agreed model of that round with another hash;
+//  - the trained model of round_ kept aside from the first plan on
+//    (kKeepContribution), restored for a new plan attempt
+//    (kRestoreContribution) after a participant was lost;
+//  - the participant list of the latest full plan (PlanList), which
+//    expands plans that name it by version.
+//
+// Memory actions (kCommit, kVoid, kDropWork, kKeepContribution,
+// kRestoreContribution, kHoldPending, kCatchUp, kTrain) are carried out by
+// the model memory owner (core/model_memory.h), which closes windows and
+// waits for lent chunks by itself.
+//
+// Not thread-safe: the worker's main thread owns it. Time comes from the
+// injected clock (train and exchange durations in the reports).
+#ifndef SHOAL_SERVICES_WORKER_CORE_WORKER_PROTOCOL_H_
+#define SHOAL_SERVICES_WORKER_CORE_WORKER_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "services/worker/core/plan_list.h"
+#include "shoal/v1/coordinator.pb.h"
+
+namespace shoal::worker {
+
+struct Action {
+  enum Kind {
+    // Join the run (Join with previous_id, held round and hash), then
+    // feed the response to OnJoined.
+    kJoin,
+    // Open the session stream and ask for the earliest open round
+    // (JoinRound(0)); a failure means: join again.
+    kOpenSession,
+    // Pull the averaged model of (round, hash) from `holders` (the store's
+    // checkpoint `checkpoint_id` when it is of that round), then OnCaughtUp.
+    kCatchUp,
+    // Train local_steps of `round` from the current parameters, then
+    // OnTrained.
+    kTrain,
+    // ReportReady(round, train_loss), then OnReadyReported.
+    kReportReady,
+    // First plan of `round`: keep the trained model aside for re-plans.
+    kKeepContribution,
+    // A new plan attempt: the parameters go back to the trained model.
+    kRestoreContribution,
+    // Serve the plan (own slice) and the contribution of `round`.
+    kServePlan,
+    // Probe the plan's peers, then ConnectionsReady(round, attempt) with
+    // the unreachable ones (`retry` is the coordinator's retry count).
+    kProbe,
+    // Run the averager on `plan`, then OnExchanged.
+    kExchange,
+    // The exchange's average becomes the served model (round, hash),
+    // pending; the snapshot buffer keeps the agreed model.
+    kHoldPending,
+    // The pending round is agreed: the snapshot buffer takes its average.
+    kCommit,
+    // The pending round is void: back to the agreed model (round, hash)
+    // whose bytes the snapshot buffer still holds.
+    kVoid,
+    // Local work of `round` is discarded: the parameters go back to the
+    // snapshot buffer's model.
+    kDropWork,
+    // ReportRoundDone(round, attempt, hash, durations, metrics when
+    // `evaluate`).
+    kReportDone,
+    // Upload the snapshot for `checkpoint`, or report `reason` as the
+    // error when this worker cannot.
+    kUpload,
+    // The session is gone or unusable: close it and join again.
+    kRejoin,
+    // Leave the run (graceful shutdown).
+    kLeave,
+    // Stop: the run is over for this worker with `status`.
+    kExit,
+  };
+  Kind kind;
+  uint64_t round = 0;
+  uint32_t attempt = 0;
+  uint32_t retry = 0;
+  std::string hash;
+  std::string reason;
+  bool evaluate = false;
+  std::vector<std::string> holders;
+  std::string checkpoint_id;
+  uint64_t checkpoint_round = 0;
+  shoal::v1::RoundPlan plan;                // kServePlan, kProbe, kExchange
+  shoal::v1::CheckpointRequest checkpoint;  // kUpload
+  shoal::v1::ReportReadyRequest ready;      // kReportReady
+  shoal::v1::ReportRoundDoneRequest done;   // kReportDone (metrics added by the worker)
+  shoal::v1::JoinRequest join;              // kJoin
+  absl::Status status;                      // kExit
+};
+using Actions = std::vector<Action>;
+
+const char* ActionName(Action::Kind kind);
+
+class WorkerProtocol {
+ public:
+  struct Options {
+    std::string advertise;  // this worker's peer address (not a catch-up source)
+    std::string name;
+    const Clock* clock = nullptr;  // the real clock when null
+  };
+  explicit WorkerProtocol(Options options);
+
+  // The first join (previous_id empty) or a re-join.
+  Actions Start();
+  // The coordinator's answer to kJoin. FAILED_PRECONDITION (as kExit) when
+  // a re-join finds another run configuration.
+  Actions OnJoined(const shoal::v1::JoinResponse& joined);
+  // One directive from the session stream.
+  Actions OnDirective(const shoal::v1::CoordinatorMessage& message);
+  // The session stream ended (not asked for by this worker).
+  Actions OnSessionClosed(const absl::Status& why);
+  // kOpenSession failed: join again.
+  Actions OnSessionOpenFailed(const absl::Status& why);
+  // Shutdown requested (SIGTERM).
+  Actions OnStopRequested();
+
+  // Results of actions.
+  Actions OnCaughtUp(uint64_t round, const std::string& hash, const absl::Status& result);
+  Actions OnTrained(uint64_t round, double train_loss, uint64_t total_elements);
+  Actions OnReadyReported(uint64_t round, const absl::Status& result);
+  Actions OnExchanged(uint64_t round, uint32_t attempt, const absl::Status& result,
+                      const std::string& hash);
+
+  // True for directives that make a running exchange pointless (the worker
+  // cancels it at once, from the session's reader thread).
+  static bool Interrupts(const shoal::v1::CoordinatorMessage& message);
+
+  const std::string& worker_id() const { return worker_id_; }
+  const shoal::v1::RunConfig& config() const { return config_; }
+  uint64_t round() const { return round_; }
+  uint64_t model_round() const { return model_round_; }
+  const std::string& model_hash() const { return model_hash_; }
+  bool pending() const { return pending_; }
+  uint64_t agreed_round() const { return agreed_round_; }
+  const std::string& agreed_hash() const { return agreed_hash_; }
+  const shoal::v1::RoundPlan& plan() const { return plan_; }
+  const PlanList& plan_list() const { return plan_list_; }
+  double train_seconds() const { return train_seconds_; }
+  double train_loss() const { return train_loss_; }
+  bool joined() const { return !worker_id_.empty(); }
+
+  // The initial model (round 0) and its hash, set by the worker once it
+  // built the model after the first join.
+  void SetInitialModel(const std::string& hash);
+
+ private:
+  Actions OnRoundStart(const shoal::v1::RoundStart& start);
+  Actions OnRoundPlan(shoal::v1::RoundPlan plan);
+  Actions OnStartSharing(const shoal::v1::StartWeightSharing& start);
+  Actions OnCheckpointRequest(const shoal::v1::CheckpointRequest& request);
+  // The coordinator names the run's agreed model.
+  void Settle(uint64_t agreed_round, const std::string& agreed_hash, Actions* out);
+  void Commit(Actions* out);
+  void Void(const std::string& why, Actions* out);
+  void DropRound(const std::string& why, Actions* out);
+  void CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
+               const std::string& checkpoint_id, uint64_t checkpoint_round, Actions* out);
+  Actions Rejoin(const std::string& why);
+
+  Options options_;
+  const Clock* clock_;
+
+  std::string worker_id_;
+  shoal::v1::RunConfig config_;
+  bool has_config_ = false;
+  uint32_t data_rank_ = 0;
+  bool has_data_rank_ = false;
+  uint64_t round_ = 0;
+  uint64_t model_round_ = 0;
+  std::string model_hash_;
+  bool pending_ = false;
+  uint64_t agreed_round_ = 0;
+  std::string agreed_hash_;
+  uint64_t contribution_round_ = 0;
+  shoal::v1::RoundPlan plan_;
+  PlanList plan_list_;
+  absl::Time train_started_ = absl::InfinitePast();
+  absl::Time exchange_started_ = absl::InfinitePast();
+  double train_seconds_ = 0;
+  double train_loss_ = 0;
+  bool leaving_ = false;
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_CORE_WORKER_PROTOCOL_H_

@@ -1,0 +1,529 @@
+// The worker's round protocol (services/worker/core/worker_protocol.h),
+// driven through every pending / commit / void path with a fake clock and a
+// fake CoordinatorClient. The harness carries out actions the way
+// services/worker/worker.cc does, minus the memory and the network: it
+// records each action, sends reports to the fake coordinator, and feeds the
+// results the test chose back into the protocol.
+#include "services/worker/core/worker_protocol.h"
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/fake_coordinator_client.h"
+
+namespace shoal::worker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr char kSelf[] = "w1";
+constexpr char kSelfAddress[] = "10.0.0.1:7000";
+
+shoal::v1::RunConfig Config() {
+  shoal::v1::RunConfig c;
+  c.set_model("mlp");
+  c.set_local_steps(10);
+  c.set_rounds(100);
+  c.set_eval_every(5);
+  return c;
+}
+
+shoal::v1::RoundPlan Plan(uint64_t round, uint32_t attempt, int participants) {
+  shoal::v1::RoundPlan p;
+  p.set_round(round);
+  p.set_attempt(attempt);
+  p.set_total_elements(300);
+  p.set_participants_version(1000 + attempt);
+  for (int k = 0; k < participants; ++k) {
+    auto* s = p.add_slices();
+    s->set_worker_id(absl::StrCat("w", k + 1));
+    s->set_peer_address(absl::StrCat("10.0.0.", k + 1, ":7000"));
+    s->set_begin(300 * k / participants);
+    s->set_end(300 * (k + 1) / participants);
+  }
+  return p;
+}
+
+shoal::v1::CoordinatorMessage Start(uint64_t round, uint64_t base_round, std::string base_hash,
+                                    std::vector<std::string> holders = {}) {
+  shoal::v1::CoordinatorMessage m;
+  auto* s = m.mutable_round_start();
+  s->set_round(round);
+  s->set_base_model_round(base_round);
+  s->set_base_model_hash(std::move(base_hash));
+  for (auto& h : holders) s->add_holders(h);
+  return m;
+}
+
+shoal::v1::CoordinatorMessage PlanMsg(uint64_t round, uint32_t attempt, int participants = 3) {
+  shoal::v1::CoordinatorMessage m;
+  *m.mutable_round_plan() = Plan(round, attempt, participants);
+  return m;
+}
+
+shoal::v1::CoordinatorMessage Sharing(uint64_t round, uint32_t attempt) {
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_start_sharing()->set_round(round);
+  m.mutable_start_sharing()->set_attempt(attempt);
+  return m;
+}
+
+shoal::v1::CoordinatorMessage Complete(uint64_t round, std::string hash) {
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_round_complete()->set_round(round);
+  m.mutable_round_complete()->set_model_hash(std::move(hash));
+  return m;
+}
+
+shoal::v1::CoordinatorMessage Aborted(uint64_t round) {
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_round_aborted()->set_round(round);
+  m.mutable_round_aborted()->set_reason("a participant vanished");
+  return m;
+}
+
+shoal::v1::CoordinatorMessage Missed(uint64_t round) {
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_round_missed()->set_round(round);
+  m.mutable_round_missed()->set_reason("not ready by the deadline");
+  return m;
+}
+
+shoal::v1::CoordinatorMessage Checkpoint(uint64_t round, std::string hash) {
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_checkpoint_request()->set_round(round);
+  m.mutable_checkpoint_request()->set_model_hash(std::move(hash));
+  m.mutable_checkpoint_request()->set_run_id("run-1");
+  return m;
+}
+
+// Carries out the protocol's actions as the worker does, against fakes.
+class Harness {
+ public:
+  Harness() : protocol_(MakeOptions(&clock)) {
+    coordinator.join_response.set_worker_id(kSelf);
+    coordinator.join_response.set_run_id("run-1");
+    *coordinator.join_response.mutable_config() = Config();
+    coordinator.join_response.set_data_rank(0);
+    protocol_.SetInitialModel("h0");
+    Run(protocol_.Start());
+  }
+
+  // What the test makes the worker's own work return.
+  std::string next_exchange_hash = "h1";
+  absl::Status exchange_result;
+  absl::Status catch_up_result;
+  absl::Duration train_time = absl::Seconds(2);
+  absl::Duration exchange_time = absl::Milliseconds(500);
+
+  FakeClock clock;
+  FakeCoordinatorClient coordinator;
+  // Every action carried out, "name:round", oldest first.
+  std::vector<std::string> log;
+  absl::Status exit;
+  bool exited = false;
+
+  WorkerProtocol& protocol() { return protocol_; }
+
+  // Feeds one directive; returns the actions it led to (and theirs).
+  std::vector<std::string> Directive(const shoal::v1::CoordinatorMessage& m) {
+    return Run(protocol_.OnDirective(m));
+  }
+  std::vector<std::string> SessionClosed() {
+    return Run(protocol_.OnSessionClosed(absl::UnavailableError("stream broken")));
+  }
+
+  // One whole round up to the pending state, from the agreed model.
+  void RoundUntilPending(uint64_t round, const std::string& base_hash, int participants = 3) {
+    Directive(Start(round, round - 1, base_hash));
+    Directive(PlanMsg(round, 1, participants));
+    Directive(Sharing(round, 1));
+  }
+
+  std::vector<std::string> Run(Actions actions) {
+    std::vector<std::string> done;
+    std::deque<Action> queue(actions.begin(), actions.end());
+    while (!queue.empty()) {
+      Action a = queue.front();
+      queue.pop_front();
+      const std::string entry = absl::StrCat(ActionName(a.kind), ":", a.round);
+      log.push_back(entry);
+      done.push_back(entry);
+      Actions next;
+      switch (a.kind) {
+        case Action::kJoin: {
+          joins.push_back(a.join);
+          absl::StatusOr<shoal::v1::JoinResponse> r = coordinator.Join(a.join);
+          if (r.ok()) next = protocol_.OnJoined(*r);
+          break;
+        }
+        case Action::kOpenSession:
+          EXPECT_TRUE(
+              coordinator.OpenSession(kSelf, absl::Seconds(1), nullptr, nullptr, nullptr).ok());
+          EXPECT_TRUE(coordinator.JoinRound(kSelf, 0).ok());
+          break;
+        case Action::kCatchUp:
+          catch_ups.push_back(a);
+          next = protocol_.OnCaughtUp(a.round, a.hash, catch_up_result);
+          break;
+        case Action::kTrain:
+          clock.Advance(train_time);
+          next = protocol_.OnTrained(a.round, 0.25, 300);
+          break;
+        case Action::kReportReady:
+          next = protocol_.OnReadyReported(a.round, coordinator.ReportReady(a.ready));
+          break;
+        case Action::kProbe: {
+          shoal::v1::ConnectionsReadyRequest req;
+          req.set_worker_id(kSelf);
+          req.set_round(a.round);
+          req.set_attempt(a.attempt);
+          EXPECT_TRUE(coordinator.ConnectionsReady(req).ok());
+          break;
+        }
+        case Action::kExchange:
+          exchanges.push_back(a);
+          clock.Advance(exchange_time);
+          next = protocol_.OnExchanged(a.round, a.attempt, exchange_result, next_exchange_hash);
+          break;
+        case Action::kReportDone:
+          EXPECT_TRUE(coordinator.ReportRoundDone(a.done).ok());
+          evaluated.push_back(a.evaluate);
+          break;
+        case Action::kUpload:
+          uploads.push_back(a);
+          break;
+        case Action::kExit:
+          exit = a.status;
+          exited = true;
+          break;
+        default:
+          break;  // memory actions: the log is what the tests check
+      }
+      queue.insert(queue.begin(), next.begin(), next.end());
+    }
+    return done;
+  }
+
+  std::vector<shoal::v1::JoinRequest> joins;
+  std::vector<Action> catch_ups;
+  std::vector<Action> exchanges;
+  std::vector<Action> uploads;
+  std::vector<bool> evaluated;
+
+ private:
+  static WorkerProtocol::Options MakeOptions(FakeClock* clock) {
+    WorkerProtocol::Options o;
+    o.advertise = kSelfAddress;
+    o.name = "test";
+    o.clock = clock;
+    return o;
+  }
+  WorkerProtocol protocol_;
+};
+
+TEST(WorkerProtocolTest, JoinOpensTheSessionAndAsksForTheEarliestRound) {
+  Harness h;
+  EXPECT_THAT(h.log, ElementsAre("join:0", "open-session:0"));
+  ASSERT_EQ(h.joins.size(), 1u);
+  EXPECT_EQ(h.joins[0].peer_address(), kSelfAddress);
+  EXPECT_EQ(h.joins[0].previous_worker_id(), "");
+  EXPECT_EQ(h.joins[0].model_round(), 0u);
+  EXPECT_EQ(h.coordinator.join_rounds, std::vector<uint64_t>{0});
+  EXPECT_EQ(h.protocol().worker_id(), kSelf);
+}
+
+TEST(WorkerProtocolTest, AWholeRoundTrainsReportsExchangesAndCommits) {
+  Harness h;
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("train:1", "report-ready:1"));
+  ASSERT_EQ(h.coordinator.ready.size(), 1u);
+  EXPECT_EQ(h.coordinator.ready[0].round(), 1u);
+  EXPECT_DOUBLE_EQ(h.coordinator.ready[0].train_loss(), 0.25);
+
+  EXPECT_THAT(h.Directive(PlanMsg(1, 1)),
+              ElementsAre("keep-contribution:1", "serve-plan:1", "probe:1"));
+  ASSERT_EQ(h.coordinator.connections_ready.size(), 1u);
+  EXPECT_EQ(h.coordinator.connections_ready[0].attempt(), 1u);
+
+  EXPECT_THAT(h.Directive(Sharing(1, 1)),
+              ElementsAre("exchange:1", "hold-pending:1", "report-done:1"));
+  ASSERT_EQ(h.coordinator.done.size(), 1u);
+  const auto& done = h.coordinator.done[0];
+  EXPECT_EQ(done.round(), 1u);
+  EXPECT_EQ(done.attempt(), 1u);
+  EXPECT_EQ(done.model_hash(), "h1");
+  // Durations come from the injected clock.
+  EXPECT_DOUBLE_EQ(done.train_seconds(), 2.0);
+  EXPECT_DOUBLE_EQ(done.exchange_seconds(), 0.5);
+  EXPECT_TRUE(h.protocol().pending());
+  EXPECT_EQ(h.protocol().model_round(), 1u);
+  EXPECT_EQ(h.protocol().agreed_round(), 0u);
+
+  EXPECT_THAT(h.Directive(Complete(1, "h1")), ElementsAre("commit:1"));
+  EXPECT_FALSE(h.protocol().pending());
+  EXPECT_EQ(h.protocol().model_hash(), "h1");
+}
+
+TEST(WorkerProtocolTest, EvaluatesEveryEvalEveryRoundsAndTheLast) {
+  Harness h;
+  std::string hash = "h0";
+  for (uint64_t r = 1; r <= 5; ++r) {
+    h.next_exchange_hash = absl::StrCat("h", r);
+    h.RoundUntilPending(r, hash);
+    hash = h.next_exchange_hash;
+    h.Directive(Complete(r, hash));
+  }
+  EXPECT_THAT(h.evaluated, ElementsAre(false, false, false, false, true));
+}
+
+TEST(WorkerProtocolTest, ReplanAfterThisWorkerFinishedVoidsAndExchangesAgain) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  ASSERT_TRUE(h.protocol().pending());
+  // A peer was lost while its exchange was still running: attempt 2 among
+  // the survivors.
+  EXPECT_THAT(h.Directive(PlanMsg(1, 2, 2)),
+              ElementsAre("void:0", "restore-contribution:1", "serve-plan:1", "probe:1"));
+  EXPECT_FALSE(h.protocol().pending());
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_EQ(h.protocol().model_hash(), "h0");
+  h.next_exchange_hash = "h1b";
+  EXPECT_THAT(h.Directive(Sharing(1, 2)),
+              ElementsAre("exchange:1", "hold-pending:1", "report-done:1"));
+  ASSERT_EQ(h.coordinator.done.size(), 2u);
+  EXPECT_EQ(h.coordinator.done[1].attempt(), 2u);
+  EXPECT_EQ(h.coordinator.done[1].model_hash(), "h1b");
+  EXPECT_THAT(h.Directive(Complete(1, "h1b")), ElementsAre("commit:1"));
+}
+
+TEST(WorkerProtocolTest, ReplanBeforeTheExchangeEndedRestoresTheTrainedModel) {
+  Harness h;
+  h.Directive(Start(1, 0, "h0"));
+  h.Directive(PlanMsg(1, 1));
+  h.exchange_result = absl::AbortedError("round aborted");
+  EXPECT_THAT(h.Directive(Sharing(1, 1)), ElementsAre("exchange:1"));  // nothing reported
+  EXPECT_TRUE(h.coordinator.done.empty());
+  h.exchange_result = absl::OkStatus();
+  EXPECT_THAT(h.Directive(PlanMsg(1, 2, 2)),
+              ElementsAre("restore-contribution:1", "serve-plan:1", "probe:1"));
+}
+
+TEST(WorkerProtocolTest, RoundAbortedWhilePendingVoidsAndDropsTheWork) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  EXPECT_THAT(h.Directive(Aborted(1)), ElementsAre("void:0", "drop-work:1"));
+  EXPECT_FALSE(h.protocol().pending());
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_EQ(h.protocol().model_hash(), "h0");
+}
+
+TEST(WorkerProtocolTest, RoundAbortedBeforeTheExchangeDropsTheWorkOnly) {
+  Harness h;
+  h.Directive(Start(1, 0, "h0"));
+  EXPECT_THAT(h.Directive(Aborted(1)), ElementsAre("drop-work:1"));
+  EXPECT_THAT(h.Directive(Aborted(7)), IsEmpty());  // another round
+}
+
+TEST(WorkerProtocolTest, RoundMissedVoidsThePendingRound) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  EXPECT_THAT(h.Directive(Missed(1)), ElementsAre("void:0", "drop-work:1"));
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_THAT(h.Directive(Missed(3)), IsEmpty());
+}
+
+TEST(WorkerProtocolTest, AgreedHashThatDiffersVoidsAndDrops) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  // The others agreed on an attempt this worker missed.
+  EXPECT_THAT(h.Directive(Complete(1, "other")), ElementsAre("void:0", "drop-work:1"));
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  // The next round starts from the agreed model: catch up to it first.
+  EXPECT_THAT(h.Directive(Start(2, 1, "other", {"10.0.0.2:7000", kSelfAddress})),
+              ElementsAre("catch-up:1", "train:2", "report-ready:2"));
+  ASSERT_EQ(h.catch_ups.size(), 1u);
+  EXPECT_EQ(h.catch_ups[0].hash, "other");
+  // Its own address is never a source.
+  EXPECT_THAT(h.catch_ups[0].holders, ElementsAre("10.0.0.2:7000"));
+  EXPECT_EQ(h.protocol().model_hash(), "other");
+}
+
+TEST(WorkerProtocolTest, JoinResponseNamingThePendingRoundCommitsIt) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  h.coordinator.join_response.set_model_round(1);
+  h.coordinator.join_response.set_model_hash("h1");
+  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "commit:1", "open-session:0"));
+  ASSERT_EQ(h.joins.size(), 2u);
+  // The pending round is not claimed.
+  EXPECT_EQ(h.joins[1].previous_worker_id(), kSelf);
+  EXPECT_EQ(h.joins[1].model_round(), 0u);
+  EXPECT_EQ(h.joins[1].model_hash(), "");  // the initial model is named by round 0 alone
+  EXPECT_FALSE(h.protocol().pending());
+  EXPECT_EQ(h.protocol().model_round(), 1u);
+}
+
+TEST(WorkerProtocolTest, JoinResponseNamingTheOlderRoundVoidsThePendingOne) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  h.coordinator.join_response.set_model_round(0);
+  h.coordinator.join_response.set_model_hash("h0");
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "join:0", "void:0", "drop-work:1", "open-session:0"));
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_TRUE(h.catch_ups.empty());
+}
+
+TEST(WorkerProtocolTest, SessionLostDuringTrainingDropsTheWork) {
+  Harness h;
+  h.Directive(Start(1, 0, "h0"));
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "drop-work:1", "join:0", "open-session:0"));
+}
+
+TEST(WorkerProtocolTest, DuplicateStartWeightSharingIsIgnored) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  EXPECT_THAT(h.Directive(Sharing(1, 1)), IsEmpty());
+  EXPECT_EQ(h.exchanges.size(), 1u);
+  EXPECT_TRUE(h.protocol().pending());
+}
+
+TEST(WorkerProtocolTest, StalePlanAttemptsAreIgnored) {
+  Harness h;
+  h.Directive(Start(2, 1, "h0"));  // catch-up to round 1 first
+  h.Directive(PlanMsg(2, 3));
+  // Sharing or a retry of an older attempt, and a plan of another round.
+  EXPECT_THAT(h.Directive(Sharing(2, 2)), IsEmpty());
+  shoal::v1::CoordinatorMessage retry;
+  retry.mutable_retry_connections()->set_round(2);
+  retry.mutable_retry_connections()->set_attempt(2);
+  EXPECT_THAT(h.Directive(retry), IsEmpty());
+  retry.mutable_retry_connections()->set_attempt(3);
+  retry.mutable_retry_connections()->set_retry(1);
+  EXPECT_THAT(h.Directive(retry), ElementsAre("probe:2"));
+  EXPECT_THAT(h.Directive(PlanMsg(5, 1)), IsEmpty());
+  EXPECT_TRUE(h.exchanges.empty());
+}
+
+TEST(WorkerProtocolTest, ANewerRoundStartCommitsThePendingRoundThenCatchesUp) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  // The run moved on without telling this worker round 1's outcome.
+  EXPECT_THAT(h.Directive(Start(3, 2, "h2", {"10.0.0.2:7000"})),
+              ElementsAre("commit:1", "catch-up:2", "train:3", "report-ready:3"));
+  EXPECT_EQ(h.protocol().model_round(), 2u);
+}
+
+TEST(WorkerProtocolTest, FailedCatchUpKeepsTheModel) {
+  Harness h;
+  h.catch_up_result = absl::UnavailableError("no holder");
+  h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"}));
+  EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_EQ(h.protocol().model_hash(), "h0");
+}
+
+TEST(WorkerProtocolTest, CheckpointRequestOfThePendingRoundCommitsAndUploads) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  EXPECT_THAT(h.Directive(Checkpoint(1, "h1")), ElementsAre("commit:1", "upload:1"));
+  ASSERT_EQ(h.uploads.size(), 1u);
+  EXPECT_EQ(h.uploads[0].reason, "");
+  // A round this worker does not hold: the upload reports why.
+  EXPECT_THAT(h.Directive(Checkpoint(4, "h4")), ElementsAre("upload:4"));
+  EXPECT_EQ(h.uploads[1].reason, "holds round 1, not 4");
+}
+
+TEST(WorkerProtocolTest, RefusedReadyDropsTheWork) {
+  Harness h;
+  h.coordinator.ready_status = absl::FailedPreconditionError("round 1 is over");
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+              ElementsAre("train:1", "report-ready:1", "drop-work:1"));
+}
+
+TEST(WorkerProtocolTest, PlanNamingAnUnknownParticipantListRejoins) {
+  Harness h;
+  h.Directive(Start(1, 0, "h0"));
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_round_plan()->set_round(1);
+  m.mutable_round_plan()->set_attempt(1);
+  m.mutable_round_plan()->set_total_elements(300);
+  m.mutable_round_plan()->set_participants_version(77);  // never received
+  EXPECT_THAT(h.Directive(m), ElementsAre("rejoin:0", "drop-work:1", "join:0", "open-session:0"));
+}
+
+TEST(WorkerProtocolTest, PlanByVersionExpandsFromTheKeptList) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  h.Directive(Complete(1, "h1"));
+  h.Directive(Start(2, 1, "h1"));
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_round_plan()->set_round(2);
+  m.mutable_round_plan()->set_attempt(1);
+  m.mutable_round_plan()->set_total_elements(300);
+  m.mutable_round_plan()->set_participants_version(1001);  // round 1's list
+  EXPECT_THAT(h.Directive(m), ElementsAre("keep-contribution:2", "serve-plan:2", "probe:2"));
+  EXPECT_EQ(h.protocol().plan().slices_size(), 3);
+}
+
+TEST(WorkerProtocolTest, EndsOfTheRun) {
+  {
+    Harness h;
+    shoal::v1::CoordinatorMessage m;
+    m.mutable_connection_fail()->set_reason("unreachable");
+    h.Directive(m);
+    EXPECT_TRUE(h.exited);
+    EXPECT_TRUE(absl::IsFailedPrecondition(h.exit));
+  }
+  {
+    Harness h;
+    shoal::v1::CoordinatorMessage m;
+    m.mutable_leave_requested()->set_reason("too many missed rounds");
+    h.Directive(m);
+    EXPECT_TRUE(absl::IsFailedPrecondition(h.exit));
+    EXPECT_NE(h.exit.message().find("too many missed rounds"), absl::string_view::npos);
+  }
+  {
+    Harness h;
+    shoal::v1::CoordinatorMessage m;
+    m.mutable_run_finished()->set_last_round(9);
+    h.Directive(m);
+    EXPECT_TRUE(h.exited);
+    EXPECT_TRUE(h.exit.ok());
+  }
+  {
+    Harness h;
+    EXPECT_THAT(h.Run(h.protocol().OnStopRequested()), ElementsAre("leave:0", "exit:0"));
+    EXPECT_TRUE(h.exit.ok());
+    // Nothing after leaving.
+    EXPECT_THAT(h.Directive(Start(1, 0, "h0")), IsEmpty());
+    EXPECT_THAT(h.SessionClosed(), IsEmpty());
+  }
+}
+
+TEST(WorkerProtocolTest, RejoinWithAnotherConfigurationExits) {
+  Harness h;
+  h.coordinator.join_response.mutable_config()->set_local_steps(99);
+  h.SessionClosed();
+  EXPECT_TRUE(h.exited);
+  EXPECT_TRUE(absl::IsFailedPrecondition(h.exit));
+}
+
+TEST(WorkerProtocolTest, InterruptingDirectives) {
+  EXPECT_TRUE(WorkerProtocol::Interrupts(PlanMsg(1, 2)));
+  EXPECT_TRUE(WorkerProtocol::Interrupts(Aborted(1)));
+  EXPECT_TRUE(WorkerProtocol::Interrupts(Missed(1)));
+  EXPECT_FALSE(WorkerProtocol::Interrupts(Sharing(1, 1)));
+  EXPECT_FALSE(WorkerProtocol::Interrupts(Complete(1, "h")));
+  EXPECT_FALSE(WorkerProtocol::Interrupts(Checkpoint(1, "h")));
+}
+
+}  // namespace
+}  // namespace shoal::worker
