@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "grpc/health/v1/health.pb.h"
 
 namespace shoal {
 
@@ -13,6 +14,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& listen, const std::vector<grpc::Service*>& services) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's health service is not built from a linked .proto, so reflection
+  // would list grpc.health.v1.Health without being able to describe it
+  // (grpcurl: "target server does not expose service"). Using the generated
+  // descriptor links health.pb.cc and registers it in the generated pool,
+  // where reflection looks.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||

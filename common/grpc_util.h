@@ -1,5 +1,6 @@
 // Server start-up and client channels, configured once for every Shoal
-// binary: health service, reflection, message size limits, port 0 binding.
+// binary: health service (described to reflection too), reflection, message
+// size limits, port 0 binding.
 #ifndef SHOAL_COMMON_GRPC_UTIL_H_
 #define SHOAL_COMMON_GRPC_UTIL_H_
 

@@ -11,3 +11,6 @@ target_link_libraries(shoal-chaos PRIVATE test_support shoal_protos shoal_common
 add_dependencies(shoal-chaos shoal-coordinator shoal-worker)
 shoal_test(checkpoint_run_test e2e e2e/checkpoint_run_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(checkpoint_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+# --help of every binary lists its own flags (quick; no cluster).
+shoal_test(help_test e2e e2e/help_test.cc)
+add_dependencies(help_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)

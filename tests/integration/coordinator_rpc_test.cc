@@ -18,7 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "common/grpc_util.h"
 #include "common/status_util.h"
 #include "gmock/gmock.h"
@@ -26,6 +25,7 @@
 #include "services/coordinator/coordinator_server.h"
 #include "services/worker/coordinator_client.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
+#include "tests/support/coordinator_fixture.h"
 #include "tests/support/test_support.h"
 
 namespace shoal {
@@ -146,26 +146,13 @@ struct TestWorker {
 class CoordinatorRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    CoordinatorOptions options;
-    options.listen = "127.0.0.1:0";
-    auto& c = options.engine.config;
-    c.set_model("mlp");
-    c.set_learning_rate(0.05);
-    c.set_momentum(0.9);
-    c.set_batch_size(32);
-    c.set_local_steps(5);
-    c.set_min_participants(2);
-    c.set_rounds(2);
-    c.set_seed(42);
-    c.set_data_shards(2);
-    c.set_eval_every(1);
-    c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
-    options.engine.run_id = "run-integration";
+    CoordinatorOptions options = testing::TestCoordinatorOptions("run-integration");
+    options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
     options.engine.heartbeat_lease = kLease;
     // Long: several tests use workers that never open a session.
     options.engine.session_grace = absl::Seconds(60);
     options.tick_interval = absl::Milliseconds(50);
-    auto server = CoordinatorServer::Start(options, RealClock::Get());
+    auto server = testing::StartTestCoordinator(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     stub_ = v1::Coordinator::NewStub(MakeChannel(server_->address()));

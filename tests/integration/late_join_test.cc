@@ -9,7 +9,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,13 +56,7 @@ std::vector<LayerSpan> Layers() {
           {"fc2.bias", 1'499'000, 1'000}};
 }
 
-std::vector<float> RandomModel(uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> v(kTotal);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+std::vector<float> RandomModel(uint32_t seed) { return testing::RandomModel(kTotal, seed); }
 
 // One worker holding the averaged model of kRound in its snapshot and
 // serving it, paced at `bytes_per_second` (0: unpaced).

@@ -17,3 +17,7 @@ shoal_warnings(shoal-reflect-call)
 add_dependencies(reflection_test shoal-reflect-call)
 shoal_test(late_join_test integration ${CMAKE_CURRENT_LIST_DIR}/late_join_test.cc
   LIBS worker_lib checkpoint_service checkpoint_client)
+# The shared coordinator set-up; the peer and checkpoint servers of the
+# health-through-reflection tests.
+target_link_libraries(coordinator_rpc_test PRIVATE test_coordinator)
+target_link_libraries(reflection_test PRIVATE test_coordinator checkpoint_service worker_lib)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -45,6 +46,14 @@ std::string BinDir() {
 std::string DataDir() {
   const char* dir = std::getenv("SHOAL_DATA_DIR");
   return dir ? dir : "/usr/share/datasets/fashion-mnist";
+}
+
+std::vector<float> RandomModel(size_t elements, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> v(elements);
+  for (float& x : v) x = dist(rng);
+  return v;
 }
 
 std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv,

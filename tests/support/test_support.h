@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +34,10 @@ std::string BinDir();
 
 // Fashion-MNIST directory (SHOAL_DATA_DIR or Debian's default).
 std::string DataDir();
+
+// `elements` floats drawn uniformly from [-1, 1) by std::mt19937(seed): a
+// model whose values are reproducible and different for each seed.
+std::vector<float> RandomModel(size_t elements, uint32_t seed);
 
 // A child process running a built binary, its stdout and stderr in a log
 // file. The destructor stops it by PID (SIGTERM, then SIGKILL after 5 s), so

@@ -1,0 +1,66 @@
+// Every binary's --help lists its own flags (they live in its main.cc, which
+// Abseil would not count as the program's file on its own; see
+// common/flags_usage.h). Runs the built binaries as processes.
+#include <unistd.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/test_support.h"
+
+namespace shoal {
+namespace {
+
+using ::shoal::testing::BinDir;
+using ::shoal::testing::Process;
+using ::shoal::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct HelpCase {
+  std::string binary;
+  std::vector<std::string> flags;  // some flags of the binary's main.cc
+};
+
+void PrintTo(const HelpCase& c, std::ostream* os) { *os << c.binary; }
+
+class HelpTest : public ::testing::TestWithParam<HelpCase> {};
+
+TEST_P(HelpTest, ListsTheBinarysOwnFlags) {
+  const HelpCase& c = GetParam();
+  const std::string path = BinDir() + "/" + c.binary;
+  ASSERT_EQ(access(path.c_str(), X_OK), 0) << path << " missing (set SHOAL_BIN_DIR)";
+  TempDir dir;
+  // The destructor stops it by PID if it is still running.
+  std::unique_ptr<Process> p = Process::Start({path, "--help"}, dir.path() + "/help.log");
+  const int code = p->Wait(absl::Seconds(30));
+  const std::string out = p->Log();
+  // Abseil exits with 1 after printing the help.
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, Not(HasSubstr("No flags matched"))) << out;
+  EXPECT_THAT(out, HasSubstr(c.binary + ": ")) << out;  // the usage message
+  for (const std::string& flag : c.flags) EXPECT_THAT(out, HasSubstr(flag)) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Binaries, HelpTest,
+    ::testing::Values(HelpCase{"shoal-coordinator",
+                               {"--listen", "--min_participants", "--checkpoint_store"}},
+                      HelpCase{"shoal-worker", {"--coordinator", "--listen", "--data_dir"}},
+                      HelpCase{"shoal-checkpoint", {"--listen", "--data_dir", "--retain"}},
+                      HelpCase{"shoalctl", {"--coordinator", "--json"}}),
+    [](const ::testing::TestParamInfo<HelpCase>& info) {
+      std::string name;
+      for (char ch : info.param.binary) {
+        if (ch != '-') name += ch;
+      }
+      return name;
+    });
+
+}  // namespace
+}  // namespace shoal

@@ -1,0 +1,31 @@
+#include "tests/support/coordinator_fixture.h"
+
+#include "common/clock.h"
+
+namespace shoal::testing {
+
+coordinator::CoordinatorOptions TestCoordinatorOptions(const std::string& run_id) {
+  coordinator::CoordinatorOptions options;
+  options.listen = "127.0.0.1:0";
+  options.engine.run_id = run_id;
+  auto& c = options.engine.config;
+  c.set_model("mlp");
+  c.set_learning_rate(0.05);
+  c.set_momentum(0.9);
+  c.set_batch_size(32);
+  c.set_local_steps(5);
+  c.set_min_participants(2);
+  c.set_rounds(2);
+  c.set_seed(42);
+  c.set_data_shards(2);
+  c.set_eval_every(1);
+  c.set_heartbeat_interval_ms(500);
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartTestCoordinator(
+    const coordinator::CoordinatorOptions& options) {
+  return coordinator::CoordinatorServer::Start(options, RealClock::Get());
+}
+
+}  // namespace shoal::testing
