@@ -8,6 +8,15 @@
 // delivers them after the call returns (the engine never calls out). Tick()
 // applies every timeout; nothing waits inside the engine.
 //
+// The decisions themselves (who is admitted, when a round starts, the
+// connection barrier, the hash vote, deadlines, leases, checkpoint uploads)
+// are pure functions in round_decisions.h; the engine gathers their inputs,
+// calls them and carries the result out. The implementation is split by
+// concern: round_engine.cc (bookkeeping, indexes, versions, Tick),
+// round_engine_membership.cc (join, admission, sessions, departures),
+// round_engine_phases.cc (start, plan, barrier, sharing, completion,
+// deadlines), round_engine_checkpoints.cc and round_engine_status.cc.
+//
 // Thread-safe: one mutex guards all state.
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_ROUND_ENGINE_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_ROUND_ENGINE_H_
@@ -28,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "services/coordinator/core/round_decisions.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
@@ -104,7 +114,8 @@ class RoundEngine {
   shoal::v1::RunStatus Status() const;
   // The record to persist (run id, config, counters).
   shoal::v1::RunRecord Record() const;
-  // Increments whenever Record() changes; the server persists on change.
+  // Increments whenever Record() changes (once per call that changed it);
+  // the server persists on change.
   uint64_t record_version() const;
   bool finished() const;
   uint64_t last_completed_round() const;
@@ -125,6 +136,24 @@ class RoundEngine {
 
  private:
   enum class MemberState { kWaiting, kTraining, kReady, kSharing, kLeft, kEvicted };
+
+  // The one place status_version_ and record_version_ move. Each public call
+  // that may change the state declares a Changes right after taking mu_;
+  // the code it runs marks what changed (MarkStatusChanged,
+  // MarkRecordChanged) and the Changes bumps each version at most once
+  // when the call returns, still under mu_. A record change is a status
+  // change too.
+  class Changes {
+   public:
+    explicit Changes(RoundEngine* engine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine->mu_);
+    // Runs before the MutexLock declared ahead of it releases mu_.
+    ~Changes() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+    Changes(const Changes&) = delete;
+    Changes& operator=(const Changes&) = delete;
+
+   private:
+    RoundEngine* const engine_;
+  };
   struct Member {
     std::string id;
     std::string address;
@@ -156,6 +185,11 @@ class RoundEngine {
   };
 
   static const char* StateName(MemberState s);
+  // Something Status() reports changed (not the passing of time).
+  void MarkStatusChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Something Record() reports changed (worker numbering, the agreed model,
+  // the checkpoint, finished).
+  void MarkRecordChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Participants and the queue: an ordered vector (join order decides the
   // plan's slice order) plus a hash set for O(1) membership tests, and the
@@ -197,9 +231,22 @@ class RoundEngine {
   void MaybeSendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendPlan(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartSharing(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ConnectionTimeout(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> FailingPeers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies DecideConnectionBarrier after a report (kReport) or at the
+  // connection deadline (kDeadline).
+  void ApplyConnectionBarrier(ConnectionEvent event, Directives* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetryConnections(const std::string& reason, Directives* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictFailingPeers(const std::string& reason, Directives* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindFailingPeers over the current participants.
+  FailingPeers ComputeFailingPeers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteRound(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parts of Tick: member leases, the checkpoint upload in progress and
+  // the round's running deadline.
+  void ExpireLeases(absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WatchCheckpoint(absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyRoundDeadline(absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker sits the round out; it stays a member (queued for the next
   // round) unless it missed too many in a row.
   void MissRound(const std::string& worker_id, const std::string& reason, Directives* out)
@@ -266,8 +313,11 @@ class RoundEngine {
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);
+  // Moved only by Changes; the flags collect one call's changes.
   uint64_t record_version_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t status_version_ ABSL_GUARDED_BY(mu_) = 1;
+  bool record_changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool status_changed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string checkpoint_id_ ABSL_GUARDED_BY(mu_);
   uint64_t checkpoint_round_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,0 +1,95 @@
+// RoundEngine, checkpoints: who uploads a round's model
+// (DecideCheckpointUploader), its report, and moving an upload that stalls
+// or loses its worker (DecideCheckpointWatch).
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "services/coordinator/core/round_decisions.h"
+#include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/round_engine_internal.h"
+
+namespace shoal::coordinator {
+
+using internal::Share;
+using shoal::v1::CoordinatorMessage;
+
+void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
+  pending_checkpoint_round_ = 0;
+  pending_checkpoint_worker_.clear();
+  std::vector<CheckpointCandidate> candidates;
+  candidates.reserve(members_.size());
+  for (const auto& [id, m] : members_) {
+    candidates.push_back({id, m.model_round == round && m.model_hash == agreed_hash_});
+  }
+  const CheckpointUploaderDecision uploader =
+      DecideCheckpointUploader(candidates, checkpoint_tried_, options_.checkpointers);
+  switch (uploader.action) {
+    case CheckpointUploaderDecision::Action::kGiveUp:
+      SHOAL_LOG(WARNING) << "checkpoint of round " << round << " " << uploader.reason
+                         << "; the next checkpoint round will try again";
+      return;
+    case CheckpointUploaderDecision::Action::kNoneLeft:
+      SHOAL_LOG(WARNING) << "checkpoint of round " << round << ": " << uploader.reason
+                         << "; the next checkpoint round will try again";
+      return;
+    case CheckpointUploaderDecision::Action::kAssign:
+      break;
+  }
+  const std::string& id = uploader.worker_id;
+  checkpoint_tried_.insert(id);
+  pending_checkpoint_round_ = round;
+  pending_checkpoint_worker_ = id;
+  pending_checkpoint_since_ = clock_->Now();
+  CoordinatorMessage msg;
+  msg.mutable_checkpoint_request()->set_round(round);
+  msg.mutable_checkpoint_request()->set_model_hash(agreed_hash_);
+  msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
+  out->push_back({id, Share(std::move(msg))});
+  SHOAL_LOG(INFO) << "checkpoint of round " << round << " assigned to " << id;
+}
+
+absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
+                                           Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  auto found = FindActive(request.worker_id());
+  if (!found.ok()) return found.status();
+  MarkStatusChanged();
+  if (pending_checkpoint_round_ == 0 || request.round() != pending_checkpoint_round_ ||
+      request.worker_id() != pending_checkpoint_worker_) {
+    return absl::FailedPreconditionError(absl::StrCat("no checkpoint of round ", request.round(),
+                                                      " is expected from ", request.worker_id()));
+  }
+  if (!request.error().empty() || request.checkpoint_id().empty()) {
+    SHOAL_LOG(WARNING) << "checkpoint of round " << request.round() << " by " << request.worker_id()
+                       << " failed: " << request.error();
+    AssignCheckpoint(request.round(), out);
+    return absl::OkStatus();
+  }
+  checkpoint_id_ = request.checkpoint_id();
+  checkpoint_round_ = request.round();
+  pending_checkpoint_round_ = 0;
+  pending_checkpoint_worker_.clear();
+  MarkRecordChanged();
+  SHOAL_LOG(INFO) << "checkpoint " << checkpoint_id_ << " of round " << checkpoint_round_
+                  << " stored by " << request.worker_id();
+  return absl::OkStatus();
+}
+
+void RoundEngine::WatchCheckpoint(absl::Time now, Directives* out) {
+  if (pending_checkpoint_round_ == 0) return;  // the common case, without building a reason
+  CheckpointWatch watch;
+  watch.pending_round = pending_checkpoint_round_;
+  watch.worker_id = pending_checkpoint_worker_;
+  watch.worker_active = index_.contains(pending_checkpoint_worker_);
+  watch.since = pending_checkpoint_since_;
+  const CheckpointWatchDecision decision =
+      DecideCheckpointWatch(watch, options_.checkpoint_timeout, now);
+  if (!decision.reassign) return;
+  MarkStatusChanged();
+  SHOAL_LOG(WARNING) << "checkpoint: " << decision.reason << "; reassigning";
+  AssignCheckpoint(pending_checkpoint_round_, out);
+}
+
+}  // namespace shoal::coordinator

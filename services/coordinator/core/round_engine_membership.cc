@@ -1,0 +1,303 @@
+// RoundEngine, membership: Join, sessions and heartbeats, admission to a
+// round (DecideAdmission), sitting a round out, departures and leases.
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "services/coordinator/core/round_decisions.h"
+#include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/round_engine_internal.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using internal::IsHexSha256;
+using internal::Share;
+using shoal::v1::CoordinatorMessage;
+
+// Whether two heartbeats carry the same sync progress (what Status() shows).
+bool SameProgress(const shoal::v1::Heartbeat& a, const shoal::v1::Heartbeat& b) {
+  return a.syncing() == b.syncing() && a.sync_bytes_done() == b.sync_bytes_done() &&
+         a.sync_bytes_total() == b.sync_bytes_total() && a.sync_sources() == b.sync_sources();
+}
+
+absl::Status ValidatePeerAddress(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("peer_address is empty");
+  if (address.size() > 256) return absl::InvalidArgumentError("peer_address is too long");
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer_address '", address, "' is not host:port with a port in 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
+bool ValidWorkerId(const std::string& id) {
+  uint64_t n = 0;
+  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0;
+}
+
+}  // namespace
+
+absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request) {
+  if (absl::Status s = ValidatePeerAddress(request.peer_address()); !s.ok()) return s;
+  if (!request.model_hash().empty() && !IsHexSha256(request.model_hash())) {
+    return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
+  }
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  if (phase_ == shoal::v1::FINISHED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", options_.run_id, " is finished after round ", last_completed_round_));
+  }
+  MarkStatusChanged();
+  const absl::Time now = clock_->Now();
+  JoinResult result;
+  Member* member = nullptr;
+  const std::string& previous = request.previous_worker_id();
+  if (!previous.empty()) {
+    auto it = index_.find(previous);
+    if (it != index_.end()) member = it->second;
+  }
+  if (member == nullptr) {
+    // A new worker at the address of an active member means that member's
+    // process is gone (its port was reused).
+    for (auto it = members_.begin(); it != members_.end(); ++it) {
+      if (it->second.address == request.peer_address()) {
+        RemoveMember(it->first, MemberState::kLeft, "replaced by a new worker at the same address",
+                     &result.directives);
+        break;
+      }
+    }
+    std::set<uint32_t> used;
+    for (const auto& [id, m] : members_) used.insert(m.data_rank);
+    Member m;
+    // After a coordinator restart, workers keep their ids and data ranks.
+    bool departed = false;
+    for (const Member& d : departed_) departed |= d.id == previous;
+    if (ValidWorkerId(previous) && !departed) {
+      m.id = previous;
+      uint64_t n = 0;
+      (void)absl::SimpleAtoi(previous.substr(1), &n);
+      next_worker_number_ = std::max(next_worker_number_, n + 1);
+    } else {
+      m.id = absl::StrCat("w", next_worker_number_++);
+    }
+    // The worker numbering is durable.
+    MarkRecordChanged();
+    if (request.has_previous_data_rank() && !used.count(request.previous_data_rank())) {
+      m.data_rank = request.previous_data_rank();
+    } else {
+      uint32_t rank = 0;
+      while (used.count(rank)) ++rank;
+      m.data_rank = rank;
+    }
+    m.joined_at = now;
+    member = &members_.emplace(m.id, std::move(m)).first->second;
+    index_[member->id] = member;
+    SHOAL_LOG(INFO) << "member joined: " << member->id << " at " << request.peer_address()
+                    << " data_rank=" << member->data_rank
+                    << " model_round=" << request.model_round() << " round=" << round_
+                    << " members=" << members_.size();
+  } else {
+    SHOAL_LOG(INFO) << "member re-joined: " << member->id << " at " << request.peer_address();
+  }
+  member->address = request.peer_address();
+  member->name = request.name();
+  member->connected = false;
+  member->plan_list_known = 0;
+  member->last_seen = now;
+  member->model_round = request.model_round();
+  member->model_hash = request.model_hash();
+
+  // After a restart, workers may hold a round the record had not saved yet
+  // (the coordinator died between their reports and the write): adopt it.
+  if (fresh_start_ && request.model_round() > last_completed_round_ &&
+      !request.model_hash().empty() && phase_ == shoal::v1::WAITING_FOR_MEMBERS &&
+      participants_.empty()) {
+    SHOAL_LOG(WARNING) << "worker " << member->id << " holds round " << request.model_round()
+                       << ", newer than the record's " << last_completed_round_
+                       << "; continuing from it";
+    last_completed_round_ = request.model_round();
+    agreed_hash_ = request.model_hash();
+    round_ = last_completed_round_ + 1;
+    MarkRecordChanged();
+  }
+
+  auto& r = result.response;
+  r.set_worker_id(member->id);
+  r.set_data_rank(member->data_rank);
+  *r.mutable_config() = options_.config;
+  r.set_run_id(options_.run_id);
+  r.set_next_round(NextOpenRound(phase_, round_, any_ready_));
+  r.set_model_round(last_completed_round_);
+  r.set_model_hash(agreed_hash_);
+  for (const std::string& h : Holders()) {
+    if (h != member->address) r.add_holders(h);
+  }
+  r.set_checkpoint_id(checkpoint_id_);
+  r.set_checkpoint_round(checkpoint_round_);
+  return result;
+}
+
+absl::Status RoundEngine::Connect(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  auto member = FindActive(worker_id);
+  if (!member.ok()) return member.status();
+  MarkStatusChanged();
+  (*member)->connected = true;
+  (*member)->plan_list_known = 0;  // a new session has no participant list yet
+  (*member)->last_seen = clock_->Now();
+  return absl::OkStatus();
+}
+
+absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
+                                    const shoal::v1::Heartbeat& heartbeat) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  auto member = FindActive(worker_id);
+  if (!member.ok()) return member.status();
+  (*member)->last_seen = clock_->Now();
+  // A heartbeat that only refreshes last_seen leaves a cached status valid
+  // (the service bounds its age); sync progress is shown, so it counts.
+  if (!SameProgress((*member)->progress, heartbeat)) MarkStatusChanged();
+  (*member)->progress = heartbeat;
+  return absl::OkStatus();
+}
+
+Directives RoundEngine::Disconnect(const std::string& worker_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  Directives out;
+  if (index_.contains(worker_id)) {
+    MarkStatusChanged();
+    RemoveMember(worker_id, MemberState::kLeft, reason, &out);
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, uint64_t round,
+                                                Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  auto found = FindActive(worker_id);
+  if (!found.ok()) return found.status();
+  Member* member = *found;
+  AdmissionInput in;
+  in.phase = phase_;
+  in.round = round_;
+  in.any_ready = any_ready_;
+  in.requested = round;
+  in.participant = IsParticipant(worker_id);
+  in.queued = IsQueued(worker_id);
+  const AdmissionDecision admission = DecideAdmission(in);
+  using Action = AdmissionDecision::Action;
+  if (admission.action == Action::kReject) {
+    return absl::FailedPreconditionError(admission.reason);
+  }
+  MarkStatusChanged();
+  if (admission.action == Action::kAlreadyIn) return admission.round;  // a retried call
+  member->last_seen = clock_->Now();
+  switch (admission.action) {
+    case Action::kQueueForThisRound:
+      Enqueue(worker_id);
+      SHOAL_LOG(INFO) << "member " << worker_id << " waits for round " << round_ << " ("
+                      << queued_.size() << "/" << options_.config.min_participants() << ")";
+      MaybeStartRound(out);
+      break;
+    case Action::kJoinRunningRound:
+      ResetRoundFlags(*member);
+      AddParticipant(worker_id);
+      member->state = MemberState::kTraining;
+      out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(*member)))});
+      SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
+                      << " participants=" << participants_.size();
+      break;
+    default:
+      Enqueue(worker_id);
+      SHOAL_LOG(INFO) << "member " << worker_id << ": " << admission.reason;
+      break;
+  }
+  return admission.round;
+}
+
+void RoundEngine::MissRound(const std::string& worker_id, const std::string& reason,
+                            Directives* out) {
+  Member& m = At(worker_id);
+  RemoveParticipant(worker_id);
+  ++m.missed_in_row;
+  m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
+  m.state = MemberState::kWaiting;
+  ResetRoundFlags(m);
+  SHOAL_LOG(WARNING) << "worker " << worker_id << " sits out round " << round_ << ": " << reason
+                     << " (" << m.missed_in_row << " in a row)";
+  const MissedRoundDecision missed =
+      DecideMissedRound(m.missed_in_row, options_.max_missed_rounds, reason);
+  if (missed.evict) {
+    CoordinatorMessage msg;
+    msg.mutable_leave_requested()->set_reason(missed.reason);
+    out->push_back({worker_id, Share(std::move(msg))});
+    Depart(worker_id, MemberState::kEvicted, missed.reason);
+    return;
+  }
+  CoordinatorMessage msg;
+  msg.mutable_round_missed()->set_round(round_);
+  msg.mutable_round_missed()->set_reason(reason);
+  out->push_back({worker_id, Share(std::move(msg))});
+  Enqueue(worker_id);  // takes part again from the next round
+}
+
+bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason) {
+  auto it = members_.find(worker_id);
+  if (it == members_.end()) return false;
+  // Out of the round first: its flags leave the counters with it.
+  const bool was_participant = RemoveParticipant(worker_id);
+  Dequeue(worker_id);
+  Member gone = std::move(it->second);
+  index_.erase(worker_id);
+  members_.erase(it);
+  ++departures_;
+  gone.state = why;
+  gone.reason = reason;
+  gone.connected = false;
+  SHOAL_LOG(INFO) << "member " << (why == MemberState::kEvicted ? "evicted" : "left") << ": "
+                  << worker_id << " round=" << round_ << " reason=\"" << reason
+                  << "\" members=" << members_.size();
+  departed_.push_back(std::move(gone));
+  while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
+  return was_participant;
+}
+
+void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
+                               const std::string& reason, Directives* out) {
+  if (!Depart(worker_id, why, reason)) return;
+  if (phase_ == shoal::v1::TRAINING) {
+    if (participants_.empty()) {
+      phase_ = shoal::v1::WAITING_FOR_MEMBERS;
+      MaybeStartRound(out);
+    } else {
+      // Before sharing the round goes on without the worker.
+      MaybeSendPlan(out);
+    }
+  } else if (phase_ == shoal::v1::SHARING) {
+    Replan(absl::StrCat("participant ", worker_id, " lost: ", reason), out);
+  }
+}
+
+void RoundEngine::ExpireLeases(absl::Time now, Directives* out) {
+  std::vector<std::pair<std::string, std::string>> expired;
+  for (const auto& [id, m] : members_) {
+    LeaseDecision lease = DecideLease(m.connected, m.last_seen, options_.heartbeat_lease,
+                                      options_.session_grace, now);
+    if (lease.expired) expired.emplace_back(id, std::move(lease.reason));
+  }
+  if (!expired.empty()) MarkStatusChanged();
+  for (const auto& [id, reason] : expired) RemoveMember(id, MemberState::kEvicted, reason, out);
+}
+
+}  // namespace shoal::coordinator

@@ -1,0 +1,155 @@
+// RoundEngine, what it reports: Status() (with its phase detail), the
+// durable Record() and the plain accessors.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/core/round_engine.h"
+
+namespace shoal::coordinator {
+
+const char* RoundEngine::StateName(MemberState s) {
+  switch (s) {
+    case MemberState::kWaiting:
+      return "waiting";
+    case MemberState::kTraining:
+      return "training";
+    case MemberState::kReady:
+      return "ready";
+    case MemberState::kSharing:
+      return "sharing";
+    case MemberState::kLeft:
+      return "left";
+    case MemberState::kEvicted:
+      return "evicted";
+  }
+  return "unknown";
+}
+
+std::string RoundEngine::PhaseDetail() const {
+  const uint32_t min = std::max<uint32_t>(1, options_.config.min_participants());
+  switch (phase_) {
+    case shoal::v1::WAITING_FOR_MEMBERS:
+      return absl::StrCat(queued_.size(), " of ", min, " participants needed for round ", round_,
+                          " (", members_.size(), " members)");
+    case shoal::v1::TRAINING:
+      return absl::StrCat(ready_count_, "/", participants_.size(), " participants ready");
+    case shoal::v1::SHARING: {
+      if (!sharing_started_) {
+        return absl::StrCat("connecting: ", connected_count_, "/", participants_.size(),
+                            " participants reached their peers (attempt ", attempt_, ", retry ",
+                            connection_retries_, "/", options_.max_connection_retry, ")");
+      }
+      return absl::StrCat(done_count_, "/", participants_.size(),
+                          " participants done sharing (attempt ", attempt_, ")");
+    }
+    case shoal::v1::FINISHED:
+      return absl::StrCat("finished after round ", last_completed_round_);
+    default:
+      return "";
+  }
+}
+
+shoal::v1::RunStatus RoundEngine::Status() const {
+  absl::MutexLock lock(&mu_);
+  return StatusLocked();
+}
+
+shoal::v1::RunStatus RoundEngine::Status(uint64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  *version = status_version_;
+  return StatusLocked();
+}
+
+uint64_t RoundEngine::departures() const {
+  absl::MutexLock lock(&mu_);
+  return departures_;
+}
+
+uint64_t RoundEngine::status_version() const {
+  absl::MutexLock lock(&mu_);
+  return status_version_;
+}
+
+shoal::v1::RunStatus RoundEngine::StatusLocked() const {
+  const absl::Time now = clock_->Now();
+  shoal::v1::RunStatus s;
+  s.set_run_id(options_.run_id);
+  s.set_phase(phase_);
+  s.set_round(round_);
+  s.set_last_completed_round(last_completed_round_);
+  s.set_min_participants(options_.config.min_participants());
+  s.set_members(members_.size());
+  for (const auto& id : participants_) s.add_participants(id);
+  *s.mutable_config() = options_.config;
+  for (const auto& r : recent_rounds_) *s.add_recent_rounds() = r;
+  s.set_started_unix_ms(absl::ToUnixMillis(started_at_));
+  s.set_model_hash(agreed_hash_);
+  s.set_detail(PhaseDetail());
+  s.set_connection_retries(connection_retries_);
+  s.set_attempt(phase_ == shoal::v1::SHARING ? attempt_ : 0);
+  s.set_queued(queued_.size());
+  s.set_checkpoint_id(checkpoint_id_);
+  s.set_checkpoint_round(checkpoint_round_);
+  if (pending_checkpoint_round_ > 0) {
+    s.set_checkpoint_pending(
+        absl::StrCat("round ", pending_checkpoint_round_, " by ", pending_checkpoint_worker_));
+  }
+  auto add = [&](const Member& m, bool active) {
+    auto* w = s.add_workers();
+    w->set_id(m.id);
+    w->set_address(m.address);
+    w->set_state(active && m.progress.syncing() ? "syncing" : StateName(m.state));
+    w->set_model_hash(m.model_hash);
+    w->set_model_round(m.model_round);
+    w->set_test_accuracy(m.metrics.test_accuracy());
+    w->set_test_loss(m.metrics.test_loss());
+    w->set_metrics_round(m.metrics_round);
+    w->set_train_loss(m.train_loss);
+    w->set_data_rank(m.data_rank);
+    if (active) w->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - m.last_seen));
+    w->set_rounds_completed(m.rounds_completed);
+    w->set_reason(m.reason);
+    w->set_rounds_missed(m.missed_in_row);
+    w->set_missed_reason(m.missed_reason);
+    if (active && m.progress.syncing()) {
+      w->set_sync_bytes_done(m.progress.sync_bytes_done());
+      w->set_sync_bytes_total(m.progress.sync_bytes_total());
+      w->set_sync_sources(m.progress.sync_sources());
+    }
+  };
+  for (const auto& [id, m] : members_) add(m, true);
+  for (const auto& m : departed_) add(m, false);
+  return s;
+}
+
+shoal::v1::RunRecord RoundEngine::Record() const {
+  absl::MutexLock lock(&mu_);
+  shoal::v1::RunRecord r;
+  r.set_run_id(options_.run_id);
+  *r.mutable_config() = options_.config;
+  r.set_last_completed_round(last_completed_round_);
+  r.set_model_hash(agreed_hash_);
+  r.set_next_worker_number(next_worker_number_);
+  r.set_checkpoint_id(checkpoint_id_);
+  r.set_checkpoint_round(checkpoint_round_);
+  r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  r.set_finished(phase_ == shoal::v1::FINISHED);
+  return r;
+}
+
+uint64_t RoundEngine::record_version() const {
+  absl::MutexLock lock(&mu_);
+  return record_version_;
+}
+
+bool RoundEngine::finished() const {
+  absl::MutexLock lock(&mu_);
+  return phase_ == shoal::v1::FINISHED;
+}
+
+uint64_t RoundEngine::last_completed_round() const {
+  absl::MutexLock lock(&mu_);
+  return last_completed_round_;
+}
+
+}  // namespace shoal::coordinator

@@ -1,0 +1,508 @@
+// Unit tests of the round engine's pure decisions (round_decisions.h): each
+// branch with the reason it gives. No engine, no clock object: time is a
+// value passed in.
+#include "services/coordinator/core/round_decisions.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+const absl::Time kNow = absl::FromUnixSeconds(1'000'000);
+
+std::string Hash(char c) { return std::string(64, c); }
+
+// ---------------------------------------------------------------- Admission
+
+TEST(NextOpenRoundTest, CurrentRoundWhileWaitingOrTrainingWithNobodyReady) {
+  EXPECT_EQ(NextOpenRound(v1::WAITING_FOR_MEMBERS, 4, false), 4u);
+  EXPECT_EQ(NextOpenRound(v1::WAITING_FOR_MEMBERS, 4, true), 4u);
+  EXPECT_EQ(NextOpenRound(v1::TRAINING, 4, false), 4u);
+  EXPECT_EQ(NextOpenRound(v1::TRAINING, 4, true), 5u);
+  EXPECT_EQ(NextOpenRound(v1::SHARING, 4, true), 5u);
+}
+
+AdmissionInput Admission(v1::Phase phase, uint64_t requested) {
+  AdmissionInput in;
+  in.phase = phase;
+  in.round = 4;
+  in.requested = requested;
+  return in;
+}
+
+TEST(DecideAdmissionTest, FinishedRunRejects) {
+  const AdmissionDecision d = DecideAdmission(Admission(v1::FINISHED, 4));
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kReject);
+  EXPECT_EQ(d.reason, "run is finished");
+}
+
+TEST(DecideAdmissionTest, StaleRoundRejects) {
+  const AdmissionDecision d = DecideAdmission(Admission(v1::TRAINING, 3));
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kReject);
+  EXPECT_EQ(d.reason, "round 3 is stale: the run is at round 4");
+}
+
+TEST(DecideAdmissionTest, RoundBeyondTheNextRejects) {
+  const AdmissionDecision d = DecideAdmission(Admission(v1::TRAINING, 6));
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kReject);
+  EXPECT_EQ(d.reason, "round 6 is in the future: the run is at round 4");
+}
+
+TEST(DecideAdmissionTest, ParticipantIsAlreadyIn) {
+  AdmissionInput in = Admission(v1::SHARING, 4);
+  in.participant = true;
+  const AdmissionDecision d = DecideAdmission(in);
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kAlreadyIn);
+  EXPECT_EQ(d.round, 4u);
+  EXPECT_EQ(d.reason, "already a participant of round 4");
+}
+
+TEST(DecideAdmissionTest, QueuedIsAlreadyInForTheRoundItWaitsFor) {
+  AdmissionInput in = Admission(v1::WAITING_FOR_MEMBERS, 0);
+  in.queued = true;
+  AdmissionDecision d = DecideAdmission(in);
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kAlreadyIn);
+  EXPECT_EQ(d.round, 4u);
+  EXPECT_EQ(d.reason, "already queued for round 4");
+
+  in.phase = v1::SHARING;
+  d = DecideAdmission(in);
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kAlreadyIn);
+  EXPECT_EQ(d.round, 5u);
+  EXPECT_EQ(d.reason, "already queued for round 5");
+}
+
+TEST(DecideAdmissionTest, WaitingRunQueuesForThisRound) {
+  // 0 is the earliest open round; the next one is fine too while waiting.
+  for (uint64_t requested : {0, 4, 5}) {
+    const AdmissionDecision d = DecideAdmission(Admission(v1::WAITING_FOR_MEMBERS, requested));
+    EXPECT_EQ(d.action, AdmissionDecision::Action::kQueueForThisRound) << requested;
+    EXPECT_EQ(d.round, 4u);
+    EXPECT_EQ(d.reason, "round 4 has not started: queued for it");
+  }
+}
+
+TEST(DecideAdmissionTest, TrainingWithNobodyReadyJoinsTheRunningRound) {
+  for (uint64_t requested : {0, 4}) {
+    const AdmissionDecision d = DecideAdmission(Admission(v1::TRAINING, requested));
+    EXPECT_EQ(d.action, AdmissionDecision::Action::kJoinRunningRound) << requested;
+    EXPECT_EQ(d.round, 4u);
+    EXPECT_EQ(d.reason, "round 4 is training and nobody is ready yet: joins it");
+  }
+}
+
+TEST(DecideAdmissionTest, ClosedJoinWindowQueuesForTheNextRound) {
+  AdmissionInput in = Admission(v1::TRAINING, 4);
+  in.any_ready = true;
+  AdmissionDecision d = DecideAdmission(in);
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kQueueForNextRound);
+  EXPECT_EQ(d.round, 5u);
+  EXPECT_EQ(d.reason, "a participant of round 4 is already ready: queued for round 5");
+
+  d = DecideAdmission(Admission(v1::SHARING, 0));
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kQueueForNextRound);
+  EXPECT_EQ(d.round, 5u);
+  EXPECT_EQ(d.reason, "round 4 is SHARING: queued for round 5");
+}
+
+TEST(DecideAdmissionTest, AskingForTheNextRoundWhileTrainingQueuesForIt) {
+  const AdmissionDecision d = DecideAdmission(Admission(v1::TRAINING, 5));
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kQueueForNextRound);
+  EXPECT_EQ(d.round, 5u);
+  EXPECT_EQ(d.reason, "asked for round 5: queued for round 5");
+}
+
+TEST(DecideRoundStartTest, StartsOnceMinParticipantsAreQueued) {
+  RoundStartDecision d = DecideRoundStart(v1::WAITING_FOR_MEMBERS, 3, 1, 2);
+  EXPECT_FALSE(d.start);
+  EXPECT_EQ(d.reason, "1 of 2 participants needed for round 3");
+  d = DecideRoundStart(v1::WAITING_FOR_MEMBERS, 3, 3, 2);
+  EXPECT_TRUE(d.start);
+  EXPECT_EQ(d.reason, "3 participants queued for round 3 (2 needed)");
+}
+
+TEST(DecideRoundStartTest, MinParticipantsZeroMeansOne) {
+  RoundStartDecision d = DecideRoundStart(v1::WAITING_FOR_MEMBERS, 1, 0, 0);
+  EXPECT_FALSE(d.start);
+  EXPECT_EQ(d.reason, "0 of 1 participants needed for round 1");
+  d = DecideRoundStart(v1::WAITING_FOR_MEMBERS, 1, 1, 0);
+  EXPECT_TRUE(d.start);
+  EXPECT_EQ(d.reason, "1 participants queued for round 1 (1 needed)");
+}
+
+TEST(DecideRoundStartTest, OnlyWhileWaitingForMembers) {
+  const RoundStartDecision d = DecideRoundStart(v1::TRAINING, 3, 5, 2);
+  EXPECT_FALSE(d.start);
+  EXPECT_EQ(d.reason, "round 3 is TRAINING");
+}
+
+// ------------------------------------------------------- Connection barrier
+
+ConnectionBarrierInput Barrier(size_t reported, size_t unreachable, uint32_t retries) {
+  ConnectionBarrierInput in;
+  in.round = 7;
+  in.participants = 3;
+  in.reported = reported;
+  in.reported_unreachable = unreachable;
+  in.retries = retries;
+  return in;
+}
+
+TEST(DecideConnectionBarrierTest, AllConnectedStartsSharing) {
+  for (ConnectionEvent event : {ConnectionEvent::kReport, ConnectionEvent::kDeadline}) {
+    const ConnectionBarrierDecision d = DecideConnectionBarrier(Barrier(3, 0, 0), event, 2);
+    EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kStartSharing);
+    EXPECT_EQ(d.reason, "all 3 participants reached their peers");
+  }
+}
+
+TEST(DecideConnectionBarrierTest, MissingReportsWaitUntilTheDeadline) {
+  const ConnectionBarrierDecision d =
+      DecideConnectionBarrier(Barrier(2, 1, 0), ConnectionEvent::kReport, 2);
+  EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kWait);
+  EXPECT_EQ(d.reason, "2/3 participants reported");
+}
+
+TEST(DecideConnectionBarrierTest, DeadlineWithMissingReportsRetries) {
+  const ConnectionBarrierDecision d =
+      DecideConnectionBarrier(Barrier(2, 0, 1), ConnectionEvent::kDeadline, 2);
+  EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kRetry);
+  EXPECT_EQ(d.reason, "connection deadline passed with 2/3 participants reported: retry 2/2");
+}
+
+TEST(DecideConnectionBarrierTest, CompleteBarrierWithUnreachablePeersRetriesAtOnce) {
+  const ConnectionBarrierDecision d =
+      DecideConnectionBarrier(Barrier(3, 1, 0), ConnectionEvent::kReport, 2);
+  EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kRetry);
+  EXPECT_EQ(d.reason, "all 3 participants reported, 1 with unreachable peers: retry 1/2");
+}
+
+TEST(DecideConnectionBarrierTest, OutOfRetriesEvictsTheFailingPeers) {
+  for (ConnectionEvent event : {ConnectionEvent::kReport, ConnectionEvent::kDeadline}) {
+    const ConnectionBarrierDecision d = DecideConnectionBarrier(Barrier(3, 2, 2), event, 2);
+    EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kEvictFailing);
+    EXPECT_EQ(d.reason, "could not connect with the peers of round 7 after 2 retries");
+  }
+  // No retries at all: the first failure evicts.
+  const ConnectionBarrierDecision d =
+      DecideConnectionBarrier(Barrier(1, 0, 0), ConnectionEvent::kDeadline, 0);
+  EXPECT_EQ(d.action, ConnectionBarrierDecision::Action::kEvictFailing);
+  EXPECT_EQ(d.reason, "could not connect with the peers of round 7 after 0 retries");
+}
+
+// Unreachable lists must outlive the PeerReports that view them.
+struct Reports {
+  std::vector<std::vector<std::string>> unreachable;
+  std::vector<PeerReport> reports;
+  Reports& Add(const char* id, bool reported, std::vector<std::string> names = {}) {
+    unreachable.reserve(16);  // keeps earlier spans valid
+    unreachable.push_back(std::move(names));
+    reports.push_back({id, reported, unreachable.back()});
+    return *this;
+  }
+};
+
+TEST(FindFailingPeersTest, NobodyFailsWhenEveryoneConnected) {
+  Reports r;
+  r.Add("w1", true).Add("w2", true);
+  const FailingPeers f = FindFailingPeers(r.reports);
+  EXPECT_THAT(f.failing, IsEmpty());
+  EXPECT_EQ(f.reason, "every participant reported and nobody is unreachable");
+}
+
+TEST(FindFailingPeersTest, SilentParticipantsFail) {
+  Reports r;
+  r.Add("w1", true).Add("w2", false).Add("w3", true).Add("w4", false);
+  const FailingPeers f = FindFailingPeers(r.reports);
+  EXPECT_THAT(f.failing, ElementsAre("w2", "w4"));
+  EXPECT_EQ(f.reason, "did not report: w2,w4");
+}
+
+TEST(FindFailingPeersTest, PeerNamedByAMajorityOfTheReportersFails) {
+  Reports r;
+  r.Add("w1", true, {"w3"}).Add("w2", true, {"w3"}).Add("w3", true).Add("w4", false);
+  const FailingPeers f = FindFailingPeers(r.reports);
+  // w3 is named by 2 of the 2 other reporters; w4 did not report.
+  EXPECT_THAT(f.failing, ElementsAre("w3", "w4"));
+  EXPECT_EQ(f.reason, "did not report: w4; unreachable for a majority of the reporting peers: w3");
+}
+
+TEST(FindFailingPeersTest, OneWorkerThatReachesNobodyIsBlamedItself) {
+  // w1 names both others; each is named by 1 of 2 other reporters (no strict
+  // majority), so rule 2 applies: w1 cannot reach most of the others.
+  Reports r;
+  r.Add("w1", true, {"w2", "w3"}).Add("w2", true).Add("w3", true);
+  const FailingPeers f = FindFailingPeers(r.reports);
+  EXPECT_THAT(f.failing, ElementsAre("w1"));
+  EXPECT_EQ(f.reason, "cannot reach most of the other participants: w1");
+}
+
+TEST(FindFailingPeersTest, TwoWorkersThatCannotReachEachOtherAreBothBlamed) {
+  // Each names the other, the only other reporter: 2 * 1 > 1 is a strict
+  // majority, so rule 1 already blames both.
+  Reports two;
+  two.Add("w2", true, {"w1"}).Add("w1", true, {"w2"});
+  FailingPeers f = FindFailingPeers(two.reports);
+  EXPECT_THAT(f.failing, ElementsAre("w2", "w1"));
+  EXPECT_EQ(f.reason, "unreachable for a majority of the reporting peers: w2,w1");
+
+  // Among four, w1 and w2 cannot reach each other: nobody is named by a
+  // majority, nobody misses most peers; rule 3 blames both, by id.
+  Reports four;
+  four.Add("w4", true).Add("w2", true, {"w1"}).Add("w1", true, {"w2"}).Add("w3", true);
+  f = FindFailingPeers(four.reports);
+  EXPECT_THAT(f.failing, ElementsAre("w1", "w2"));
+  EXPECT_EQ(f.reason, "no majority names anyone; named unreachable at least once: w1,w2");
+}
+
+// ---------------------------------------------------------------- Hash vote
+
+TEST(DecideHashVoteTest, UnanimousHashIsAgreed) {
+  const std::string a = Hash('a');
+  const std::vector<HashReport> reports = {{"w1", a}, {"w2", a}, {"w3", a}};
+  const HashVote v = DecideHashVote(reports);
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kAgreed);
+  EXPECT_EQ(v.hash, a);
+  EXPECT_THAT(v.minority, IsEmpty());
+  EXPECT_EQ(v.reason, "3 of 3 participants agree on hash aaaaaaaaaaaa");
+}
+
+TEST(DecideHashVoteTest, SingleParticipantIsAgreed) {
+  const std::string b = Hash('b');
+  const std::vector<HashReport> reports = {{"w1", b}};
+  const HashVote v = DecideHashVote(reports);
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kAgreed);
+  EXPECT_EQ(v.hash, b);
+  EXPECT_EQ(v.reason, "1 of 1 participants agree on hash bbbbbbbbbbbb");
+}
+
+TEST(DecideHashVoteTest, StrictMajorityWinsAndTheMinorityIsOut) {
+  const std::string a = Hash('a'), b = Hash('b'), c = Hash('c');
+  const std::vector<HashReport> reports = {{"w1", b}, {"w2", a}, {"w3", b}, {"w4", c}, {"w5", b}};
+  const HashVote v = DecideHashVote(reports);
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kAgreed);
+  EXPECT_EQ(v.hash, b);
+  EXPECT_THAT(v.minority, ElementsAre("w2", "w4"));
+  EXPECT_EQ(v.reason, "3 of 5 participants agree on hash bbbbbbbbbbbb; out of sync: w2,w4");
+}
+
+TEST(DecideHashVoteTest, TieAborts) {
+  const std::string a = Hash('a'), b = Hash('b');
+  const std::vector<HashReport> reports = {{"w1", a}, {"w2", b}, {"w3", a}, {"w4", b}};
+  const HashVote v = DecideHashVote(reports);
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kNoMajority);
+  EXPECT_THAT(v.minority, IsEmpty());
+  EXPECT_EQ(v.reason, "participants reported different model hashes with no majority");
+}
+
+TEST(DecideHashVoteTest, PluralityWithoutStrictMajorityAborts) {
+  const std::string a = Hash('a'), b = Hash('b'), c = Hash('c');
+  const std::vector<HashReport> reports = {{"w1", a}, {"w2", a}, {"w3", b}, {"w4", c}};
+  const HashVote v = DecideHashVote(reports);
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kNoMajority);
+  EXPECT_EQ(v.reason, "participants reported different model hashes with no majority");
+}
+
+TEST(DecideHashVoteTest, NoReportsIsNoMajority) {
+  const HashVote v = DecideHashVote({});
+  EXPECT_EQ(v.outcome, HashVote::Outcome::kNoMajority);
+  EXPECT_EQ(v.reason, "no participant reported a hash");
+}
+
+// ---------------------------------------------------------- Round deadlines
+
+TEST(StageOfTest, MapsPhaseAndSharingStarted) {
+  EXPECT_EQ(StageOf(v1::WAITING_FOR_MEMBERS, false), RoundStage::kWaitingForMembers);
+  EXPECT_EQ(StageOf(v1::TRAINING, false), RoundStage::kTraining);
+  EXPECT_EQ(StageOf(v1::SHARING, false), RoundStage::kConnecting);
+  EXPECT_EQ(StageOf(v1::SHARING, true), RoundStage::kSharing);
+  EXPECT_EQ(StageOf(v1::FINISHED, false), RoundStage::kFinished);
+}
+
+RoundDeadlineInput Deadline(RoundStage stage, std::vector<std::string> late) {
+  RoundDeadlineInput in;
+  in.stage = stage;
+  in.deadline = kNow;
+  in.participants = 3;
+  in.late = std::move(late);
+  return in;
+}
+
+TEST(DecideRoundDeadlineTest, NoDeadlineWhileWaitingOrFinished) {
+  for (RoundStage stage : {RoundStage::kWaitingForMembers, RoundStage::kFinished}) {
+    const RoundDeadlineDecision d =
+        DecideRoundDeadline(Deadline(stage, {}), absl::Seconds(60), kNow + absl::Hours(1));
+    EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kNone);
+    EXPECT_EQ(d.reason, "no deadline in this phase");
+  }
+}
+
+TEST(DecideRoundDeadlineTest, NothingBeforeTheDeadline) {
+  const RoundDeadlineDecision d = DecideRoundDeadline(Deadline(RoundStage::kTraining, {"w1"}),
+                                                      absl::Seconds(60), kNow - absl::Seconds(5));
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kNone);
+  EXPECT_EQ(d.reason, "deadline in 5s");
+}
+
+TEST(DecideRoundDeadlineTest, TrainingLateParticipantsSitOut) {
+  // The deadline itself counts as passed.
+  const RoundDeadlineDecision d =
+      DecideRoundDeadline(Deadline(RoundStage::kTraining, {"w2"}), absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kSitOut);
+  EXPECT_THAT(d.sit_out, ElementsAre("w2"));
+  EXPECT_EQ(d.reason, "not ready within --round_timeout=1m");
+}
+
+TEST(DecideRoundDeadlineTest, TrainingWithNobodyReadyKeepsWaiting) {
+  const RoundDeadlineDecision d = DecideRoundDeadline(
+      Deadline(RoundStage::kTraining, {"w1", "w2", "w3"}), absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kKeepWaiting);
+  EXPECT_THAT(d.sit_out, IsEmpty());
+  EXPECT_EQ(d.reason, "no participant ready after 1m; still waiting");
+}
+
+TEST(DecideRoundDeadlineTest, ConnectingHandsOverToTheBarrier) {
+  const RoundDeadlineDecision d =
+      DecideRoundDeadline(Deadline(RoundStage::kConnecting, {}), absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kConnectionBarrier);
+  EXPECT_EQ(d.reason, "connection deadline passed");
+}
+
+TEST(DecideRoundDeadlineTest, SharingLateParticipantsSitOut) {
+  const RoundDeadlineDecision d = DecideRoundDeadline(Deadline(RoundStage::kSharing, {"w1", "w3"}),
+                                                      absl::Seconds(60), kNow + absl::Seconds(1));
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kSitOut);
+  EXPECT_THAT(d.sit_out, ElementsAre("w1", "w3"));
+  EXPECT_EQ(d.reason, "did not finish sharing within --round_timeout");
+}
+
+TEST(DecideRoundDeadlineTest, SharingWithNobodyDoneAborts) {
+  const RoundDeadlineDecision d = DecideRoundDeadline(
+      Deadline(RoundStage::kSharing, {"w1", "w2", "w3"}), absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kAbort);
+  EXPECT_EQ(d.reason, "no participant finished sharing within --round_timeout");
+}
+
+TEST(DecideMissedRoundTest, SitsOutBelowTheLimit) {
+  const MissedRoundDecision d = DecideMissedRound(2, 3, "not ready");
+  EXPECT_FALSE(d.evict);
+  EXPECT_EQ(d.reason, "not ready");
+}
+
+TEST(DecideMissedRoundTest, EvictsAtTheLimit) {
+  const MissedRoundDecision d = DecideMissedRound(3, 3, "not ready");
+  EXPECT_TRUE(d.evict);
+  EXPECT_EQ(d.reason, "missed 3 rounds in a row (last: not ready)");
+}
+
+TEST(DecideMissedRoundTest, ZeroLimitNeverEvicts) {
+  const MissedRoundDecision d = DecideMissedRound(100, 0, "late");
+  EXPECT_FALSE(d.evict);
+  EXPECT_EQ(d.reason, "late");
+}
+
+// ------------------------------------------------------------------- Leases
+
+TEST(DecideLeaseTest, OpenSessionHoldsUntilTheLeasePasses) {
+  const absl::Duration lease = absl::Seconds(10), grace = absl::Seconds(20);
+  LeaseDecision d = DecideLease(true, kNow, lease, grace, kNow + absl::Seconds(10));
+  EXPECT_FALSE(d.expired);
+  EXPECT_EQ(d.reason, "lease holds");
+  d = DecideLease(true, kNow, lease, grace, kNow + absl::Seconds(11));
+  EXPECT_TRUE(d.expired);
+  EXPECT_EQ(d.reason, "no heartbeat for 11s");
+}
+
+TEST(DecideLeaseTest, NoSessionHoldsForTheGrace) {
+  const absl::Duration lease = absl::Seconds(10), grace = absl::Seconds(20);
+  LeaseDecision d = DecideLease(false, kNow, lease, grace, kNow + absl::Seconds(15));
+  EXPECT_FALSE(d.expired);
+  EXPECT_EQ(d.reason, "lease holds");
+  d = DecideLease(false, kNow, lease, grace, kNow + absl::Seconds(21));
+  EXPECT_TRUE(d.expired);
+  EXPECT_EQ(d.reason, "no session opened within 20s");
+}
+
+// -------------------------------------------------------------- Checkpoints
+
+CheckpointWatch Watch(bool active) {
+  CheckpointWatch w;
+  w.pending_round = 6;
+  w.worker_id = "w2";
+  w.worker_active = active;
+  w.since = kNow;
+  return w;
+}
+
+TEST(DecideCheckpointWatchTest, NothingPending) {
+  const CheckpointWatchDecision d =
+      DecideCheckpointWatch(CheckpointWatch(), absl::Seconds(120), kNow);
+  EXPECT_FALSE(d.reassign);
+  EXPECT_EQ(d.reason, "no upload in progress");
+}
+
+TEST(DecideCheckpointWatchTest, InProgressWithinTheTimeout) {
+  const CheckpointWatchDecision d =
+      DecideCheckpointWatch(Watch(true), absl::Seconds(120), kNow + absl::Seconds(120));
+  EXPECT_FALSE(d.reassign);
+  EXPECT_EQ(d.reason, "upload of round 6 by w2 in progress");
+}
+
+TEST(DecideCheckpointWatchTest, TimedOutUploadMoves) {
+  const CheckpointWatchDecision d =
+      DecideCheckpointWatch(Watch(true), absl::Seconds(120), kNow + absl::Seconds(121));
+  EXPECT_TRUE(d.reassign);
+  EXPECT_EQ(d.reason, "upload of round 6 by w2 not reported within 2m");
+}
+
+TEST(DecideCheckpointWatchTest, GoneUploaderMovesAtOnce) {
+  const CheckpointWatchDecision d = DecideCheckpointWatch(Watch(false), absl::Seconds(120), kNow);
+  EXPECT_TRUE(d.reassign);
+  EXPECT_EQ(d.reason, "uploader w2 of round 6 is no member any more");
+}
+
+TEST(DecideCheckpointUploaderTest, FirstUntriedHolderInOrder) {
+  const std::vector<CheckpointCandidate> members = {
+      {"w1", true}, {"w2", false}, {"w3", true}, {"w4", true}};
+  CheckpointUploaderDecision d = DecideCheckpointUploader(members, {}, 1);
+  EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kAssign);
+  EXPECT_EQ(d.worker_id, "w1");
+  EXPECT_EQ(d.reason, "w1 holds the model and was not tried yet");
+
+  d = DecideCheckpointUploader(members, {"w1"}, 1);
+  EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kAssign);
+  EXPECT_EQ(d.worker_id, "w3");
+}
+
+TEST(DecideCheckpointUploaderTest, NoUntriedHolderLeft) {
+  const std::vector<CheckpointCandidate> members = {{"w1", true}, {"w2", false}};
+  const CheckpointUploaderDecision d = DecideCheckpointUploader(members, {"w1"}, 1);
+  EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kNoneLeft);
+  EXPECT_EQ(d.worker_id, "");
+  EXPECT_EQ(d.reason, "no untried worker holds the model");
+}
+
+TEST(DecideCheckpointUploaderTest, GivesUpAfterCheckpointersPlusTwoAttempts) {
+  const std::vector<CheckpointCandidate> members = {{"w9", true}};
+  const std::set<std::string> three = {"w1", "w2", "w3"};
+  // checkpointers 0 counts as 1: 3 attempts.
+  CheckpointUploaderDecision d = DecideCheckpointUploader(members, three, 0);
+  EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kGiveUp);
+  EXPECT_EQ(d.reason, "failed 3 times (at most 3 attempts)");
+  // With 2 checkpointers a fourth attempt is allowed.
+  d = DecideCheckpointUploader(members, three, 2);
+  EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kAssign);
+  EXPECT_EQ(d.worker_id, "w9");
+}
+
+}  // namespace
+}  // namespace shoal::coordinator
