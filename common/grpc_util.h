@@ -15,10 +15,6 @@
 
 namespace shoal {
 
-// Tensor bytes travel in chunks of this size (1 MiB measured best here).
-inline constexpr size_t kChunkBytes = 1 << 20;
-// Largest chunk a receiver accepts.
-inline constexpr size_t kMaxChunkBytes = 4 << 20;
 // Largest message any Shoal server or client accepts; bigger ones get
 // RESOURCE_EXHAUSTED.
 inline constexpr int kMaxMessageBytes = 8 << 20;

@@ -10,6 +10,7 @@
 #include "common/grpc_util.h"
 #include "common/sha256.h"
 #include "common/status_util.h"
+#include "common/tensor_wire.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -175,22 +176,28 @@ absl::Status GrpcCheckpointClient::ReadLayer(const std::string& id, uint32_t lay
     auto reader = stub_->ReadLayer(&ctx, request);
     shoal::v1::LayerChunk chunk;
     absl::Status bad;
+    // The wire module's checks and codes (common/tensor_wire.h): a chunk of
+    // another layer or out of place is INVALID_ARGUMENT, a bad CRC or a
+    // short stream DATA_LOSS.
+    ChunkSequence sequence(next, bounded ? end : ChunkSequence::kUnbounded, /*unit_bytes=*/1);
     while (reader->Read(&chunk)) {
       const std::string& data = chunk.data();
-      if (chunk.layer() != layer || chunk.offset() != next) {
-        bad = absl::DataLossError(absl::StrCat("chunk of layer ", chunk.layer(), " at offset ",
-                                               chunk.offset(), ", expected layer ", layer,
-                                               " at offset ", next));
-      } else if (bounded && data.size() > end - next) {
-        bad = absl::DataLossError(absl::StrCat("chunk at offset ", next, " runs past the end ", end,
-                                               " of the requested range"));
-      } else if (Crc32c(data.data(), data.size()) != chunk.crc32c()) {
-        bad = absl::DataLossError(absl::StrCat("checksum mismatch on the chunk at offset ", next));
+      if (chunk.layer() != layer) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("chunk of layer ", chunk.layer(), ", expected layer ", layer));
+      } else if (absl::StatusOr<uint64_t> checked = sequence.Check(chunk.offset(), data.size());
+                 !checked.ok()) {
+        bad = checked.status();
+      } else if (absl::Status crc = CheckChunkCrc(chunk.crc32c(), data.data(), data.size(),
+                                                  absl::StrCat("the chunk at offset ", next));
+                 !crc.ok()) {
+        bad = crc;
       } else if (!sink(next,
                        ByteSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size()))) {
         bad = absl::CancelledError("read cancelled by the caller");
       }
       if (!bad.ok()) break;
+      sequence.Advance(data.size());
       next += data.size();
     }
     if (!bad.ok()) {
@@ -199,14 +206,7 @@ absl::Status GrpcCheckpointClient::ReadLayer(const std::string& id, uint32_t lay
       return Annotate(bad, what);
     }
     absl::Status s = FromGrpcStatus(reader->Finish());
-    if (s.ok()) {
-      if (bounded && next != end) {
-        return Annotate(absl::DataLossError(absl::StrCat("stream ended at offset ", next,
-                                                         " before the end of the range at ", end)),
-                        what);
-      }
-      return absl::OkStatus();
-    }
+    if (s.ok()) return Annotate(sequence.Finish(), what);
     const absl::Duration delay = backoff.Next();
     if (!absl::IsUnavailable(s) || absl::Now() + delay >= deadline) return Annotate(s, what);
     absl::SleepFor(delay);

@@ -41,8 +41,11 @@ class CheckpointClient {
       const std::string& run_id) = 0;
   virtual absl::StatusOr<shoal::v1::Manifest> GetManifest(const std::string& id) = 0;
   // Streams [offset, offset + length) of layer `layer` (length 0: to the
-  // end) into `sink`. Every chunk's CRC-32C and position are checked before
-  // the sink sees it (DATA_LOSS otherwise). The store's codes pass through:
+  // end) into `sink`. Every chunk is checked before the sink sees it, with
+  // the wire module's checks and codes (common/tensor_wire.h): a chunk of
+  // another layer, a gap, an overlap or a chunk past the range is
+  // INVALID_ARGUMENT, over 4 MiB RESOURCE_EXHAUSTED, a CRC-32C mismatch or a
+  // stream that ends short DATA_LOSS. The store's codes pass through:
   // NOT_FOUND, OUT_OF_RANGE, DATA_LOSS (damaged checkpoint).
   virtual absl::Status ReadLayer(const std::string& id, uint32_t layer, uint64_t offset,
                                  uint64_t length, const LayerSink& sink) = 0;

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
-#include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/status_util.h"
+#include "common/tensor_wire.h"
 
 namespace shoal::checkpoint {
 
@@ -83,16 +83,12 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       return absl::InvalidArgumentError("only the first message of an upload carries a manifest");
     }
     const LayerChunk& c = in_.data();
-    if (c.data().size() > kMaxChunkBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "chunk of ", c.data().size(), " bytes exceeds the limit of ", kMaxChunkBytes));
-    }
-    const uint32_t crc = Crc32c(c.data().data(), c.data().size());
-    if (crc != c.crc32c()) {
-      return absl::DataLossError(absl::StrCat("checksum mismatch on the chunk of layer ", c.layer(),
-                                              " at offset ", c.offset(), ": got ", crc,
-                                              ", chunk says ", c.crc32c()));
-    }
+    // The wire module's checks and codes (common/tensor_wire.h): size and
+    // CRC here, range, gap and overlap in PendingUpload::Append.
+    RETURN_IF_ERROR(CheckChunkSize(c.data().size()));
+    RETURN_IF_ERROR(
+        CheckChunkCrc(c.crc32c(), c.data().data(), c.data().size(),
+                      absl::StrCat("the chunk of layer ", c.layer(), " at offset ", c.offset())));
     return upload_->Append(c.layer(), c.offset(), c.data());
   }
 

@@ -1,12 +1,9 @@
 #include "services/worker/peer_client.h"
 
-#include <grpcpp/support/sync_stream.h>
-
-#include <vector>
-
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/status_util.h"
+#include "common/tensor_wire_grpc.h"
 
 namespace shoal::worker {
 namespace {
@@ -37,9 +34,7 @@ const GrpcPeerClient::Peer& GrpcPeerClient::PeerFor(const std::string& address) 
   if (peer.channel == nullptr) {
     peer.channel = MakeChannel(address);
     peer.stub = shoal::v1::Peer::NewStub(peer.channel);
-    // What the generated stub does for its typed reader (peer.grpc.pb.cc).
-    peer.read_slice = std::make_unique<grpc::internal::RpcMethod>(
-        "/shoal.v1.Peer/ReadSlice", grpc::internal::RpcMethod::SERVER_STREAMING, peer.channel);
+    peer.generic = std::make_unique<grpc::GenericStub>(peer.channel);
   }
   return peer;
 }
@@ -57,51 +52,12 @@ absl::Status GrpcPeerClient::ReadSliceCancellable(
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(timeout));
   ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
-  const Peer& peer = PeerFor(address);
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          peer.channel.get(), *peer.read_slice, &ctx, request));
-  ChunkReceiver receiver(request.round(), request.begin(), request.end());
-  // Reused across messages: after the first chunk nothing here allocates.
-  grpc::ByteBuffer message;
-  std::vector<grpc::Slice> slices;
-  std::vector<BytePiece> pieces;
-  RawChunk chunk;
-  absl::Status bad;
-  while (reader->Read(&message)) {
-    // References to gRPC's receive buffers (~17 per 1 MiB chunk), no copy.
-    slices.clear();
-    if (!message.Dump(&slices).ok()) {
-      bad = absl::DataLossError(absl::StrCat("cannot read a chunk's bytes from peer ", address));
-      break;
-    }
-    pieces.clear();
-    for (const grpc::Slice& s : slices) pieces.push_back({s.begin(), s.size()});
-    if (absl::Status parsed = ParseChunk(pieces.data(), pieces.size(), &chunk); !parsed.ok()) {
-      bad = Annotate(parsed, absl::StrCat("from peer ", address));
-      break;
-    }
-    absl::StatusOr<ChunkView> view = receiver.Accept(chunk);
-    if (!view.ok()) {
-      bad = Annotate(view.status(), absl::StrCat("from peer ", address));
-      break;
-    }
-    if (!on_chunk(*view)) {
-      bad = absl::CancelledError("read cancelled by the caller");
-      break;
-    }
-  }
-  if (!bad.ok()) {
-    ctx.TryCancel();
-    (void)reader->Finish();
-    return bad;
-  }
-  absl::Status s = FromGrpcStatus(reader->Finish());
-  if (Cancelled(canceller)) {
+  absl::Status s = ReadChunkStream(PeerFor(address).generic.get(), &ctx, request,
+                                   absl::StrCat("peer ", address), on_chunk);
+  if (!s.ok() && Cancelled(canceller)) {
     return absl::CancelledError(absl::StrCat("read from peer ", address, " cancelled"));
   }
-  if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
-  return Annotate(receiver.Finish(), absl::StrCat("from peer ", address));
+  return s;
 }
 
 absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(

@@ -3,7 +3,7 @@
 #ifndef SHOAL_SERVICES_WORKER_PEER_CLIENT_H_
 #define SHOAL_SERVICES_WORKER_PEER_CLIENT_H_
 
-#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <functional>
 #include <map>
@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
-#include "common/chunk_codec.h"
+#include "common/tensor_wire.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
@@ -58,9 +58,10 @@ class PeerClient {
 };
 
 // gRPC implementation; keeps one channel per peer address. Thread-safe.
-// ReadSlice reads each TensorChunk as a raw grpc::ByteBuffer and checks and
-// hands over its data bytes where gRPC received them (ChunkView pieces):
-// no protobuf parse into a string, no copy before the caller's own.
+// ReadSlice reads each TensorChunk as raw bytes and checks and hands over
+// its data bytes where gRPC received them (ChunkView pieces; see
+// common/tensor_wire_grpc.h): no protobuf parse into a string, no copy
+// before the caller's own.
 class GrpcPeerClient : public PeerClient {
  public:
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
@@ -80,9 +81,9 @@ class GrpcPeerClient : public PeerClient {
   struct Peer {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<shoal::v1::Peer::Stub> stub;
-    // Peer.ReadSlice registered on `channel`, read as raw bytes (the typed
-    // stub would parse each chunk into a protobuf string).
-    std::unique_ptr<grpc::internal::RpcMethod> read_slice;
+    // Peer.ReadSlice is read through this as raw bytes (the typed stub
+    // would parse each chunk into a protobuf string): ReadChunkStream.
+    std::unique_ptr<grpc::GenericStub> generic;
   };
   const Peer& PeerFor(const std::string& address);
   absl::Mutex mu_;

@@ -8,20 +8,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/status_util.h"
+#include "common/tensor_wire_grpc.h"
 
 namespace shoal::worker {
 namespace {
 
 using Buffer = ModelState::Buffer;
-
-constexpr uint64_t kCellElements = ModelState::kCellElements;
-static_assert(ModelState::kCellElements * kBytesPerElement == kChunkBytes,
-              "zero-copy chunks are cut on ModelState's grid, which must be the chunk size");
 
 // Destroy functions of the slices that point into model memory: gRPC calls
 // them when it drops its last reference, i.e. when it will not read the
@@ -49,11 +45,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
                    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
                    bool corrupt)
       : state_(state), limiter_(limiter), ctx_(ctx), corrupt_(corrupt) {
-    grpc::ByteBuffer copy(*raw_request);  // Deserialize consumes its input
-    if (!grpc::SerializationTraits<shoal::v1::ReadSliceRequest>::Deserialize(&copy, &request_)
-             .ok()) {
-      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              "the request is not a serialized shoal.v1.ReadSliceRequest"));
+    if (absl::Status s = DecodeReadSliceRequest(*raw_request, &request_); !s.ok()) {
+      FinishOnce(ToGrpcStatus(s));
       return;
     }
     next_ = request_.begin();
@@ -244,10 +237,9 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   }
 
   void WriteNext() {
-    // Up to the next cell boundary: a chunk is a whole cell (with its
+    // On the wire module's grid: a chunk is a whole cell (with its
     // precomputed CRC) whenever the range allows.
-    const uint64_t cell_end = (next_ / kCellElements + 1) * kCellElements;
-    const uint64_t count = std::min(cell_end, end_) - next_;
+    const uint64_t count = NextChunk(next_, end_).count;
     if (limiter_ != nullptr && limiter_->limited()) {
       const absl::Time when = limiter_->Reserve(count * kBytesPerElement);
       if (when > absl::Now()) {
@@ -286,34 +278,23 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
       return;
     }
     const size_t bytes = count * kBytesPerElement;
-    grpc::Slice data;
-    uint32_t crc = 0;
     if (corrupt_ && snapshot_) {
       // Test hook: flip one bit per element, then a CRC that matches. A copy
       // (the model is never written), so the lent chunk goes back at once.
       std::string copy(reinterpret_cast<const char*>(lent->data), bytes);
       state_->ReturnChunk(grant_.buffer);
       for (size_t i = 0; i < copy.size(); i += kBytesPerElement) copy[i] ^= 0x01;
-      crc = Crc32c(copy.data(), copy.size());
-      data = grpc::Slice(copy);
+      buffer_ = CopiedChunkBuffer(request_.round(), next_, copy, Crc32c(copy.data(), copy.size()));
     } else {
       // Whole cells come with their CRC; a partial one (the ends of the
       // range) or a snapshot chunk is checksummed here, from the same
       // immutable bytes gRPC will send.
-      crc = lent->has_crc ? lent->crc : Crc32c(lent->data, bytes);
-      // The slice points at model memory; gRPC never writes through it.
-      data = grpc::Slice(
-          const_cast<float*>(lent->data), bytes,
+      const uint32_t crc = lent->has_crc ? lent->crc : Crc32c(lent->data, bytes);
+      buffer_ = LentChunkBuffer(
+          request_.round(), next_, lent->data, count, crc,
           grant_.buffer == Buffer::kSnapshot ? &ReturnSnapshotChunk : &ReturnParameterChunk,
           const_cast<ModelState*>(state_));
     }
-    uint8_t head[kChunkHeaderMaxBytes];
-    const size_t head_size = EncodeChunkHeader(request_.round(), next_, bytes, head);
-    uint8_t tail[kChunkTrailerBytes];
-    EncodeChunkTrailer(crc, tail);
-    grpc::Slice slices[3] = {grpc::Slice(head, head_size), std::move(data),
-                             grpc::Slice(tail, sizeof(tail))};
-    buffer_ = grpc::ByteBuffer(slices, 3);
     next_ += count;
     {
       absl::MutexLock lock(&mu_);

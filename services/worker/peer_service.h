@@ -2,13 +2,12 @@
 // parameter vector, straight from model memory, once ModelState allows it,
 // and describes the snapshot (GetManifest) for workers catching up.
 //
-// ReadSlice is served through the generated raw method: each chunk is a
-// grpc::ByteBuffer of three slices, a few header bytes, a slice that points
-// into model memory (no copy: lent by ModelState, see "Lending model
-// memory" in core/model_state.h) and the CRC-32C field. The bytes are those
-// of a serialized shoal.v1.TensorChunk, so any protobuf client reads them.
-// Chunks are cut on ModelState's 1 MiB grid, so most of them are whole
-// cells whose CRC ModelState computed once when they became readable.
+// ReadSlice is served through the generated raw method: each chunk is the
+// wire module's zero-copy ByteBuffer (common/tensor_wire_grpc.h) around
+// model memory lent by ModelState (see "Lending model memory" in
+// core/model_state.h). Chunks are cut on the wire module's 1 MiB grid, so
+// most of them are whole cells whose CRC ModelState computed once when
+// they became readable.
 //
 // An AVERAGED read of a slice whose owner has not averaged it yet waits on
 // the server (no thread blocked: a ModelState observer plus a timer) until

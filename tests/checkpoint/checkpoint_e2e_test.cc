@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/tensor_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/checkpoint/checkpoint_client.h"

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_util.h"
+#include "common/tensor_wire.h"
 
 namespace shoal::checkpoint {
 namespace fs = std::filesystem;
@@ -238,10 +239,6 @@ absl::Status PendingUpload::Append(uint32_t layer, uint64_t offset, absl::string
   if (!error_.ok()) return error_;
   if (committed_) return absl::FailedPreconditionError("upload already committed");
   const uint32_t n = static_cast<uint32_t>(manifest_.layers_size());
-  if (data.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("empty chunk for layer ", layer, " at offset ", offset)));
-  }
   if (layer >= n) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("chunk for layer ", layer, " but the manifest has ", n, " layers")));
@@ -264,15 +261,13 @@ absl::Status PendingUpload::Append(uint32_t layer, uint64_t offset, absl::string
     next_offset_ = 0;
   }
   const shoal::v1::LayerEntry& l = manifest_.layers(layer_);
-  if (offset != next_offset_) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("chunk of layer ", layer_, " '", l.name(), "' starts at offset ", offset,
-                     ", expected ", next_offset_, " (gap or overlap)")));
-  }
-  if (data.size() > l.bytes() - next_offset_) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("chunk [", offset, ", ", offset + data.size(), ") runs past the end of layer ",
-                     layer_, " '", l.name(), "' (", l.bytes(), " bytes)")));
+  // The wire module's checks (common/tensor_wire.h), as for tensor chunks:
+  // INVALID_ARGUMENT for an empty chunk, a gap, an overlap or a chunk past
+  // the layer's end; RESOURCE_EXHAUSTED over kMaxChunkBytes.
+  const ChunkSequence sequence(next_offset_, l.bytes(), /*unit_bytes=*/1);
+  if (absl::StatusOr<uint64_t> checked = sequence.Check(offset, data.size()); !checked.ok()) {
+    return Fail(Annotate(checked.status(), absl::StrCat("layer ", layer_, " '", l.name(), "' (",
+                                                        l.bytes(), " bytes)")));
   }
   if (fd_ < 0) {
     if (absl::Status s = OpenLayer(layer_); !s.ok()) return Fail(s);

@@ -79,9 +79,11 @@ class PendingUpload {
   PendingUpload(const PendingUpload&) = delete;
   PendingUpload& operator=(const PendingUpload&) = delete;
 
-  // Appends `data` at `offset` of layer `layer`. INVALID_ARGUMENT: empty
-  // data, unknown layer, out of order, gap, overlap or past the layer's end.
-  // DATA_LOSS: a layer completed with the wrong SHA-256. I/O errors keep
+  // Appends `data` at `offset` of layer `layer`. INVALID_ARGUMENT: unknown
+  // layer, out of order, and the wire module's chunk checks (empty, gap,
+  // overlap, past the layer's end; RESOURCE_EXHAUSTED over 4 MiB: see
+  // common/tensor_wire.h). DATA_LOSS: a layer completed with the wrong
+  // SHA-256. I/O errors keep
   // their errno's code (ENOSPC: RESOURCE_EXHAUSTED). After any error the
   // upload is dead: later calls repeat the error.
   absl::Status Append(uint32_t layer, uint64_t offset, absl::string_view data);

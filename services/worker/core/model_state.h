@@ -1,13 +1,15 @@
-// What a worker may serve to its peers right now: which round it is in,
-// whether its contribution is trained, which slice it owns and whether that
-// slice is averaged. The peer service asks it before reading model memory.
-//
-// It also describes the snapshot layer by layer (GetManifest): the digests
-// are computed on the first request for a snapshot generation, on the
-// requesting thread (a gRPC thread: about 0.1 s per 150 MB with SHA-NI;
-// the worker's main thread never waits for it), and cached until the
-// snapshot changes. Concurrent requests for the same generation wait for
-// that one computation through their callbacks, never by blocking.
+// The worker's model memory as its peers see it: a thin thread-safe
+// composition of
+//  - the serving rule (core/serving_rule.h): which reads may be served in
+//    the current state of the round, a pure function of a ServingState that
+//    ModelState keeps under its lock;
+//  - the lending ledger (core/lending_ledger.h): windows and lent-chunk
+//    counts of the memory the zero-copy Peer.ReadSlice lends to gRPC;
+//  - the CRC cache (CellCrcCache, common/tensor_wire.h): the CRC-32C of each
+//    1 MiB cell of the parameters, computed once per window;
+//  - the manifest cache (core/manifest_cache.h): the snapshot described
+//    layer by layer (GetManifest);
+//  - the observers: the peer service's reads that wait for a change.
 //
 // Lending model memory (the zero-copy Peer.ReadSlice). The peer service
 // does not copy the bytes it sends: each chunk is a gRPC slice pointing
@@ -17,10 +19,10 @@
 //  - A read is granted (CheckRead) within a window of its buffer: for the
 //    parameters, an epoch that ends whenever they may be rewritten outside
 //    the exchange protocol (BeginTraining, Unready, Abort, a new plan
-//    attempt, Bind); for the snapshot, its generation (BeginSnapshotUpdate,
-//    SetSnapshot). Each chunk is lent (LendChunk) only while the read's
-//    window is still open, and is returned (ReturnChunk) when gRPC drops
-//    its last reference to the slice.
+//    attempt, Bind); for the snapshot, its generation (BindSnapshot,
+//    BeginSnapshotUpdate, SetSnapshot). Each chunk is lent (LendChunk) only
+//    while the read's window is still open, and is returned (ReturnChunk)
+//    when gRPC drops its last reference to the slice.
 //  - INVARIANT: memory inside an open window is not written except as the
 //    exchange protocol allows (a worker only rewrites a slice after every
 //    reader of it has received it: see services/worker/exchanger.h), and
@@ -35,13 +37,13 @@
 //    chunk that covers exactly one cell.
 //
 // Thread-safe: the worker's main thread updates it, gRPC threads read it.
+// Lock order: mu_, then the ledger's; observers are called without either.
 #ifndef SHOAL_SERVICES_WORKER_CORE_MODEL_STATE_H_
 #define SHOAL_SERVICES_WORKER_CORE_MODEL_STATE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,32 +52,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tensor_wire.h"
+#include "services/worker/core/lending_ledger.h"
+#include "services/worker/core/manifest_cache.h"
+#include "services/worker/core/serving_rule.h"
 #include "shoal/v1/peer.pb.h"
 
 namespace shoal::worker {
-
-// One parameter tensor within the flat vector.
-struct LayerSpan {
-  std::string name;
-  uint64_t offset = 0;  // first element
-  uint64_t elements = 0;
-};
-
-// Pieces of this many elements (4 MiB) carry their own digest in a manifest.
-inline constexpr uint64_t kDefaultDigestPieceElements = 1 << 20;
-
-// Describes `data` (`total` elements): the digest of each layer and of each
-// piece of `piece_elements` of the layers longer than that. `model_hash` is
-// used as the whole vector's hash when not empty (computed otherwise).
-// `layers` must be contiguous from 0 to `total` (see CheckLayers).
-shoal::v1::ModelManifest ComputeModelManifest(const float* data, uint64_t total,
-                                              const std::vector<LayerSpan>& layers,
-                                              uint64_t piece_elements, uint64_t round,
-                                              const std::string& model_hash);
-
-// OK when `layers` are non-empty, in order, contiguous from element 0 and
-// cover exactly `total` elements; INVALID_ARGUMENT otherwise.
-absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total);
 
 class ModelState {
  public:
@@ -109,7 +92,7 @@ class ModelState {
   // FAILED_PRECONDITION: the snapshot holds another round. UNAVAILABLE: no
   // snapshot, being replaced, or shutting down. ABORTED: the snapshot
   // changed while it was being hashed.
-  using ManifestCallback = std::function<void(absl::StatusOr<shoal::v1::ModelManifest>)>;
+  using ManifestCallback = worker::ManifestCallback;
   void GetManifest(uint64_t round, ManifestCallback done) const;
 
   void SetWorkerId(const std::string& id);
@@ -146,11 +129,11 @@ class ModelState {
   // The snapshot buffer now holds the averaged model of `round`.
   void SetSnapshot(uint64_t round);
   // Changes whenever the snapshot is being or was replaced.
-  uint64_t snapshot_generation() const { return snapshot_generation_.load(); }
+  uint64_t snapshot_generation() const { return ledger_.window(Buffer::kSnapshot); }
   const float* snapshot() const { return snapshot_.load(); }
 
   // Which memory a read is served from.
-  enum class Buffer { kParameters, kSnapshot };
+  using Buffer = ModelBuffer;
   // What CheckRead granted: the buffer and the window (epoch or snapshot
   // generation) the read may be served in.
   struct ReadGrant {
@@ -224,51 +207,28 @@ class ModelState {
   const float* parameters() const { return params_.load(); }
   uint64_t total_elements() const { return total_.load(); }
 
-  // Chunks of the zero-copy stream are cut on this grid (1 MiB cells of the
-  // flat vector), so that a chunk is a whole cell whenever it can be.
-  static constexpr uint64_t kCellElements = (1 << 20) / sizeof(float);
+  // Chunks of the zero-copy stream are cut on the wire module's grid (1 MiB
+  // cells of the flat vector), so that a chunk is a whole cell whenever it
+  // can be.
+  static constexpr uint64_t kCellElements = shoal::kCellElements;
 
  private:
   std::atomic<const float*> params_{nullptr};
   std::atomic<uint64_t> total_{0};
+  std::atomic<const float*> snapshot_{nullptr};
 
   mutable absl::Mutex mu_;
   std::string model_ ABSL_GUARDED_BY(mu_);
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
-  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
-  bool ready_ ABSL_GUARDED_BY(mu_) = false;
-  bool has_plan_ ABSL_GUARDED_BY(mu_) = false;
-  uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t snapshot_round_ ABSL_GUARDED_BY(mu_) = 0;
-  bool snapshot_valid_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<const float*> snapshot_{nullptr};
-  std::atomic<uint64_t> snapshot_generation_{0};
-  // Window of the parameters (see the class comment).
-  uint64_t params_epoch_ ABSL_GUARDED_BY(mu_) = 1;
-  // CRC-32C of each kCellElements cell of the parameters, computed in epoch
-  // cells_epoch_ (0: never).
-  std::vector<uint32_t> cell_crc_ ABSL_GUARDED_BY(mu_);
-  uint64_t cells_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  // Chunks lent to gRPC and not returned yet, per Buffer.
-  mutable int lent_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
-  uint64_t own_begin_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t own_end_ ABSL_GUARDED_BY(mu_) = 0;
-  bool averaged_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // What the serving rule decides on.
+  ServingState serving_ ABSL_GUARDED_BY(mu_);
   uint64_t model_round_ ABSL_GUARDED_BY(mu_) = 0;
   std::string model_hash_ ABSL_GUARDED_BY(mu_);
-  std::vector<LayerSpan> layers_ ABSL_GUARDED_BY(mu_);
-  uint64_t digest_piece_elements_ ABSL_GUARDED_BY(mu_) = kDefaultDigestPieceElements;
-  // Bumped by SetLayers / SetDigestPieceElements: digests computed for an
-  // older table are not cached.
-  uint64_t layout_version_ ABSL_GUARDED_BY(mu_) = 0;
-
-  // Manifest cache: valid for snapshot generation manifest_generation_.
-  mutable std::optional<shoal::v1::ModelManifest> manifest_ ABSL_GUARDED_BY(mu_);
-  mutable uint64_t manifest_generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // Generation whose digests are being computed, and who waits for them.
-  mutable std::optional<uint64_t> computing_generation_ ABSL_GUARDED_BY(mu_);
-  mutable std::vector<std::pair<uint64_t, ManifestCallback>> manifest_waiters_ ABSL_GUARDED_BY(mu_);
+  // CRC-32C of the parameters' cells, valid for one parameters window.
+  CellCrcCache cell_crcs_ ABSL_GUARDED_BY(mu_);
+  mutable ManifestCache manifests_ ABSL_GUARDED_BY(mu_);
+  // Windows and lent chunks (its own lock, taken after mu_).
+  mutable LendingLedger ledger_;
 
   // Closes the parameters' window (a new epoch).
   void CloseParametersWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

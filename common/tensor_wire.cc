@@ -1,16 +1,64 @@
-#include "common/chunk_codec.h"
+#include "common/tensor_wire.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
-#include "common/grpc_util.h"
 
 namespace shoal {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the wire format is little-endian float32; add byte swapping for big-endian hosts");
+
+ElementSpan NextChunk(uint64_t next, uint64_t end) {
+  const uint64_t cell_end = (next / kCellElements + 1) * kCellElements;
+  return {next, std::min(cell_end, end) - next};
+}
+
+uint64_t CellCount(uint64_t total) { return (total + kCellElements - 1) / kCellElements; }
+
+CellRange CellsWithin(uint64_t begin, uint64_t end, uint64_t total) {
+  end = std::min(end, total);
+  const uint64_t first = (begin + kCellElements - 1) / kCellElements;
+  uint64_t last = first;
+  // A cell ends at its boundary or, the last one, at `total`.
+  while (last < CellCount(total) && std::min((last + 1) * kCellElements, total) <= end) ++last;
+  return {first, std::max(first, last)};
+}
+
+std::vector<uint32_t> CellCrcCache::Compute(const float* data, uint64_t total, uint64_t first,
+                                            uint64_t last) {
+  std::vector<uint32_t> crcs;
+  if (data == nullptr || last <= first) return crcs;
+  crcs.reserve(last - first);
+  for (uint64_t c = first; c < last; ++c) {
+    const uint64_t begin = c * kCellElements;
+    const uint64_t count = std::min(kCellElements, total - begin);
+    crcs.push_back(Crc32c(data + begin, count * kBytesPerElement));
+  }
+  return crcs;
+}
+
+void CellCrcCache::Install(uint64_t epoch, uint64_t total, std::vector<uint32_t> crcs) {
+  epoch_ = epoch;
+  total_ = total;
+  crcs_ = std::move(crcs);
+}
+
+bool CellCrcCache::Update(uint64_t epoch, uint64_t first, const std::vector<uint32_t>& crcs) {
+  if (!holds(epoch) || first + crcs.size() > crcs_.size()) return false;
+  std::copy(crcs.begin(), crcs.end(), crcs_.begin() + first);
+  return true;
+}
+
+std::optional<uint32_t> CellCrcCache::Lookup(uint64_t epoch, uint64_t begin, uint64_t count) const {
+  if (!holds(epoch) || begin % kCellElements != 0 || begin >= total_) return std::nullopt;
+  if (count != std::min(kCellElements, total_ - begin)) return std::nullopt;
+  const uint64_t cell = begin / kCellElements;
+  if (cell >= crcs_.size()) return std::nullopt;
+  return crcs_[cell];
+}
 
 void EncodeChunk(uint64_t round, uint64_t begin, const float* data, size_t count,
                  shoal::v1::TensorChunk* chunk) {
@@ -253,26 +301,26 @@ absl::Status ParseChunk(const BytePiece* pieces, size_t num_pieces, RawChunk* ou
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ChunkReceiver::CheckHeader(uint64_t round, uint64_t begin,
-                                                    size_t bytes) const {
-  if (round != round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("chunk is for round ", round, ", expected round ", round_));
-  }
+absl::Status CheckChunkSize(size_t bytes) {
   if (bytes > kMaxChunkBytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("chunk of ", bytes, " bytes exceeds the limit of ", kMaxChunkBytes));
   }
-  if (bytes == 0 || bytes % kBytesPerElement != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk size ", bytes,
-                                                   " is not a positive multiple of ",
-                                                   kBytesPerElement, " bytes (float32)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ChunkSequence::Check(uint64_t begin, size_t bytes) const {
+  if (absl::Status s = CheckChunkSize(bytes); !s.ok()) return s;
+  if (bytes == 0 || bytes % unit_bytes_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk size ", bytes, " is not a positive multiple of ", unit_bytes_,
+                     unit_bytes_ == kBytesPerElement ? " bytes (float32)" : " bytes"));
   }
   if (begin != next_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk starts at element ", begin, ", expected ", next_, " (gap or overlap)"));
+        absl::StrCat("chunk starts at ", begin, ", expected ", next_, " (gap or overlap)"));
   }
-  const uint64_t count = bytes / kBytesPerElement;
+  const uint64_t count = bytes / unit_bytes_;
   if (count > end_ - next_) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", begin, ", ", begin + count,
                                                    ") runs past the end of the range at ", end_));
@@ -280,46 +328,71 @@ absl::StatusOr<uint64_t> ChunkReceiver::CheckHeader(uint64_t round, uint64_t beg
   return count;
 }
 
+absl::Status ChunkSequence::Finish() const {
+  if (end_ != kUnbounded && next_ != end_) {
+    return absl::DataLossError(
+        absl::StrCat("stream ended at ", next_, " before the end of the range at ", end_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChunkCrc(uint32_t expected, const BytePiece* pieces, size_t num_pieces,
+                           const std::string& what) {
+  // Over the receive buffers where they are: nothing is copied before the
+  // bytes are known to be good.
+  uint32_t crc = 0;
+  for (size_t i = 0; i < num_pieces; ++i) crc = Crc32cExtend(crc, pieces[i].data, pieces[i].size);
+  if (crc != expected) {
+    return absl::DataLossError(
+        absl::StrCat("checksum mismatch on ", what, ": got ", crc, ", chunk says ", expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChunkCrc(uint32_t expected, const void* data, size_t size,
+                           const std::string& what) {
+  const BytePiece piece{static_cast<const uint8_t*>(data), size};
+  return CheckChunkCrc(expected, &piece, 1, what);
+}
+
+absl::StatusOr<uint64_t> ChunkReceiver::CheckHeader(uint64_t round, uint64_t begin,
+                                                    size_t bytes) const {
+  if (round != round_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk is for round ", round, ", expected round ", round_));
+  }
+  return sequence_.Check(begin, bytes);
+}
+
 absl::StatusOr<ChunkView> ChunkReceiver::Accept(const shoal::v1::TensorChunk& chunk) {
   const std::string& data = chunk.data();
   absl::StatusOr<uint64_t> count = CheckHeader(chunk.round(), chunk.begin(), data.size());
   if (!count.ok()) return count.status();
-  const uint32_t crc = Crc32c(data.data(), data.size());
-  if (crc != chunk.crc32c()) {
-    return absl::DataLossError(absl::StrCat("checksum mismatch on chunk at element ", chunk.begin(),
-                                            ": got ", crc, ", chunk says ", chunk.crc32c()));
+  if (absl::Status crc = CheckChunkCrc(chunk.crc32c(), data.data(), data.size(),
+                                       absl::StrCat("chunk at element ", chunk.begin()));
+      !crc.ok()) {
+    return crc;
   }
   ChunkView view{chunk.begin(), reinterpret_cast<const float*>(data.data()), *count};
-  next_ += *count;
+  sequence_.Advance(*count);
   return view;
 }
 
 absl::StatusOr<ChunkView> ChunkReceiver::Accept(const RawChunk& chunk) {
   absl::StatusOr<uint64_t> count = CheckHeader(chunk.round, chunk.begin, chunk.data_size);
   if (!count.ok()) return count.status();
-  // Checked over the receive buffers where they are: nothing is copied
-  // before the bytes are known to be good.
-  uint32_t crc = 0;
-  for (const BytePiece& p : chunk.data) crc = Crc32cExtend(crc, p.data, p.size);
-  if (crc != chunk.crc32c) {
-    return absl::DataLossError(absl::StrCat("checksum mismatch on chunk at element ", chunk.begin,
-                                            ": got ", crc, ", chunk says ", chunk.crc32c));
+  if (absl::Status crc = CheckChunkCrc(chunk.crc32c, chunk.data.data(), chunk.data.size(),
+                                       absl::StrCat("chunk at element ", chunk.begin));
+      !crc.ok()) {
+    return crc;
   }
   ChunkView view;
   view.begin = chunk.begin;
   view.count = *count;
   view.pieces = chunk.data.data();
   view.num_pieces = chunk.data.size();
-  next_ += *count;
+  sequence_.Advance(*count);
   return view;
-}
-
-absl::Status ChunkReceiver::Finish() const {
-  if (next_ != end_) {
-    return absl::DataLossError(
-        absl::StrCat("stream ended at element ", next_, " before the end of the range at ", end_));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace shoal
