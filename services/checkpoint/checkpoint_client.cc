@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/backoff.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/retry.h"
 #include "common/sha256.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
@@ -15,21 +15,16 @@
 namespace shoal::checkpoint {
 namespace {
 
-// Runs `attempt` (one unary call with the given deadline) until it does not
-// fail with UNAVAILABLE or `deadline` would pass while backing off.
-template <typename Attempt>
-absl::Status WithRetries(absl::Time deadline, Attempt attempt) {
-  Backoff backoff(absl::Milliseconds(50), absl::Seconds(1));
-  while (true) {
-    absl::Status s = attempt(deadline);
-    if (!absl::IsUnavailable(s)) return s;
-    const absl::Duration delay = backoff.Next();
-    if (absl::Now() + delay >= deadline) return s;
-    absl::SleepFor(delay);
-  }
+// Idempotent calls to the store: UNAVAILABLE only (a read that hit its
+// deadline used up the call's whole budget), within `timeout`.
+RetryPolicy StorePolicy(absl::Duration timeout) {
+  RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(50);
+  policy.max_backoff = absl::Seconds(1);
+  policy.deadline = timeout;
+  policy.unavailable_only = true;
+  return policy;
 }
-
-std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
 }  // namespace
 
@@ -132,9 +127,9 @@ absl::StatusOr<std::vector<shoal::v1::CheckpointInfo>> GrpcCheckpointClient::Lis
   shoal::v1::ListCheckpointsRequest request;
   request.set_run_id(run_id);
   shoal::v1::ListCheckpointsResponse response;
-  absl::Status s = WithRetries(absl::Now() + options_.call_timeout, [&](absl::Time deadline) {
+  absl::Status s = Retry(StorePolicy(options_.call_timeout), nullptr, [&](absl::Duration left) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(ToChrono(deadline));
+    ctx.set_deadline(DeadlineIn(left));
     return FromGrpcStatus(stub_->List(&ctx, request, &response));
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("list checkpoints at ", address_));
@@ -146,9 +141,9 @@ absl::StatusOr<shoal::v1::Manifest> GrpcCheckpointClient::GetManifest(const std:
   shoal::v1::GetManifestRequest request;
   request.set_id(id);
   shoal::v1::Manifest manifest;
-  absl::Status s = WithRetries(absl::Now() + options_.call_timeout, [&](absl::Time deadline) {
+  absl::Status s = Retry(StorePolicy(options_.call_timeout), nullptr, [&](absl::Duration left) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(ToChrono(deadline));
+    ctx.set_deadline(DeadlineIn(left));
     return FromGrpcStatus(stub_->GetManifest(&ctx, request, &manifest));
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("manifest of ", id, " at ", address_));
@@ -158,59 +153,58 @@ absl::StatusOr<shoal::v1::Manifest> GrpcCheckpointClient::GetManifest(const std:
 absl::Status GrpcCheckpointClient::ReadLayer(const std::string& id, uint32_t layer, uint64_t offset,
                                              uint64_t length, const LayerSink& sink) {
   const std::string what = absl::StrCat("layer ", layer, " of ", id, " at ", address_);
-  const absl::Time deadline = absl::Now() + options_.transfer_timeout;
   const bool bounded = length != 0;
   const uint64_t end = offset + length;  // when bounded
   uint64_t next = offset;
-  Backoff backoff(absl::Milliseconds(50), absl::Seconds(1));
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(ToChrono(deadline));
-    shoal::v1::ReadLayerRequest request;
-    request.set_id(id);
-    request.set_layer(layer);
-    request.set_offset(next);
-    request.set_length(bounded ? end - next : 0);
-    const bool resumed = next != offset;
-    if (bounded && resumed && next == end) return absl::OkStatus();
-    auto reader = stub_->ReadLayer(&ctx, request);
-    shoal::v1::LayerChunk chunk;
-    absl::Status bad;
-    // The wire module's checks and codes (common/tensor_wire.h): a chunk of
-    // another layer or out of place is INVALID_ARGUMENT, a bad CRC or a
-    // short stream DATA_LOSS.
-    ChunkSequence sequence(next, bounded ? end : ChunkSequence::kUnbounded, /*unit_bytes=*/1);
-    while (reader->Read(&chunk)) {
-      const std::string& data = chunk.data();
-      if (chunk.layer() != layer) {
-        bad = absl::InvalidArgumentError(
-            absl::StrCat("chunk of layer ", chunk.layer(), ", expected layer ", layer));
-      } else if (absl::StatusOr<uint64_t> checked = sequence.Check(chunk.offset(), data.size());
-                 !checked.ok()) {
-        bad = checked.status();
-      } else if (absl::Status crc = CheckChunkCrc(chunk.crc32c(), data.data(), data.size(),
-                                                  absl::StrCat("the chunk at offset ", next));
-                 !crc.ok()) {
-        bad = crc;
-      } else if (!sink(next,
-                       ByteSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size()))) {
-        bad = absl::CancelledError("read cancelled by the caller");
-      }
-      if (!bad.ok()) break;
-      sequence.Advance(data.size());
-      next += data.size();
-    }
-    if (!bad.ok()) {
-      ctx.TryCancel();
-      (void)reader->Finish();
-      return Annotate(bad, what);
-    }
-    absl::Status s = FromGrpcStatus(reader->Finish());
-    if (s.ok()) return Annotate(sequence.Finish(), what);
-    const absl::Duration delay = backoff.Next();
-    if (!absl::IsUnavailable(s) || absl::Now() + delay >= deadline) return Annotate(s, what);
-    absl::SleepFor(delay);
-  }
+  // A retried read resumes at `next`, so nothing is delivered twice.
+  absl::Status s = Retry(
+      StorePolicy(options_.transfer_timeout), nullptr, [&](absl::Duration left) -> absl::Status {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineIn(left));
+        shoal::v1::ReadLayerRequest request;
+        request.set_id(id);
+        request.set_layer(layer);
+        request.set_offset(next);
+        request.set_length(bounded ? end - next : 0);
+        const bool resumed = next != offset;
+        if (bounded && resumed && next == end) return absl::OkStatus();
+        auto reader = stub_->ReadLayer(&ctx, request);
+        shoal::v1::LayerChunk chunk;
+        absl::Status bad;
+        // The wire module's checks and codes (common/tensor_wire.h): a chunk of
+        // another layer or out of place is INVALID_ARGUMENT, a bad CRC or a
+        // short stream DATA_LOSS.
+        ChunkSequence sequence(next, bounded ? end : ChunkSequence::kUnbounded, /*unit_bytes=*/1);
+        while (reader->Read(&chunk)) {
+          const std::string& data = chunk.data();
+          if (chunk.layer() != layer) {
+            bad = absl::InvalidArgumentError(
+                absl::StrCat("chunk of layer ", chunk.layer(), ", expected layer ", layer));
+          } else if (absl::StatusOr<uint64_t> checked = sequence.Check(chunk.offset(), data.size());
+                     !checked.ok()) {
+            bad = checked.status();
+          } else if (absl::Status crc = CheckChunkCrc(chunk.crc32c(), data.data(), data.size(),
+                                                      absl::StrCat("the chunk at offset ", next));
+                     !crc.ok()) {
+            bad = crc;
+          } else if (!sink(next,
+                           ByteSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size()))) {
+            bad = absl::CancelledError("read cancelled by the caller");
+          }
+          if (!bad.ok()) break;
+          sequence.Advance(data.size());
+          next += data.size();
+        }
+        if (!bad.ok()) {
+          ctx.TryCancel();
+          (void)reader->Finish();
+          return bad;  // final: not UNAVAILABLE
+        }
+        absl::Status finished = FromGrpcStatus(reader->Finish());
+        if (finished.ok()) return sequence.Finish();
+        return finished;
+      });
+  return Annotate(s, what);
 }
 
 absl::Status GrpcCheckpointClient::Delete(const std::string& id) {

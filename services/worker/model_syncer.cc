@@ -81,7 +81,7 @@ struct Read {
   uint64_t end = 0;
   std::string digest;
   std::vector<float> buffer;
-  ReadCanceller canceller;
+  CancellationToken canceller;
   absl::Time last_progress;
   uint64_t received = 0;
   bool abandoned = false;  // its piece was moved; the result is ignored
@@ -93,7 +93,7 @@ struct Read {
 
 struct ManifestCall {
   size_t peer = 0;
-  ReadCanceller canceller;
+  CancellationToken canceller;
   bool finished = false;
   bool processed = false;
   absl::StatusOr<ModelManifest> result;
@@ -1004,7 +1004,8 @@ absl::Status ModelSyncer::Sync(uint64_t round, const std::string& expected_hash,
   }
   progress->syncing = true;
   progress->bytes_total = total * sizeof(float);
-  const absl::Time start = absl::Now();
+  const Clock* clock = options_.clock != nullptr ? options_.clock : RealClock::Get();
+  const absl::Time start = clock->Now();
   absl::Status last;
   for (int attempt = 1; attempt <= std::max(1, options_.attempts); ++attempt) {
     progress->bytes_done = 0;
@@ -1032,7 +1033,7 @@ absl::Status ModelSyncer::Sync(uint64_t round, const std::string& expected_hash,
                                         stats->bytes_from_store / 1048576.0));
       }
       SHOAL_LOG(INFO) << absl::StrFormat("pulled the model of round %d in %.2fs: %s", round,
-                                         absl::ToDoubleSeconds(absl::Now() - start),
+                                         absl::ToDoubleSeconds(clock->Now() - start),
                                          absl::StrJoin(parts, ", "));
       progress->syncing = false;
       return absl::OkStatus();

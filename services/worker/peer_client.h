@@ -19,10 +19,6 @@
 
 namespace shoal::worker {
 
-// Kept while exchanger, model_syncer and their tests move to the token's
-// own name.
-using ReadCanceller = shoal::CancellationToken;
-
 class PeerClient {
  public:
   virtual ~PeerClient() = default;

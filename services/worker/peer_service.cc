@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -44,7 +45,12 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   ReadSliceReactor(const ModelState* state, RateLimiter* limiter, const PeerServiceOptions& options,
                    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
                    bool corrupt)
-      : state_(state), limiter_(limiter), ctx_(ctx), corrupt_(corrupt) {
+      : state_(state),
+        limiter_(limiter),
+        ctx_(ctx),
+        corrupt_(corrupt),
+        clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
+        created_(clock_->Now()) {
     if (absl::Status s = DecodeReadSliceRequest(*raw_request, &request_); !s.ok()) {
       FinishOnce(ToGrpcStatus(s));
       return;
@@ -55,9 +61,10 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     // Park at most `averaged_wait`, and end before the reader's deadline so
     // that it hears why rather than DEADLINE_EXCEEDED: a quarter of the time
     // left, up to 500 ms, ahead of it (room for a busy machine's scheduling).
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     park_until_ = now + options.averaged_wait;
-    const absl::Time deadline = absl::FromChrono(ctx->deadline());
+    // The reader's deadline is wall-clock time; read it on the injected clock.
+    const absl::Time deadline = now + (absl::FromChrono(ctx->deadline()) - absl::Now());
     if (deadline < park_until_) {
       park_until_ = deadline - std::min((deadline - now) / 4, absl::Milliseconds(500));
     }
@@ -171,7 +178,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         action = Action::kStream;
         leave_park = parked && !timer_expired;
       } else if (may_wait && request_.kind() == shoal::v1::AVERAGED && !timer_expired &&
-                 !cancelled_ && absl::Now() < park_until_) {
+                 !cancelled_ && clock_->Now() < park_until_) {
         if (!parked) {
           phase_ = Phase::kParked;
           action = Action::kPark;
@@ -184,7 +191,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         if (timer_expired && may_wait) {
           refusal = grpc::Status(
               grpc::StatusCode::UNAVAILABLE,
-              absl::StrCat(s.message(), " (waited ", absl::FormatDuration(absl::Now() - created_),
+              absl::StrCat(s.message(), " (waited ", absl::FormatDuration(clock_->Now() - created_),
                            " on the server)"));
         }
       }
@@ -197,10 +204,12 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         absl::MutexLock lock(&alarm_mu_);
         AddRef();  // the alarm's
         park_armed_ = true;
-        park_alarm_.Set(absl::ToChronoTime(park_until_), [this](bool ok) {
-          OnParkTimer(ok);
-          Release();
-        });
+        // gRPC's alarms run on wall-clock time: the same distance ahead.
+        park_alarm_.Set(absl::ToChronoTime(absl::Now() + (park_until_ - clock_->Now())),
+                        [this](bool ok) {
+                          OnParkTimer(ok);
+                          Release();
+                        });
         return;
       }
       case Action::kStream:
@@ -317,7 +326,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   RateLimiter* const limiter_;
   grpc::CallbackServerContext* const ctx_;
   const bool corrupt_;
-  const absl::Time created_ = absl::Now();
+  const Clock* const clock_;
+  const absl::Time created_;
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
 
   shoal::v1::ReadSliceRequest request_;

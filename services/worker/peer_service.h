@@ -19,6 +19,7 @@
 #include <atomic>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/rate_limiter.h"
 #include "services/worker/core/model_state.h"
 #include "shoal/v1/peer.grpc.pb.h"
@@ -29,6 +30,9 @@ struct PeerServiceOptions {
   // Longest wait of an AVERAGED read for its slice's average (0: refuse at
   // once with UNAVAILABLE, as before reads were parked).
   absl::Duration averaged_wait = absl::Seconds(2);
+  // Time source of the park deadlines (the real clock when null); gRPC's
+  // alarms fire the same distance ahead on wall-clock time.
+  const Clock* clock = nullptr;
 };
 
 // Thread-safe (state lives in ModelState).

@@ -41,7 +41,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   w->data_ = std::move(*data);
   w->state_ = std::make_unique<ModelState>();
   w->upload_limiter_ = std::make_unique<RateLimiter>(w->options_.upload_rate_mbps * 1e6 / 8);
-  w->peer_service_ = std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get());
+  PeerServiceOptions popts;
+  popts.clock = w->clock_;
+  w->peer_service_ =
+      std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);

@@ -461,7 +461,7 @@ TEST_F(ZeroCopyServiceTest, CancelledParkedReadIsReleased) {
   PeerServiceOptions options;
   options.averaged_wait = absl::Seconds(10);
   Start(options);
-  ReadCanceller canceller;
+  CancellationToken canceller;
   absl::Status s;
   std::thread reader([&] {
     s = client_.ReadSliceCancellable(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),

@@ -558,8 +558,8 @@ TEST(ExchangerFailureTest, AbortDuringAStreamReturnsAborted) {
 TEST(ExchangerFailureTest, PlanWithoutSelfIsInvalidArgument) {
   Harness h(3, 999);
   FakePeerClient client(ByAddress(h.workers), {});
-  Exchanger ex(&client, &h.workers[0]->state, h.workers[0]->params.data(), TestOptions());
-  absl::Status s = ex.Run(h.plan, "w99", nullptr, nullptr);
+  Exchanger ex(&client, &h.workers[0]->state, TestOptions());
+  absl::Status s = ex.Average(h.plan, "w99", h.workers[0]->params.data(), nullptr, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(client.calls(), 0);
   EXPECT_EQ(h.workers[0]->params, h.workers[0]->initial);

@@ -82,7 +82,8 @@ class FakePeers : public PeerClient {
 
   absl::Status ReadSliceCancellable(
       const std::string& address, const ReadSliceRequest& request, absl::Duration timeout,
-      ReadCanceller* canceller, const std::function<bool(const ChunkView&)>& on_chunk) override {
+      CancellationToken* canceller,
+      const std::function<bool(const ChunkView&)>& on_chunk) override {
     auto it = holders_.find(address);
     if (it == holders_.end()) return absl::UnavailableError("no such peer");
     const Holder& h = it->second;
@@ -138,7 +139,7 @@ class FakePeers : public PeerClient {
   absl::StatusOr<shoal::v1::ModelManifest> GetManifest(const std::string& address, uint64_t round,
                                                        const std::string& reader_id,
                                                        absl::Duration timeout,
-                                                       ReadCanceller* canceller) override {
+                                                       CancellationToken* canceller) override {
     auto it = holders_.find(address);
     if (it == holders_.end() || it->second.mode == Holder::kDown) {
       return absl::UnavailableError(absl::StrCat("peer ", address, " is gone"));
