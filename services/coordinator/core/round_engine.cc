@@ -157,6 +157,21 @@ bool RoundEngine::IsActive(const std::string& worker_id) const {
   return index_.contains(worker_id);
 }
 
+absl::StatusOr<RoundEngine::Member*> RoundEngine::FindParticipant(const std::string& worker_id,
+                                                                  uint64_t round,
+                                                                  const char* what) {
+  auto found = FindActive(worker_id);
+  if (!found.ok()) return found.status();
+  if (absl::Status s = CheckRound(round, what); !s.ok()) return s;
+  if (!IsParticipant(worker_id)) {
+    const std::string& missed = (*found)->missed_reason;
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " is not a participant of round ", round_,
+                     missed.empty() ? "" : absl::StrCat(" (", missed, ")")));
+  }
+  return *found;
+}
+
 absl::Status RoundEngine::CheckRound(uint64_t round, const char* what) const {
   if (round < round_) {
     return absl::FailedPreconditionError(

@@ -220,6 +220,10 @@ class RoundEngine {
   bool IsParticipant(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRound(uint64_t round, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The active member `worker_id`, when `round` is the current round (for
+  // `what`) and it takes part in it; FAILED_PRECONDITION / NOT_FOUND else.
+  absl::StatusOr<Member*> FindParticipant(const std::string& worker_id, uint64_t round,
+                                          const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> Holders() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the member holds the run's agreed model (no catch-up).
   bool HoldsAgreedModel(const Member& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -74,15 +74,9 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
                                       Directives* out) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
-  auto found = FindActive(request.worker_id());
+  auto found = FindParticipant(request.worker_id(), request.round(), "ready");
   if (!found.ok()) return found.status();
   Member* member = *found;
-  if (absl::Status s = CheckRound(request.round(), "ready"); !s.ok()) return s;
-  if (!IsParticipant(request.worker_id())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", request.worker_id(), " is not a participant of round ", round_,
-        member->missed_reason.empty() ? "" : absl::StrCat(" (", member->missed_reason, ")")));
-  }
   if (phase_ != shoal::v1::TRAINING) {
     if (member->ready) return absl::OkStatus();  // retried call
     return absl::FailedPreconditionError(
@@ -177,14 +171,9 @@ absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequ
                                            Directives* out) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
-  auto found = FindActive(request.worker_id());
+  auto found = FindParticipant(request.worker_id(), request.round(), "connections ready");
   if (!found.ok()) return found.status();
   Member* member = *found;
-  if (absl::Status s = CheckRound(request.round(), "connections ready"); !s.ok()) return s;
-  if (!IsParticipant(request.worker_id())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", request.worker_id(), " is not a participant of round ", round_));
-  }
   if (phase_ != shoal::v1::SHARING || request.attempt() != attempt_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan attempt ", request.attempt(), " is not current (round ", round_, " is at attempt ",
