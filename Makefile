@@ -4,7 +4,7 @@ BUILD_TYPE ?= RelWithDebInfo
 SANITIZE   ?= OFF
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos bench format clean
+.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos bench fuzz format clean
 
 all: build
 
@@ -55,6 +55,20 @@ chaos: build
 # About 10 minutes on 2 cores. One benchmark: bash bench/run.sh NAME.
 bench: build
 	@BUILD=$(BUILD) bash bench/run.sh all
+
+# libFuzzer targets of every decoder of untrusted bytes (tests/fuzz,
+# docs/SECURITY.md): a clang build in $(FUZZ_BUILD), each target run for
+# FUZZ_SECONDS (default 60) from its committed corpus; prints executions
+# and crashes per target. Not part of `make test`.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz:
+	@bash scripts/install-deps.sh --fuzz
+	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DSHOAL_FUZZ=ON -DSHOAL_TEST_TIERS= \
+	  > $(FUZZ_BUILD).configure.log 2>&1 || { cat $(FUZZ_BUILD).configure.log; exit 1; }
+	@ninja -C $(FUZZ_BUILD) fuzzers
+	@bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')

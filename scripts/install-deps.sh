@@ -3,6 +3,7 @@
 # Idempotent and non-interactive; everything comes from Debian's apt archive.
 #   scripts/install-deps.sh           build + test + demo packages
 #   scripts/install-deps.sh --bench   also what the benchmarks compare against
+#   scripts/install-deps.sh --fuzz    also clang and its libFuzzer runtime (make fuzz)
 set -euo pipefail
 
 PKGS=(
@@ -14,6 +15,7 @@ PKGS=(
   dataset-fashion-mnist python3-torch
   clang-format iproute2 procps grpc-proto
   python3-yaml
+  prometheus-cpp-dev prometheus
 )
 # `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
 # provides kubectl; it cannot be installed over another package's kubectl
@@ -23,6 +25,11 @@ if ! command -v kubectl >/dev/null 2>&1; then
 fi
 if [[ "${1:-}" == "--bench" ]]; then
   PKGS+=(linux-perf valgrind)
+fi
+# bookworm's clang is clang 14; libclang-rt-14-dev ships libFuzzer
+# (libclang_rt.fuzzer*.a) and the sanitizer runtimes.
+if [[ "${1:-}" == "--fuzz" ]]; then
+  PKGS+=(clang libclang-rt-14-dev)
 fi
 
 missing=()

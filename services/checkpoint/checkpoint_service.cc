@@ -1,10 +1,14 @@
 #include "services/checkpoint/checkpoint_service.h"
 
+#include <cctype>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
 
@@ -34,6 +38,34 @@ const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE,
 using shoal::v1::CheckpointInfo;
 using shoal::v1::LayerChunk;
 using shoal::v1::UploadChunk;
+
+// Prometheus series of the store (common/metrics.h): one update per call,
+// never per chunk.
+grpc::Status Counted(const char* op, grpc::Status status) {
+  std::string result =
+      status.ok() ? "ok"
+                  : absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
+  for (char& c : result) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  Metrics::Counter("shoal_checkpoint_store_operations_total",
+                   "Checkpoint store calls by operation and result (ok or the gRPC code).",
+                   {{"op", op}, {"result", result}})
+      .Add();
+  return status;
+}
+
+// The committed checkpoints and their bytes (before deduplication of
+// identical layers), after each commit or delete.
+void CountStored(const CheckpointStore& store) {
+  double bytes = 0;
+  const std::vector<CheckpointInfo> all = store.List();
+  for (const CheckpointInfo& info : all) bytes += static_cast<double>(info.bytes());
+  Metrics::Gauge("shoal_checkpoint_store_checkpoints", "Committed checkpoints in the store.")
+      .Set(static_cast<double>(all.size()));
+  Metrics::Gauge("shoal_checkpoint_store_bytes",
+                 "Bytes of the committed checkpoints (sum of their sizes; identical layers are "
+                 "stored once on disk).")
+      .Set(bytes);
+}
 
 // One upload stream: the manifest, then layer chunks; commits when the
 // client half-closes. Any error aborts the upload (its temporary files go)
@@ -66,6 +98,11 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   void OnDone() override { delete this; }
 
  private:
+  // Hides the base Finish so that every end of the call is counted once.
+  void Finish(const grpc::Status& status) {
+    grpc::ServerReadReactor<UploadChunk>::Finish(Counted("upload", status));
+  }
+
   absl::Status Begin() {
     if (!in_.has_manifest()) {
       return absl::InvalidArgumentError("the first message of an upload must carry the manifest");
@@ -108,8 +145,15 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       Fail(info.status());
       return;
     }
+    Metrics::Counter("shoal_checkpoint_store_uploaded_bytes_total",
+                     "Bytes of checkpoints committed by uploads.")
+        .Add(static_cast<double>(info->bytes()));
+    Metrics::Histogram("shoal_checkpoint_store_upload_size_bytes",
+                       "Size of each committed checkpoint upload.", Metrics::BytesBuckets())
+        .Observe(static_cast<double>(info->bytes()));
     *response_ = std::move(*info);
     upload_.reset();
+    CountStored(*store_);
     Finish(grpc::Status::OK);
   }
 
@@ -167,6 +211,11 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
   void OnDone() override { delete this; }
 
  private:
+  // Hides the base Finish so that every end of the call is counted once.
+  void Finish(const grpc::Status& status) {
+    grpc::ServerWriteReactor<LayerChunk>::Finish(Counted("read_layer", status));
+  }
+
   void WriteNext() {
     if (reader_->remaining() == 0) {
       Finish(ToGrpcStatus(reader_->Finish()));
@@ -201,13 +250,20 @@ grpc::ServerUnaryReactor* CheckpointService::List(grpc::CallbackServerContext* c
                                                   shoal::v1::ListCheckpointsResponse* response) {
   auto* reactor = ctx->DefaultReactor();
   if (Draining()) {
-    reactor->Finish(kShuttingDown);
+    reactor->Finish(Counted("list", kShuttingDown));
     return reactor;
+  }
+  // The filter is a run id; a malformed one is refused like a bad id.
+  if (!request->run_id().empty()) {
+    if (absl::Status s = ValidateRunId(request->run_id()); !s.ok()) {
+      reactor->Finish(Counted("list", ToGrpcStatus(s)));
+      return reactor;
+    }
   }
   for (auto& info : store_->List(request->run_id())) {
     *response->add_checkpoints() = std::move(info);
   }
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(Counted("list", grpc::Status::OK));
   return reactor;
 }
 
@@ -216,12 +272,12 @@ grpc::ServerUnaryReactor* CheckpointService::GetManifest(
     shoal::v1::Manifest* response) {
   auto* reactor = ctx->DefaultReactor();
   if (Draining()) {
-    reactor->Finish(kShuttingDown);
+    reactor->Finish(Counted("get_manifest", kShuttingDown));
     return reactor;
   }
   absl::StatusOr<shoal::v1::Manifest> manifest = store_->GetManifest(request->id());
   if (manifest.ok()) *response = std::move(*manifest);
-  reactor->Finish(ToGrpcStatus(manifest.status()));
+  reactor->Finish(Counted("get_manifest", ToGrpcStatus(manifest.status())));
   return reactor;
 }
 
@@ -235,10 +291,12 @@ grpc::ServerUnaryReactor* CheckpointService::Delete(
     shoal::v1::DeleteCheckpointResponse* response) {
   auto* reactor = ctx->DefaultReactor();
   if (Draining()) {
-    reactor->Finish(kShuttingDown);
+    reactor->Finish(Counted("delete", kShuttingDown));
     return reactor;
   }
-  reactor->Finish(ToGrpcStatus(store_->Delete(request->id())));
+  const absl::Status deleted = store_->Delete(request->id());
+  if (deleted.ok()) CountStored(*store_);
+  reactor->Finish(Counted("delete", ToGrpcStatus(deleted)));
   return reactor;
 }
 

@@ -197,6 +197,83 @@ TEST_F(CheckpointServiceTest, UnknownIdIsNotFound) {
   ExpectServing();
 }
 
+// Hostile ids through the real protocol: each is INVALID_ARGUMENT before the
+// store looks anything up or touches a file, and the server keeps serving.
+TEST_F(CheckpointServiceTest, HostileIdsAreInvalidArguments) {
+  ASSERT_TRUE(client_->Upload(MakeManifest("run", 1, layers_), Spans(layers_)).ok());
+  const std::vector<std::string> hostile = {
+      "",
+      "..",
+      "../run-r1",
+      "run-r1/..",
+      "manifests/run-r1",
+      "/etc/passwd",
+      ".hidden-r1",
+      "a..b-r1",
+      std::string("run-r1\0x", 8),
+      "run r1",
+      "run-r1\n",
+      std::string(checkpoint::kMaxCheckpointIdLength + 1, 'x'),
+      std::string(1 << 20, 'a')};
+  auto sink = [](uint64_t, ByteSpan) { return true; };
+  for (const std::string& id : hostile) {
+    SCOPED_TRACE(id.substr(0, 40));
+    absl::Status s = client_->GetManifest(id).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    s = client_->ReadLayer(id, 0, 0, 0, sink);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    s = client_->Delete(id);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  }
+  // The longest valid id is merely unknown.
+  EXPECT_TRUE(absl::IsNotFound(
+      client_->GetManifest(std::string(checkpoint::kMaxCheckpointIdLength, 'x')).status()));
+  // A run id filter of List is checked the same way.
+  grpc::ClientContext ctx;
+  v1::ListCheckpointsRequest list;
+  list.set_run_id("../run");
+  v1::ListCheckpointsResponse listed;
+  EXPECT_EQ(stub_->List(&ctx, list, &listed).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Nothing was touched: the checkpoint is still there and whole.
+  auto m = client_->GetManifest("run-r1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(ReadWholeLayer(client_.get(), "run-r1", *m, 1, &bytes).ok());
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), layers_[1].str());
+  ASSERT_TRUE(client_->Delete("run-r1").ok());
+  ExpectServing();
+}
+
+// Huge offsets and lengths on a raw stub (the client library checks its
+// own spans): OUT_OF_RANGE, never a wrapped range, and the server serves on.
+TEST_F(CheckpointServiceTest, HugeOffsetsAndLengthsAreOutOfRange) {
+  ASSERT_TRUE(client_->Upload(MakeManifest("run", 1, layers_), Spans(layers_)).ok());
+  const uint64_t kMax = ~uint64_t{0};
+  struct Case {
+    uint32_t layer;
+    uint64_t offset, length;
+  };
+  for (const Case& c : {Case{1, kMax, 0}, Case{1, 8, kMax}, Case{1, kMax - 7, 16},
+                        Case{1, 2560, kMax - 2559}, Case{~0u, 0, 0}, Case{3, 0, 0}}) {
+    SCOPED_TRACE(absl::StrCat(c.layer, " ", c.offset, " ", c.length));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
+    v1::ReadLayerRequest request;
+    request.set_id("run-r1");
+    request.set_layer(c.layer);
+    request.set_offset(c.offset);
+    request.set_length(c.length);
+    auto reader = stub_->ReadLayer(&ctx, request);
+    v1::LayerChunk chunk;
+    size_t chunks = 0;
+    while (reader->Read(&chunk)) ++chunks;
+    EXPECT_EQ(chunks, 0u);
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  }
+  ASSERT_TRUE(client_->Delete("run-r1").ok());
+  ExpectServing();
+}
+
 TEST_F(CheckpointServiceTest, ReadsPastTheEndAreOutOfRange) {
   ASSERT_TRUE(client_->Upload(MakeManifest("run", 1, layers_), Spans(layers_)).ok());
   auto sink = [](uint64_t, ByteSpan) { return true; };

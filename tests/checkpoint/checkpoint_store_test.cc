@@ -588,5 +588,45 @@ TEST_F(CheckpointStoreTest, ReaderSurvivesAConcurrentDelete) {
   EXPECT_EQ(all, layers_[0].str());
 }
 
+TEST(CheckpointIdTest, OnlySafeFileNamesAreIds) {
+  for (const std::string id : {"run-r1", "fmnist-1-r30", "a.b_c-r0", "nope", "R_1.2-x"}) {
+    EXPECT_TRUE(ValidateCheckpointId(id).ok()) << id;
+  }
+  EXPECT_TRUE(ValidateCheckpointId(std::string(kMaxCheckpointIdLength, 'x')).ok());
+  // The longest run id with the largest round is still a valid id.
+  EXPECT_TRUE(
+      ValidateCheckpointId(CheckpointId(std::string(kMaxRunIdLength, 'r'), ~uint64_t{0})).ok());
+  for (const std::string id :
+       {std::string(), std::string(".."), std::string("."), std::string("../x"), std::string("a/b"),
+        std::string("/abs"), std::string(".hidden"), std::string("a..b"), std::string("a\\b"),
+        std::string("a b"), std::string("a\nb"), std::string("x\0y", 3), std::string("caf\xc3\xa9"),
+        std::string(kMaxCheckpointIdLength + 1, 'x')}) {
+    const absl::Status s = ValidateCheckpointId(id);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << id << ": " << s;
+  }
+  // Run ids follow the same rules (a run id with ".." would make ids the
+  // store then refuses).
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateRunId("a..b")));
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateRunId(std::string(kMaxRunIdLength + 1, 'r'))));
+  EXPECT_TRUE(ValidateRunId(std::string(kMaxRunIdLength, 'r')).ok());
+}
+
+TEST_F(CheckpointStoreTest, HostileIdsAreRefusedBeforeAnyLookup) {
+  auto store = OpenStore();
+  ASSERT_TRUE(Upload(store.get(), MakeManifest("run", 1, layers_), layers_).ok());
+  for (const std::string id : {std::string("../manifests/run-r1"), std::string("run-r1/"),
+                               std::string(".."), std::string(4096, 'a')}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(store->GetManifest(id).status())) << id;
+    EXPECT_TRUE(absl::IsInvalidArgument(store->Info(id).status())) << id;
+    EXPECT_TRUE(absl::IsInvalidArgument(store->ReadLayer(id, 0, 0, 0).status())) << id;
+    EXPECT_TRUE(absl::IsInvalidArgument(store->Delete(id))) << id;
+  }
+  // The message quotes a hostile id escaped and shortened.
+  const absl::Status s = store->GetManifest(std::string(300, 'a') + "\n").status();
+  EXPECT_LT(s.message().size(), 200u) << s;
+  EXPECT_EQ(store->size(), 1u);
+  EXPECT_TRUE(store->GetManifest("run-r1").ok());
+}
+
 }  // namespace
 }  // namespace shoal::checkpoint

@@ -39,3 +39,9 @@ shoal_test(worker_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/worker_protocol_t
   LIBS worker_core)
 shoal_test(model_memory_test unit ${CMAKE_CURRENT_LIST_DIR}/model_memory_test.cc
   LIBS worker_core)
+shoal_test(fuzz_corpus_test unit ${CMAKE_CURRENT_LIST_DIR}/fuzz_corpus_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_targets.cc
+  LIBS checkpoint_core coordinator_core worker_core)
+target_compile_definitions(fuzz_corpus_test PRIVATE
+  SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
+shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)

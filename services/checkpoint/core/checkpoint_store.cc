@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,7 +28,6 @@ namespace {
 
 constexpr char kFormat[] = "shoal-checkpoint-store 1\n";
 constexpr size_t kIoBytes = 1 << 20;
-constexpr size_t kMaxRunIdLength = 128;
 
 // errno -> status. The codes a client can act on are chosen explicitly: a
 // full disk is RESOURCE_EXHAUSTED, a read-only or forbidden directory is an
@@ -80,24 +80,6 @@ bool IsLowerSha256(absl::string_view s) {
          });
 }
 
-absl::Status ValidateRunId(absl::string_view run_id) {
-  if (run_id.empty()) return absl::InvalidArgumentError("manifest has no run_id");
-  if (run_id.size() > kMaxRunIdLength) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("run_id is longer than ", kMaxRunIdLength, " characters"));
-  }
-  // The id names a file: letters, digits, '.', '_', '-', not starting with '.'.
-  const bool ok = run_id[0] != '.' && std::all_of(run_id.begin(), run_id.end(), [](char c) {
-                    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
-                  });
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("run_id '", run_id,
-                     "' may only contain letters, digits, '.', '_' and '-' (not first '.')"));
-  }
-  return absl::OkStatus();
-}
-
 // Hashes a whole file.
 absl::StatusOr<std::string> HashFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -132,6 +114,57 @@ size_t DtypeSize(absl::string_view dtype) { return dtype == "float32" ? 4 : 0; }
 
 std::string CheckpointId(absl::string_view run_id, uint64_t round) {
   return absl::StrCat(run_id, "-r", round);
+}
+
+namespace {
+
+// Letters, digits, '.', '_', '-'; not first '.'; no "..". Such a name is
+// one path component that is neither "." nor "..", whatever follows it.
+bool IsSafeName(absl::string_view name) {
+  return !name.empty() && name[0] != '.' && !absl::StrContains(name, "..") &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+         });
+}
+
+// `s` for an error message: at most 64 characters, non-printable bytes
+// escaped (a hostile id is echoed back, and logged).
+std::string Quoted(absl::string_view s) {
+  std::string out = absl::CHexEscape(s.substr(0, 64));
+  if (s.size() > 64) absl::StrAppend(&out, "... (", s.size(), " bytes)");
+  return absl::StrCat("'", out, "'");
+}
+
+}  // namespace
+
+absl::Status ValidateRunId(absl::string_view run_id) {
+  if (run_id.empty()) return absl::InvalidArgumentError("manifest has no run_id");
+  if (run_id.size() > kMaxRunIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_id is longer than ", kMaxRunIdLength, " characters"));
+  }
+  if (!IsSafeName(run_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_id ", Quoted(run_id),
+                     " may only contain letters, digits, '.', '_' and '-' (not first '.', no "
+                     "'..')"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCheckpointId(absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("checkpoint id is empty");
+  if (id.size() > kMaxCheckpointIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint id ", Quoted(id), " is longer than ",
+                                                   kMaxCheckpointIdLength, " characters"));
+  }
+  if (!IsSafeName(id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint id ", Quoted(id),
+                     " may only contain letters, digits, '.', '_' and '-' (not first '.', no "
+                     "'..')"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateManifest(const shoal::v1::Manifest& m) {
@@ -795,18 +828,22 @@ std::vector<shoal::v1::CheckpointInfo> CheckpointStore::List(absl::string_view r
 }
 
 absl::StatusOr<shoal::v1::CheckpointInfo> CheckpointStore::Info(absl::string_view id) const {
+  RETURN_IF_ERROR(ValidateCheckpointId(id));
   absl::ReaderMutexLock lock(&mu_);
   auto it = checkpoints_.find(std::string(id));
-  if (it == checkpoints_.end())
-    return absl::NotFoundError(absl::StrCat("no checkpoint '", id, "'"));
+  if (it == checkpoints_.end()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", Quoted(id)));
+  }
   return InfoLocked(it->second);
 }
 
 absl::StatusOr<shoal::v1::Manifest> CheckpointStore::GetManifest(absl::string_view id) const {
+  RETURN_IF_ERROR(ValidateCheckpointId(id));
   absl::ReaderMutexLock lock(&mu_);
   auto it = checkpoints_.find(std::string(id));
-  if (it == checkpoints_.end())
-    return absl::NotFoundError(absl::StrCat("no checkpoint '", id, "'"));
+  if (it == checkpoints_.end()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", Quoted(id)));
+  }
   return it->second.manifest;
 }
 
@@ -814,10 +851,12 @@ absl::StatusOr<std::unique_ptr<LayerReader>> CheckpointStore::ReadLayer(absl::st
                                                                         uint32_t layer,
                                                                         uint64_t offset,
                                                                         uint64_t length) {
+  RETURN_IF_ERROR(ValidateCheckpointId(id));
   absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(std::string(id));
-  if (it == checkpoints_.end())
-    return absl::NotFoundError(absl::StrCat("no checkpoint '", id, "'"));
+  if (it == checkpoints_.end()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", Quoted(id)));
+  }
   const shoal::v1::Manifest& m = it->second.manifest;
   if (layer >= static_cast<uint32_t>(m.layers_size())) {
     return absl::OutOfRangeError(absl::StrCat("layer ", layer, " of checkpoint ", id, ": it has ",
@@ -871,6 +910,7 @@ void CheckpointStore::MarkDamaged(const std::string& sha256, const std::string& 
 }
 
 absl::Status CheckpointStore::Delete(absl::string_view id) {
+  RETURN_IF_ERROR(ValidateCheckpointId(id));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(DeleteLocked(std::string(id)));
   SHOAL_LOG(INFO) << "checkpoint " << id << " deleted";

@@ -58,6 +58,18 @@ size_t DtypeSize(absl::string_view dtype);
 // "<run_id>-r<round>".
 std::string CheckpointId(absl::string_view run_id, uint64_t round);
 
+// Longest run id, and longest checkpoint id ("<run_id>-r" + a uint64).
+inline constexpr size_t kMaxRunIdLength = 128;
+inline constexpr size_t kMaxCheckpointIdLength = kMaxRunIdLength + 2 + 20;
+
+// Run ids and checkpoint ids name files (manifests/<id>.pb), so both are
+// one safe path component: 1..limit characters, only letters, digits, '.',
+// '_' and '-', not starting with '.', no "..". INVALID_ARGUMENT otherwise.
+// Every store call that takes an id checks it first, before the index or
+// the filesystem is touched.
+absl::Status ValidateRunId(absl::string_view run_id);
+absl::Status ValidateCheckpointId(absl::string_view id);
+
 // Checks a manifest as an upload header: valid run id, at least one layer,
 // unique non-empty names, a supported dtype, non-negative shapes whose size
 // matches `bytes`, a 64-digit hex SHA-256. INVALID_ARGUMENT naming the
@@ -172,6 +184,8 @@ class CheckpointStore {
   // Committed checkpoints, newest first (creation time, then round); only
   // `run_id`'s when it is not empty.
   std::vector<shoal::v1::CheckpointInfo> List(absl::string_view run_id = "") const;
+  // Every call that takes an id: INVALID_ARGUMENT for an id that fails
+  // ValidateCheckpointId, before any lookup or file access.
   absl::StatusOr<shoal::v1::CheckpointInfo> Info(absl::string_view id) const;
   // NOT_FOUND for an unknown id.
   absl::StatusOr<shoal::v1::Manifest> GetManifest(absl::string_view id) const;

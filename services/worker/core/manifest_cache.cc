@@ -26,6 +26,41 @@ absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total) {
   return absl::OkStatus();
 }
 
+absl::Status CheckManifest(const shoal::v1::ModelManifest& m, uint64_t round, const std::string& hash,
+                           uint64_t total) {
+  if (m.round() != round) {
+    return absl::FailedPreconditionError(absl::StrCat("describes round ", m.round()));
+  }
+  if (m.model_hash() != hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "holds a model with hash ", m.model_hash().substr(0, 12), ", not ", hash.substr(0, 12)));
+  }
+  if (m.total_elements() != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("describes ", m.total_elements(), " elements, this model has ", total));
+  }
+  if (m.piece_elements() == 0) return absl::InvalidArgumentError("piece_elements is 0");
+  uint64_t next = 0;
+  for (const auto& l : m.layers()) {
+    if (l.offset() != next || l.elements() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer '", l.name(), "' does not follow the previous one"));
+    }
+    const uint64_t pieces = (l.elements() + m.piece_elements() - 1) / m.piece_elements();
+    const uint64_t digests = pieces > 1 ? pieces : 0;
+    if (static_cast<uint64_t>(l.piece_sha256_size()) != digests || l.sha256().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer '", l.name(), "' has ",
+                                                     l.piece_sha256_size(),
+                                                     " piece digests, expected ", digests));
+    }
+    next += l.elements();
+  }
+  if (next != total) {
+    return absl::InvalidArgumentError(absl::StrCat("the layers cover ", next, " elements"));
+  }
+  return absl::OkStatus();
+}
+
 shoal::v1::ModelManifest ComputeModelManifest(const float* data, uint64_t total,
                                               const std::vector<LayerSpan>& layers,
                                               uint64_t piece_elements, uint64_t round,

@@ -50,6 +50,13 @@ shoal::v1::ModelManifest ComputeModelManifest(const float* data, uint64_t total,
 // cover exactly `total` elements; INVALID_ARGUMENT otherwise.
 absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total);
 
+// Checks a manifest received from a peer (Peer.GetManifest) before the
+// syncer builds its piece table from it: the wanted `round` and agreed
+// `hash` (FAILED_PRECONDITION otherwise), and a layer table that fits a
+// model of `total` elements with one digest per piece (INVALID_ARGUMENT).
+absl::Status CheckManifest(const shoal::v1::ModelManifest& m, uint64_t round,
+                           const std::string& hash, uint64_t total);
+
 using ManifestCallback = std::function<void(absl::StatusOr<shoal::v1::ModelManifest>)>;
 
 class ManifestCache {
