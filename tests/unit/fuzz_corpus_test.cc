@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/tensor_wire.h"
 #include "gtest/gtest.h"
 #include "tests/fuzz/fuzz_targets.h"
 
@@ -44,3 +45,28 @@ INSTANTIATE_TEST_SUITE_P(Targets, FuzzCorpusTest, ::testing::ValuesIn(Targets())
 
 }  // namespace
 }  // namespace shoal::fuzz
+
+namespace shoal {
+namespace {
+
+// Crashers `make fuzz` found, as plain tests (their inputs are also in the
+// corpus as crash-*).
+
+// tensor_chunk: a field tag of more than 5 bytes was skipped as an unknown
+// field, so ParseChunk accepted bytes protobuf refuses.
+TEST(FuzzRegressionTest, OverlongFieldTagIsDataLoss) {
+  // Tag 0x41 (field 8, fixed64) padded to 6 bytes, then 8 bytes of value.
+  const uint8_t padded[] = {0xc1, 0x80, 0x80, 0x80, 0x80, 0x00, 1, 2, 3, 4, 5, 6, 7, 8};
+  // The crasher's shape: a 6-byte tag past 32 bits.
+  const uint8_t wide[] = {0xc1, 0xc1, 0xc1, 0xc1, 0xc1, 0x64, 1, 2, 3, 4, 5, 6, 7, 8};
+  for (const auto* bytes : {padded, wide}) {
+    const BytePiece piece{bytes, sizeof(padded)};
+    RawChunk chunk;
+    EXPECT_TRUE(absl::IsDataLoss(ParseChunk(&piece, 1, &chunk)));
+    shoal::v1::TensorChunk proto;
+    EXPECT_FALSE(proto.ParseFromArray(bytes, sizeof(padded)));
+  }
+}
+
+}  // namespace
+}  // namespace shoal

@@ -26,8 +26,8 @@ absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total) {
   return absl::OkStatus();
 }
 
-absl::Status CheckManifest(const shoal::v1::ModelManifest& m, uint64_t round, const std::string& hash,
-                           uint64_t total) {
+absl::Status CheckManifest(const shoal::v1::ModelManifest& m, uint64_t round,
+                           const std::string& hash, uint64_t total) {
   if (m.round() != round) {
     return absl::FailedPreconditionError(absl::StrCat("describes round ", m.round()));
   }
