@@ -14,6 +14,23 @@ absl::StatusOr<std::unique_ptr<CheckpointServer>> CheckpointServer::Start(
   auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server->server_ = std::move(*grpc_server);
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options.metrics_listen);
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_ = std::move(*metrics);
+    SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
+    // What the store holds at start; the service updates both on each
+    // commit and delete (same names and help as there).
+    double bytes = 0;
+    const std::vector<shoal::v1::CheckpointInfo> all = server->store_->List();
+    for (const auto& info : all) bytes += static_cast<double>(info.bytes());
+    Metrics::Gauge("shoal_checkpoint_store_checkpoints", "Committed checkpoints in the store.")
+        .Set(static_cast<double>(all.size()));
+    Metrics::Gauge("shoal_checkpoint_store_bytes",
+                   "Bytes of the committed checkpoints (sum of their sizes; identical layers are "
+                   "stored once on disk).")
+        .Set(bytes);
+  }
   return server;
 }
 
@@ -32,6 +49,7 @@ void CheckpointServer::Shutdown(absl::Duration grace) {
     }
   }
   if (server_) server_->Shutdown(absl::ZeroDuration());
+  metrics_.reset();
   // Releases the data directory (its lock), e.g. for a restart in-process.
   store_.reset();
 }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "common/metrics.h"
 #include "services/checkpoint/checkpoint_service.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 
@@ -18,6 +19,8 @@ struct CheckpointServerOptions {
   // "host:port"; port 0 picks a free port.
   std::string listen = "127.0.0.1:50052";
   StoreOptions store;
+  // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
+  std::string metrics_listen;
 };
 
 // Not thread-safe itself (start, then shut down from one thread); the store
@@ -32,6 +35,8 @@ class CheckpointServer {
 
   int port() const { return server_->port(); }
   const std::string& address() const { return server_->address(); }
+  // The metrics port, 0 when metrics_listen is off.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // Valid until Shutdown().
   CheckpointStore& store() { return *store_; }
 
@@ -44,6 +49,7 @@ class CheckpointServer {
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointService> service_;
   std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set
   bool shut_down_ = false;
 };
 

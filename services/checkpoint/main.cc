@@ -13,6 +13,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
           "Address to serve on (host:port; port 0 picks a free port).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port); "
+          "empty = off.");
 ABSL_FLAG(std::string, data_dir, "",
           "Directory of the store (required; created if missing). One server per directory.");
 ABSL_FLAG(uint32_t, retain, 0,
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
 
   shoal::checkpoint::CheckpointServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store.retain = absl::GetFlag(FLAGS_retain);
   options.store.verify_on_start = absl::GetFlag(FLAGS_verify_on_start);

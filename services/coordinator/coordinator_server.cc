@@ -1,10 +1,93 @@
 #include "services/coordinator/coordinator_server.h"
 
+#include <unordered_set>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "services/checkpoint/checkpoint_client.h"
 
 namespace shoal::coordinator {
+namespace {
+
+// The coordinator's Prometheus series, refreshed from RoundEngine::Status()
+// on the ticker thread when the status changed since the last look (the
+// engine itself knows nothing of metrics; no lock is added to it).
+class StatusMetrics {
+ public:
+  StatusMetrics()
+      : round_(Metrics::Gauge("shoal_round", "Current (or next) round number.")),
+        last_completed_(Metrics::Gauge("shoal_last_completed_round",
+                                       "Last round every participant finished with agreeing "
+                                       "hashes (0 = none).")),
+        members_(Metrics::Gauge("shoal_members", "Active members (joined, not removed).")),
+        participants_(Metrics::Gauge("shoal_participants", "Participants of the current round.")),
+        queued_(Metrics::Gauge("shoal_queued_workers", "Workers queued for the next round.")),
+        evictions_(Metrics::Counter("shoal_evictions_total",
+                                    "Workers evicted (minority hash, unreachable, missed rounds "
+                                    "are counted when the status shows them evicted).")),
+        rounds_(Metrics::Counter("shoal_rounds_completed_total",
+                                 "Rounds completed with agreeing hashes.")),
+        round_seconds_(Metrics::Histogram("shoal_round_duration_seconds",
+                                          "Wall time of a completed round, from its start to the "
+                                          "last hash report.",
+                                          Metrics::SecondsBuckets())),
+        train_loss_(Metrics::Gauge("shoal_run_train_loss",
+                                   "Mean training loss of the participants of the last completed "
+                                   "round.")),
+        test_accuracy_(Metrics::Gauge("shoal_run_test_accuracy",
+                                      "Test accuracy (0..1) of the averaged model, latest known.")),
+        checkpoint_round_(Metrics::Gauge("shoal_checkpoint_round",
+                                         "Round of the latest checkpoint (0 = none).")) {
+    for (int p = shoal::v1::Phase_MIN; p <= shoal::v1::Phase_MAX; ++p) {
+      if (!shoal::v1::Phase_IsValid(p) || p == shoal::v1::PHASE_UNSPECIFIED) continue;
+      phases_.push_back(
+          Metrics::Gauge("shoal_phase", "1 for the run's current phase, 0 for the others.",
+                         {{"phase", absl::AsciiStrToLower(shoal::v1::Phase_Name(p))}}));
+      phase_values_.push_back(p);
+    }
+  }
+
+  // O(members) when the status changed, O(1) otherwise.
+  void Update(const RoundEngine& engine) {
+    if (engine.status_version() == version_ && version_ != 0) return;
+    const shoal::v1::RunStatus s = engine.Status(&version_);
+    round_.Set(static_cast<double>(s.round()));
+    last_completed_.Set(static_cast<double>(s.last_completed_round()));
+    members_.Set(s.members());
+    participants_.Set(s.participants_size());
+    queued_.Set(s.queued());
+    checkpoint_round_.Set(static_cast<double>(s.checkpoint_round()));
+    for (size_t i = 0; i < phases_.size(); ++i) phases_[i].Set(phase_values_[i] == s.phase());
+    for (const auto& w : s.workers()) {
+      if (w.state() == "evicted" && evicted_.insert(w.id()).second) evictions_.Add();
+    }
+    for (const auto& r : s.recent_rounds()) {
+      if (r.round() <= last_round_seen_) continue;
+      last_round_seen_ = r.round();
+      rounds_.Add();
+      round_seconds_.Observe(r.seconds());
+      train_loss_.Set(r.train_loss());
+      if (r.evaluated()) test_accuracy_.Set(r.test_accuracy());
+    }
+  }
+
+ private:
+  MetricGauge round_, last_completed_, members_, participants_, queued_;
+  MetricCounter evictions_, rounds_;
+  MetricHistogram round_seconds_;
+  MetricGauge train_loss_, test_accuracy_, checkpoint_round_;
+  std::vector<MetricGauge> phases_;
+  std::vector<int> phase_values_;
+  uint64_t version_ = 0;
+  // Worker ids are never reused within a run, so a set of the evicted ones
+  // counts each eviction once (evictions are rare; the set stays small).
+  std::unordered_set<std::string> evicted_;
+  // Rounds already observed: a resumed run starts past them.
+  uint64_t last_round_seen_ = 0;
+};
+
+}  // namespace
 
 absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   if (c.model() != "mlp" && c.model() != "cnn") {
@@ -100,11 +183,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server->server_ = std::move(*grpc_server);
+  std::shared_ptr<StatusMetrics> status_metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options.metrics_listen);
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_ = std::move(*metrics);
+    SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
+    status_metrics = std::make_shared<StatusMetrics>();
+    status_metrics->Update(*server->engine_);
+  }
   CoordinatorService* service = server->service_.get();
+  const RoundEngine* engine = server->engine_.get();
   absl::Notification* stop = &server->stop_;
   const absl::Duration tick = options.tick_interval;
-  server->ticker_ = std::thread([service, stop, tick] {
-    while (!stop->WaitForNotificationWithTimeout(tick)) service->Tick();
+  server->ticker_ = std::thread([service, engine, status_metrics, stop, tick] {
+    while (!stop->WaitForNotificationWithTimeout(tick)) {
+      service->Tick();
+      if (status_metrics) status_metrics->Update(*engine);
+    }
   });
   return server;
 }
@@ -132,6 +228,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   // Start() may have failed before everything existed.
   if (service_) service_->CloseAllSessions();
   if (server_) server_->Shutdown(grace);
+  metrics_.reset();
 }
 
 }  // namespace shoal::coordinator

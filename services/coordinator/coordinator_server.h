@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_util.h"
+#include "common/metrics.h"
 #include "services/coordinator/coordinator_service.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
@@ -24,6 +25,8 @@ struct CoordinatorOptions {
   bool run_id_from_flag = false;
   EngineOptions engine;
   absl::Duration tick_interval = absl::Milliseconds(250);
+  // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
+  std::string metrics_listen;
 };
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
@@ -44,6 +47,8 @@ class CoordinatorServer {
   int port() const { return server_->port(); }
   const std::string& address() const { return server_->address(); }
   RoundEngine& engine() { return *engine_; }
+  // The metrics port, 0 when --metrics_listen is off.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
   void Shutdown(absl::Duration grace);
 
@@ -57,6 +62,7 @@ class CoordinatorServer {
   std::unique_ptr<RoundEngine> engine_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<Metrics> metrics_;  // when --metrics_listen is set
   absl::Notification stop_;
   std::thread ticker_;
   bool shut_down_ = false;

@@ -15,6 +15,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port); "
+          "empty = off.");
 ABSL_FLAG(std::string, run_id, "", "Run id; empty generates one (run-<time>-<random>).");
 ABSL_FLAG(std::string, model, "mlp", "Model architecture every worker builds: mlp or cnn.");
 ABSL_FLAG(double, learning_rate, 0.05, "SGD learning rate.");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   shoal::coordinator::CoordinatorOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   auto& engine = options.engine;
   engine.run_id = absl::GetFlag(FLAGS_run_id);
   options.run_id_from_flag = !engine.run_id.empty();

@@ -12,6 +12,9 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50060",
           "Address of this worker's Peer service (port 0 picks a free port).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port); "
+          "empty = off.");
 ABSL_FLAG(std::string, advertise, "",
           "Address peers use to reach this worker; empty = the listen host with the bound port.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
   shoal::worker::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.name = absl::GetFlag(FLAGS_name);

@@ -27,6 +27,58 @@ WorkerProtocol::Options ProtocolOptions(const WorkerOptions& options, const std:
   return p;
 }
 
+// The worker's Prometheus series, updated once per action (never per chunk:
+// the exchange's hot path stays free of metric calls).
+struct WorkerMetrics {
+  MetricHistogram train_seconds = Metrics::Histogram(
+      "shoal_train_duration_seconds", "Local training of one round (all its local steps).",
+      Metrics::SecondsBuckets());
+  MetricGauge train_loss =
+      Metrics::Gauge("shoal_train_loss", "Mean training loss of this worker's latest round.");
+  MetricGauge test_accuracy = Metrics::Gauge(
+      "shoal_test_accuracy", "Test accuracy (0..1) of the averaged model, latest evaluation.");
+  MetricGauge test_loss =
+      Metrics::Gauge("shoal_test_loss", "Test loss of the averaged model, latest evaluation.");
+  MetricGauge model_round =
+      Metrics::Gauge("shoal_worker_round", "Round of the latest exchange this worker reported.");
+  MetricHistogram exchange_seconds = Metrics::Histogram(
+      "shoal_exchange_duration_seconds",
+      "A successful sharded exchange (reduce-scatter and all-gather) of one round.",
+      Metrics::SecondsBuckets());
+  MetricCounter exchanges_ok =
+      Metrics::Counter("shoal_exchanges_total", "Exchanges by result.", {{"result", "ok"}});
+  MetricCounter exchanges_failed =
+      Metrics::Counter("shoal_exchanges_total", "Exchanges by result.", {{"result", "error"}});
+  MetricCounter received_bytes = Metrics::Counter("shoal_exchange_received_bytes_total",
+                                                  "Model bytes received from peers in exchanges.");
+  MetricCounter retries = Metrics::Counter("shoal_exchange_retries_total",
+                                           "Slice reads retried (resumed) during exchanges.");
+  MetricHistogram catchup_seconds = Metrics::Histogram(
+      "shoal_catchup_duration_seconds",
+      "A catch-up (late join or missed round): the model pulled from peers or the store.",
+      Metrics::SecondsBuckets());
+  MetricCounter catchup_bytes = Metrics::Counter("shoal_catchup_received_bytes_total",
+                                                 "Model bytes pulled by successful catch-ups.");
+  MetricCounter catchups_ok =
+      Metrics::Counter("shoal_catchups_total", "Catch-ups by result.", {{"result", "ok"}});
+  MetricCounter catchups_failed =
+      Metrics::Counter("shoal_catchups_total", "Catch-ups by result.", {{"result", "error"}});
+  MetricHistogram upload_seconds = Metrics::Histogram(
+      "shoal_checkpoint_upload_duration_seconds",
+      "A checkpoint upload by this worker to the store.", Metrics::SecondsBuckets());
+  MetricCounter uploads_ok =
+      Metrics::Counter("shoal_checkpoint_uploads_total",
+                       "Checkpoint uploads by this worker, by result.", {{"result", "ok"}});
+  MetricCounter uploads_failed =
+      Metrics::Counter("shoal_checkpoint_uploads_total",
+                       "Checkpoint uploads by this worker, by result.", {{"result", "error"}});
+};
+
+const WorkerMetrics& M() {
+  static const WorkerMetrics* m = new WorkerMetrics();
+  return *m;
+}
+
 }  // namespace
 
 Worker::Worker(Options options)
@@ -48,6 +100,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
+  if (!w->options_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(w->options_.metrics_listen);
+    if (!metrics.ok()) return metrics.status();
+    w->metrics_ = std::move(*metrics);
+    M();  // every series is listed from the first scrape on
+    SHOAL_LOG(INFO) << "metrics on " << w->metrics_->address();
+  }
   w->advertise_ = w->options_.advertise.empty() ? w->server_->address() : w->options_.advertise;
   w->protocol_ = WorkerProtocol(ProtocolOptions(w->options_, w->advertise_, w->clock_));
   w->peers_ = std::make_unique<GrpcPeerClient>();
@@ -275,9 +334,19 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kCatchUp: {
       const absl::Time t0 = clock_->Now();
-      absl::Status s =
-          memory_->CatchUp(a.round, a.hash, protocol_.model_round(),
-                           [&](float* dst, uint64_t total) { return PullModel(a, dst, total); });
+      uint64_t pulled = 0;
+      absl::Status s = memory_->CatchUp(a.round, a.hash, protocol_.model_round(),
+                                        [&](float* dst, uint64_t total) {
+                                          pulled = total * sizeof(float);
+                                          return PullModel(a, dst, total);
+                                        });
+      if (pulled > 0) {
+        (s.ok() ? M().catchups_ok : M().catchups_failed).Add();
+        if (s.ok()) {
+          M().catchup_bytes.Add(static_cast<double>(pulled));
+          M().catchup_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
+        }
+      }
       if (s.ok()) {
         SHOAL_LOG(INFO) << absl::StrFormat("caught up to round %d in %.2fs (%d MiB)", a.round,
                                            absl::ToDoubleSeconds(clock_->Now() - t0),
@@ -287,8 +356,11 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     }
     case Action::kTrain: {
+      const absl::Time t0 = clock_->Now();
       const double loss = memory_->Train(
           a.round, [&](float*) { return trainer_->TrainSteps(protocol_.config().local_steps()); });
+      M().train_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
+      M().train_loss.Set(loss);
       *next = protocol_.OnTrained(a.round, loss, trainer_->num_elements());
       return std::nullopt;
     }
@@ -323,7 +395,16 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kExchange: {
       std::string hash;
+      const absl::Time t0 = clock_->Now();
       absl::Status s = Exchange(a, &hash);
+      if (s.ok()) {
+        M().exchanges_ok.Add();
+        M().exchange_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
+      } else {
+        M().exchanges_failed.Add();
+      }
+      M().received_bytes.Add(static_cast<double>(last_stats_.bytes_received));
+      M().retries.Add(last_stats_.retries);
       *next = protocol_.OnExchanged(a.round, a.attempt, s, hash);
       return std::nullopt;
     }
@@ -342,6 +423,11 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     case Action::kReportDone: {
       shoal::v1::ReportRoundDoneRequest done = a.done;
       if (a.evaluate) *done.mutable_metrics() = trainer_->Evaluate();
+      if (done.metrics().evaluated()) {
+        M().test_accuracy.Set(done.metrics().test_accuracy());
+        M().test_loss.Set(done.metrics().test_loss());
+      }
+      M().model_round.Set(static_cast<double>(a.round));
       SHOAL_LOG(INFO) << absl::StrFormat(
           "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
           "hash=%s",
@@ -467,7 +553,9 @@ void Worker::Upload(const Action& a) {
     absl::Status s = checkpoint::CompleteManifest(&manifest, spans);
     absl::StatusOr<shoal::v1::CheckpointInfo> info =
         s.ok() ? store_->Upload(manifest, spans) : absl::StatusOr<shoal::v1::CheckpointInfo>(s);
+    (info.ok() ? M().uploads_ok : M().uploads_failed).Add();
     if (info.ok()) {
+      M().upload_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
       report.set_checkpoint_id(info->id());
       SHOAL_LOG(INFO) << absl::StrFormat("checkpoint %s of round %d uploaded in %.2fs", info->id(),
                                          request.round(),

@@ -31,6 +31,7 @@
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/grpc_util.h"
+#include "common/metrics.h"
 #include "common/rate_limiter.h"
 #include "common/signals.h"
 #include "services/checkpoint/checkpoint_client.h"
@@ -67,6 +68,8 @@ struct WorkerOptions {
   absl::Duration probe_timeout = absl::Seconds(3);
   ExchangeOptions exchange;
   SyncOptions sync;
+  // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
+  std::string metrics_listen;
   // Time source of the protocol, the exchange and the syncer (the real
   // clock when null).
   const Clock* clock = nullptr;
@@ -90,6 +93,8 @@ class Worker {
 
   const std::string& address() const { return advertise_; }
   int port() const { return server_->port(); }
+  // The metrics port, 0 when metrics_listen is off.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
  private:
   struct Event {
@@ -125,6 +130,7 @@ class Worker {
   std::unique_ptr<RateLimiter> upload_limiter_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set
   std::unique_ptr<GrpcPeerClient> peers_;
   std::unique_ptr<GrpcCoordinatorClient> coordinator_;
   std::unique_ptr<checkpoint::GrpcCheckpointClient> store_;  // when the run has a store

@@ -6,8 +6,8 @@ deploy/docker-compose.hostnet.yml override layered on it (host networking).
 Merges the override the way compose does for the keys the files use,
 interpolates ${VAR:-default} with the defaults (as with an empty
 environment), then checks that every flag handed to a binary is one of its
-flags, that published ports and addresses agree with the --listen flags
-(also through the network holder whose namespace the coordinator and the
+flags, that published ports and addresses agree with the --listen and
+--metrics_listen flags (also through the network holder whose namespace the coordinator and the
 store share), that no service started with host networking publishes ports
 (docker-compose 1.29 refuses that), that workers can be scaled (no fixed
 name or port) and advertise an address their peers reach, that data
@@ -218,6 +218,14 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
                 c.ok(target == port, f"{where}: publishes container port {target}, the server "
                                      f"listens on {port}")
 
+        # --metrics_listen: on the address --listen uses, on a port of its own.
+        mhp = dc.split_hostport(vals.get("metrics_listen"))
+        if c.ok(mhp is not None,
+                f"{where}: --metrics_listen={vals.get('metrics_listen')} is not host:port"):
+            c.ok(mhp[0] == host, f"{where}: --metrics_listen host {mhp[0]} != --listen host {host}")
+            c.ok(mhp[1] != port or port == 0,
+                 f"{where}: --metrics_listen and --listen share port {port}")
+
         # The image's HEALTHCHECK (per PID 1) must probe the port the server listens on.
         hc = svc.get("healthcheck") or {}
         if not hc.get("disable") and hc.get("test") != ["NONE"] and "test" not in hc:
@@ -308,6 +316,21 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
         if guests:
             c.ok(ckpt_port != coord_port, f"{name}: the coordinator and the store share a "
                                           f"network namespace and need distinct ports")
+        for svc_name in ("coordinator", "checkpoint"):
+            mhp = dc.split_hostport(info[svc_name][1].get("metrics_listen"))
+            if mhp is not None:
+                c.ok(mhp[1] in published(svc_name),
+                     f"{name}: the {svc_name}'s metrics port {mhp[1]} is not published")
+    # The coordinator and the store share a network (namespace or the host's):
+    # all four of their ports must differ.
+    fixed = [info[s][2][1] for s in ("coordinator", "checkpoint")]
+    for svc_name in ("coordinator", "checkpoint"):
+        mhp = dc.split_hostport(info[svc_name][1].get("metrics_listen"))
+        if mhp is not None:
+            fixed.append(mhp[1])
+    c.ok(len(set(fixed)) == len(fixed) and 0 not in fixed,
+         f"{name}: the coordinator's and the store's gRPC and metrics ports {fixed} must be "
+         f"fixed and distinct")
     c.ok(worker_vals.get("coordinator") == want_coord,
          f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected {want_coord}")
     c.ok(coord_vals.get("checkpoint_store") == want_ckpt,

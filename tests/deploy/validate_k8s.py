@@ -4,7 +4,8 @@
 Renders the kustomize base with `kubectl kustomize` and checks what a cluster
 would only show at run time: the objects, that every flag handed to a binary
 (in args or in the ConfigMap's flag files) is one of that binary's flags,
-that ports, probes and Services agree with the --listen addresses, and that
+that ports, probes and Services agree with the --listen addresses (and the
+metrics ports with --metrics_listen and the prometheus.io annotations), and that
 workers advertise their headless-Service DNS names and find the coordinator
 and the checkpoint store at their Services.
 
@@ -215,7 +216,10 @@ def main():
             listen[binary] = port
             c.ok(host in ("0.0.0.0", "[::]", "::"),
                  f"{where}: --listen host {host} is not reachable from other pods (use 0.0.0.0)")
-            c.ok(ports == [port], f"{where}: containerPort {ports} != --listen port {port}")
+            grpc_ports = [p["containerPort"] for p in ct.get("ports") or []
+                          if p.get("name") != "metrics"]
+            c.ok(grpc_ports == [port],
+                 f"{where}: containerPort {grpc_ports} != --listen port {port}")
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = ct.get(kind)
                 if probe is None:
@@ -230,6 +234,27 @@ def main():
                     c.ok(not probe["grpc"].get("service"),
                          f"{where}: {kind} asks for service '{probe['grpc'].get('service')}'; "
                          f"the servers report health for the empty service name")
+
+        # --metrics_listen: served to other pods on the port named "metrics",
+        # which the pod's prometheus.io annotations point the scraper at.
+        mhp = dc.split_hostport(vals.get("metrics_listen"))
+        if c.ok(mhp is not None,
+                f"{where}: --metrics_listen={vals.get('metrics_listen')} is not host:port"):
+            mhost, mport = mhp
+            c.ok(mhost in ("0.0.0.0", "[::]", "::"),
+                 f"{where}: --metrics_listen host {mhost} is not reachable from other pods")
+            named = {p.get("name"): p["containerPort"] for p in ct.get("ports") or []}
+            c.ok(named.get("metrics") == mport,
+                 f"{where}: containerPort 'metrics' {named.get('metrics')} != --metrics_listen "
+                 f"port {mport}")
+            ann = (w.template.get("metadata") or {}).get("annotations") or {}
+            c.ok(ann.get("prometheus.io/scrape") == "true",
+                 f"{w}: pod annotation prometheus.io/scrape is not \"true\"")
+            c.ok(ann.get("prometheus.io/port") == str(mport),
+                 f"{w}: pod annotation prometheus.io/port {ann.get('prometheus.io/port')} != "
+                 f"--metrics_listen port {mport}")
+            c.ok(ann.get("prometheus.io/path") == "/metrics",
+                 f"{w}: pod annotation prometheus.io/path is not /metrics")
 
         res = ct.get("resources") or {}
         for part in ("requests", "limits"):

@@ -1,0 +1,167 @@
+// A real Prometheus server (Debian's `prometheus`) scrapes the coordinator,
+// two workers and the checkpoint store of a small run on 127.0.0.1 (issue 15):
+// the run's series reach its HTTP API within 30 s.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tests/e2e/cluster_fixture.h"
+#include "tests/support/http_get.h"
+
+namespace shoal {
+namespace {
+
+using ::shoal::testing::HttpGet;
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+// A port that was free a moment ago (Prometheus cannot report a port 0 it
+// bound; the race with another process taking it is negligible on loopback).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// "HOST:PORT" from the process's "metrics on HOST:PORT" line, or "".
+std::string WaitForMetricsAddress(testing::Process* p) {
+  static const std::regex kMetrics("metrics on ([0-9.]+:[0-9]+)");
+  std::string address;
+  WaitUntil(
+      [&] {
+        std::smatch m;
+        const std::string log = p->Log();
+        if (std::regex_search(log, m, kMetrics)) address = m[1];
+        return !address.empty() || !p->Running();
+      },
+      absl::Seconds(20));
+  return address;
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '_' || c == '-' || c == '.') {
+      out += static_cast<char>(c);
+    } else {
+      out += absl::StrFormat("%%%02X", c);
+    }
+  }
+  return out;
+}
+
+// The sample values of an instant-query answer ("value":[time,"v"]).
+std::vector<double> Values(const std::string& json) {
+  static const std::regex kValue("\"value\":\\[[0-9.e+]+,\"([^\"]+)\"\\]");
+  std::vector<double> out;
+  for (std::sregex_iterator it(json.begin(), json.end(), kValue), end; it != end; ++it) {
+    out.push_back(std::stod((*it)[1]));
+  }
+  return out;
+}
+
+class PrometheusTest : public ClusterTest {
+ protected:
+  std::string Query(const std::string& promql) {
+    return HttpGet(prometheus_port_, "/api/v1/query?query=" + UrlEncode(promql));
+  }
+
+  int prometheus_port_ = 0;
+  std::unique_ptr<Process> store_;
+  std::unique_ptr<Process> prometheus_;
+};
+
+TEST_F(PrometheusTest, ScrapesEveryServerOfARun) {
+  if (access(kPrometheus, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus << " not installed (scripts/install-deps.sh installs it)";
+  }
+  store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
+                           "--metrics_listen=127.0.0.1:0", "--data_dir=" + dir_.path() + "/store"},
+                          dir_.path() + "/store.log");
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  ASSERT_FALSE(store.empty()) << store_->Log();
+  const std::string addr =
+      StartCoordinator({"--metrics_listen=127.0.0.1:0", "--min_participants=2", "--local_steps=5",
+                        "--checkpoint_store=" + store, "--checkpoint_every=2", "--run_id=prom"});
+  ASSERT_FALSE(addr.empty());
+  StartWorker(addr, {"--metrics_listen=127.0.0.1:0"});
+  StartWorker(addr, {"--metrics_listen=127.0.0.1:0"});
+
+  const std::string store_metrics = WaitForMetricsAddress(store_.get());
+  const std::string coordinator_metrics = WaitForMetricsAddress(coordinator_.get());
+  std::vector<std::string> worker_metrics;
+  for (auto& w : workers_) worker_metrics.push_back(WaitForMetricsAddress(w.get()));
+  ASSERT_FALSE(store_metrics.empty()) << store_->Log();
+  ASSERT_FALSE(coordinator_metrics.empty()) << Logs();
+  for (const std::string& w : worker_metrics) ASSERT_FALSE(w.empty()) << Logs();
+
+  const std::string config = dir_.path() + "/prometheus.yml";
+  {
+    std::ofstream out(config);
+    out << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        << "scrape_configs:\n"
+        << "  - job_name: coordinator\n    static_configs:\n      - targets: ['"
+        << coordinator_metrics << "']\n"
+        << "  - job_name: worker\n    static_configs:\n      - targets: ['"
+        << absl::StrJoin(worker_metrics, "', '") << "']\n"
+        << "  - job_name: checkpoint\n    static_configs:\n      - targets: ['" << store_metrics
+        << "']\n";
+  }
+  prometheus_port_ = FreePort();
+  ASSERT_GT(prometheus_port_, 0);
+  const absl::Time start = absl::Now();
+  prometheus_ = Process::Start(
+      {kPrometheus, "--config.file=" + config, "--storage.tsdb.path=" + dir_.path() + "/tsdb",
+       absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port_),
+       "--storage.tsdb.retention.time=1h", "--log.level=warn"},
+      dir_.path() + "/prometheus.log");
+
+  // Every target up, the coordinator's round, and the exchange histogram
+  // of both workers with at least one exchange each.
+  std::string up, round, exchanges;
+  const bool ok = WaitUntil(
+      [&] {
+        up = Query("up == 1");
+        round = Query("shoal_round");
+        exchanges = Query("shoal_exchange_duration_seconds_count");
+        const std::vector<double> rounds = Values(round);
+        const std::vector<double> counts = Values(exchanges);
+        return Values(up).size() == 4 && rounds.size() == 1 && rounds[0] >= 1 &&
+               counts.size() == 2 && counts[0] > 0 && counts[1] > 0;
+      },
+      absl::Seconds(30));
+  EXPECT_TRUE(ok) << "after " << absl::Now() - start << "\nup: " << up << "\nshoal_round: " << round
+                  << "\nexchanges: " << exchanges << "\n--- prometheus ---\n"
+                  << prometheus_->Log() << Logs();
+  EXPECT_NE(round.find("\"job\":\"coordinator\""), std::string::npos) << round;
+  // The store's series are there too.
+  EXPECT_FALSE(Values(Query("shoal_checkpoint_store_checkpoints")).empty());
+  // What a scrape costs each server, as Prometheus measured it.
+  const std::string cost = Query("scrape_duration_seconds");
+  const std::string samples = Query("scrape_samples_scraped");
+  std::cout << "series found after " << absl::Now() - start << "\nscrape_duration_seconds: " << cost
+            << "\nscrape_samples_scraped: " << samples << "\n";
+  const std::string body = HttpGet(
+      std::stoi(coordinator_metrics.substr(coordinator_metrics.rfind(':') + 1)), "/metrics");
+  std::cout << "coordinator /metrics: " << body.size() << " bytes\n";
+  EXPECT_NE(body.find("shoal_phase{phase=\"training\"}"), std::string::npos) << body;
+}
+
+}  // namespace
+}  // namespace shoal

@@ -1,0 +1,50 @@
+// A tiny HTTP/1.0 GET over a plain socket for tests that read /metrics or
+// Prometheus's API on loopback (no new dependency for one request).
+#ifndef SHOAL_TESTS_SUPPORT_HTTP_GET_H_
+#define SHOAL_TESTS_SUPPORT_HTTP_GET_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace shoal::testing {
+
+// GETs http://127.0.0.1:`port``path`; returns the body of a 200 answer, or ""
+// (connection refused, another status, a timeout of 5 s).
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request =
+        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[16384];
+      ssize_t n;
+      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.compare(0, 12, "HTTP/1.1 200") != 0 &&
+      response.compare(0, 12, "HTTP/1.0 200") != 0) {
+    return "";
+  }
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+}  // namespace shoal::testing
+
+#endif  // SHOAL_TESTS_SUPPORT_HTTP_GET_H_
