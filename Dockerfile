@@ -16,7 +16,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 # Its own layer: rebuilt only when the package list changes.
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+RUN bash scripts/install-deps.sh --image && rm -rf /var/lib/apt/lists/*
 COPY . .
 ARG BUILD_TYPE=RelWithDebInfo
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE} \
@@ -36,6 +36,7 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends libopenblas0-pthread \
  && apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libtorch1.13 zlib1g libssl3 \
+      libprometheus-cpp-core1.0 \
       dataset-fashion-mnist \
  && update-alternatives --set libblas.so.3-x86_64-linux-gnu \
       /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \

@@ -3,6 +3,7 @@
 # Idempotent and non-interactive; everything comes from Debian's apt archive.
 #   scripts/install-deps.sh           build + test + demo packages
 #   scripts/install-deps.sh --bench   also what the benchmarks compare against
+#   scripts/install-deps.sh --image   only what building the binaries needs (Dockerfile)
 #   scripts/install-deps.sh --fuzz    also clang and its libFuzzer runtime (make fuzz)
 set -euo pipefail
 
@@ -15,8 +16,13 @@ PKGS=(
   dataset-fashion-mnist python3-torch
   clang-format iproute2 procps grpc-proto
   python3-yaml
-  prometheus-cpp-dev prometheus
+  prometheus-cpp-dev
 )
+# Servers the tests start (a real Prometheus scrapes the metrics e2e test);
+# the image build (Dockerfile: --image) does not need them.
+if [[ "${1:-}" != "--image" ]]; then
+  PKGS+=(prometheus)
+fi
 # `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
 # provides kubectl; it cannot be installed over another package's kubectl
 # (dpkg refuses to overwrite /usr/bin/kubectl), and any kubectl with kustomize will do.
