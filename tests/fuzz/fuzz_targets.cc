@@ -370,12 +370,12 @@ void CheckpointIdTarget(const uint8_t* data, size_t size) {
       return;
     }
     // An accepted upload gets an id the store will serve, and blob names
-    // that are plain hex.
+    // that are plain hex (either case: the store lowercases digests).
     FUZZ_CHECK(
         checkpoint::ValidateCheckpointId(checkpoint::CheckpointId(m.run_id(), m.round())).ok());
     for (const auto& l : m.layers()) {
       FUZZ_CHECK(l.sha256().size() == 64 &&
-                 l.sha256().find_first_not_of("0123456789abcdef") == std::string::npos);
+                 l.sha256().find_first_not_of("0123456789abcdefABCDEF") == std::string::npos);
     }
     return;
   }
