@@ -9,6 +9,7 @@
 
 #include "common/tensor_wire.h"
 #include "gtest/gtest.h"
+#include "services/worker/core/manifest_cache.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace shoal::fuzz {
@@ -66,6 +67,33 @@ TEST(FuzzRegressionTest, OverlongFieldTagIsDataLoss) {
     shoal::v1::TensorChunk proto;
     EXPECT_FALSE(proto.ParseFromArray(bytes, sizeof(padded)));
   }
+}
+
+// Sizes near 2^64 must not wrap the running sum of layer sizes into a
+// table that looks complete (found by reading the checks after a fuzz run).
+TEST(FuzzRegressionTest, LayerSizesThatWrapAroundAreInvalid) {
+  const uint64_t huge = ~uint64_t{0};
+  using worker::LayerSpan;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      worker::CheckLayers({LayerSpan{"a", 0, huge}, LayerSpan{"b", huge, 11}}, 10)));
+  EXPECT_TRUE(worker::CheckLayers({LayerSpan{"a", 0, 4}, LayerSpan{"b", 4, 6}}, 10).ok());
+
+  shoal::v1::ModelManifest m;
+  m.set_round(3);
+  m.set_model_hash("h");
+  m.set_total_elements(10);
+  m.set_piece_elements(huge);
+  auto* a = m.add_layers();
+  a->set_name("a");
+  a->set_offset(0);
+  a->set_elements(huge);
+  a->set_sha256("x");
+  auto* b = m.add_layers();
+  b->set_name("b");
+  b->set_offset(huge);
+  b->set_elements(11);
+  b->set_sha256("y");
+  EXPECT_TRUE(absl::IsInvalidArgument(worker::CheckManifest(m, 3, "h", 10)));
 }
 
 }  // namespace

@@ -142,6 +142,18 @@ TEST(RunRecordStoreTest, CorruptedRecordIsDataLoss) {
   EXPECT_EQ((*loaded)->last_completed_round(), 3u);
 }
 
+TEST(RunRecordStoreTest, RoundNumbersWithoutRoomToCountUpAreDataLoss) {
+  testing::TempDir tmp;
+  RunRecordStore store(tmp.path());
+  ASSERT_TRUE(store.Open().ok());
+  ASSERT_TRUE(store.Save(MakeRecord(~uint64_t{0}, "h")).ok());
+  absl::StatusOr<std::optional<shoal::v1::RunRecord>> loaded = store.Load();
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(loaded.status().message(), HasSubstr("largest round"));
+  ASSERT_TRUE(store.Save(MakeRecord(uint64_t{1} << 40, "h")).ok());
+  EXPECT_TRUE(store.Load().ok());
+}
+
 TEST(RunRecordStoreTest, OpenUnderRegularFileIsFailedPrecondition) {
   testing::TempDir tmp;
   const std::string file = tmp.path() + "/not-a-dir";

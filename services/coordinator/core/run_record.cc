@@ -79,6 +79,13 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> RunRecordStore::Load() const
   if (!record.ParseFromString(ss.str()) || record.run_id().empty()) {
     return absl::DataLossError(absl::StrCat(path(), " is not a valid run record"));
   }
+  // Round numbers count up from here: leave them room (a record claiming
+  // round 2^64-1 would make the next round 0).
+  constexpr uint64_t kMaxRound = uint64_t{1} << 62;
+  if (record.last_completed_round() > kMaxRound || record.checkpoint_round() > kMaxRound) {
+    return absl::DataLossError(absl::StrCat(path(), " names round ", record.last_completed_round(),
+                                            ", past the largest round this coordinator runs"));
+  }
   return std::optional<shoal::v1::RunRecord>(record);
 }
 

@@ -1,7 +1,5 @@
 #include "services/worker/core/manifest_cache.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
 
@@ -16,6 +14,11 @@ absl::Status CheckLayers(const std::vector<LayerSpan>& layers, uint64_t total) {
       return absl::InvalidArgumentError(absl::StrCat("layer '", l.name, "' is [", l.offset, ", +",
                                                      l.elements, "), expected it to start at ",
                                                      next, " and not be empty"));
+    }
+    // next <= total here, so this cannot wrap (sizes near 2^64 must not).
+    if (l.elements > total - next) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer '", l.name, "' ends past element ", total));
     }
     next += l.elements;
   }
@@ -46,7 +49,13 @@ absl::Status CheckManifest(const shoal::v1::ModelManifest& m, uint64_t round,
       return absl::InvalidArgumentError(
           absl::StrCat("layer '", l.name(), "' does not follow the previous one"));
     }
-    const uint64_t pieces = (l.elements() + m.piece_elements() - 1) / m.piece_elements();
+    // next <= total here, so neither this check nor the sum below can wrap.
+    if (l.elements() > total - next) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer '", l.name(), "' ends past element ", total));
+    }
+    const uint64_t pieces =
+        l.elements() / m.piece_elements() + (l.elements() % m.piece_elements() != 0 ? 1 : 0);
     const uint64_t digests = pieces > 1 ? pieces : 0;
     if (static_cast<uint64_t>(l.piece_sha256_size()) != digests || l.sha256().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("layer '", l.name(), "' has ",
