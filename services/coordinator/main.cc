@@ -45,6 +45,17 @@ ABSL_FLAG(uint32_t, max_connection_retry, 3,
           "Peer-connection retries of a plan before failing peers are evicted.");
 ABSL_FLAG(uint32_t, max_missed_rounds, 5,
           "A worker that misses this many rounds in a row is asked to leave (0 = never).");
+ABSL_FLAG(bool, adaptive_deadline, true,
+          "Bound the wait for ready reports by the participants' measured ready times "
+          "(--deadline_factor x their median, at least --deadline_floor, at most "
+          "--round_timeout); a live worker that misses it sits the round out without it "
+          "counting towards --max_missed_rounds. false = wait up to --round_timeout.");
+ABSL_FLAG(uint32_t, adaptive_deadline_rounds, 3,
+          "Rounds a participant must have been measured in before its ready time counts "
+          "for the adaptive deadline.");
+ABSL_FLAG(double, deadline_factor, 2.0, "Adaptive deadline: multiple of the median ready time.");
+ABSL_FLAG(absl::Duration, deadline_floor, absl::Seconds(2),
+          "Adaptive deadline: never shorter than this.");
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
@@ -85,6 +96,10 @@ int main(int argc, char** argv) {
   engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
   engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
   engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
+  engine.adaptive_deadline.enabled = absl::GetFlag(FLAGS_adaptive_deadline);
+  engine.adaptive_deadline.after_rounds = absl::GetFlag(FLAGS_adaptive_deadline_rounds);
+  engine.adaptive_deadline.factor = absl::GetFlag(FLAGS_deadline_factor);
+  engine.adaptive_deadline.floor = absl::GetFlag(FLAGS_deadline_floor);
   engine.checkpointers = absl::GetFlag(FLAGS_checkpointers);
   engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
   auto& c = engine.config;

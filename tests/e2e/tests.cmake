@@ -14,6 +14,8 @@ add_dependencies(checkpoint_run_test shoal-coordinator shoal-worker shoal-checkp
 # --help of every binary lists its own flags (quick; no cluster).
 shoal_test(help_test e2e e2e/help_test.cc)
 add_dependencies(help_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+shoal_test(straggler_test e2e e2e/straggler_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(straggler_test shoal-coordinator shoal-worker)
 # A real Prometheus scrapes every server of a run (issue 15).
 shoal_test(prometheus_test e2e e2e/prometheus_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(prometheus_test shoal-coordinator shoal-worker shoal-checkpoint)

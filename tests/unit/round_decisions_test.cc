@@ -392,22 +392,193 @@ TEST(DecideRoundDeadlineTest, SharingWithNobodyDoneAborts) {
   EXPECT_EQ(d.reason, "no participant finished sharing within --round_timeout");
 }
 
+MissedRoundInput Missed(uint32_t before, bool adaptive = false, bool alive = true) {
+  MissedRoundInput in;
+  in.missed_before = before;
+  in.adaptive = adaptive;
+  in.alive = alive;
+  return in;
+}
+
 TEST(DecideMissedRoundTest, SitsOutBelowTheLimit) {
-  const MissedRoundDecision d = DecideMissedRound(2, 3, "not ready");
+  const MissedRoundDecision d = DecideMissedRound(Missed(1), 3, "not ready");
   EXPECT_FALSE(d.evict);
+  EXPECT_TRUE(d.counts);
+  EXPECT_EQ(d.missed_in_row, 2u);
   EXPECT_EQ(d.reason, "not ready");
 }
 
 TEST(DecideMissedRoundTest, EvictsAtTheLimit) {
-  const MissedRoundDecision d = DecideMissedRound(3, 3, "not ready");
+  const MissedRoundDecision d = DecideMissedRound(Missed(2), 3, "not ready");
   EXPECT_TRUE(d.evict);
+  EXPECT_EQ(d.missed_in_row, 3u);
   EXPECT_EQ(d.reason, "missed 3 rounds in a row (last: not ready)");
 }
 
 TEST(DecideMissedRoundTest, ZeroLimitNeverEvicts) {
-  const MissedRoundDecision d = DecideMissedRound(100, 0, "late");
+  const MissedRoundDecision d = DecideMissedRound(Missed(99), 0, "late");
   EXPECT_FALSE(d.evict);
   EXPECT_EQ(d.reason, "late");
+}
+
+TEST(DecideMissedRoundTest, SlowButAliveIsNeverEvictedAndDoesNotCount) {
+  // However many adaptive deadlines it missed, a live worker stays.
+  const MissedRoundDecision d = DecideMissedRound(Missed(2, /*adaptive=*/true), 3, "slow");
+  EXPECT_FALSE(d.evict);
+  EXPECT_FALSE(d.counts);
+  EXPECT_EQ(d.missed_in_row, 2u);
+  EXPECT_EQ(d.reason, "slow");
+}
+
+TEST(DecideMissedRoundTest, AdaptiveMissOfADeadMemberCounts) {
+  const MissedRoundDecision d =
+      DecideMissedRound(Missed(2, /*adaptive=*/true, /*alive=*/false), 3, "slow");
+  EXPECT_TRUE(d.evict);
+  EXPECT_TRUE(d.counts);
+  EXPECT_EQ(d.missed_in_row, 3u);
+}
+
+// ------------------------------------------------------ Adaptive deadline
+
+AdaptiveDeadlineOptions Adaptive() {
+  AdaptiveDeadlineOptions o;
+  o.enabled = true;
+  o.after_rounds = 3;
+  o.factor = 2.0;
+  o.floor = absl::Seconds(2);
+  o.round_timeout = absl::Seconds(120);
+  return o;
+}
+
+ReadyDeadlineInput Ready(std::vector<absl::Duration> measured, size_t participants = 3) {
+  ReadyDeadlineInput in;
+  in.round_started = kNow;
+  in.hard_deadline = kNow + absl::Seconds(120);
+  in.measured = std::move(measured);
+  in.participants = participants;
+  return in;
+}
+
+TEST(MedianDurationTest, OddEvenAndEmpty) {
+  EXPECT_EQ(MedianDuration({}), absl::ZeroDuration());
+  EXPECT_EQ(MedianDuration({absl::Seconds(9), absl::Seconds(1), absl::Seconds(3)}),
+            absl::Seconds(3));
+  EXPECT_EQ(
+      MedianDuration({absl::Seconds(4), absl::Seconds(1), absl::Seconds(2), absl::Seconds(100)}),
+      absl::Seconds(3));
+}
+
+TEST(DecideReadyDeadlineTest, OffKeepsRoundTimeout) {
+  AdaptiveDeadlineOptions o = Adaptive();
+  o.enabled = false;
+  const ReadyDeadlineDecision d = DecideReadyDeadline(Ready({absl::Seconds(1)}), o, kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(120));
+  EXPECT_FALSE(d.adaptive);
+  EXPECT_EQ(d.reason, "--round_timeout=2m (adaptive deadline off)");
+}
+
+TEST(DecideReadyDeadlineTest, NobodyMeasuredYetKeepsRoundTimeout) {
+  const ReadyDeadlineDecision d = DecideReadyDeadline(Ready({}), Adaptive(), kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(120));
+  EXPECT_FALSE(d.adaptive);
+  EXPECT_EQ(d.reason, "--round_timeout=2m: no participant measured in 3 rounds yet");
+}
+
+TEST(DecideReadyDeadlineTest, FactorTimesTheMedianOfTheMeasured) {
+  // The slow participant (40 s) does not move the median.
+  const ReadyDeadlineDecision d = DecideReadyDeadline(
+      Ready({absl::Seconds(3), absl::Seconds(40), absl::Seconds(4)}), Adaptive(), kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(8));
+  EXPECT_TRUE(d.adaptive);
+  EXPECT_EQ(d.reason, "adaptive 8s = 2 x median ready time 4s of 3/3 measured participants");
+}
+
+TEST(DecideReadyDeadlineTest, FloorForFastRounds) {
+  const ReadyDeadlineDecision d = DecideReadyDeadline(
+      Ready({absl::Milliseconds(200), absl::Milliseconds(300)}, 4), Adaptive(), kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(2));
+  EXPECT_TRUE(d.adaptive);
+  EXPECT_EQ(d.reason,
+            "adaptive 2s = 2 x median ready time 250ms of 2/4 measured participants, floor 2s");
+}
+
+TEST(DecideReadyDeadlineTest, NeverLaterThanRoundTimeout) {
+  const ReadyDeadlineDecision d = DecideReadyDeadline(Ready({absl::Seconds(70)}), Adaptive(), kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(120));
+  EXPECT_FALSE(d.adaptive);
+  EXPECT_EQ(d.reason,
+            "--round_timeout=2m: 2 x median ready time 1m10s of 1/3 measured participants is not "
+            "shorter");
+}
+
+TEST(DecideReadyDeadlineTest, FactorBelowOneCountsAsOne) {
+  AdaptiveDeadlineOptions o = Adaptive();
+  o.factor = 0.5;
+  const ReadyDeadlineDecision d = DecideReadyDeadline(Ready({absl::Seconds(10)}), o, kNow);
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(10));
+}
+
+TEST(DecideReadyDeadlineTest, SlowFirstReadyReportStretchesIt) {
+  // Everyone is slower this round: the first report came after 6 s while
+  // the history says 2 s; the others get 2 x 6 s, not 4 s.
+  ReadyDeadlineInput in = Ready({absl::Seconds(2), absl::Seconds(2)});
+  in.first_ready = absl::Seconds(6);
+  const ReadyDeadlineDecision d = DecideReadyDeadline(in, Adaptive(), kNow + absl::Seconds(6));
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(12));
+  EXPECT_TRUE(d.adaptive);
+  EXPECT_EQ(d.reason, "adaptive 12s = 2 x first ready report of this round after 6s (median 2s)");
+}
+
+TEST(DecideReadyDeadlineTest, FastFirstReadyReportChangesNothing) {
+  ReadyDeadlineInput in = Ready({absl::Seconds(5)});
+  in.first_ready = absl::Seconds(1);
+  const ReadyDeadlineDecision d = DecideReadyDeadline(in, Adaptive(), kNow + absl::Seconds(1));
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(10));
+  EXPECT_TRUE(d.adaptive);
+}
+
+TEST(DecideReadyDeadlineTest, NobodyReadyByTheAdaptiveDeadlineWaitsForRoundTimeout) {
+  // A fake clock past the adaptive deadline with no ready report.
+  const ReadyDeadlineInput in = Ready({absl::Seconds(3)});
+  EXPECT_TRUE(DecideReadyDeadline(in, Adaptive(), kNow + absl::Seconds(5)).adaptive);
+  const ReadyDeadlineDecision d = DecideReadyDeadline(in, Adaptive(), kNow + absl::Seconds(6));
+  EXPECT_EQ(d.deadline, kNow + absl::Seconds(120));
+  EXPECT_FALSE(d.adaptive);
+  EXPECT_EQ(d.reason,
+            "--round_timeout=2m: nobody ready by the adaptive deadline 6s; waiting for the first "
+            "ready report");
+}
+
+TEST(DecideReadyDeadlineTest, FirstReadyAfterRoundTimeoutKeepsTheExtendedWait) {
+  // Nobody was ready within 2 min, the wait was extended to 4 min; the
+  // first report at 3 min cannot set an adaptive deadline in the past.
+  ReadyDeadlineInput in = Ready({absl::Seconds(3)});
+  in.hard_deadline = kNow + absl::Minutes(4);
+  in.first_ready = absl::Minutes(3);
+  const ReadyDeadlineDecision d = DecideReadyDeadline(in, Adaptive(), kNow + absl::Minutes(3));
+  EXPECT_EQ(d.deadline, kNow + absl::Minutes(4));
+  EXPECT_FALSE(d.adaptive);
+}
+
+TEST(DecideRoundDeadlineTest, AdaptiveSitOutSaysWhy) {
+  RoundDeadlineInput in = Deadline(RoundStage::kTraining, {"w3"});
+  in.adaptive = true;
+  in.adaptive_reason = "adaptive 8s = 2 x median ready time 4s of 3/3 measured participants";
+  const RoundDeadlineDecision d = DecideRoundDeadline(in, absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kSitOut);
+  EXPECT_TRUE(d.adaptive);
+  EXPECT_THAT(d.sit_out, ElementsAre("w3"));
+  EXPECT_EQ(d.reason,
+            "not ready within the adaptive deadline (adaptive 8s = 2 x median ready time 4s of "
+            "3/3 measured participants; --round_timeout=1m is its upper bound)");
+}
+
+TEST(DecideRoundDeadlineTest, AdaptiveWithNobodyReadyKeepsWaiting) {
+  RoundDeadlineInput in = Deadline(RoundStage::kTraining, {"w1", "w2", "w3"});
+  in.adaptive = true;
+  const RoundDeadlineDecision d = DecideRoundDeadline(in, absl::Seconds(60), kNow);
+  EXPECT_EQ(d.action, RoundDeadlineDecision::Action::kKeepWaiting);
+  EXPECT_TRUE(d.adaptive);
 }
 
 // ------------------------------------------------------------------- Leases

@@ -45,6 +45,8 @@ struct Options {
   std::optional<v1::RunRecord> resume = std::nullopt;
   std::string checkpoint_store = "";
   uint32_t checkpoint_every = 0;
+  bool adaptive_deadline = true;
+  uint32_t adaptive_deadline_rounds = 3;
 };
 
 struct JoinArgs {
@@ -79,6 +81,10 @@ class MembershipTest : public ::testing::Test {
     options.connection_timeout = o.connection_timeout;
     options.max_connection_retry = o.max_connection_retry;
     options.max_missed_rounds = o.max_missed_rounds;
+    options.adaptive_deadline.enabled = o.adaptive_deadline;
+    options.adaptive_deadline.after_rounds = o.adaptive_deadline_rounds;
+    options.adaptive_deadline.factor = 2.0;
+    options.adaptive_deadline.floor = absl::Seconds(2);
     options.resume = o.resume;
     options.config.set_checkpoint_store(o.checkpoint_store);
     options.config.set_checkpoint_every(o.checkpoint_every);
@@ -868,6 +874,121 @@ TEST_F(MembershipTest, MissingTooManyRoundsInARowEvicts) {
   EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
   EXPECT_THAT(FindWorker(status, ids[2])->reason(), HasSubstr("missed 2 rounds"));
   EXPECT_EQ(engine_->Heartbeat(ids[2]).code(), absl::StatusCode::kNotFound);
+}
+
+// ------------------------------------------------------ Adaptive deadline
+
+TEST_F(MembershipTest, SlowWorkerSitsOutAtTheAdaptiveDeadlineAndIsNeverEvicted) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60), .max_missed_rounds = 2});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+    RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  }
+  // Round 4: measured 3 s each, so 2 x 3 s = 6 s.
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(status.round(), 4u);
+  EXPECT_TRUE(status.ready_deadline_adaptive());
+  EXPECT_DOUBLE_EQ(status.ready_deadline_seconds(), 6);
+  EXPECT_THAT(status.ready_deadline_reason(), HasSubstr("2 x median ready time 3s"));
+  EXPECT_DOUBLE_EQ(FindWorker(status, ids[2])->ready_seconds_median(), 3);
+
+  // ids[2] is slow from now on; more rounds than max_missed_rounds pass.
+  for (uint64_t r = 4; r <= 7; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+    ReadyOk(ids[0], r);
+    ReadyOk(ids[1], r);
+    EXPECT_THAT(Pass(absl::Seconds(2), ids), IsEmpty()) << r;
+    const Directives out = Pass(absl::Seconds(1), ids);  // 6 s after the start
+    EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2])) << r;
+    EXPECT_THAT(To(out, kLeave), IsEmpty()) << r;
+    EXPECT_THAT(MessageFor(out, ids[2], kMissed).round_missed().reason(),
+                HasSubstr("adaptive deadline"));
+    EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
+    AllConnected(r);
+    const Directives done = AllDone({ids[0], ids[1]}, r, Hash(static_cast<char>('0' + r)));
+    // It is admitted to the next round again.
+    EXPECT_THAT(To(done, kStart), ElementsAre(ids[0], ids[1], ids[2])) << r;
+  }
+  status = engine_->Status();
+  const WorkerStatus slow = *FindWorker(status, ids[2]);
+  EXPECT_EQ(slow.state(), "training");
+  EXPECT_EQ(slow.rounds_missed(), 0u);
+  EXPECT_EQ(slow.rounds_late(), 4u);
+  EXPECT_THAT(slow.missed_reason(), HasSubstr("round 7: not ready within the adaptive deadline"));
+  EXPECT_EQ(status.members(), 3u);
+  EXPECT_EQ(status.last_completed_round(), 7u);
+
+  // A dead slow worker still goes at once: its session breaks.
+  engine_->Disconnect(ids[2], "crashed");
+  status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+}
+
+TEST_F(MembershipTest, StoppedWorkerMissCountsAndItsLeaseStillRemovesIt) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+    RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  }
+  // Round 4 (deadline 6 s): ids[2] is stopped and sends no heartbeats, so
+  // it is not merely slow: the miss counts.
+  const std::vector<std::string> running = {ids[0], ids[1]};
+  EXPECT_THAT(Pass(absl::Seconds(3), running), IsEmpty());
+  ReadyOk(ids[0], 4);
+  ReadyOk(ids[1], 4);
+  const Directives out = Pass(absl::Seconds(3), running);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_missed(), 1u);
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_late(), 0u);
+  EXPECT_EQ(status.members(), 3u);
+  // Its lease still removes it.
+  Pass(absl::Seconds(10), running);
+  status = engine_->Status();
+  EXPECT_EQ(status.members(), 2u);
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+}
+
+TEST_F(MembershipTest, EveryoneSlowerThisRoundIsNotLeftOut) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(1), ids), IsEmpty());
+    RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  }
+  // Deadline 2 s (floor); nobody is ready by then: wait on.
+  EXPECT_THAT(Pass(absl::Seconds(5), ids), IsEmpty());
+  RunStatus status = engine_->Status();
+  EXPECT_FALSE(status.ready_deadline_adaptive());
+  EXPECT_DOUBLE_EQ(status.ready_deadline_seconds(), 60);
+  // The first report after 5 s sets 10 s; the others make it at 9 s.
+  ReadyOk(ids[0], 4);
+  status = engine_->Status();
+  EXPECT_TRUE(status.ready_deadline_adaptive());
+  EXPECT_DOUBLE_EQ(status.ready_deadline_seconds(), 10);
+  EXPECT_THAT(Pass(absl::Seconds(4), ids), IsEmpty());
+  ReadyOk(ids[1], 4);
+  EXPECT_THAT(To(ReadyOk(ids[2], 4), kPlan), ElementsAre(ids[0], ids[1], ids[2]));
+}
+
+TEST_F(MembershipTest, AdaptiveDeadlineOffWaitsForRoundTimeout) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60), .adaptive_deadline = false});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  ReadyOk(ids[0], 4);
+  ReadyOk(ids[1], 4);
+  EXPECT_THAT(Pass(absl::Seconds(59), ids), IsEmpty());
+  const Directives out = Pass(absl::Seconds(1), ids);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  EXPECT_THAT(MessageFor(out, ids[2], kMissed).round_missed().reason(),
+              HasSubstr("--round_timeout=1m"));
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_missed(), 1u);
+  EXPECT_EQ(FindWorker(status, ids[2])->rounds_late(), 0u);
+  EXPECT_THAT(status.ready_deadline_reason(), HasSubstr("adaptive deadline off"));
 }
 
 // ---------------------------------------------------------------- Holders

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -173,10 +175,37 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   EXPECT_THAT(table, HasSubstr("missed heartbeats"));  // w3's reason
   EXPECT_THAT(table, HasSubstr("done"));               // the detail line
 
+  // No deadline known: no deadline line; no times measured: dashes.
+  EXPECT_THAT(table, Not(HasSubstr("ready_deadline")));
+  EXPECT_THAT(table, HasSubstr("TRAIN"));
+  EXPECT_THAT(table, HasSubstr("READY"));
+  EXPECT_THAT(table, HasSubstr("LATE"));
+
   s.set_phase(shoal::v1::SHARING);
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("SHARING"));
   s.set_phase(shoal::v1::WAITING_FOR_MEMBERS);
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
+}
+
+TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {
+  RunStatus s = FinishedRun();
+  s.set_ready_deadline_seconds(6.3);
+  s.set_ready_deadline_adaptive(true);
+  s.set_ready_deadline_reason("adaptive 6.25s = 2 x median ready time 3.125s");
+  auto* w = s.mutable_workers(0);
+  w->set_train_seconds_median(1.5);
+  w->set_ready_seconds_median(3.13);
+  w->set_rounds_late(7);
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("ready_deadline 6.3s after the round start (adaptive 6.25s = 2 x "
+                               "median ready time 3.125s)"));
+  EXPECT_THAT(table, HasSubstr("1.50s"));
+  EXPECT_THAT(table, HasSubstr("3.13s"));
+  std::string row;
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    if (absl::StartsWith(line, w->id())) row = std::string(line);
+  }
+  EXPECT_THAT(row, ::testing::ContainsRegex("1\\.50s +3\\.13s +[0-9-]+m?s? +7 "));
 }
 
 TEST(PhaseNameTest, NamesWithoutPrefix) {

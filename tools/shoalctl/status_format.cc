@@ -20,18 +20,30 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
     absl::StrAppend(&out, "  model_hash ", s.model_hash(), " (round ", s.last_completed_round(),
                     ")\n");
   }
-  absl::StrAppend(&out, absl::StrFormat("%-5s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %s\n", "ID",
-                                        "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH", "TEST_ACC",
-                                        "TEST_LOSS", "SEEN", "REASON"));
+  if (!s.ready_deadline_reason().empty()) {
+    absl::StrAppend(&out, absl::StrFormat("  ready_deadline %.1fs after the round start (%s)\n",
+                                          s.ready_deadline_seconds(), s.ready_deadline_reason()));
+  }
+  // TRAIN: median train_seconds of its recent rounds; READY: median time
+  // from RoundStart to its ready report; LATE: rounds sat out for the
+  // adaptive deadline.
+  const auto seconds = [](double v) { return v > 0 ? absl::StrFormat("%.2fs", v) : "-"; };
+  absl::StrAppend(&out,
+                  absl::StrFormat("%-5s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %-8s %-8s "
+                                  "%-5s %s\n",
+                                  "ID", "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH", "TEST_ACC",
+                                  "TEST_LOSS", "TRAIN", "READY", "SEEN", "LATE", "REASON"));
   for (const auto& w : s.workers()) {
     const bool active = w.state() != "left" && w.state() != "evicted";
     absl::StrAppend(
-        &out, absl::StrFormat("%-5s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %s\n", w.id(),
-                              w.address(), w.state(), w.model_round(),
+        &out, absl::StrFormat("%-5s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %-8s %-8s %-5d %s\n",
+                              w.id(), w.address(), w.state(), w.model_round(),
                               w.model_hash().empty() ? "-" : w.model_hash().substr(0, 12),
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_loss()) : "-",
-                              active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-", w.reason()));
+                              seconds(w.train_seconds_median()), seconds(w.ready_seconds_median()),
+                              active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
+                              w.rounds_late(), w.reason()));
   }
   return out;
 }

@@ -11,6 +11,11 @@ namespace {
 
 std::string Short(absl::string_view hash) { return std::string(hash.substr(0, 12)); }
 
+// A measured duration in a reason, to the millisecond.
+std::string Ms(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
+}
+
 }  // namespace
 
 uint64_t NextOpenRound(shoal::v1::Phase phase, uint64_t round, bool any_ready) {
@@ -201,6 +206,62 @@ RoundStage StageOf(shoal::v1::Phase phase, bool sharing_started) {
   }
 }
 
+absl::Duration MedianDuration(std::vector<absl::Duration> samples) {
+  if (samples.empty()) return absl::ZeroDuration();
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return n % 2 == 1 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+}
+
+ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
+                                          const AdaptiveDeadlineOptions& options, absl::Time now) {
+  ReadyDeadlineDecision d;
+  d.deadline = in.hard_deadline;
+  const std::string timeout =
+      absl::StrCat("--round_timeout=", absl::FormatDuration(options.round_timeout));
+  if (!options.enabled) {
+    d.reason = absl::StrCat(timeout, " (adaptive deadline off)");
+    return d;
+  }
+  if (in.measured.empty()) {
+    d.reason =
+        absl::StrCat(timeout, ": no participant measured in ", options.after_rounds, " rounds yet");
+    return d;
+  }
+  const absl::Duration median = MedianDuration(in.measured);
+  absl::Duration basis = median;
+  std::string basis_text =
+      absl::StrCat("median ready time ", Ms(median), " of ", in.measured.size(), "/",
+                   in.participants, " measured participants");
+  if (in.first_ready.has_value() && *in.first_ready > median) {
+    basis = *in.first_ready;
+    basis_text = absl::StrCat("first ready report of this round after ", Ms(basis), " (median ",
+                              Ms(median), ")");
+  }
+  // A factor below 1 would leave out the median participant itself.
+  const double factor = std::max(1.0, options.factor);
+  absl::Duration budget = basis * factor;
+  std::string clamp;
+  if (budget < options.floor) {
+    budget = options.floor;
+    clamp = absl::StrCat(", floor ", absl::FormatDuration(options.floor));
+  }
+  const absl::Time adaptive = in.round_started + budget;
+  if (adaptive >= in.hard_deadline || budget >= options.round_timeout) {
+    d.reason = absl::StrCat(timeout, ": ", factor, " x ", basis_text, " is not shorter");
+    return d;
+  }
+  if (!in.first_ready.has_value() && now >= adaptive) {
+    d.reason = absl::StrCat(timeout, ": nobody ready by the adaptive deadline ", Ms(budget),
+                            "; waiting for the first ready report");
+    return d;
+  }
+  d.deadline = adaptive;
+  d.adaptive = true;
+  d.reason = absl::StrCat("adaptive ", Ms(budget), " = ", factor, " x ", basis_text, clamp);
+  return d;
+}
+
 RoundDeadlineDecision DecideRoundDeadline(const RoundDeadlineInput& in,
                                           absl::Duration round_timeout, absl::Time now) {
   using Action = RoundDeadlineDecision::Action;
@@ -215,16 +276,24 @@ RoundDeadlineDecision DecideRoundDeadline(const RoundDeadlineInput& in,
   }
   switch (in.stage) {
     case RoundStage::kTraining:
+      d.adaptive = in.adaptive;
       if (in.late.size() == in.participants) {
         d.action = Action::kKeepWaiting;
-        d.reason = absl::StrCat("no participant ready after ", absl::FormatDuration(round_timeout),
-                                "; still waiting");
+        d.reason = in.adaptive
+                       ? "no participant ready by the adaptive deadline; waiting up to "
+                         "--round_timeout"
+                       : absl::StrCat("no participant ready after ",
+                                      absl::FormatDuration(round_timeout), "; still waiting");
         return d;
       }
       d.action = Action::kSitOut;
       d.sit_out = in.late;
-      d.reason =
-          absl::StrCat("not ready within --round_timeout=", absl::FormatDuration(round_timeout));
+      d.reason = in.adaptive
+                     ? absl::StrCat("not ready within the adaptive deadline (", in.adaptive_reason,
+                                    "; --round_timeout=", absl::FormatDuration(round_timeout),
+                                    " is its upper bound)")
+                     : absl::StrCat("not ready within --round_timeout=",
+                                    absl::FormatDuration(round_timeout));
       return d;
     case RoundStage::kConnecting:
       d.action = Action::kConnectionBarrier;
@@ -245,12 +314,23 @@ RoundDeadlineDecision DecideRoundDeadline(const RoundDeadlineInput& in,
   }
 }
 
-MissedRoundDecision DecideMissedRound(uint32_t missed_in_row, uint32_t max_missed_rounds,
+MissedRoundDecision DecideMissedRound(const MissedRoundInput& in, uint32_t max_missed_rounds,
                                       absl::string_view why) {
-  if (max_missed_rounds > 0 && missed_in_row >= max_missed_rounds) {
-    return {true, absl::StrCat("missed ", missed_in_row, " rounds in a row (last: ", why, ")")};
+  MissedRoundDecision d;
+  if (in.adaptive && in.alive) {
+    d.counts = false;
+    d.missed_in_row = in.missed_before;
+    d.reason = std::string(why);
+    return d;
   }
-  return {false, std::string(why)};
+  d.missed_in_row = in.missed_before + 1;
+  if (max_missed_rounds > 0 && d.missed_in_row >= max_missed_rounds) {
+    d.evict = true;
+    d.reason = absl::StrCat("missed ", d.missed_in_row, " rounds in a row (last: ", why, ")");
+    return d;
+  }
+  d.reason = std::string(why);
+  return d;
 }
 
 LeaseDecision DecideLease(bool session_open, absl::Time last_seen, absl::Duration heartbeat_lease,

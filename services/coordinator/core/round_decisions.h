@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -167,6 +168,60 @@ enum class RoundStage {
 
 RoundStage StageOf(shoal::v1::Phase phase, bool sharing_started);
 
+// How the wait for the ready reports adapts to the participants' measured
+// times (--adaptive_deadline and the flags after it).
+struct AdaptiveDeadlineOptions {
+  bool enabled = true;
+  // A participant's recent ready time counts once it was measured in at
+  // least this many rounds.
+  uint32_t after_rounds = 3;
+  // Budget = factor x the median of the measured participants' recent ready
+  // times, at least `floor`, at most `round_timeout`.
+  double factor = 2.0;
+  absl::Duration floor = absl::Seconds(2);
+  absl::Duration round_timeout = absl::Seconds(120);
+};
+
+struct ReadyDeadlineInput {
+  absl::Time round_started;
+  // The deadline --round_timeout sets: round_started + round_timeout, or
+  // later once nobody was ready by then (the wait is extended).
+  absl::Time hard_deadline = absl::InfiniteFuture();
+  // Per participant measured in at least `after_rounds` rounds: the median
+  // of its recent ready times (round start -> ReportReady, as the
+  // coordinator saw them). Participants not measured enough are left out.
+  std::vector<absl::Duration> measured;
+  size_t participants = 0;
+  // The first ready report of this round, time since the round started
+  // (none yet: nullopt).
+  std::optional<absl::Duration> first_ready;
+};
+
+struct ReadyDeadlineDecision {
+  // When the participants not ready by then sit the round out.
+  absl::Time deadline = absl::InfiniteFuture();
+  // True when `deadline` is the adaptive one (earlier than --round_timeout):
+  // those who miss it are slow, not lost (see DecideMissedRound).
+  bool adaptive = false;
+  std::string reason;
+};
+
+// The deadline of the ready reports. Off, or with no participant measured
+// in `after_rounds` rounds yet: `hard_deadline` (today's rule). Else
+// round_started + clamp(factor x basis, floor, round_timeout), where the
+// basis is the median of `measured` or, when this round's first ready
+// report came later than that median (everyone is slower now), that first
+// report's time; so a round where everyone slows down does not leave all
+// but the fastest out. When nobody is ready by the adaptive deadline
+// (`now` past it) the wait falls back to `hard_deadline` until the first
+// ready report, which computes it again. Never later than `hard_deadline`.
+ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
+                                          const AdaptiveDeadlineOptions& options, absl::Time now);
+
+// The median of `samples` (the mean of the middle two for an even count);
+// zero when empty.
+absl::Duration MedianDuration(std::vector<absl::Duration> samples);
+
 struct RoundDeadlineInput {
   RoundStage stage = RoundStage::kWaitingForMembers;
   absl::Time deadline = absl::InfiniteFuture();
@@ -174,6 +229,10 @@ struct RoundDeadlineInput {
   // The participants that have not reported for this stage: not ready while
   // training, not done while sharing (unused while connecting).
   std::vector<std::string> late;
+  // While training: `deadline` is the adaptive one (ReadyDeadlineDecision),
+  // and why it is where it is.
+  bool adaptive = false;
+  std::string adaptive_reason;
 };
 
 struct RoundDeadlineDecision {
@@ -188,20 +247,38 @@ struct RoundDeadlineDecision {
   std::vector<std::string> sit_out;
   // For kSitOut the reason each late participant is given (RoundMissed).
   std::string reason;
+  // kSitOut / kKeepWaiting at the adaptive deadline (not --round_timeout).
+  bool adaptive = false;
 };
 
 RoundDeadlineDecision DecideRoundDeadline(const RoundDeadlineInput& in,
                                           absl::Duration round_timeout, absl::Time now);
 
+struct MissedRoundInput {
+  // Rounds missed in a row before this one (only those that count).
+  uint32_t missed_before = 0;
+  // It missed the adaptive ready deadline, not --round_timeout.
+  bool adaptive = false;
+  // Its session is open and it sends heartbeats (it is training, only
+  // slowly): the engine asks for one within the last 3 heartbeat intervals.
+  bool alive = true;
+};
+
 struct MissedRoundDecision {
   bool evict = false;  // asked to leave instead of sitting out
+  // Whether this miss counts towards max_missed_rounds, and the count after
+  // it.
+  bool counts = true;
+  uint32_t missed_in_row = 0;
   std::string reason;
 };
 
-// A participant sits a round out for `why` and has now missed
-// `missed_in_row` rounds in a row; at `max_missed_rounds` (0 = never) it is
-// asked to leave.
-MissedRoundDecision DecideMissedRound(uint32_t missed_in_row, uint32_t max_missed_rounds,
+// A participant sits a round out for `why`. A miss of the adaptive deadline
+// by a live member does not count: slow workers are not evicted for being
+// slow (a dead one goes by its broken session or expired lease, at once).
+// Every other miss counts; at `max_missed_rounds` in a row (0 = never) the
+// worker is asked to leave.
+MissedRoundDecision DecideMissedRound(const MissedRoundInput& in, uint32_t max_missed_rounds,
                                       absl::string_view why);
 
 // ------------------------------------------------------------------ Leases

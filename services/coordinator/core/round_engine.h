@@ -57,8 +57,13 @@ struct EngineOptions {
   // Connection retries of one plan before the failing peers are evicted.
   uint32_t max_connection_retry = 3;
   // A worker that misses this many rounds in a row is asked to leave
-  // (0 = never).
+  // (0 = never). Misses of the adaptive deadline by a live worker do not
+  // count.
   uint32_t max_missed_rounds = 5;
+  // The ready deadline from the participants' measured ready times
+  // (DecideReadyDeadline); its round_timeout is taken from round_timeout
+  // above. enabled = false keeps the fixed round_timeout.
+  AdaptiveDeadlineOptions adaptive_deadline;
   // Removed members stay visible in the status, up to this many.
   size_t max_departed_shown = 50;
   // Workers asked to upload each checkpoint, one after the other until one
@@ -173,6 +178,16 @@ class RoundEngine {
     uint32_t missed_in_row = 0;
     std::string missed_reason;
     shoal::v1::Heartbeat progress;  // latest heartbeat (sync progress)
+    // Recent ready times (from the start of its training in a round to its
+    // ReportReady, as measured here) and train_seconds of its RoundDone
+    // reports, newest last; and the rounds it sat out for the adaptive
+    // deadline.
+    std::deque<absl::Duration> ready_times;
+    std::deque<double> train_seconds;
+    uint64_t rounds_late = 0;
+    // When it started training in the current round (round start, or its
+    // admission to the running round).
+    absl::Time training_since;
     // Per current round.
     bool ready = false;
     bool connections_ok = false;
@@ -252,9 +267,17 @@ class RoundEngine {
   void WatchCheckpoint(absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRoundDeadline(absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker sits the round out; it stays a member (queued for the next
-  // round) unless it missed too many in a row.
-  void MissRound(const std::string& worker_id, const std::string& reason, Directives* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // round) unless it missed too many in a row. `adaptive`: it missed the
+  // adaptive ready deadline (DecideMissedRound).
+  void MissRound(const std::string& worker_id, const std::string& reason, Directives* out,
+                 bool adaptive = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recomputes the ready deadline (DecideReadyDeadline) while TRAINING and
+  // makes it the running deadline.
+  void UpdateReadyDeadline(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.adaptive_deadline with options_.round_timeout.
+  AdaptiveDeadlineOptions AdaptiveOptions() const;
+  // How many recent samples a member keeps (at least after_rounds).
+  size_t SampleWindow() const;
   // Moves the member to departed_ and out of the queue and the round;
   // returns true when it was a participant. No round consequences.
   bool Depart(const std::string& worker_id, MemberState why, const std::string& reason)
@@ -305,6 +328,13 @@ class RoundEngine {
   bool any_ready_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t total_elements_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time round_started_at_ ABSL_GUARDED_BY(mu_);
+  // The ready deadline of the current round: the one --round_timeout sets
+  // (extended while nobody is ready), the first ready report's time since
+  // the round started, and the deadline in force with its reason (kept for
+  // the status after the round moved on).
+  absl::Time hard_ready_deadline_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Duration> first_ready_ ABSL_GUARDED_BY(mu_);
+  ReadyDeadlineDecision ready_deadline_ ABSL_GUARDED_BY(mu_);
   // The running timeout: training deadline, connection deadline or exchange
   // deadline, depending on the phase.
   absl::Time deadline_ ABSL_GUARDED_BY(mu_);

@@ -212,6 +212,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
       break;
     case Action::kJoinRunningRound:
       ResetRoundFlags(*member);
+      member->training_since = clock_->Now();
       AddParticipant(worker_id);
       member->state = MemberState::kTraining;
       out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(*member)))});
@@ -227,17 +228,29 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
 }
 
 void RoundEngine::MissRound(const std::string& worker_id, const std::string& reason,
-                            Directives* out) {
+                            Directives* out, bool adaptive) {
   Member& m = At(worker_id);
   RemoveParticipant(worker_id);
-  ++m.missed_in_row;
+  MissedRoundInput in;
+  in.missed_before = m.missed_in_row;
+  in.adaptive = adaptive;
+  // Alive: its session is open and it sent a heartbeat within the last
+  // three intervals (a stopped or hung process does not, long before its
+  // lease runs out; a slow one does).
+  const int64_t interval_ms = options_.config.heartbeat_interval_ms();
+  const absl::Duration interval =
+      interval_ms > 0 ? absl::Milliseconds(interval_ms) : absl::Seconds(1);
+  in.alive = m.connected &&
+             clock_->Now() - m.last_seen <= std::min(3 * interval, options_.heartbeat_lease);
+  const MissedRoundDecision missed = DecideMissedRound(in, options_.max_missed_rounds, reason);
+  m.missed_in_row = missed.missed_in_row;
+  if (!missed.counts) ++m.rounds_late;
   m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
   m.state = MemberState::kWaiting;
   ResetRoundFlags(m);
   SHOAL_LOG(WARNING) << "worker " << worker_id << " sits out round " << round_ << ": " << reason
-                     << " (" << m.missed_in_row << " in a row)";
-  const MissedRoundDecision missed =
-      DecideMissedRound(m.missed_in_row, options_.max_missed_rounds, reason);
+                     << " (" << m.missed_in_row << " in a row"
+                     << (missed.counts ? "" : "; slow, does not count") << ")";
   if (missed.evict) {
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(missed.reason);

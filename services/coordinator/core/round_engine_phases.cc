@@ -2,6 +2,10 @@
 // the plan, the peer-connection barrier (DecideConnectionBarrier,
 // FindFailingPeers), sharing and completion (DecideHashVote), re-plans,
 // aborts, the end of the run and the round deadlines (DecideRoundDeadline).
+#include <algorithm>
+#include <deque>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -16,6 +20,13 @@ namespace {
 using internal::IsHexSha256;
 using internal::Share;
 using shoal::v1::CoordinatorMessage;
+
+// Keeps the newest `window` samples.
+template <typename T>
+void AddSample(std::deque<T>& samples, T sample, size_t window) {
+  samples.push_back(sample);
+  while (samples.size() > window) samples.pop_front();
+}
 
 }  // namespace
 
@@ -47,7 +58,9 @@ void RoundEngine::MaybeStartRound(Directives* out) {
   connection_retries_ = 0;
   sharing_started_ = false;
   round_started_at_ = clock_->Now();
-  deadline_ = round_started_at_ + options_.round_timeout;
+  hard_ready_deadline_ = round_started_at_ + options_.round_timeout;
+  first_ready_.reset();
+  deadline_ = hard_ready_deadline_;
   // Two shared messages: the holders of the base model (O(N)) go only to
   // the workers that lack it.
   const SharedMessage start = Share(RoundStartMessage(/*with_holders=*/false));
@@ -61,9 +74,11 @@ void RoundEngine::MaybeStartRound(Directives* out) {
     m.state = MemberState::kTraining;
     ResetRoundFlags(m);
     m.exchange_seconds = 0;
+    m.training_since = round_started_at_;
     AddParticipant(id);
     out->push_back({id, holds ? start : start_with_holders});
   }
+  UpdateReadyDeadline(round_started_at_);
   SHOAL_LOG(INFO) << "round " << round_ << " started with " << participants_.size()
                   << " participants: " << absl::StrJoin(participants_, ",");
 }
@@ -92,11 +107,17 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
                                                    total_elements_, " (different --model?)"));
   }
   MarkStatusChanged();
-  member->last_seen = clock_->Now();
+  const absl::Time now = clock_->Now();
+  member->last_seen = now;
   UpdateFlags(*member, [](Member& m) { m.ready = true; });
   member->state = MemberState::kReady;
   member->train_loss = request.train_loss();
+  AddSample(member->ready_times, now - member->training_since, SampleWindow());
   any_ready_ = true;
+  if (!first_ready_.has_value()) {
+    first_ready_ = now - round_started_at_;
+    UpdateReadyDeadline(now);
+  }
   MaybeSendPlan(out);
   return absl::OkStatus();
 }
@@ -323,6 +344,9 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   member->model_hash = request.model_hash();
   member->model_round = request.round();
   member->exchange_seconds = request.exchange_seconds();
+  if (request.train_seconds() > 0) {
+    AddSample(member->train_seconds, request.train_seconds(), SampleWindow());
+  }
   if (request.metrics().evaluated()) {
     member->metrics = request.metrics();
     member->metrics_round = request.round();
@@ -478,6 +502,42 @@ void RoundEngine::Finish(const std::string& reason, Directives* out) {
 
 // --------------------------------------------------------------- Deadlines
 
+AdaptiveDeadlineOptions RoundEngine::AdaptiveOptions() const {
+  AdaptiveDeadlineOptions o = options_.adaptive_deadline;
+  o.round_timeout = options_.round_timeout;
+  return o;
+}
+
+size_t RoundEngine::SampleWindow() const {
+  return std::max<size_t>(5, options_.adaptive_deadline.after_rounds);
+}
+
+void RoundEngine::UpdateReadyDeadline(absl::Time now) {
+  if (phase_ != shoal::v1::TRAINING) return;
+  const AdaptiveDeadlineOptions adaptive = AdaptiveOptions();
+  ReadyDeadlineInput in;
+  in.round_started = round_started_at_;
+  in.hard_deadline = hard_ready_deadline_;
+  in.participants = participants_.size();
+  in.first_ready = first_ready_;
+  if (adaptive.enabled) {
+    for (const std::string& id : participants_) {
+      const Member& m = At(id);
+      if (m.ready_times.size() < std::max<uint32_t>(1, adaptive.after_rounds)) continue;
+      in.measured.push_back(MedianDuration({m.ready_times.begin(), m.ready_times.end()}));
+    }
+  }
+  ReadyDeadlineDecision decision = DecideReadyDeadline(in, adaptive, now);
+  if (decision.deadline != ready_deadline_.deadline || decision.reason != ready_deadline_.reason) {
+    MarkStatusChanged();
+    SHOAL_LOG(INFO) << "round " << round_ << ": ready deadline "
+                    << absl::FormatDuration(decision.deadline - round_started_at_)
+                    << " after the start: " << decision.reason;
+  }
+  ready_deadline_ = std::move(decision);
+  deadline_ = ready_deadline_.deadline;
+}
+
 void RoundEngine::ApplyRoundDeadline(absl::Time now, Directives* out) {
   // Listing the late participants is O(N): only once the deadline passed.
   if (now < deadline_) return;
@@ -485,6 +545,10 @@ void RoundEngine::ApplyRoundDeadline(absl::Time now, Directives* out) {
   in.stage = StageOf(phase_, sharing_started_);
   in.deadline = deadline_;
   in.participants = participants_.size();
+  if (in.stage == RoundStage::kTraining) {
+    in.adaptive = ready_deadline_.adaptive;
+    in.adaptive_reason = ready_deadline_.reason;
+  }
   if (in.stage == RoundStage::kTraining || in.stage == RoundStage::kSharing) {
     for (const std::string& id : participants_) {
       const Member& m = At(id);
@@ -498,7 +562,10 @@ void RoundEngine::ApplyRoundDeadline(absl::Time now, Directives* out) {
   MarkStatusChanged();
   switch (deadline.action) {
     case Action::kKeepWaiting:
-      deadline_ = now + options_.round_timeout;
+      // Past --round_timeout it waits another round_timeout (as always);
+      // past the adaptive deadline it waits up to --round_timeout.
+      if (!deadline.adaptive) hard_ready_deadline_ = now + options_.round_timeout;
+      UpdateReadyDeadline(now);
       SHOAL_LOG(WARNING) << "round " << round_ << ": " << deadline.reason;
       return;
     case Action::kConnectionBarrier:
@@ -508,7 +575,9 @@ void RoundEngine::ApplyRoundDeadline(absl::Time now, Directives* out) {
       AbortRound(deadline.reason, out);
       return;
     case Action::kSitOut:
-      for (const std::string& id : deadline.sit_out) MissRound(id, deadline.reason, out);
+      for (const std::string& id : deadline.sit_out) {
+        MissRound(id, deadline.reason, out, deadline.adaptive);
+      }
       // Those ready go on to the plan; those done hold the complete average
       // (the others catch up later).
       if (in.stage == RoundStage::kTraining) {

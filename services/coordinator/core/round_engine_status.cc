@@ -1,6 +1,7 @@
 // RoundEngine, what it reports: Status() (with its phase detail), the
 // durable Record() and the plain accessors.
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/core/round_engine.h"
@@ -94,6 +95,13 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     s.set_checkpoint_pending(
         absl::StrCat("round ", pending_checkpoint_round_, " by ", pending_checkpoint_worker_));
   }
+  if (ready_deadline_.deadline != absl::InfiniteFuture() &&
+      round_started_at_ != absl::InfinitePast() && !ready_deadline_.reason.empty()) {
+    s.set_ready_deadline_seconds(
+        absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_));
+    s.set_ready_deadline_reason(ready_deadline_.reason);
+    s.set_ready_deadline_adaptive(ready_deadline_.adaptive);
+  }
   auto add = [&](const Member& m, bool active) {
     auto* w = s.add_workers();
     w->set_id(m.id);
@@ -111,6 +119,17 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     w->set_reason(m.reason);
     w->set_rounds_missed(m.missed_in_row);
     w->set_missed_reason(m.missed_reason);
+    if (!m.train_seconds.empty()) {
+      std::vector<double> t(m.train_seconds.begin(), m.train_seconds.end());
+      std::sort(t.begin(), t.end());
+      const size_t n = t.size();
+      w->set_train_seconds_median(n % 2 == 1 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2);
+    }
+    if (!m.ready_times.empty()) {
+      w->set_ready_seconds_median(
+          absl::ToDoubleSeconds(MedianDuration({m.ready_times.begin(), m.ready_times.end()})));
+    }
+    w->set_rounds_late(m.rounds_late);
     if (active && m.progress.syncing()) {
       w->set_sync_bytes_done(m.progress.sync_bytes_done());
       w->set_sync_bytes_total(m.progress.sync_bytes_total());

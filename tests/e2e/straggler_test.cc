@@ -1,0 +1,114 @@
+// Stragglers in synchronous mode: one worker throttled from outside (a
+// SIGSTOP/SIGCONT duty cycle) to about a quarter of its speed neither stalls
+// the others' rounds towards --round_timeout (the adaptive deadline) nor is
+// evicted for being slow, and the hashes agree every round.
+#include <signal.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tests/e2e/cluster_fixture.h"
+#include "tests/support/duty_cycle.h"
+
+namespace shoal {
+namespace {
+
+using ::shoal::testing::DutyCycle;
+
+class StragglerTest : public ClusterTest {};
+
+// Every worker that reported the last completed round holds its hash.
+bool HashesAgree(const v1::RunStatus& s) {
+  for (const auto& w : s.workers()) {
+    if (w.state() == "evicted") return false;
+    if (w.model_round() == s.last_completed_round() && w.model_hash() != s.model_hash()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
+  constexpr double kRoundTimeoutSeconds = 60;
+  // max_missed_rounds=2: were its late rounds counted, the slow worker would
+  // be evicted within this test.
+  const std::string addr =
+      StartCoordinator({"--min_participants=3", "--local_steps=150", "--round_timeout=60s",
+                        "--max_missed_rounds=2", "--adaptive_deadline_rounds=2",
+                        "--deadline_factor=2", "--deadline_floor=500ms", "--eval_every=1000"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+
+  // Rounds with all three until the adaptive deadline is in force.
+  v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.last_completed_round() >= 3 && s.phase() == v1::TRAINING &&
+               s.participants_size() == 3 && s.ready_deadline_adaptive();
+      },
+      absl::Seconds(40));
+  ASSERT_TRUE(s.ready_deadline_adaptive()) << s.DebugString() << Logs();
+  ASSERT_EQ(s.participants_size(), 3);
+  // What the unthrottled rounds took.
+  std::vector<double> before;
+  for (const auto& r : s.recent_rounds()) {
+    if (r.round() >= 2) before.push_back(r.seconds());
+  }
+  ASSERT_FALSE(before.empty());
+  std::sort(before.begin(), before.end());
+  const double typical = before[before.size() / 2];
+
+  const std::string slow_id = s.participants(2);
+  Process* slow = WorkerById(slow_id);
+  ASSERT_NE(slow, nullptr);
+  const uint64_t at = s.last_completed_round();
+  const absl::Time throttled_at = absl::Now();
+  bool agreed = true;
+  {
+    DutyCycle throttle(slow->pid(), 0.25);
+    s = WaitForStatus(
+        [&](const v1::RunStatus& s) {
+          agreed = agreed && HashesAgree(s);
+          const v1::WorkerStatus* w = FindWorker(s, slow_id);
+          return s.last_completed_round() >= at + 5 && w != nullptr && w->rounds_late() >= 2;
+        },
+        absl::Seconds(40));
+    EXPECT_GT(throttle.periods(), 0);
+  }
+  const double throttled_seconds = absl::ToDoubleSeconds(absl::Now() - throttled_at);
+  EXPECT_TRUE(agreed) << s.DebugString() << Logs();
+
+  // The slow worker sat rounds out as late, never as missed, and stays.
+  const v1::WorkerStatus* w = FindWorker(s, slow_id);
+  ASSERT_NE(w, nullptr);
+  EXPECT_NE(w->state(), "evicted") << w->reason();
+  EXPECT_NE(w->state(), "left") << w->reason();
+  EXPECT_GE(w->rounds_late(), 2u);
+  EXPECT_EQ(w->rounds_missed(), 0u);
+  EXPECT_NE(w->missed_reason().find("adaptive deadline"), std::string::npos) << w->missed_reason();
+  EXPECT_EQ(s.members(), 3u);
+
+  // The rounds while it was throttled: none waited anywhere near
+  // --round_timeout. The bound comes from the unthrottled rounds: the
+  // deadline is 2 x the median ready time, plus the exchange, with room
+  // for a loaded machine.
+  const double bound = std::min(kRoundTimeoutSeconds / 4, 4 * typical + 3);
+  int counted = 0;
+  for (const auto& r : s.recent_rounds()) {
+    if (r.round() <= at + 1) continue;  // the first may have started unthrottled
+    ++counted;
+    EXPECT_LT(r.seconds(), bound) << "round " << r.round() << " typical " << typical << "s"
+                                  << s.DebugString();
+  }
+  EXPECT_GE(counted, 3);
+  std::printf(
+      "straggler e2e: typical round %.2fs before, %d rounds with the slow worker in %.1fs, "
+      "bound %.1fs, ready deadline %.2fs (%s)\n",
+      typical, static_cast<int>(s.last_completed_round() - at), throttled_seconds, bound,
+      s.ready_deadline_seconds(), s.ready_deadline_reason().c_str());
+
+  // Unthrottled, it catches up and takes part again with the same model.
+  ExpectRoundsGoOn(s.last_completed_round(), 1, 3, absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace shoal
