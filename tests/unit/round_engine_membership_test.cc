@@ -952,6 +952,16 @@ TEST_F(MembershipTest, StoppedWorkerMissCountsAndItsLeaseStillRemovesIt) {
   EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
 }
 
+TEST_F(MembershipTest, RetriedReadyReportIsMeasuredOnce) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+  ReadyOk(ids[0], 1);
+  EXPECT_THAT(Pass(absl::Seconds(2), ids), IsEmpty());
+  ReadyOk(ids[0], 1);  // the same report again
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[0])->ready_seconds_median(), 3);
+}
+
 TEST_F(MembershipTest, EveryoneSlowerThisRoundIsNotLeftOut) {
   Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
   const std::vector<std::string> ids = StartRoundOne(3);

@@ -109,10 +109,13 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   MarkStatusChanged();
   const absl::Time now = clock_->Now();
   member->last_seen = now;
+  // A retried report is measured once.
+  if (!member->ready) {
+    AddSample(member->ready_times, now - member->training_since, SampleWindow());
+  }
   UpdateFlags(*member, [](Member& m) { m.ready = true; });
   member->state = MemberState::kReady;
   member->train_loss = request.train_loss();
-  AddSample(member->ready_times, now - member->training_since, SampleWindow());
   any_ready_ = true;
   if (!first_ready_.has_value()) {
     first_ready_ = now - round_started_at_;
