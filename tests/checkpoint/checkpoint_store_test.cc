@@ -596,7 +596,7 @@ TEST(CheckpointIdTest, OnlySafeFileNamesAreIds) {
   // The longest run id with the largest round is still a valid id.
   EXPECT_TRUE(
       ValidateCheckpointId(CheckpointId(std::string(kMaxRunIdLength, 'r'), ~uint64_t{0})).ok());
-  for (const std::string id :
+  for (const std::string& id :
        {std::string(), std::string(".."), std::string("."), std::string("../x"), std::string("a/b"),
         std::string("/abs"), std::string(".hidden"), std::string("a..b"), std::string("a\\b"),
         std::string("a b"), std::string("a\nb"), std::string("x\0y", 3), std::string("caf\xc3\xa9"),
@@ -614,7 +614,7 @@ TEST(CheckpointIdTest, OnlySafeFileNamesAreIds) {
 TEST_F(CheckpointStoreTest, HostileIdsAreRefusedBeforeAnyLookup) {
   auto store = OpenStore();
   ASSERT_TRUE(Upload(store.get(), MakeManifest("run", 1, layers_), layers_).ok());
-  for (const std::string id : {std::string("../manifests/run-r1"), std::string("run-r1/"),
+  for (const std::string& id : {std::string("../manifests/run-r1"), std::string("run-r1/"),
                                std::string(".."), std::string(4096, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(store->GetManifest(id).status())) << id;
     EXPECT_TRUE(absl::IsInvalidArgument(store->Info(id).status())) << id;
