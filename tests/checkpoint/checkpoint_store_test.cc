@@ -615,7 +615,7 @@ TEST_F(CheckpointStoreTest, HostileIdsAreRefusedBeforeAnyLookup) {
   auto store = OpenStore();
   ASSERT_TRUE(Upload(store.get(), MakeManifest("run", 1, layers_), layers_).ok());
   for (const std::string& id : {std::string("../manifests/run-r1"), std::string("run-r1/"),
-                               std::string(".."), std::string(4096, 'a')}) {
+                                std::string(".."), std::string(4096, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(store->GetManifest(id).status())) << id;
     EXPECT_TRUE(absl::IsInvalidArgument(store->Info(id).status())) << id;
     EXPECT_TRUE(absl::IsInvalidArgument(store->ReadLayer(id, 0, 0, 0).status())) << id;

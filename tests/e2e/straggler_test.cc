@@ -45,7 +45,7 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
         return s.last_completed_round() >= 3 && s.phase() == v1::TRAINING &&
                s.participants_size() == 3 && s.ready_deadline_adaptive();
       },
-      absl::Seconds(40));
+      absl::Seconds(120));  // a bound, not a target: a loaded machine trains slowly
   ASSERT_TRUE(s.ready_deadline_adaptive()) << s.DebugString() << Logs();
   ASSERT_EQ(s.participants_size(), 3);
   // What the unthrottled rounds took.
@@ -62,6 +62,9 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
   ASSERT_NE(slow, nullptr);
   const uint64_t at = s.last_completed_round();
   const absl::Time throttled_at = absl::Now();
+  // Waits scale with what a round takes on this machine right now (shared
+  // CI machines are slow at times); the assertions below are relative too.
+  const absl::Duration patience = absl::Seconds(std::max(40.0, 25 * typical));
   bool agreed = true;
   {
     DutyCycle throttle(slow->pid(), 0.25);
@@ -71,7 +74,7 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
           const v1::WorkerStatus* w = FindWorker(s, slow_id);
           return s.last_completed_round() >= at + 5 && w != nullptr && w->rounds_late() >= 2;
         },
-        absl::Seconds(40));
+        patience);
     EXPECT_GT(throttle.periods(), 0);
   }
   const double throttled_seconds = absl::ToDoubleSeconds(absl::Now() - throttled_at);
@@ -107,7 +110,7 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
       s.ready_deadline_seconds(), s.ready_deadline_reason().c_str());
 
   // Unthrottled, it catches up and takes part again with the same model.
-  ExpectRoundsGoOn(s.last_completed_round(), 1, 3, absl::Seconds(30));
+  ExpectRoundsGoOn(s.last_completed_round(), 1, 3, patience);
 }
 
 }  // namespace
