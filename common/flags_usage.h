@@ -6,6 +6,8 @@
 #ifndef SHOAL_COMMON_FLAGS_USAGE_H_
 #define SHOAL_COMMON_FLAGS_USAGE_H_
 
+#include <initializer_list>
+
 #include "absl/strings/string_view.h"
 
 namespace shoal {
@@ -15,6 +17,9 @@ namespace shoal {
 // so the name is spelled exactly as in the flags' own records). Call once,
 // before absl::ParseCommandLine(); not thread-safe.
 void UseFlagsOfFileForHelp(absl::string_view main_file);
+// The same with more files whose flags the binary shares (common/tls_flags).
+void UseFlagsOfFileForHelp(absl::string_view main_file,
+                           std::initializer_list<absl::string_view> shared_files);
 
 }  // namespace shoal
 

@@ -12,6 +12,11 @@ namespace shoal {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& listen, const std::vector<grpc::Service*>& services) {
+  return Start(listen, services, ProcessTls());
+}
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    const std::string& listen, const std::vector<grpc::Service*>& services, const TlsConfig& tls) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   // gRPC's health service is not built from a linked .proto, so reflection
@@ -27,13 +32,20 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("listen address '", listen, "' is not host:port with a port in 0..65535"));
   }
+  auto credentials = ServerCredentialsFor(tls);
+  if (!credentials.ok()) return credentials.status();
+  if (!tls.enabled() && !IsLoopbackHost(HostOf(listen))) {
+    SHOAL_LOG(WARNING) << "serving plain text on " << listen
+                       << ": anyone who can reach this address can read and send everything; "
+                          "give --tls_cert, --tls_key and --tls_ca (docs/SECURITY.md)";
+  }
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Never reuse a port another process holds (tests bind port 0).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, *credentials, &server->port_);
   for (grpc::Service* s : services) builder.RegisterService(s);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -55,13 +67,18 @@ void GrpcServer::Shutdown(absl::Duration grace) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return MakeChannel(address, ProcessTls());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a peer or the coordinator comes back.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  return grpc::CreateCustomChannel(address, ChannelCredentialsFor(tls), args);
 }
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {

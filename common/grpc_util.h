@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace shoal {
 
@@ -22,9 +23,12 @@ inline constexpr int kMaxMessageBytes = 8 << 20;
 class GrpcServer {
  public:
   // Binds `listen` ("host:port", port 0 = any free port), registers the
-  // services plus gRPC health and reflection, and starts serving.
+  // services plus gRPC health and reflection, and starts serving, with the
+  // process's TLS configuration (common/tls.h) or the given one.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& listen, const std::vector<grpc::Service*>& services);
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const std::string& listen, const std::vector<grpc::Service*>& services, const TlsConfig& tls);
 
   ~GrpcServer();
 
@@ -44,8 +48,10 @@ class GrpcServer {
   bool shut_down_ = false;
 };
 
-// Channel to a Shoal server with Shoal's message limits.
+// Channel to a Shoal server with Shoal's message limits, with the process's
+// TLS configuration (common/tls.h) or the given one.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls);
 
 // Deadline `timeout` from now, for a ClientContext.
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout);

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
+#include "common/tls_flags.h"
 #include "services/checkpoint/checkpoint_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
@@ -31,9 +32,13 @@ int main(int argc, char** argv) {
       "durable checkpoints of Shoal runs.\n"
       "Usage: shoal-checkpoint --data_dir=/var/lib/shoal/checkpoints [--listen=127.0.0.1:50052] "
       "[--retain=5] [--verify_on_start=true]");
-  shoal::UseFlagsOfFileForHelp(__FILE__);
+  shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("checkpoint");
+  if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << tls;
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::checkpoint::CheckpointServerOptions options;

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
+#include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -74,9 +75,13 @@ int main(int argc, char** argv) {
       "keeps membership, rounds and status of a Shoal training run.\n"
       "Usage: shoal-coordinator --listen=127.0.0.1:50051 --min_participants=3 --local_steps=50 "
       "--rounds=20");
-  shoal::UseFlagsOfFileForHelp(__FILE__);
+  shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("coordinator");
+  if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << tls;
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::coordinator::CoordinatorOptions options;

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
+#include "common/tls_flags.h"
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
 
@@ -41,9 +42,13 @@ int main(int argc, char** argv) {
       "trains a model on its shard of Fashion-MNIST and averages it with its "
       "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "
       "--data_dir=/usr/share/datasets/fashion-mnist");
-  shoal::UseFlagsOfFileForHelp(__FILE__);
+  shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("worker");
+  if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << tls;
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::worker::WorkerOptions options;

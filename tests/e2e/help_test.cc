@@ -49,11 +49,12 @@ TEST_P(HelpTest, ListsTheBinarysOwnFlags) {
 
 INSTANTIATE_TEST_SUITE_P(
     Binaries, HelpTest,
-    ::testing::Values(HelpCase{"shoal-coordinator",
-                               {"--listen", "--min_participants", "--checkpoint_store"}},
-                      HelpCase{"shoal-worker", {"--coordinator", "--listen", "--data_dir"}},
-                      HelpCase{"shoal-checkpoint", {"--listen", "--data_dir", "--retain"}},
-                      HelpCase{"shoalctl", {"--coordinator", "--json"}}),
+    ::testing::Values(
+        HelpCase{"shoal-coordinator",
+                 {"--listen", "--min_participants", "--checkpoint_store", "--tls_cert"}},
+        HelpCase{"shoal-worker", {"--coordinator", "--listen", "--data_dir", "--tls_ca"}},
+        HelpCase{"shoal-checkpoint", {"--listen", "--data_dir", "--retain", "--tls_key"}},
+        HelpCase{"shoalctl", {"--coordinator", "--json", "--tls_server_name"}}),
     [](const ::testing::TestParamInfo<HelpCase>& info) {
       std::string name;
       for (char ch : info.param.binary) {

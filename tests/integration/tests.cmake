@@ -21,3 +21,6 @@ shoal_test(late_join_test integration ${CMAKE_CURRENT_LIST_DIR}/late_join_test.c
 # health-through-reflection tests.
 target_link_libraries(coordinator_rpc_test PRIVATE test_coordinator)
 target_link_libraries(reflection_test PRIVATE test_coordinator checkpoint_service worker_lib)
+# TLS with certificates from scripts/make-certs.sh (the real openssl).
+shoal_test(tls_test integration ${CMAKE_CURRENT_LIST_DIR}/tls_test.cc LIBS checkpoint_service)
+target_compile_definitions(tls_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

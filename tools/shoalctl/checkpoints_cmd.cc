@@ -3,12 +3,14 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "tools/shoalctl/export_torch.h"
 
 namespace shoal::ctl {
@@ -27,7 +29,8 @@ const char kCheckpointsUsage[] =
     "      every layer, checked against its SHA-256, into FILE; in Python\n"
     "      torch.load(FILE) returns a dict name -> tensor\n"
     "  shoalctl checkpoints delete --store=ADDR --id=ID\n"
-    "  Options: --store defaults to 127.0.0.1:50052; --timeout=10s is each call's deadline.";
+    "  Options: --store defaults to 127.0.0.1:50052; --timeout=10s is each call's deadline;\n"
+    "  --tls_cert, --tls_key, --tls_ca, --tls_server_name as for the other commands.";
 
 namespace {
 
@@ -90,7 +93,9 @@ struct Options {
 };
 
 absl::StatusOr<Options> Parse(const std::vector<std::string>& args) {
-  static const std::set<std::string> kKnown = {"store", "json", "run_id", "id", "out", "timeout"};
+  static const std::set<std::string> kKnown = {"store",  "json",           "run_id",   "id",
+                                               "out",    "timeout",        "tls_cert", "tls_key",
+                                               "tls_ca", "tls_server_name"};
   Options o;
   for (const std::string& a : args) {
     if (!absl::StartsWith(a, "--")) {
@@ -288,6 +293,13 @@ int RunCheckpointsCommand(const std::vector<std::string>& args,
     if (!v.ok()) return Usage(err, v.status());
     path = *v;
   }
+  // The store's channel speaks TLS with these (common/tls.h), as --tls_* do
+  // for the other commands.
+  TlsFiles tls_files{o->Get("tls_cert"), o->Get("tls_key"), o->Get("tls_ca"),
+                     o->Get("tls_server_name")};
+  absl::StatusOr<TlsConfig> tls = LoadTls(tls_files);
+  if (!tls.ok()) return Usage(err, tls.status());
+  if (tls->enabled()) SetProcessTls(*std::move(tls));
   std::unique_ptr<CheckpointClient> client =
       make_client(o->Get("store", "127.0.0.1:50052"), timeout);
 

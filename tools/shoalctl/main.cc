@@ -14,6 +14,7 @@
 #include "common/grpc_util.h"
 #include "common/signals.h"
 #include "common/status_util.h"
+#include "common/tls_flags.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tools/shoalctl/checkpoints_cmd.h"
 #include "tools/shoalctl/status_format.h"
@@ -107,13 +108,17 @@ int main(int argc, char** argv) {
     return shoal::ctl::RunCheckpointsCommand(std::vector<std::string>(argv + 2, argv + argc));
   }
   absl::SetProgramUsageMessage(kUsage);
-  shoal::UseFlagsOfFileForHelp(__FILE__);
+  shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::cerr << kUsage << "\n";
     return 2;
   }
   const std::string command = args[1];
+  if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
+    std::cerr << "shoalctl: " << tls << "\n";
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
   auto stub = shoal::v1::Coordinator::NewStub(shoal::MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   if (command == "status") return Status(stub.get());
