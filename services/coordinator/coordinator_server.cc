@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/run_options.h"
 #include "services/checkpoint/checkpoint_client.h"
 
 namespace shoal::coordinator {
@@ -105,6 +106,28 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   }
   if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
   if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
+  if (absl::StatusOr<CodecSpec> codec = ParseCodecSpec(c.codec()); !codec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--codec: ", codec.status().message()));
+  }
+  absl::StatusOr<OuterOptimizer> outer = ParseOuterOptimizer(c.outer_optimizer());
+  if (!outer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--outer_optimizer: ", outer.status().message()));
+  }
+  if (*outer != OuterOptimizer::kNone && !(c.outer_lr() > 0 && c.outer_lr() <= 10)) {
+    return absl::InvalidArgumentError("--outer_lr must be in (0, 10]");
+  }
+  if (c.outer_momentum() < 0 || c.outer_momentum() >= 1) {
+    return absl::InvalidArgumentError("--outer_momentum must be in [0, 1)");
+  }
+  absl::StatusOr<DataSplit> split = ParseDataSplit(c.data_split());
+  if (!split.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--data_split: ", split.status().message()));
+  }
+  if (split->label_skew) {
+    return absl::UnimplementedError(
+        "--data_split=label_skew:ALPHA is not implemented yet (only iid); see issue 16");
+  }
   return absl::OkStatus();
 }
 

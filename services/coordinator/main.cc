@@ -68,6 +68,17 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
           "An upload not reported within this time moves to another worker.");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
+ABSL_FLAG(std::string, codec, "fp32",
+          "How each round's change travels between workers: fp32, fp16, bf16, int8 (a scale per "
+          "256 elements), topk:F or randomk:F (a fraction F of the elements, error feedback). "
+          "See docs/COMPRESSION.md.");
+ABSL_FLAG(std::string, outer_optimizer, "none",
+          "What the averaged change of a round does to the model: none (the average is the new "
+          "model), sgd or nesterov (DiLoCo's outer step).");
+ABSL_FLAG(double, outer_lr, 0.7, "Outer optimizer step size (sgd, nesterov).");
+ABSL_FLAG(double, outer_momentum, 0.9, "Outer optimizer momentum (nesterov).");
+ABSL_FLAG(std::string, data_split, "iid",
+          "How training data is split across data ranks: iid or label_skew:ALPHA (Dirichlet).");
 
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
@@ -123,6 +134,11 @@ int main(int argc, char** argv) {
   c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
   c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
   c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
+  c.set_codec(absl::GetFlag(FLAGS_codec));
+  c.set_outer_optimizer(absl::GetFlag(FLAGS_outer_optimizer));
+  c.set_outer_lr(absl::GetFlag(FLAGS_outer_lr));
+  c.set_outer_momentum(absl::GetFlag(FLAGS_outer_momentum));
+  c.set_data_split(absl::GetFlag(FLAGS_data_split));
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {
@@ -132,7 +148,9 @@ int main(int argc, char** argv) {
   SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
                   << " run_id=" << engine.run_id << " model=" << c.model()
                   << " min_participants=" << c.min_participants()
-                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds();
+                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
+                  << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
+                  << " data_split=" << c.data_split();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

@@ -13,6 +13,7 @@
 #include "common/chunk_codec.h"
 #include "common/logging.h"
 #include "common/retry.h"
+#include "common/status_util.h"
 
 namespace shoal::worker {
 namespace {
@@ -42,12 +43,14 @@ absl::Status FirstError(const std::vector<absl::Status>& statuses) {
 }  // namespace
 
 Exchanger::Exchanger(PeerClient* peers, ModelState* state, ExchangeOptions options,
-                     const Codec* codec)
+                     const Codec* codec, const EncodedExchange* encoded)
     : peers_(peers),
       state_(state),
       options_(options),
       clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
-      codec_(codec != nullptr ? codec : &kFp32) {}
+      codec_(codec != nullptr ? codec : &kFp32),
+      encoded_(encoded != nullptr ? *encoded : EncodedExchange{}),
+      use_encoded_(encoded != nullptr) {}
 
 absl::Status Exchanger::ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind,
                                       uint64_t round, uint32_t attempt, uint64_t begin,
@@ -112,10 +115,16 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   }
   const auto& own = plan.slices(self);
   state_->SetPlan(round, plan.attempt(), own.begin(), own.end());
+  if (use_encoded_) return AverageEncoded(plan, self, params, cancel, stats);
+  if (!codec_->raw()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("codec ", codec_->name(), " needs the encoded exchange"));
+  }
   const absl::Time deadline = clock_->Now() + options_.timeout;
 
   std::mutex accumulate_mu;
   std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> raw_received{0};
   std::atomic<int> retries{0};
   std::vector<absl::Status> reduce_status(n), gather_status(n);
   std::vector<std::thread> reducers, gatherers;
@@ -135,6 +144,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
           deadline, &stop,
           [&](const ChunkView& c) {
             received += c.count * sizeof(float);
+            raw_received += c.count * sizeof(float);
             return codec_->ApplyAverage(c, params + c.begin);
           },
           &retries);
@@ -153,6 +163,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
             [&](const ChunkView& c) {
               std::lock_guard<std::mutex> lock(accumulate_mu);
               received += c.count * sizeof(float);
+              raw_received += c.count * sizeof(float);
               return codec_->AccumulateContribution(c, params + c.begin);
             },
             &retries);
@@ -174,6 +185,224 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   if (result.ok()) result = FirstError(gather_status);
   if (stats != nullptr) {
     stats->bytes_received = received.load();
+    stats->raw_bytes_received = raw_received.load();
+    stats->retries = retries.load();
+    // Our contribution to every other owner, our slice to every other.
+    stats->bytes_published =
+        (state_->total_elements() - (own.end() - own.begin())) * sizeof(float) +
+        (own.end() - own.begin()) * sizeof(float) * (n - 1);
+  }
+  return result;
+}
+
+absl::StatusOr<std::string> Exchanger::ReadEncodedWithRetry(
+    const std::string& address, shoal::v1::SliceKind kind, uint64_t round, uint32_t attempt,
+    uint64_t begin, uint64_t end, const std::string& self_id, absl::Time deadline,
+    CancellationToken* stop, std::atomic<int>* retries) {
+  RetryPolicy policy;
+  policy.initial_backoff = options_.initial_backoff;
+  policy.max_backoff = options_.max_backoff;
+  policy.deadline = deadline - clock_->Now();
+  policy.clock = clock_;
+  const size_t max_bytes = codec_->MaxEncodedBytes(end - begin);
+  std::string bytes;
+  uint64_t total = 0;
+  bool known = false;
+  absl::Status s = Retry(
+      policy, stop,
+      [&](absl::Duration left) -> absl::Status {
+        while (!known || bytes.size() < total) {
+          if (stop->cancelled()) return absl::AbortedError("round aborted");
+          shoal::v1::ReadEncodedRequest request;
+          request.set_round(round);
+          request.set_attempt(attempt);
+          request.set_kind(kind);
+          request.set_begin(begin);
+          request.set_end(end);
+          request.set_offset(bytes.size());
+          request.set_reader_id(self_id);
+          absl::StatusOr<shoal::v1::EncodedPiece> piece =
+              peers_->ReadEncoded(address, request, left, stop);
+          if (!piece.ok()) return piece.status();
+          const std::string what = absl::StrCat("encoded ", shoal::v1::SliceKind_Name(kind), " [",
+                                                begin, ", ", end, ") from ", address);
+          if (piece->round() != round) {
+            return absl::FailedPreconditionError(
+                absl::StrCat(what, ": piece of round ", piece->round(), ", asked ", round));
+          }
+          if (piece->total_bytes() > max_bytes || (known && piece->total_bytes() != total)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                what, ": announces ", piece->total_bytes(), " bytes (at most ", max_bytes,
+                known ? absl::StrCat(", earlier ", total) : std::string(), ")"));
+          }
+          if (piece->offset() != bytes.size() ||
+              piece->data().size() > piece->total_bytes() - bytes.size() ||
+              (piece->data().empty() && bytes.size() < piece->total_bytes())) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(what, ": piece of ", piece->data().size(), " bytes at offset ",
+                             piece->offset(), ", expected offset ", bytes.size()));
+          }
+          RETURN_IF_ERROR(CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
+                                        absl::StrCat(what, " at byte ", piece->offset())));
+          total = piece->total_bytes();
+          known = true;
+          bytes += piece->data();
+        }
+        return absl::OkStatus();
+      },
+      [&](const absl::Status&, int) { ++*retries; });
+  if (stop->cancelled()) return absl::AbortedError("round aborted");
+  if (absl::IsDeadlineExceeded(s) || (!s.ok() && clock_->Now() >= deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("exchange of round ", round, " timed out reading the encoded ",
+                     shoal::v1::SliceKind_Name(kind), " [", begin, ", ", end, ") from ", address,
+                     ": ", s.message()));
+  }
+  if (!s.ok()) return s;
+  return bytes;
+}
+
+namespace {
+// randomk's choice of elements: the same for every worker in a slice of a
+// round (so the contributions and the average share their elements).
+uint64_t SliceSeed(uint64_t round, uint64_t begin) {
+  return round * 0x9E3779B97F4A7C15ull ^ (begin + 0x632BE59BD9B4E019ull);
+}
+}  // namespace
+
+absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int self, float* params,
+                                       CancellationToken* cancel, AveragingStats* stats) {
+  const uint64_t round = plan.round();
+  const uint32_t attempt = plan.attempt();
+  const int n = plan.slices_size();
+  const uint64_t total = state_->total_elements();
+  const std::string& self_id = plan.slices(self).worker_id();
+  const auto& own = plan.slices(self);
+  const absl::Time deadline = clock_->Now() + options_.timeout;
+  encoded_.store->BeginRound(round, attempt);
+
+  // Error feedback starts each attempt from the residual the round began with.
+  if (residual_.size() != total) residual_.assign(total, 0.0f);
+  if (round != residual_round_) {
+    residual_start_ = residual_;
+    residual_round_ = round;
+  } else {
+    residual_ = residual_start_;
+  }
+
+  // 1. Encode every slice's change once.
+  std::vector<float> change(total);
+  for (uint64_t i = 0; i < total; ++i) change[i] = params[i] - encoded_.base[i];
+  Blob own_blob;
+  uint64_t published = 0;
+  for (int k = 0; k < n; ++k) {
+    const auto& s = plan.slices(k);
+    if (s.begin() >= s.end()) continue;
+    auto blob = std::make_shared<const std::string>(
+        EncodeWithFeedback(*codec_, change.data() + s.begin(), s.end() - s.begin(),
+                           SliceSeed(round, s.begin()), residual_.data() + s.begin()));
+    if (k == self) {
+      own_blob = blob;
+    } else {
+      published += blob->size();
+    }
+    encoded_.store->Publish(round, attempt, shoal::v1::CONTRIBUTION, s.begin(), s.end(),
+                            std::move(blob));
+  }
+
+  // `change` now receives the decoded averaged change, slice by slice.
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> raw_received{0};
+  std::atomic<int> retries{0};
+  std::vector<absl::Status> reduce_status(n), gather_status(n);
+  std::vector<std::thread> reducers, gatherers;
+  CancellationToken stop(cancel);
+  std::mutex sum_mu;
+
+  for (int k = 0; k < n; ++k) {
+    if (k == self || plan.slices(k).begin() == plan.slices(k).end()) continue;
+    const auto& s = plan.slices(k);
+    gatherers.emplace_back([&, k, s] {
+      NameThread("shoal-gather");
+      absl::StatusOr<std::string> bytes =
+          ReadEncodedWithRetry(s.peer_address(), shoal::v1::AVERAGED, round, attempt, s.begin(),
+                               s.end(), self_id, deadline, &stop, &retries);
+      if (bytes.ok()) {
+        received += bytes->size();
+        raw_received += (s.end() - s.begin()) * sizeof(float);
+        gather_status[k] = codec_->DecodeSlice(
+            absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
+            s.end() - s.begin(), change.data() + s.begin());
+      } else {
+        gather_status[k] = bytes.status();
+      }
+    });
+  }
+  const uint64_t count = own.end() - own.begin();
+  std::vector<float> sum(count, 0.0f);
+  if (count > 0) {
+    // Our own contribution, as the others would decode it.
+    absl::Status mine = codec_->DecodeSlice(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(own_blob->data()), own_blob->size()),
+        count, sum.data());
+    if (!mine.ok()) return mine;
+    for (int k = 0; k < n; ++k) {
+      if (k == self) continue;
+      const auto& s = plan.slices(k);
+      reducers.emplace_back([&, k, s] {
+        NameThread("shoal-reduce");
+        absl::StatusOr<std::string> bytes =
+            ReadEncodedWithRetry(s.peer_address(), shoal::v1::CONTRIBUTION, round, attempt,
+                                 own.begin(), own.end(), self_id, deadline, &stop, &retries);
+        if (bytes.ok()) {
+          received += bytes->size();
+          raw_received += count * sizeof(float);
+          std::vector<float> part(count);
+          reduce_status[k] = codec_->DecodeSlice(
+              absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
+              count, part.data());
+          if (reduce_status[k].ok()) {
+            std::lock_guard<std::mutex> lock(sum_mu);
+            for (uint64_t i = 0; i < count; ++i) sum[i] += part[i];
+          }
+        } else {
+          reduce_status[k] = bytes.status();
+        }
+        if (!reduce_status[k].ok()) stop.Cancel();
+      });
+    }
+  }
+  for (auto& t : reducers) t.join();
+  absl::Status result = FirstError(reduce_status);
+  if (result.ok() && !stop.cancelled()) {
+    if (count > 0) {
+      DivideFloats(sum.data(), count, static_cast<float>(n));
+      // 2. The average, encoded once; we apply what everyone decodes.
+      auto blob = std::make_shared<const std::string>(
+          codec_->EncodeSlice(sum.data(), count, SliceSeed(round, own.begin())));
+      published += blob->size() * static_cast<uint64_t>(n - 1);
+      result = codec_->DecodeSlice(
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob->data()), blob->size()), count,
+          change.data() + own.begin());
+      encoded_.store->Publish(round, attempt, shoal::v1::AVERAGED, own.begin(), own.end(),
+                              std::move(blob));
+    }
+  } else if (result.ok()) {
+    result = absl::AbortedError("round aborted");
+  }
+  if (!result.ok()) stop.Cancel();
+  for (auto& t : gatherers) t.join();
+  if (result.ok()) result = FirstError(gather_status);
+  if (result.ok() && stop.cancelled()) result = absl::AbortedError("round aborted");
+  if (result.ok()) {
+    // 4. The new model: the outer step from the base (identical inputs on
+    // every worker, so identical bits).
+    encoded_.outer->Apply(round, 0, total, encoded_.base, change.data(), params);
+  }
+  if (stats != nullptr) {
+    stats->bytes_received = received.load();
+    stats->raw_bytes_received = raw_received.load();
+    stats->bytes_published = published;
     stats->retries = retries.load();
   }
   return result;

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -38,7 +39,9 @@
 #include "common/clock.h"
 #include "services/worker/core/averager.h"
 #include "services/worker/core/codec.h"
+#include "services/worker/core/encoded_store.h"
 #include "services/worker/core/model_state.h"
+#include "services/worker/core/outer_optimizer.h"
 #include "services/worker/peer_client.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -56,11 +59,33 @@ struct ExchangeOptions {
 
 using ExchangeStats = AveragingStats;
 
+// The encoded exchange (docs/COMPRESSION.md): what travels is the round's
+// change (trained model - base), encoded by the run's codec with error
+// feedback; the new model is the outer optimizer's step from the base.
+// Used when the codec is not raw or an outer optimizer runs.
+//  1. the change of every slice (plus the residual error feedback kept) is
+//     encoded once and published to `store` (CONTRIBUTION);
+//  2. reduce: the owner decodes its own and every other contribution of
+//     its slice, averages in fp32, encodes the average once, publishes it
+//     (AVERAGED) and decodes it like everyone else;
+//  3. gather: every other owner's encoded average is read and decoded;
+//  4. params = outer step from `base` with the decoded averaged change.
+// Peers read blobs (Peer.ReadEncoded), never model memory, so the
+// parameters may be rewritten at the end without waiting for readers.
+struct EncodedExchange {
+  EncodedStore* store = nullptr;
+  OuterStep* outer = nullptr;
+  // The agreed model the round started from (the snapshot buffer).
+  const float* base = nullptr;
+};
+
 class Exchanger final : public Averager {
  public:
   // `codec` (the run's; fp32 when null) outlives the exchanger.
+  // `encoded` (null: the raw exchange, fp32 only) selects the encoded
+  // exchange; its parts outlive the exchanger.
   Exchanger(PeerClient* peers, ModelState* state, ExchangeOptions options,
-            const Codec* codec = nullptr);
+            const Codec* codec = nullptr, const EncodedExchange* encoded = nullptr);
 
   const char* name() const override { return "sharded"; }
   // Runs the exchange of `plan` for the participant `self_id` on `params`
@@ -80,11 +105,30 @@ class Exchanger final : public Averager {
                              const std::function<absl::Status(const ChunkView&)>& apply,
                              std::atomic<int>* retries);
 
+  absl::Status AverageEncoded(const shoal::v1::RoundPlan& plan, int self, float* params,
+                              CancellationToken* cancel, AveragingStats* stats);
+  // Reads the whole encoding of [begin, end) of `kind` from `address`,
+  // piece by piece, resuming after failures; checks sizes and CRCs.
+  absl::StatusOr<std::string> ReadEncodedWithRetry(const std::string& address,
+                                                   shoal::v1::SliceKind kind, uint64_t round,
+                                                   uint32_t attempt, uint64_t begin, uint64_t end,
+                                                   const std::string& self_id, absl::Time deadline,
+                                                   CancellationToken* stop,
+                                                   std::atomic<int>* retries);
+
   PeerClient* const peers_;
   ModelState* const state_;
   const ExchangeOptions options_;
   const Clock* const clock_;
   const Codec* const codec_;
+  const EncodedExchange encoded_;
+  const bool use_encoded_;
+  // Error feedback: what this worker's encodings left out so far, and its
+  // value when the current round's first attempt began (a new attempt of
+  // the same round starts from it again).
+  std::vector<float> residual_;
+  std::vector<float> residual_start_;
+  uint64_t residual_round_ = ~uint64_t{0};
 };
 
 }  // namespace shoal::worker

@@ -28,6 +28,27 @@ absl::StatusOr<shoal::v1::ModelManifest> PeerClient::GetManifest(
   return absl::UnimplementedError("this PeerClient cannot ask for manifests");
 }
 
+absl::StatusOr<shoal::v1::EncodedPiece> PeerClient::ReadEncoded(
+    const std::string&, const shoal::v1::ReadEncodedRequest&, absl::Duration,
+    shoal::CancellationToken*) {
+  return absl::UnimplementedError("this PeerClient cannot read encoded slices");
+}
+
+absl::StatusOr<shoal::v1::EncodedPiece> GrpcPeerClient::ReadEncoded(
+    const std::string& address, const shoal::v1::ReadEncodedRequest& request,
+    absl::Duration timeout, shoal::CancellationToken* canceller) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(timeout));
+  ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
+  shoal::v1::EncodedPiece piece;
+  absl::Status s = FromGrpcStatus(PeerFor(address).stub->ReadEncoded(&ctx, request, &piece));
+  if (Cancelled(canceller)) {
+    return absl::CancelledError(absl::StrCat("encoded read from peer ", address, " cancelled"));
+  }
+  if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
+  return piece;
+}
+
 const GrpcPeerClient::Peer& GrpcPeerClient::PeerFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   Peer& peer = peers_[address];

@@ -48,6 +48,12 @@ class PeerClient {
                                                                const std::string& reader_id,
                                                                absl::Duration timeout,
                                                                shoal::CancellationToken* canceller);
+  // One piece of an encoded slice (Peer.ReadEncoded) within `timeout`;
+  // `canceller` (may be null) ends the call early. The caller checks the
+  // piece. Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(
+      const std::string& address, const shoal::v1::ReadEncodedRequest& request,
+      absl::Duration timeout, shoal::CancellationToken* canceller);
   // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
@@ -70,6 +76,10 @@ class GrpcPeerClient : public PeerClient {
   absl::StatusOr<shoal::v1::ModelManifest> GetManifest(
       const std::string& address, uint64_t round, const std::string& reader_id,
       absl::Duration timeout, shoal::CancellationToken* canceller) override;
+  absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(const std::string& address,
+                                                      const shoal::v1::ReadEncodedRequest& request,
+                                                      absl::Duration timeout,
+                                                      shoal::CancellationToken* canceller) override;
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override;
 

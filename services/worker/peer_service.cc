@@ -380,6 +380,38 @@ grpc::ServerUnaryReactor* PeerService::GetManifest(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* ctx,
+                                                   const shoal::v1::ReadEncodedRequest* request,
+                                                   shoal::v1::EncodedPiece* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (encoded_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 "this worker's run does not use the encoded exchange"));
+    return reactor;
+  }
+  absl::StatusOr<Blob> blob = encoded_->Find(*request);
+  if (!blob.ok()) {
+    SHOAL_VLOG(2) << "ReadEncoded from " << request->reader_id() << ": " << blob.status();
+    reactor->Finish(ToGrpcStatus(blob.status()));
+    return reactor;
+  }
+  const std::string& bytes = **blob;
+  if (request->offset() > bytes.size()) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("offset ", request->offset(), " past the end of an encoding of ", bytes.size(),
+                     " bytes"))));
+    return reactor;
+  }
+  const size_t n = std::min<uint64_t>(kChunkBytes, bytes.size() - request->offset());
+  response->set_round(request->round());
+  response->set_total_bytes(bytes.size());
+  response->set_offset(request->offset());
+  response->set_data(bytes.data() + request->offset(), n);
+  response->set_crc32c(Crc32c(response->data().data(), n));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* ctx,
                                                    const shoal::v1::GetPeerInfoRequest* request,
                                                    shoal::v1::PeerInfo* response) {

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/rate_limiter.h"
+#include "services/worker/core/encoded_store.h"
 #include "services/worker/core/model_state.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -43,6 +44,15 @@ class PeerService final
   explicit PeerService(const ModelState* state, RateLimiter* limiter = nullptr,
                        PeerServiceOptions options = {})
       : state_(state), limiter_(limiter), options_(options) {}
+  // `encoded` (may be null: ReadEncoded is UNIMPLEMENTED) serves the
+  // encoded exchange's slices; it outlives the service.
+  void set_encoded_store(const EncodedStore* encoded) { encoded_ = encoded; }
+
+  // A piece of an encoded slice from the EncodedStore (a copy of at most
+  // 1 MiB; the store's blobs are immutable).
+  grpc::ServerUnaryReactor* ReadEncoded(grpc::CallbackServerContext* ctx,
+                                        const shoal::v1::ReadEncodedRequest* request,
+                                        shoal::v1::EncodedPiece* response) override;
 
   // `request` is a serialized ReadSliceRequest (INVALID_ARGUMENT if not).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSlice(grpc::CallbackServerContext* ctx,
@@ -66,6 +76,7 @@ class PeerService final
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;
   std::atomic<bool> corrupt_for_testing_{false};
+  const EncodedStore* encoded_ = nullptr;
 };
 
 }  // namespace shoal::worker

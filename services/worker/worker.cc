@@ -1,5 +1,6 @@
 #include "services/worker/worker.h"
 
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -7,8 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/retry.h"
+#include "common/run_options.h"
 #include "common/signals.h"
 #include "common/status_util.h"
+#include "common/tensor_wire.h"
 
 namespace shoal::worker {
 namespace {
@@ -97,6 +100,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   popts.clock = w->clock_;
   w->peer_service_ =
       std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
+  w->encoded_store_ = std::make_unique<EncodedStore>();
+  w->peer_service_->set_encoded_store(w->encoded_store_.get());
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
@@ -173,8 +178,13 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.eval_limit = options_.eval_limit;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
   if (!trainer.ok()) return trainer.status();
-  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec("");
+  const shoal::v1::RunConfig& config = joined.config();
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(config.codec());
   if (!codec.ok()) return codec.status();
+  absl::StatusOr<OuterOptimizer> outer_kind = ParseOuterOptimizer(config.outer_optimizer());
+  if (!outer_kind.ok()) return outer_kind.status();
+  absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
+  if (!split.ok()) return split.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
   const uint64_t n = trainer_->num_elements();
@@ -187,14 +197,31 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   }
   const std::string hash = HashParameters(trainer_->parameters(), n);
   memory_ = std::make_unique<ModelMemory>(state_.get(), trainer_->parameters(), n, hash);
-  averager_ =
-      std::make_unique<Exchanger>(peers_.get(), state_.get(), options_.exchange, codec_.get());
+  OuterOptions oopts;
+  oopts.kind = *outer_kind;
+  oopts.lr = static_cast<float>(config.outer_lr());
+  oopts.momentum = static_cast<float>(config.outer_momentum());
+  outer_ = std::make_unique<OuterStep>(oopts, n);
+  const bool encoded = !codec_->raw() || *outer_kind != OuterOptimizer::kNone;
+  if (encoded) {
+    encoded_parts_.store = encoded_store_.get();
+    encoded_parts_.outer = outer_.get();
+    encoded_parts_.base = memory_->snapshot();
+    PublishOuterState(0);
+  }
+  averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), options_.exchange,
+                                          codec_.get(), encoded ? &encoded_parts_ : nullptr);
   protocol_.SetInitialModel(hash);
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
                   << " images, model=" << joined.config().model() << " (" << n
                   << " parameters, hash " << hash.substr(0, 12) << "), averaging "
-                  << averager_->name() << "/" << codec_->name();
+                  << averager_->name() << "/" << codec_->name()
+                  << (encoded ? absl::StrCat(" encoded, outer optimizer ",
+                                             config.outer_optimizer().empty()
+                                                 ? "none"
+                                                 : config.outer_optimizer())
+                              : std::string());
   return absl::OkStatus();
 }
 
@@ -338,7 +365,8 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       absl::Status s = memory_->CatchUp(a.round, a.hash, protocol_.model_round(),
                                         [&](float* dst, uint64_t total) {
                                           pulled = total * sizeof(float);
-                                          return PullModel(a, dst, total);
+                                          RETURN_IF_ERROR(PullModel(a, dst, total));
+                                          return PullOuterState(a);
                                         });
       if (pulled > 0) {
         (s.ok() ? M().catchups_ok : M().catchups_failed).Add();
@@ -413,6 +441,8 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kCommit:
       memory_->CommitPending(a.round);
+      outer_->Commit(a.round);
+      if (encoded_parts_.store != nullptr) PublishOuterState(a.round);
       return std::nullopt;
     case Action::kVoid:
       memory_->VoidPending(a.round, a.hash);
@@ -428,16 +458,24 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
         M().test_loss.Set(done.metrics().test_loss());
       }
       M().model_round.Set(static_cast<double>(a.round));
+      const double ratio =
+          last_stats_.raw_bytes_received > 0
+              ? static_cast<double>(last_stats_.bytes_received) / last_stats_.raw_bytes_received
+              : 1.0;
+      done.set_bytes_received(last_stats_.bytes_received);
+      done.set_bytes_sent(last_stats_.bytes_published);
+      done.set_compression_ratio(ratio);
       SHOAL_LOG(INFO) << absl::StrFormat(
           "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
-          "hash=%s",
+          "wire_in=%d wire_out=%d ratio=%.4f codec=%s hash=%s",
           a.round, protocol_.train_loss(),
           done.metrics().evaluated()
               ? absl::StrFormat(" test_accuracy=%.4f test_loss=%.4f",
                                 done.metrics().test_accuracy(), done.metrics().test_loss())
               : "",
           done.train_seconds(), done.exchange_seconds(), last_stats_.bytes_received / 1024,
-          last_stats_.retries, a.hash.substr(0, 12));
+          last_stats_.retries, last_stats_.bytes_received, last_stats_.bytes_published, ratio,
+          codec_->name(), a.hash.substr(0, 12));
       absl::Status r = coordinator_->ReportRoundDone(done);
       if (!r.ok())
         SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();
@@ -502,6 +540,66 @@ absl::Status Worker::Exchange(const Action& a, std::string* hash) {
   }
   if (s.ok()) *hash = HashParameters(memory_->parameters(), memory_->total());
   return s;
+}
+
+void Worker::PublishOuterState(uint64_t round) {
+  const std::vector<float>& m = outer_->momentum();
+  encoded_store_->SetState(
+      round, std::make_shared<const std::string>(reinterpret_cast<const char*>(m.data()),
+                                                 m.size() * sizeof(float)));
+}
+
+absl::Status Worker::PullOuterState(const Action& a) {
+  if (!outer_->has_state()) return absl::OkStatus();
+  if (a.round == 0) {
+    // The initial model's momentum is zero.
+    RETURN_IF_ERROR(outer_->SetMomentum(0, std::vector<float>(memory_->total(), 0.0f)));
+    PublishOuterState(0);
+    return absl::OkStatus();
+  }
+  const uint64_t bytes = memory_->total() * sizeof(float);
+  absl::Status last = absl::UnavailableError(absl::StrCat(
+      "no peer holds the outer momentum of round ", a.round, " (checkpoints do not carry it yet)"));
+  for (const std::string& holder : a.holders) {
+    std::string got;
+    absl::Status s;
+    while (s.ok() && got.size() < bytes) {
+      shoal::v1::ReadEncodedRequest request;
+      request.set_round(a.round);
+      request.set_kind(shoal::v1::SNAPSHOT);
+      request.set_begin(0);
+      request.set_end(memory_->total());
+      request.set_offset(got.size());
+      request.set_reader_id(protocol_.worker_id());
+      absl::StatusOr<shoal::v1::EncodedPiece> piece =
+          peers_->ReadEncoded(holder, request, options_.sync.piece_timeout, &stop_token_);
+      if (!piece.ok()) {
+        s = piece.status();
+      } else if (piece->total_bytes() != bytes || piece->offset() != got.size() ||
+                 piece->data().empty() || piece->data().size() > bytes - got.size()) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "outer momentum piece of ", piece->data().size(), " bytes at ", piece->offset(), " of ",
+            piece->total_bytes(), ", expected ", bytes, " bytes from ", got.size()));
+      } else {
+        s = CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
+                          absl::StrCat("outer momentum at byte ", got.size(), " from ", holder));
+        if (s.ok()) got += piece->data();
+      }
+    }
+    if (!s.ok()) {
+      SHOAL_LOG(WARNING) << "outer momentum of round " << a.round << " from " << holder << ": "
+                         << s.message();
+      last = s;
+      continue;
+    }
+    std::vector<float> m(memory_->total());
+    std::memcpy(m.data(), got.data(), bytes);
+    RETURN_IF_ERROR(outer_->SetMomentum(a.round, m));
+    PublishOuterState(a.round);
+    SHOAL_LOG(INFO) << "outer momentum of round " << a.round << " pulled from " << holder;
+    return absl::OkStatus();
+  }
+  return last;
 }
 
 absl::Status Worker::PullModel(const Action& a, float* dst, uint64_t total) {

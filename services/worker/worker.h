@@ -121,6 +121,10 @@ class Worker {
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);
   void Upload(const Action& action);
+  // The outer optimizer's momentum of `a.round` from a holder (catch-up).
+  absl::Status PullOuterState(const Action& a);
+  // Serves the committed outer momentum as the state of the model of `round`.
+  void PublishOuterState(uint64_t round);
   absl::Status PullModel(const Action& action, float* dst, uint64_t total);
 
   Options options_;
@@ -128,6 +132,9 @@ class Worker {
   FashionMnist data_;
   std::unique_ptr<ModelState> state_;
   std::unique_ptr<RateLimiter> upload_limiter_;
+  // Serves the encoded exchange's slices (declared before the service that
+  // reads it).
+  std::unique_ptr<EncodedStore> encoded_store_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set
@@ -140,6 +147,8 @@ class Worker {
   std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
   std::unique_ptr<ModelMemory> memory_;  // with the trainer
   std::unique_ptr<Codec> codec_;
+  std::unique_ptr<OuterStep> outer_;     // the run's outer optimizer (encoded exchange)
+  EncodedExchange encoded_parts_;
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;
 

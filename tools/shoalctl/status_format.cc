@@ -45,6 +45,19 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                               active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
                               w.rounds_late(), w.reason()));
   }
+  // Bytes on the wire of each worker's latest exchange (issue 16).
+  bool wire = false;
+  for (const auto& w : s.workers()) wire = wire || w.wire_round() > 0;
+  if (wire) {
+    absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",
+                                          "BYTES_IN", "BYTES_OUT", "RATIO"));
+    for (const auto& w : s.workers()) {
+      if (w.wire_round() == 0) continue;
+      absl::StrAppend(&out,
+                      absl::StrFormat("%-5s %-11d %-12d %-12d %.4f\n", w.id(), w.wire_round(),
+                                      w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
+    }
+  }
   return out;
 }
 

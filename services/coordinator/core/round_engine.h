@@ -185,6 +185,11 @@ class RoundEngine {
     std::deque<absl::Duration> ready_times;
     std::deque<double> train_seconds;
     uint64_t rounds_late = 0;
+    // Its latest exchange's bytes on the wire (ReportRoundDone).
+    uint64_t bytes_received = 0;
+    uint64_t bytes_sent = 0;
+    double compression_ratio = 0;
+    uint64_t wire_round = 0;
     // When it started training in the current round (round start, or its
     // admission to the running round).
     absl::Time training_since;

@@ -347,6 +347,10 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   member->model_hash = request.model_hash();
   member->model_round = request.round();
   member->exchange_seconds = request.exchange_seconds();
+  member->bytes_received = request.bytes_received();
+  member->bytes_sent = request.bytes_sent();
+  member->compression_ratio = request.compression_ratio();
+  member->wire_round = request.round();
   if (request.train_seconds() > 0) {
     AddSample(member->train_seconds, request.train_seconds(), SampleWindow());
   }

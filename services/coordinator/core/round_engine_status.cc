@@ -130,6 +130,10 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
           absl::ToDoubleSeconds(MedianDuration({m.ready_times.begin(), m.ready_times.end()})));
     }
     w->set_rounds_late(m.rounds_late);
+    w->set_bytes_received(m.bytes_received);
+    w->set_bytes_sent(m.bytes_sent);
+    w->set_compression_ratio(m.compression_ratio);
+    w->set_wire_round(m.wire_round);
     if (active && m.progress.syncing()) {
       w->set_sync_bytes_done(m.progress.sync_bytes_done());
       w->set_sync_bytes_total(m.progress.sync_bytes_total());

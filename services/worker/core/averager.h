@@ -23,7 +23,14 @@
 namespace shoal::worker {
 
 struct AveragingStats {
+  // Bytes of slices received (encoded bytes for an encoded codec).
   uint64_t bytes_received = 0;
+  // The same slices as float32 bytes: bytes_received / raw_bytes_received
+  // is the compression ratio (1 for fp32).
+  uint64_t raw_bytes_received = 0;
+  // Bytes of this worker's encodings its peers read: contributions to the
+  // other owners and its own slice's average once per reader.
+  uint64_t bytes_published = 0;
   int retries = 0;
 };
 

@@ -1,0 +1,79 @@
+#include "common/run_options.h"
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace shoal {
+namespace {
+
+// The number after "name:" in `text`, in (0, max].
+absl::StatusOr<double> ParseParameter(const std::string& text, size_t prefix, double max,
+                                      const char* what) {
+  double v = 0;
+  if (!absl::SimpleAtod(text.substr(prefix), &v) || !std::isfinite(v) || !(v > 0) || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': ", what, " must be a number in (0, ",
+                     std::isinf(max) ? "inf" : absl::StrCat(max), ")"));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
+  CodecSpec spec;
+  if (text.empty() || text == "fp32") return spec;
+  if (text == "fp16") {
+    spec.kind = CodecSpec::Kind::kFp16;
+    return spec;
+  }
+  if (text == "bf16") {
+    spec.kind = CodecSpec::Kind::kBf16;
+    return spec;
+  }
+  if (text == "int8") {
+    spec.kind = CodecSpec::Kind::kInt8;
+    return spec;
+  }
+  for (auto [name, kind] : {std::pair{"topk:", CodecSpec::Kind::kTopK},
+                            std::pair{"randomk:", CodecSpec::Kind::kRandomK}}) {
+    if (absl::StartsWith(text, name)) {
+      absl::StatusOr<double> f =
+          ParseParameter(text, std::string(name).size(), 1.0, "the fraction");
+      if (!f.ok()) return f.status();
+      spec.kind = kind;
+      spec.fraction = *f;
+      return spec;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown codec '", text, "' (fp32, fp16, bf16, int8, topk:F or randomk:F with F in (0, 1])"));
+}
+
+absl::StatusOr<OuterOptimizer> ParseOuterOptimizer(const std::string& text) {
+  if (text.empty() || text == "none") return OuterOptimizer::kNone;
+  if (text == "sgd") return OuterOptimizer::kSgd;
+  if (text == "nesterov") return OuterOptimizer::kNesterov;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown outer optimizer '", text, "' (none, sgd or nesterov)"));
+}
+
+absl::StatusOr<DataSplit> ParseDataSplit(const std::string& text) {
+  DataSplit split;
+  if (text.empty() || text == "iid") return split;
+  if (absl::StartsWith(text, "label_skew:")) {
+    absl::StatusOr<double> a =
+        ParseParameter(text, sizeof("label_skew:") - 1, INFINITY, "the Dirichlet alpha");
+    if (!a.ok()) return a.status();
+    split.label_skew = true;
+    split.alpha = *a;
+    return split;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data split '", text, "' (iid or label_skew:ALPHA with ALPHA > 0)"));
+}
+
+}  // namespace shoal

@@ -1,0 +1,40 @@
+// The run-config strings of issue 16 (docs/COMPRESSION.md): how a round's
+// change travels (--codec), what the averaged change does to the model
+// (--outer_optimizer) and how the training data is split (--data_split).
+// Parsed in one place so that the coordinator refuses a bad flag at start
+// and every worker reads the run config the same way.
+#ifndef SHOAL_COMMON_RUN_OPTIONS_H_
+#define SHOAL_COMMON_RUN_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace shoal {
+
+struct CodecSpec {
+  enum class Kind { kFp32, kFp16, kBf16, kInt8, kTopK, kRandomK };
+  Kind kind = Kind::kFp32;
+  // topk / randomk: the fraction of the elements sent, in (0, 1].
+  double fraction = 1.0;
+};
+// "fp32" (or empty), "fp16", "bf16", "int8", "topk:F", "randomk:F" with F in
+// (0, 1]. INVALID_ARGUMENT otherwise, naming what is accepted.
+absl::StatusOr<CodecSpec> ParseCodecSpec(const std::string& text);
+
+enum class OuterOptimizer { kNone, kSgd, kNesterov };
+// "none" (or empty), "sgd", "nesterov".
+absl::StatusOr<OuterOptimizer> ParseOuterOptimizer(const std::string& text);
+
+struct DataSplit {
+  // IID: shard (data_rank % data_shards) of a seeded shuffle (today).
+  // Label skew: per data rank, class proportions drawn from Dirichlet(alpha).
+  bool label_skew = false;
+  double alpha = 0;
+};
+// "iid" (or empty), "label_skew:ALPHA" with ALPHA > 0.
+absl::StatusOr<DataSplit> ParseDataSplit(const std::string& text);
+
+}  // namespace shoal
+
+#endif  // SHOAL_COMMON_RUN_OPTIONS_H_

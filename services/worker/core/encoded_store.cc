@@ -1,0 +1,64 @@
+#include "services/worker/core/encoded_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shoal::worker {
+
+void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    const auto& [r, a, kind, b, e] = it->first;
+    const bool keep =
+        (r == round && a == attempt) || (r + 1 == round && kind == shoal::v1::AVERAGED);
+    it = keep ? std::next(it) : blobs_.erase(it);
+  }
+  round_ = round;
+  attempt_ = attempt;
+  started_ = true;
+}
+
+void EncodedStore::Publish(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind,
+                           uint64_t begin, uint64_t end, Blob blob) {
+  absl::MutexLock lock(&mu_);
+  if (!started_ || round != round_ || attempt != attempt_) return;
+  blobs_[Key{round, attempt, kind, begin, end}] = std::move(blob);
+}
+
+void EncodedStore::SetState(uint64_t round, Blob state) {
+  absl::MutexLock lock(&mu_);
+  state_round_ = round;
+  state_ = std::move(state);
+}
+
+absl::StatusOr<Blob> EncodedStore::Find(const shoal::v1::ReadEncodedRequest& r) const {
+  if (r.kind() == shoal::v1::SLICE_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError("ReadEncoded needs a kind");
+  }
+  absl::MutexLock lock(&mu_);
+  if (r.kind() == shoal::v1::SNAPSHOT) {
+    if (state_ != nullptr && r.round() == state_round_) return state_;
+    if (state_ == nullptr || r.round() > state_round_) {
+      return absl::UnavailableError(
+          absl::StrCat("no outer optimizer state of round ", r.round(), " here yet"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("outer optimizer state of round ", r.round(),
+                                                      " was replaced by round ", state_round_));
+  }
+  if (r.begin() >= r.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("empty slice [", r.begin(), ", ", r.end(), ")"));
+  }
+  auto it = blobs_.find(Key{r.round(), r.attempt(), r.kind(), r.begin(), r.end()});
+  if (it != blobs_.end()) return it->second;
+  const std::string what =
+      absl::StrCat(shoal::v1::SliceKind_Name(r.kind()), " [", r.begin(), ", ", r.end(),
+                   ") of round ", r.round(), " attempt ", r.attempt());
+  if (!started_ || r.round() > round_ || (r.round() == round_ && r.attempt() >= attempt_)) {
+    return absl::UnavailableError(absl::StrCat(what, " not encoded here yet"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " is not served here (this worker is at round ", round_, " attempt ", attempt_, ")"));
+}
+
+}  // namespace shoal::worker

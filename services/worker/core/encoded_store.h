@@ -1,0 +1,58 @@
+// What the peer service serves on Peer.ReadEncoded (docs/COMPRESSION.md):
+// the encoded slices of a round's change that this worker published (its
+// contributions to every owner, the average of the slice it owns) and the
+// outer optimizer's state of its agreed model (for workers catching up).
+// Blobs are immutable and shared, so serving copies a piece out of one
+// without holding the lock while gRPC writes it.
+//
+// Thread-safe: the exchange publishes, gRPC threads read.
+#ifndef SHOAL_SERVICES_WORKER_CORE_ENCODED_STORE_H_
+#define SHOAL_SERVICES_WORKER_CORE_ENCODED_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "shoal/v1/peer.pb.h"
+
+namespace shoal::worker {
+
+using Blob = std::shared_ptr<const std::string>;
+
+class EncodedStore {
+ public:
+  // The exchange of `round` (attempt) starts: what older rounds or other
+  // attempts of this one published is dropped, except the averages of the
+  // previous round (slow readers may still be gathering them).
+  void BeginRound(uint64_t round, uint32_t attempt);
+  // Publishes a blob for [begin, end) of `kind` (CONTRIBUTION, AVERAGED)
+  // of the current round and attempt; ignored for any other.
+  void Publish(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind, uint64_t begin,
+               uint64_t end, Blob blob);
+  // The outer optimizer's state of the agreed model of `round` (SNAPSHOT).
+  void SetState(uint64_t round, Blob state);
+
+  // The blob a request asks for. UNAVAILABLE: not published yet (a later
+  // round or attempt, or this one before it is there: ask again);
+  // FAILED_PRECONDITION: an older round or attempt, or a slice this worker
+  // does not publish; INVALID_ARGUMENT: no kind, an empty range.
+  absl::StatusOr<Blob> Find(const shoal::v1::ReadEncodedRequest& request) const;
+
+ private:
+  using Key = std::tuple<uint64_t, uint32_t, int, uint64_t, uint64_t>;
+  mutable absl::Mutex mu_;
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<Key, Blob> blobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t state_round_ ABSL_GUARDED_BY(mu_) = 0;
+  Blob state_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shoal::worker
+
+#endif  // SHOAL_SERVICES_WORKER_CORE_ENCODED_STORE_H_

@@ -1,0 +1,110 @@
+// Compressed exchanges and the outer optimizer (issue 16,
+// docs/COMPRESSION.md) with the real binaries on 127.0.0.1: workers that
+// exchange int8-encoded changes and step with Nesterov agree on the model
+// hash every round, report their bytes on the wire, and a late joiner
+// takes the outer momentum with the model and agrees too.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace shoal {
+namespace {
+
+// round -> hash prefix from a worker log's "round N: ... hash=H" lines.
+std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
+  std::map<uint64_t, std::string> out;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    const size_t r = line.find("round ");
+    const size_t h = line.find(" hash=");
+    if (r == absl::string_view::npos || h == absl::string_view::npos ||
+        line.find("wire_in=") == absl::string_view::npos) {
+      continue;
+    }
+    const size_t colon = line.find(':', r);
+    uint64_t round = 0;
+    if (colon == absl::string_view::npos ||
+        !absl::SimpleAtoi(line.substr(r + 6, colon - r - 6), &round)) {
+      continue;
+    }
+    out[round] = std::string(line.substr(h + 6, 12));
+  }
+  return out;
+}
+
+class CompressTest : public ClusterTest {};
+
+TEST_F(CompressTest, Int8AndNesterovAgreeEveryRound) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=3", "--local_steps=30", "--rounds=4", "--learning_rate=0.05",
+       "--codec=int8", "--outer_optimizer=nesterov", "--outer_lr=0.7", "--outer_momentum=0.9"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(5));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  EXPECT_EQ(status.last_completed_round(), 4u);
+  for (const auto& r : status.recent_rounds()) EXPECT_EQ(r.participants(), 3u) << Logs();
+  for (const auto& w : status.workers()) {
+    EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
+    // int8: one byte per element and a float32 scale per 256.
+    EXPECT_EQ(w.wire_round(), 4u) << w.id();
+    EXPECT_GT(w.bytes_received(), 0u) << w.id();
+    EXPECT_GT(w.compression_ratio(), 0.25) << w.id();
+    EXPECT_LT(w.compression_ratio(), 0.26) << w.id();
+  }
+  // Every round, every worker logged the same hash.
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(20)), 0) << w->Log();
+  std::map<uint64_t, std::set<std::string>> hashes;
+  for (auto& w : workers_) {
+    const auto mine = RoundHashes(w->Log());
+    EXPECT_EQ(mine.size(), 4u) << w->Log();
+    for (const auto& [round, hash] : mine) hashes[round].insert(hash);
+  }
+  EXPECT_EQ(hashes.size(), 4u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round;
+  // Training works through the codec and the outer step.
+  const auto& last = status.recent_rounds(status.recent_rounds_size() - 1);
+  EXPECT_TRUE(last.evaluated());
+  EXPECT_GT(last.test_accuracy(), 0.5) << Logs();
+
+  int code = -1;
+  const std::string table = Run(BinDir() + "/shoalctl status --coordinator=" + addr, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(table.find("BYTES_IN"), std::string::npos) << table;
+}
+
+TEST_F(CompressTest, LateJoinerTakesTheMomentumAndAgrees) {
+  const std::string addr =
+      StartCoordinator({"--min_participants=2", "--local_steps=20", "--rounds=0",
+                        "--learning_rate=0.05", "--codec=int8", "--outer_optimizer=nesterov"});
+  StartWorker(addr);
+  StartWorker(addr);
+  const v1::RunStatus before = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() >= 2; }, absl::Minutes(3));
+  Process* late = StartWorker(addr);
+  // Three workers complete rounds together with one hash: the joiner's
+  // model and momentum are the others'.
+  ExpectRoundsGoOn(before.last_completed_round(), 3, 3, absl::Minutes(4));
+  EXPECT_NE(late->Log().find("outer momentum of round "), std::string::npos) << late->Log();
+}
+
+TEST_F(CompressTest, CoordinatorRefusesBadCompressionFlags) {
+  for (const char* flag : {"--codec=int4", "--codec=topk:2", "--outer_optimizer=adam",
+                           "--outer_momentum=1", "--data_split=label_skew:0"}) {
+    auto p = Process::Start({BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", flag},
+                            dir_.path() + "/bad.log");
+    EXPECT_NE(p->Wait(absl::Seconds(20)), 0) << flag;
+    EXPECT_NE(p->Log().find(std::string(flag).substr(2, std::string(flag).find('=') - 2)),
+              std::string::npos)
+        << flag << ": " << p->Log();
+  }
+}
+
+}  // namespace
+}  // namespace shoal
