@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
+#include "services/worker/core/codec.h"
 #include "services/worker/core/manifest_cache.h"
 
 namespace shoal::fuzz {
@@ -457,6 +459,44 @@ void AddressTarget(const uint8_t* data, size_t size) {
   FUZZ_CHECK(HostOf(address) == address.substr(0, colon));
 }
 
+// The codecs' decoders (services/worker/core/codec.h). Input: one byte
+// picking the codec, two bytes (little-endian) of element count, then the
+// encoding. A refusal is INVALID_ARGUMENT and writes nothing; an accepted
+// encoding decodes to finite values for int8 and the sparse codecs, the
+// same way twice, and re-encodes to something that decodes.
+void EncodedSliceTarget(const uint8_t* data, size_t size) {
+  static const char* const kCodecs[] = {"fp32", "fp16", "bf16", "int8", "topk:0.1", "randomk:0.25"};
+  if (size < 3) return;
+  const std::string name = kCodecs[data[0] % 6];
+  const size_t n = data[1] | size_t{data[2]} << 8;
+  absl::StatusOr<std::unique_ptr<worker::Codec>> codec = worker::MakeCodec(name);
+  FUZZ_CHECK(codec.ok());
+  const absl::Span<const uint8_t> bytes(data + 3, size - 3);
+  std::vector<float> out(n, 12345.0f);
+  const absl::Status s = (*codec)->DecodeSlice(bytes, n, out.data());
+  if (!s.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(s) || absl::IsDataLoss(s));
+    for (float v : out) FUZZ_CHECK(v == 12345.0f);
+    return;
+  }
+  FUZZ_CHECK(bytes.size() <= (*codec)->MaxEncodedBytes(n));
+  if (name == "int8" || name[0] == 't' || name[0] == 'r') {
+    for (float v : out) FUZZ_CHECK(std::isfinite(v));
+  }
+  std::vector<float> again(n);
+  FUZZ_CHECK((*codec)->DecodeSlice(bytes, n, again.data()).ok());
+  FUZZ_CHECK(std::memcmp(out.data(), again.data(), n * sizeof(float)) == 0);
+  for (float& v : out) {
+    if (!std::isfinite(v)) v = 0;
+  }
+  const std::string re = (*codec)->EncodeSlice(out.data(), n, 7);
+  FUZZ_CHECK((*codec)
+                 ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(re.data()),
+                                                   re.size()),
+                               n, again.data())
+                 .ok());
+}
+
 }  // namespace
 
 const std::vector<Target>& Targets() {
@@ -468,6 +508,7 @@ const std::vector<Target>& Targets() {
       {"run_record", RunRecordTarget},
       {"checkpoint_id", CheckpointIdTarget},
       {"address", AddressTarget},
+      {"encoded_slice", EncodedSliceTarget},
   };
   return targets;
 }

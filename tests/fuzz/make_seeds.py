@@ -119,3 +119,28 @@ put('checkpoint_id', 'manifest-dotdot', bytes([1]) + f_bytes(2, 'a..b') + f_vari
 for i, a in enumerate([b'127.0.0.1:5000', b'[::1]:80', b'worker-3.svc:50051', b'host:0',
                        b':80', b'host:65536', b'host', b'a:b:1', b'']):
     put('address', str(i), a)
+
+
+# encoded_slice: codec byte (0 fp32, 1 fp16, 2 bf16, 3 int8, 4 topk:0.1,
+# 5 randomk:0.25), u16 element count, the encoding.
+def encoded_slice_seeds():
+    d = os.path.join(os.path.dirname(__file__), "corpus", "encoded_slice")
+    os.makedirs(d, exist_ok=True)
+    n = 20
+    seeds = [
+        bytes([0]) + struct.pack("<H", n) + struct.pack("<20f", *[i * 0.5 for i in range(n)]),
+        bytes([1]) + struct.pack("<H", n) + b"\x00\x3c" * n,
+        bytes([3]) + struct.pack("<H", n) + struct.pack("<f", 0.01) + bytes(range(n)),
+        bytes([3]) + struct.pack("<H", n) + struct.pack("<f", float("nan")) + bytes(n),
+        # topk:0.1 of 20: k = 2, indices 3 and 7 (gaps 3, 3), two values.
+        bytes([4]) + struct.pack("<H", n) + struct.pack("<I", 2) + bytes([3, 3]) + struct.pack("<2f", 1.0, -2.0),
+        # an index out of range
+        bytes([4]) + struct.pack("<H", n) + struct.pack("<I", 2) + bytes([3, 30]) + struct.pack("<2f", 1.0, -2.0),
+        bytes([5]) + struct.pack("<H", n) + struct.pack("<I", 5) + bytes([0] * 5) + struct.pack("<5f", *[1.0] * 5),
+    ]
+    for i, b in enumerate(seeds):
+        with open(os.path.join(d, "seed-%d" % i), "wb") as f:
+            f.write(b)
+
+if __name__ == "__main__":
+    encoded_slice_seeds()
