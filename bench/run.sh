@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | compress | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -109,8 +109,16 @@ run_demo() {
   /usr/bin/python3 bench/demo/summarize.py "$OUT/demo.out" "$OUT/demo" | tee "$OUT/demo.txt"
 }
 
+# Issue 16: each codec, 4 workers, fixed rounds and steps (bench/compress).
+run_compress() {
+  header compress
+  local rounds=10 steps=50
+  [[ "$QUICK" == 1 ]] && rounds=3 steps=20
+  bash bench/compress/compress.sh "$BIN" "$OUT" $rounds $steps | tee "$OUT/compress.txt"
+}
+
 case "$NAME" in
-  stream | exchange | latejoin | coordinator | micro | demo)
+  stream | exchange | latejoin | coordinator | micro | demo | compress)
     build
     "run_$NAME"
     ;;

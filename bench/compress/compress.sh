@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# bench/run.sh compress: 4 workers train the Fashion-MNIST MLP for fixed
+# rounds and local steps with each codec; per codec the mean bytes a worker
+# received per round (its round log's wire_in) and the final test accuracy,
+# against fp32. The last line: `compress: ... ratio=<int8 bytes / fp32 bytes>`.
+# Usage: compress.sh BIN OUT [ROUNDS] [STEPS]
+set -euo pipefail
+BIN=$1
+OUT=$2
+ROUNDS=${3:-10}
+STEPS=${4:-50}
+WORKERS=4
+CODECS=${COMPRESS_CODECS:-"fp32 fp16 bf16 int8 topk:0.01 randomk:0.01"}
+OUTER=${COMPRESS_OUTER:-none}
+mkdir -p "$OUT/compress"
+
+PIDS=()
+stop_all() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  PIDS=()
+}
+trap stop_all EXIT
+
+run_one() {
+  local codec=$1 dir="$OUT/compress/${1//:/_}"
+  mkdir -p "$dir"
+  "$BIN/shoal-coordinator" --listen=127.0.0.1:0 --min_participants=$WORKERS \
+    --local_steps="$STEPS" --rounds="$ROUNDS" --eval_every="$ROUNDS" --codec="$codec" \
+    --outer_optimizer="$OUTER" >"$dir/coordinator.log" 2>&1 &
+  PIDS+=($!)
+  local addr=""
+  for _ in $(seq 100); do
+    addr=$(grep -o 'listening on 127\.0\.0\.1:[0-9]*' "$dir/coordinator.log" 2>/dev/null |
+      head -1 | cut -d' ' -f3) || true
+    [[ -n "$addr" ]] && break
+    sleep 0.1
+  done
+  [[ -n "$addr" ]] || { echo "compress: coordinator did not start" >&2; cat "$dir/coordinator.log" >&2; return 1; }
+  local workers=()
+  for i in $(seq $WORKERS); do
+    "$BIN/shoal-worker" --coordinator="$addr" --listen=127.0.0.1:0 --name="w$i" \
+      >"$dir/worker-$i.log" 2>&1 &
+    PIDS+=($!)
+    workers+=($!)
+  done
+  # Workers leave by themselves when the run is finished (capped at 20 min).
+  local deadline=$(( $(date +%s) + 1200 ))
+  for pid in "${workers[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [[ $(date +%s) -lt $deadline ]]; do sleep 1; done
+  done
+  stop_all
+}
+
+for c in $CODECS; do run_one "$c"; done
+/usr/bin/python3 - "$OUT/compress" "$ROUNDS" "$STEPS" $CODECS <<'PY'
+import glob, os, re, statistics, sys
+root, rounds, steps, codecs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+LINE = re.compile(r"round (\d+): .* wire_in=(\d+) wire_out=(\d+) ratio=([\d.]+)")
+ACC = re.compile(r"test_accuracy=([\d.]+)")
+rows = {}
+for c in codecs:
+    wire, acc = [], []
+    for p in glob.glob(os.path.join(root, c.replace(":", "_"), "worker-*.log")):
+        for line in open(p):
+            m = LINE.search(line)
+            if not m: continue
+            wire.append(int(m.group(2)))
+            a = ACC.search(line)
+            if a and int(m.group(1)) == int(rounds): acc.append(float(a.group(1)))
+    if not wire or not acc:
+        print(f"compress: no results for {c}", file=sys.stderr); sys.exit(1)
+    rows[c] = (statistics.mean(wire), statistics.mean(acc))
+base_b, base_a = rows[codecs[0]]
+print(f"4 workers, MLP, {rounds} rounds x {steps} local steps; bytes = mean received per worker and round")
+print(f"{'codec':<14} {'bytes/round':>12} {'vs fp32':>8} {'test_acc':>9} {'vs fp32':>8}")
+for c in codecs:
+    b, a = rows[c]
+    print(f"{c:<14} {b:>12.0f} {b / base_b:>8.4f} {a:>9.4f} {100 * (a - base_a):>+7.2f}pt")
+parts = " ".join(f"{c}={rows[c][0] / base_b:.4f}/{rows[c][1]:.4f}" for c in codecs)
+ratio = rows["int8"][0] / base_b if "int8" in rows else float("nan")
+print(f"compress: {parts} ratio={ratio:.4f}")
+PY
