@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -68,6 +68,44 @@ run_exchange() {
     --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange.txt"
 }
 
+# The cost of TLS (issue 14): the stream and exchange benchmarks in plain
+# text and over mutual TLS (certificates from scripts/make-certs.sh), one after
+# the other in one run. Last line: tls: ... ratio=<stream MB/s TLS / plain>.
+run_tls() {
+  header tls
+  local reps=5 mib=128 xreps=3
+  [[ "$QUICK" == 1 ]] && reps=2 mib=32 xreps=1
+  local pki="$OUT/pki"
+  bash "$ROOT/scripts/make-certs.sh" "$pki" 127.0.0.1 localhost >>"$OUT/tls.log"
+  local -A line
+  local mode arg
+  for mode in plain tls; do
+    arg=()
+    [[ $mode == tls ]] && arg=(--tls_dir="$pki")
+    line[stream_$mode]=$("$BIN/shoal-bench-stream" --mib=$mib --reps=$reps --variants=shoal \
+      "${arg[@]}" --log="$OUT/tls.log" 2>>"$OUT/tls.log" | tail -n 1)
+    line[exchange_$mode]=$("$BIN/shoal-bench-exchange" --workers=4 --mib=64 --reps=$xreps \
+      "${arg[@]}" --log="$OUT/tls.log" 2>>"$OUT/tls.log" | tail -n 1)
+  done
+  field() { grep -o "$2=[0-9.]*" <<<"${line[$1]}" | head -n 1 | cut -d= -f2; }
+  local sp st sc tc xp xt
+  sp=$(field stream_plain shoal_MBps) st=$(field stream_tls shoal_MBps)
+  sc=$(field stream_plain shoal_cpu_s_per_GB) tc=$(field stream_tls shoal_cpu_s_per_GB)
+  xp=$(field exchange_plain shoal_s) xt=$(field exchange_tls shoal_s)
+  if [[ -z "$sp" || -z "$st" || -z "$xp" || -z "$xt" ]]; then
+    echo "tls: a run failed (log: $OUT/tls.log)" >&2
+    return 1
+  fi
+  {
+    echo "tls: plain text vs mutual TLS on loopback (stream: $mib MiB x $reps; exchange: 4 processes, 64 MiB x $xreps)"
+    printf '  %-34s %12s %12s %8s\n' figure plain tls tls/plain
+    printf '  %-34s %12s %12s %8s\n' "stream MB/s (median)" "$sp" "$st" "$(awk -v a="$st" -v b="$sp" 'BEGIN{printf "%.3f", a/b}')"
+    printf '  %-34s %12s %12s %8s\n' "stream CPU s per GB (both ends)" "$sc" "$tc" "$(awk -v a="$tc" -v b="$sc" 'BEGIN{printf "%.3f", a/b}')"
+    printf '  %-34s %12s %12s %8s\n' "exchange s (slowest process)" "$xp" "$xt" "$(awk -v a="$xt" -v b="$xp" 'BEGIN{printf "%.3f", a/b}')"
+    echo "tls: stream_plain_MBps=$sp stream_tls_MBps=$st exchange_plain_s=$xp exchange_tls_s=$xt cores=$(nproc) ratio=$(awk -v a="$st" -v b="$sp" 'BEGIN{printf "%.3f", a/b}')"
+  } | tee "$OUT/tls.txt"
+}
+
 run_latejoin() {
   header latejoin
   local reps=3
@@ -110,7 +148,7 @@ run_demo() {
 }
 
 case "$NAME" in
-  stream | exchange | latejoin | coordinator | micro | demo)
+  stream | exchange | latejoin | coordinator | micro | demo | tls)
     build
     "run_$NAME"
     ;;
