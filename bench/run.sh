@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -147,8 +147,23 @@ run_demo() {
   /usr/bin/python3 bench/demo/summarize.py "$OUT/demo.out" "$OUT/demo" | tee "$OUT/demo.txt"
 }
 
+# Issue 11: 4 workers on Fashion-MNIST, one throttled to 1/4 speed from
+# outside (SIGSTOP/SIGCONT duty cycle); time to 0.85 test accuracy for today's
+# sync (fixed deadline, late work dropped), adaptive deadline + folding, and
+# gossip (when the coordinator has --mode=gossip); accuracy at equal samples
+# without a straggler. Each arm capped (10 min; BENCH_QUICK: 4 min).
+run_straggler() {
+  header straggler
+  local cap=600 equal=10
+  [[ "$QUICK" == 1 ]] && cap=240 equal=4
+  mkdir -p "$OUT/straggler"
+  /usr/bin/python3 bench/straggler/straggler.py --bin="$BIN" --out="$OUT/straggler" \
+    --cap_seconds=$cap --equal_rounds=$equal ${STRAGGLER_ARGS:-} \
+    2>>"$OUT/straggler.log" | tee "$OUT/straggler.txt"
+}
+
 case "$NAME" in
-  stream | exchange | latejoin | coordinator | micro | demo | tls)
+  stream | exchange | latejoin | coordinator | micro | demo | tls | straggler)
     build
     "run_$NAME"
     ;;

@@ -87,6 +87,9 @@ class StatusMetrics {
   uint64_t last_round_seen_ = 0;
 };
 
+// Beyond this many rounds a late update's weight (1 / (1 + s)) is noise.
+constexpr uint32_t kMaxStalenessLimit = 1000;
+
 }  // namespace
 
 absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
@@ -105,6 +108,10 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   }
   if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
   if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
+  if (c.max_staleness() > kMaxStalenessLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_staleness must be at most ", kMaxStalenessLimit));
+  }
   return absl::OkStatus();
 }
 

@@ -57,6 +57,14 @@ ABSL_FLAG(uint32_t, adaptive_deadline_rounds, 3,
 ABSL_FLAG(double, deadline_factor, 2.0, "Adaptive deadline: multiple of the median ready time.");
 ABSL_FLAG(absl::Duration, deadline_floor, absl::Seconds(2),
           "Adaptive deadline: never shorter than this.");
+ABSL_FLAG(bool, fold_late_work, true,
+          "Late work is folded into a later round: a worker that misses the ready deadline "
+          "keeps its update (trained minus base) and adds it, weighted 1 / (1 + staleness), to "
+          "its contribution of the next round it reaches (docs/MEMBERSHIP.md). false = late "
+          "work is dropped.");
+ABSL_FLAG(uint32_t, max_staleness, 4,
+          "Late work staler than this many rounds is dropped instead of folded (0 = fold only "
+          "into a re-run of the same base).");
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
@@ -123,6 +131,8 @@ int main(int argc, char** argv) {
   c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
   c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
   c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
+  c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
+  c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {

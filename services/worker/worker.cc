@@ -420,6 +420,15 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     case Action::kDropWork:
       memory_->DropWork(a.round);
       return std::nullopt;
+    case Action::kKeepLateWork:
+      memory_->KeepLateWork(a.round);
+      return std::nullopt;
+    case Action::kFoldLateWork:
+      memory_->FoldLateWork(a.round, a.weight);
+      return std::nullopt;
+    case Action::kDropLateWork:
+      memory_->DropLateWork();
+      return std::nullopt;
     case Action::kReportDone: {
       shoal::v1::ReportRoundDoneRequest done = a.done;
       if (a.evaluate) *done.mutable_metrics() = trainer_->Evaluate();

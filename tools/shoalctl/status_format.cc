@@ -45,6 +45,30 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                               active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
                               w.rounds_late(), w.reason()));
   }
+  // Stragglers: per worker its measured round time (the median ready time;
+  // for a worker late in every round, its own measure of its late
+  // training), the deadline it was last held to and its late work folded
+  // into later rounds (docs/MEMBERSHIP.md).
+  bool any_deadline = false;
+  for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
+  if (any_deadline) {
+    absl::StrAppend(&out, "late work (--fold_late_work=", s.config().fold_late_work() ? "true" : "false",
+                    ", --max_staleness=", s.config().max_staleness(), "):
+");
+    for (const auto& w : s.workers()) {
+      std::string last = "-";
+      if (w.folded_updates() > 0) {
+        last = absl::StrFormat("into round %d, staleness %d, weight %.3f, trained in %s",
+                               w.last_fold_round(), w.last_fold_staleness(), w.last_fold_weight(),
+                               seconds(w.last_fold_train_seconds()));
+      }
+      absl::StrAppend(&out, absl::StrFormat("  %-5s round_time %-8s deadline %-8s late %-4d "
+                                            "folded %-4d last_fold %s\n",
+                                            w.id(), seconds(w.ready_seconds_median()),
+                                            seconds(w.deadline_seconds()), w.rounds_late(),
+                                            w.folded_updates(), last));
+    }
+  }
   return out;
 }
 

@@ -185,6 +185,20 @@ class RoundEngine {
     std::deque<absl::Duration> ready_times;
     std::deque<double> train_seconds;
     uint64_t rounds_late = 0;
+    // Late work: the fold reported ready for fold_round (0 = none), counted
+    // when that round completes with it; what status shows of the last.
+    uint64_t fold_round = 0;
+    uint64_t fold_staleness = 0;
+    double fold_weight = 0;
+    double fold_train_seconds = 0;
+    uint64_t folded_updates = 0;
+    uint64_t last_fold_staleness = 0;
+    double last_fold_weight = 0;
+    uint64_t last_fold_round = 0;
+    double last_fold_train_seconds = 0;
+    // The ready deadline (after the round start) of the last round it took
+    // part in or sat out; 0 = none yet.
+    double deadline_seconds = 0;
     // When it started training in the current round (round start, or its
     // admission to the running round).
     absl::Time training_since;
@@ -206,6 +220,9 @@ class RoundEngine {
   // the checkpoint, finished).
   void MarkRecordChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current ready deadline in seconds after the round start (0 when
+  // none is set).
+  double ReadyDeadlineSeconds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Participants and the queue: an ordered vector (join order decides the
   // plan's slice order) plus a hash set for O(1) membership tests, and the
   // counters of the per-round flags (ready, connections_ok, done) over the

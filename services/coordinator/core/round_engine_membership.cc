@@ -245,6 +245,8 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
   const MissedRoundDecision missed = DecideMissedRound(in, options_.max_missed_rounds, reason);
   m.missed_in_row = missed.missed_in_row;
   if (!missed.counts) ++m.rounds_late;
+  m.deadline_seconds = ReadyDeadlineSeconds();
+  m.fold_round = 0;
   m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
   m.state = MemberState::kWaiting;
   ResetRoundFlags(m);

@@ -97,8 +97,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   }
   if (ready_deadline_.deadline != absl::InfiniteFuture() &&
       round_started_at_ != absl::InfinitePast() && !ready_deadline_.reason.empty()) {
-    s.set_ready_deadline_seconds(
-        absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_));
+    s.set_ready_deadline_seconds(ReadyDeadlineSeconds());
     s.set_ready_deadline_reason(ready_deadline_.reason);
     s.set_ready_deadline_adaptive(ready_deadline_.adaptive);
   }
@@ -130,6 +129,12 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
           absl::ToDoubleSeconds(MedianDuration({m.ready_times.begin(), m.ready_times.end()})));
     }
     w->set_rounds_late(m.rounds_late);
+    w->set_folded_updates(m.folded_updates);
+    w->set_last_fold_staleness(m.last_fold_staleness);
+    w->set_last_fold_weight(m.last_fold_weight);
+    w->set_last_fold_round(m.last_fold_round);
+    w->set_last_fold_train_seconds(m.last_fold_train_seconds);
+    w->set_deadline_seconds(m.deadline_seconds);
     if (active && m.progress.syncing()) {
       w->set_sync_bytes_done(m.progress.sync_bytes_done());
       w->set_sync_bytes_total(m.progress.sync_bytes_total());
@@ -139,6 +144,14 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   for (const auto& [id, m] : members_) add(m, true);
   for (const auto& m : departed_) add(m, false);
   return s;
+}
+
+double RoundEngine::ReadyDeadlineSeconds() const {
+  if (ready_deadline_.deadline == absl::InfiniteFuture() ||
+      round_started_at_ == absl::InfinitePast()) {
+    return 0;
+  }
+  return absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_);
 }
 
 shoal::v1::RunRecord RoundEngine::Record() const {
