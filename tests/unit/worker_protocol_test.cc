@@ -109,8 +109,7 @@ class Harness {
  public:
   // `config` defaults to Config(), which drops late work as before
   // (fold_late_work false).
-  explicit Harness(const shoal::v1::RunConfig& config = Config())
-      : protocol_(MakeOptions(&clock)) {
+  explicit Harness(const shoal::v1::RunConfig& config = Config()) : protocol_(MakeOptions(&clock)) {
     coordinator.join_response.set_worker_id(kSelf);
     coordinator.join_response.set_run_id("run-1");
     *coordinator.join_response.mutable_config() = config;

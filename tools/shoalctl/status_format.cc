@@ -52,8 +52,8 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   bool any_deadline = false;
   for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
   if (any_deadline) {
-    absl::StrAppend(&out, "late work (--fold_late_work=",
-                    s.config().fold_late_work() ? "true" : "false",
+    absl::StrAppend(&out,
+                    "late work (--fold_late_work=", s.config().fold_late_work() ? "true" : "false",
                     ", --max_staleness=", s.config().max_staleness(), "):\n");
     for (const auto& w : s.workers()) {
       std::string last = "-";

@@ -388,22 +388,20 @@ absl::StatusOr<FoldedReady> CheckFoldedReady(const FoldedReadyInput& in) {
         "this run drops late work (--fold_late_work=false): train the round instead");
   }
   if (in.folded_base_round > in.base_round) {
-    return absl::InvalidArgumentError(absl::StrCat("late work from base round ",
-                                                   in.folded_base_round,
-                                                   " is newer than the round's base ",
-                                                   in.base_round));
+    return absl::InvalidArgumentError(
+        absl::StrCat("late work from base round ", in.folded_base_round,
+                     " is newer than the round's base ", in.base_round));
   }
   if (in.folded_trained_round <= in.folded_base_round || in.folded_trained_round > in.round) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "late work trained for round ", in.folded_trained_round, " from base round ",
-        in.folded_base_round, " cannot be folded into round ", in.round));
+    return absl::InvalidArgumentError(
+        absl::StrCat("late work trained for round ", in.folded_trained_round, " from base round ",
+                     in.folded_base_round, " cannot be folded into round ", in.round));
   }
   FoldedReady out;
   out.staleness = in.base_round - in.folded_base_round;
   if (out.staleness > in.max_staleness) {
     return absl::InvalidArgumentError(absl::StrCat("late work of staleness ", out.staleness,
-                                                   " exceeds --max_staleness=",
-                                                   in.max_staleness));
+                                                   " exceeds --max_staleness=", in.max_staleness));
   }
   out.weight = StalenessWeight(out.staleness, in.max_staleness);
   if (!(std::fabs(in.folded_weight - out.weight) <= 1e-12)) {

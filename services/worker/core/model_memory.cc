@@ -127,9 +127,7 @@ void ModelMemory::FoldLateWork(uint64_t round, double weight) {
   state_->SetReady(round);
 }
 
-void ModelMemory::DropLateWork() {
-  std::vector<float>().swap(late_);
-}
+void ModelMemory::DropLateWork() { std::vector<float>().swap(late_); }
 
 absl::Status ModelMemory::CatchUp(
     uint64_t round, const std::string& hash, uint64_t model_round,

@@ -232,8 +232,8 @@ bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
     SHOAL_LOG(WARNING) << "late work of round " << late_.trained_round << " (base "
                        << late_.base_round << ") dropped: "
                        << (older ? absl::StrCat("the run is back at round ", base_round)
-                                 : absl::StrCat("staleness ", staleness, " > --max_staleness=",
-                                                config_.max_staleness()));
+                                 : absl::StrCat("staleness ", staleness,
+                                                " > --max_staleness=", config_.max_staleness()));
     out->push_back(Make(Action::kDropLateWork, late_.trained_round));
     late_ = {};
     ++late_dropped_;
