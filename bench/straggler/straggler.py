@@ -4,7 +4,7 @@
 4 workers train the MLP on Fashion-MNIST on 127.0.0.1; one of them is
 throttled from outside to 1/4 of its speed by a SIGSTOP/SIGCONT duty cycle
 (it runs 50 ms of every 200 ms; the same scheme as tests/support/duty_cycle.h),
-from the moment it starts. Time to reach the target test accuracy for:
+from the moment every worker has joined and the first round starts. Time to reach the target test accuracy for:
 
   today     synchronous, fixed deadline, late work dropped
             (--adaptive_deadline=false --fold_late_work=false)
@@ -161,8 +161,6 @@ def run_arm(args, name, flags, throttle, stop_when):
             result["why"] = why.strip().splitlines()[-1] if why.strip() else "did not start"
             return result
         workers = c.start_workers()
-        if throttle:
-            duty = DutyCycle(workers[-1].pid, args.slow_fraction)
         t0 = None
         start = time.time()
         last = None
@@ -174,6 +172,11 @@ def run_arm(args, name, flags, throttle, stop_when):
                 if t0 is None and (st.get("phase") in ("TRAINING", "SHARING") or
                                    int(st.get("last_completed_round", 0)) > 0):
                     t0 = now  # every worker joined: training has started
+                    if throttle:
+                        # Throttled from here on, not while it joins: a worker
+                        # that takes longer than the coordinator's session grace
+                        # between Join and opening its session is dropped.
+                        duty = DutyCycle(workers[-1].pid, args.slow_fraction)
                 if t0 is not None:
                     done = stop_when(st, now - t0)
                     if done:
