@@ -267,7 +267,7 @@ def main():
         return None
 
     def after_samples(st, elapsed):
-        clocks = [int(w.get("clock", 0)) for w in st.get("workers", [])]
+        clocks = [int(float(w.get("gossip_clock", w.get("clock", 0)))) for w in st.get("workers", [])]
         if clocks and sum(clocks) >= samples:
             acc, _ = accuracy_of(st)
             return {"accuracy": acc, "samples": sum(clocks)}
