@@ -1,5 +1,7 @@
 #include "services/worker/gossip_fetcher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -62,7 +64,11 @@ GossipFetchResult GossipFetcher::Fetch(const std::string& peer_id, const std::st
     r.took = clock_->Now() - t0;
     return r;
   };
-  absl::StatusOr<shoal::v1::PeerInfo> info = peers_->Probe(address, timeout);
+  // GetPeerInfo is tiny: at most 2 s of the budget, so that a peer that
+  // stopped answering (and a worker shutting down, which cannot cancel
+  // this call) waits no longer than that here.
+  absl::StatusOr<shoal::v1::PeerInfo> info =
+      peers_->Probe(address, std::min(timeout, absl::Seconds(2)));
   if (!info.ok()) return fail(info.status());
   if (info->gossip_publication() == 0) {
     return fail(absl::FailedPreconditionError("the peer has published no model yet"));

@@ -167,7 +167,9 @@ TEST_F(GossipTest, KilledPeerCostsAtMostOneFetchAndALateJoinerStartsFromAPeer) {
   EXPECT_GT(joiner->test_accuracy(), 0.7) << Logs();
   EXPECT_GT(joiner->gossip_clock(), 64.0 * joiner->gossip_steps()) << "clock adopted from a peer";
   for (auto& w : workers_) {
-    if (w.get() != victim) EXPECT_EQ(w->Stop(), 0) << w->Log();
+    if (w.get() != victim) {
+      EXPECT_EQ(w->Stop(), 0) << w->Log();
+    }
   }
 }
 
