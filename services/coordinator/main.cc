@@ -1,4 +1,5 @@
 // shoal-coordinator: membership, rounds, shard plans and run status.
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "common/signals.h"
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
+#include "services/coordinator/core/gossip_status.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");
@@ -76,6 +78,25 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
           "An upload not reported within this time moves to another worker.");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
+ABSL_FLAG(std::string, mode, "sync",
+          "sync: synchronous rounds. gossip: no rounds; workers train without stopping and "
+          "average pair-wise with peers (dpwa, docs/GOSSIP.md); the coordinator keeps "
+          "membership and status.");
+ABSL_FLAG(uint32_t, gossip_every, 10,
+          "Gossip: a worker publishes its model and may start a fetch every N local steps.");
+ABSL_FLAG(double, fetch_probability, 1.0,
+          "Gossip: probability of starting a fetch of a peer's model every --gossip_every "
+          "steps.");
+ABSL_FLAG(absl::Duration, gossip_timeout, absl::Seconds(5),
+          "Gossip: a whole fetch of a peer's model must end within this.");
+ABSL_FLAG(std::string, interpolation, "constant:0.5",
+          "Gossip: factor a of params += a * (peer - params): constant:A (0 < A <= 1), clock "
+          "(peer_clock / (clock + peer_clock)) or loss (loss / (loss + peer_loss)).");
+ABSL_FLAG(double, divergence_threshold, 0,
+          "Gossip: when > 0 and a worker's loss is below it, a is scaled by loss / threshold "
+          "(0 = off).");
+ABSL_FLAG(uint64_t, gossip_steps, 0,
+          "Gossip: local steps each worker trains before it leaves (0 = until stopped).");
 
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
@@ -134,6 +155,25 @@ int main(int argc, char** argv) {
   c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
 
+  c.set_mode(absl::GetFlag(FLAGS_mode));
+  if (c.mode() != "sync" && c.mode() != "gossip") {
+    SHOAL_LOG(ERROR) << "--mode=" << c.mode() << " is not one of sync, gossip";
+    return 2;
+  }
+  if (c.mode() == "gossip") {
+    c.set_gossip_every(std::max<uint32_t>(1, absl::GetFlag(FLAGS_gossip_every)));
+    c.set_fetch_probability(absl::GetFlag(FLAGS_fetch_probability));
+    c.set_gossip_timeout_ms(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_gossip_timeout))));
+    c.set_interpolation(absl::GetFlag(FLAGS_interpolation));
+    c.set_divergence_threshold(absl::GetFlag(FLAGS_divergence_threshold));
+    c.set_gossip_steps(absl::GetFlag(FLAGS_gossip_steps));
+    if (absl::Status s = shoal::coordinator::ValidateGossipConfig(c); !s.ok()) {
+      SHOAL_LOG(ERROR) << s.message();
+      return 2;
+    }
+  }
+
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << server.status().message();
@@ -142,7 +182,8 @@ int main(int argc, char** argv) {
   SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
                   << " run_id=" << engine.run_id << " model=" << c.model()
                   << " min_participants=" << c.min_participants()
-                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds();
+                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
+                  << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

@@ -23,3 +23,6 @@ add_dependencies(prometheus_test shoal-coordinator shoal-worker shoal-checkpoint
 shoal_test(tls_e2e_test e2e e2e/tls_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 target_compile_definitions(tls_e2e_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(tls_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+# Gossip mode (issue 11): 4 workers to 0.85 without rounds; kill -9 and a late joiner.
+shoal_test(gossip_test e2e e2e/gossip_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)

@@ -66,6 +66,8 @@ int Watch(shoal::v1::Coordinator::Stub* stub) {
   uint64_t printed = 0;
   std::string last_error;
   std::string last_detail;
+  std::string last_gossip_line;
+  absl::Time next_gossip_line = absl::InfinitePast();
   while (true) {
     auto status = GetStatus(stub);
     if (!status.ok()) {
@@ -78,6 +80,12 @@ int Watch(shoal::v1::Coordinator::Stub* stub) {
         std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
                   << status->detail() << std::endl;
         last_detail = status->detail();
+      }
+      if (shoal::ctl::IsGossip(*status) && absl::Now() >= next_gossip_line) {
+        const std::string line = shoal::ctl::FormatGossipLine(*status);
+        if (line != last_gossip_line) std::cout << line << std::endl;
+        last_gossip_line = line;
+        next_gossip_line = absl::Now() + absl::Seconds(5);
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;

@@ -206,7 +206,7 @@ Directives RoundEngine::Tick() {
   const absl::Time now = clock_->Now();
   ExpireLeases(now, &out);
   WatchCheckpoint(now, &out);
-  ApplyRoundDeadline(now, &out);
+  if (!gossip()) ApplyRoundDeadline(now, &out);
   return out;
 }
 

@@ -211,6 +211,8 @@ class RoundEngine {
     // Version of the participant list this member's session was given in a
     // full plan (0 = none): plans with that list go to it without slices.
     uint64_t plan_list_known = 0;
+    // Gossip mode: it called JoinRound and is in the peer lists.
+    bool gossiping = false;
   };
 
   static const char* StateName(MemberState s);
@@ -311,6 +313,11 @@ class RoundEngine {
   // is left.
   void AssignCheckpoint(uint64_t round, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PhaseDetail() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gossip mode (docs/GOSSIP.md): no rounds; JoinRound puts a member in
+  // the peer list, and every change of the list goes to every gossiping
+  // member as a PeerUpdate.
+  bool gossip() const { return options_.config.mode() == "gossip"; }
+  void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineOptions options_;
   const Clock* const clock_;
@@ -361,6 +368,10 @@ class RoundEngine {
   // within a coordinator's lifetime, and versions are unique across starts.
   std::vector<std::pair<std::string, std::string>> plan_list_ ABSL_GUARDED_BY(mu_);
   uint64_t plan_list_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Gossip mode: version of the latest PeerUpdate.
+  uint64_t peer_list_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Gossip mode: members that left after their --gossip_steps.
+  uint64_t gossip_finished_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);
