@@ -115,6 +115,10 @@ class RoundEngine {
 
   // Applies every timeout: leases, round deadline, connection deadline.
   Directives Tick();
+  // While held, no round starts (the current one may finish): a replica
+  // that cannot renew its etcd lease, or whose run record is not written.
+  // Releasing starts the next round when its members are queued.
+  Directives HoldRounds(bool hold);
 
   shoal::v1::RunStatus Status() const;
   // The record to persist (run id, config, counters).
@@ -306,6 +310,7 @@ class RoundEngine {
   const Clock* const clock_;
 
   mutable absl::Mutex mu_;
+  bool rounds_held_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // active ones, by id
   // The same members by id in O(1) for the per-report lookups (the map keeps
   // the id order that Status() and Tick() walk; its nodes never move).

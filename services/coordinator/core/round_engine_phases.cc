@@ -47,6 +47,7 @@ CoordinatorMessage RoundEngine::RoundStartMessage(bool with_holders) const {
 }
 
 void RoundEngine::MaybeStartRound(Directives* out) {
+  if (rounds_held_) return;
   const RoundStartDecision decision =
       DecideRoundStart(phase_, round_, queued_.size(), options_.config.min_participants());
   if (!decision.start) return;
