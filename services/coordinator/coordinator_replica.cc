@@ -147,6 +147,18 @@ void CoordinatorServer::Promote() {
   } else {
     SHOAL_LOG(INFO) << "leader: starting run " << eo.run_id;
   }
+  // A round starts only once the record as it stands (the previous round's
+  // completion included) is in etcd under this term, and while the lease is
+  // certainly alive. Runs under the engine's lock: lock order engine, then
+  // replica_mu_.
+  eo.before_round_start = [this](const shoal::v1::RunRecord& record, uint64_t version) {
+    absl::MutexLock lock(&replica_mu_);
+    if (!replica_->CanStartRounds()) return false;
+    absl::Status s = replica_->SaveRecord(record, version);
+    if (absl::IsFailedPrecondition(s)) deposed_ = true;
+    if (!s.ok()) NoteRecordWrite(s);
+    return s.ok();
+  };
   owned_engines_.push_back(std::make_unique<RoundEngine>(eo, clock_));
   RoundEngine* engine = owned_engines_.back().get();
   // Nothing starts before the record is written under this term.
@@ -167,7 +179,14 @@ void CoordinatorServer::Promote() {
     engine_ = engine;
     service_ = service;
   }
-  (void)PersistToEtcd(engine);
+  // Rounds may start at once when the record is written under this term
+  // (else the replica loop releases them later).
+  const bool current = PersistToEtcd(engine);
+  const bool can = current && [&] {
+    absl::MutexLock lock(&replica_mu_);
+    return replica_->CanStartRounds();
+  }();
+  (void)engine->HoldRounds(!can);  // no member yet: nothing to deliver
   front_->SetActive(service);
   {
     absl::MutexLock lock(&view_mu_);
@@ -196,21 +215,33 @@ void CoordinatorServer::Demote() {
 
 bool CoordinatorServer::PersistToEtcd(RoundEngine* engine) {
   absl::MutexLock plock(&persist_mu_);
+  // The version first: the record read after it is at least as new.
   const uint64_t version = engine->record_version();
   if (version == persisted_version_) return true;
+  const shoal::v1::RunRecord record = engine->Record();
   absl::Status s;
   {
     absl::MutexLock lock(&replica_mu_);
     if (engine != active_engine()) return false;  // a retired engine
-    s = replica_->SaveRecord(engine->Record());
+    s = replica_->SaveRecord(record, version);
     if (absl::IsFailedPrecondition(s)) deposed_ = true;
+    NoteRecordWrite(s);
   }
-  if (!s.ok()) {
-    SHOAL_LOG(ERROR) << "cannot write the run record to etcd: " << s;
-    return false;
-  }
+  if (!s.ok()) return false;
   persisted_version_ = version;
   return true;
+}
+
+void CoordinatorServer::NoteRecordWrite(const absl::Status& s) {
+  // Logs changes, not every failed write while etcd is away.
+  if (s.ok() == record_write_ok_) return;
+  record_write_ok_ = s.ok();
+  if (s.ok()) {
+    SHOAL_LOG(INFO) << "the run record is written to etcd again";
+  } else {
+    SHOAL_LOG(ERROR) << "cannot write the run record to etcd: " << s
+                     << " (no round starts until it is written)";
+  }
 }
 
 shoal::v1::RunStatus CoordinatorServer::StandbyStatus() {

@@ -114,6 +114,8 @@ class CoordinatorServer {
   absl::Mutex replica_mu_;  // serialises the Replica's calls
   std::unique_ptr<Replica> replica_ ABSL_GUARDED_BY(replica_mu_);
   bool deposed_ ABSL_GUARDED_BY(replica_mu_) = false;
+  bool record_write_ok_ ABSL_GUARDED_BY(replica_mu_) = true;
+  void NoteRecordWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(replica_mu_);
   std::unique_ptr<ReplicaFront> front_;
   absl::Mutex view_mu_;
   shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);

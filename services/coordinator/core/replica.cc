@@ -1,5 +1,7 @@
 #include "services/coordinator/core/replica.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -88,6 +90,7 @@ ReplicaEvent Replica::Step() {
   }
   state_.role = ReplicaRole::kLeader;
   state_.term = txn->revision;
+  saved_version_ = 0;
   state_.leader = options_.self;
   SHOAL_LOG(INFO) << "replica: elected leader (term " << state_.term << ", lease " << lease_
                   << ", ttl " << options_.lease_ttl << ")";
@@ -116,10 +119,11 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
   return std::optional<shoal::v1::RunRecord>(std::move(record));
 }
 
-absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record) {
+absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t version) {
   if (state_.role != ReplicaRole::kLeader) {
     return absl::FailedPreconditionError("not the leader: the run record is not written");
   }
+  if (version != 0 && version <= saved_version_) return absl::OkStatus();
   absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
       {EtcdCompare::ModifiedAt(record_key(), record_revision_),
        EtcdCompare::CreatedAt(leader_key(), state_.term)},
@@ -127,6 +131,7 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record) {
   if (!txn.ok()) return txn.status();
   if (txn->succeeded) {
     record_revision_ = txn->revision;
+    saved_version_ = std::max(saved_version_, version);
     return absl::OkStatus();
   }
   std::string holder = "nobody";

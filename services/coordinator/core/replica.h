@@ -87,7 +87,10 @@ class Replica {
   // nobody wrote the record since it last read or wrote it.
   // FAILED_PRECONDITION (and the replica steps down) when either check
   // fails; UNAVAILABLE / DEADLINE_EXCEEDED when etcd cannot be reached.
-  absl::Status SaveRecord(const shoal::v1::RunRecord& record);
+  // `version` (the engine's record_version, 0 = unversioned): a version at
+  // or below one already written is not written again (OK), so that a
+  // slower writer never replaces a newer record with an older one.
+  absl::Status SaveRecord(const shoal::v1::RunRecord& record, uint64_t version = 0);
   // Gives up leadership (deletes the leader key if it is ours, revokes the
   // lease): a clean shutdown hands over at once instead of after a TTL.
   void Resign();
@@ -110,6 +113,8 @@ class Replica {
   ReplicaState state_;
   // mod_revision of the record as last read or written (0 = none).
   int64_t record_revision_ = 0;
+  // Highest record version written under the current term.
+  uint64_t saved_version_ = 0;
 };
 
 }  // namespace shoal::coordinator

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,12 @@ struct EngineOptions {
   absl::Duration checkpoint_timeout = absl::Seconds(120);
   // Where the run continues from (a persisted record), if anywhere.
   std::optional<shoal::v1::RunRecord> resume;
+  // Replicas (--etcd): called (under the engine's lock) with the run record
+  // as it stands and its record_version() right before a round would start;
+  // false = do not start it now (the record cannot be written under this
+  // leader's term, or its lease is uncertain). The round starts on a later
+  // event or HoldRounds(false). Unset = rounds start freely.
+  std::function<bool(const shoal::v1::RunRecord&, uint64_t version)> before_round_start;
 };
 
 // A message for one worker's session stream. Immutable and shared: a
@@ -212,6 +219,7 @@ class RoundEngine {
   // the checkpoint, finished).
   void MarkRecordChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  shoal::v1::RunRecord RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Participants and the queue: an ordered vector (join order decides the
   // plan's slice order) plus a hash set for O(1) membership tests, and the
   // counters of the per-round flags (ready, connections_ok, done) over the

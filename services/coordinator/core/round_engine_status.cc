@@ -177,6 +177,10 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
 
 shoal::v1::RunRecord RoundEngine::Record() const {
   absl::MutexLock lock(&mu_);
+  return RecordLocked();
+}
+
+shoal::v1::RunRecord RoundEngine::RecordLocked() const {
   shoal::v1::RunRecord r;
   r.set_run_id(options_.run_id);
   *r.mutable_config() = options_.config;
