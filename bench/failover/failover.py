@@ -195,12 +195,17 @@ def main():
             raise RuntimeError("the run did not start (logs in %s)" % out)
         for k in range(args.kills):
             time.sleep(rng.uniform(0.0, 1.5))  # a random moment of the round
-            st = status(args.bin, listens)
-            if not st or st.get("replica_role") != "leader":
-                st = wait_round(args, listens, 0, 30)
-            leader = st.get("leader", "")
-            if leader not in listens:
+            # The leader (a loaded machine may make a status call fail now
+            # and then: ask again for up to two minutes).
+            st, end = None, time.time() + 120
+            while time.time() < end:
+                st = status(args.bin, listens)
+                if st and st.get("replica_role") == "leader" and st.get("leader") in listens:
+                    break
+                time.sleep(0.2)
+            else:
                 raise RuntimeError("no leader among the replicas: %r" % st)
+            leader = st["leader"]
             i = listens.index(leader)
             before = last_round(st)
             reps[i].send_signal(signal.SIGKILL)
