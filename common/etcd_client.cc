@@ -50,7 +50,10 @@ class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
     for (const std::string& e : options_.endpoints) {
-      auto channel = MakeChannel(e);
+      // Plain text: etcd members are not Shoal servers, and the process's
+      // --tls_* configuration is not theirs (etcd's own TLS: not supported
+      // yet, docs/REPLICAS.md).
+      auto channel = MakeChannel(e, TlsConfig{});
       members_.push_back({pb::KV::NewStub(channel), pb::Lease::NewStub(channel)});
     }
   }
