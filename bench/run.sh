@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -162,7 +162,27 @@ run_straggler() {
     2>>"$OUT/straggler.log" | tee "$OUT/straggler.txt"
 }
 
+# Coordinator replicas on etcd (issue 13): kills of the leader, failover time
+# against the lease TTL, rounds lost, round time with --etcd vs --state_dir.
+run_failover() {
+  header failover
+  local kills=20
+  [[ "$QUICK" == 1 ]] && kills=3
+  mkdir -p "$OUT/failover"
+  /usr/bin/python3 bench/failover/failover.py --bin="$BIN" --kills=$kills \
+    --out="$OUT/failover" 2>>"$OUT/failover.log" | tee "$OUT/failover.txt"
+}
+
 case "$NAME" in
+  failover)
+    if [[ ! -x "$BIN/shoal-coordinator" ]]; then
+      echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2
+      exit 2
+    fi
+    ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_failover
+    ;;
   stream | exchange | latejoin | coordinator | micro | demo | tls | straggler)
     build
     "run_$NAME"

@@ -39,6 +39,18 @@ ABSL_FLAG(absl::Duration, heartbeat_lease, absl::Seconds(10),
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the durable run record; a restarted coordinator on the same directory "
           "continues the run (round numbering, worker ids). Empty = not persisted.");
+ABSL_FLAG(std::string, etcd, "",
+          "Coordinator replicas: etcd members host:port[,host:port...]. The run record lives in "
+          "etcd and the replicas elect a leader; only the leader runs rounds (docs/REPLICAS.md). "
+          "Exclusive with --state_dir.");
+ABSL_FLAG(std::string, etcd_prefix, "/shoal/",
+          "With --etcd: prefix of this run's keys (several runs can share one etcd).");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(3),
+          "With --etcd: the leader's lease; a standby takes over within about this long after the "
+          "leader dies (whole seconds, at least 1s).");
+ABSL_FLAG(std::string, advertise, "",
+          "With --etcd: the address workers dial to reach this coordinator (the leader hint "
+          "standbys give); empty = the --listen address with the bound port.");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(120),
           "Participants not ready this long after a round starts sit it out (and catch up); the "
           "same deadline applies to the exchange.");
@@ -117,6 +129,17 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
+    absl::StatusOr<std::vector<std::string>> endpoints = shoal::ParseEndpoints(etcd, "etcd");
+    if (!endpoints.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: " << endpoints.status().message();
+      return 2;
+    }
+    options.etcd = *endpoints;
+  }
+  options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
   auto& engine = options.engine;
   engine.run_id = absl::GetFlag(FLAGS_run_id);
   options.run_id_from_flag = !engine.run_id.empty();
@@ -187,6 +210,10 @@ int main(int argc, char** argv) {
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));
-  SHOAL_LOG(INFO) << "stopped after round " << (*server)->engine().last_completed_round();
+  if (shoal::coordinator::RoundEngine* e = (*server)->active_engine()) {
+    SHOAL_LOG(INFO) << "stopped after round " << e->last_completed_round();
+  } else {
+    SHOAL_LOG(INFO) << "stopped (a standby replica)";
+  }
   return 0;
 }

@@ -50,3 +50,5 @@ shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.
   LIBS worker_core coordinator_core)
 shoal_test(round_engine_gossip_test unit ${CMAKE_CURRENT_LIST_DIR}/round_engine_gossip_test.cc
   LIBS coordinator_core)
+shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
+  LIBS coordinator_core shoal_etcd)

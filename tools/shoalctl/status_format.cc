@@ -86,6 +86,12 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
       s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
       s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  if (!s.replica_role().empty()) {
+    absl::StrAppend(&out, "  replica ", s.replica_role(), "  leader ",
+                    s.leader().empty() ? "(none)" : s.leader(),
+                    s.replica_role() == "standby" ? "  (a standby's view from the run record)" : "",
+                    "\n");
+  }
   if (!s.model_hash().empty()) {
     absl::StrAppend(&out, "  model_hash ", s.model_hash(), " (round ", s.last_completed_round(),
                     ")\n");

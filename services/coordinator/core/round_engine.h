@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,12 @@ struct EngineOptions {
   absl::Duration checkpoint_timeout = absl::Seconds(120);
   // Where the run continues from (a persisted record), if anywhere.
   std::optional<shoal::v1::RunRecord> resume;
+  // Replicas (--etcd): called (under the engine's lock) with the run record
+  // as it stands and its record_version() right before a round would start;
+  // false = do not start it now (the record cannot be written under this
+  // leader's term, or its lease is uncertain). The round starts on a later
+  // event or HoldRounds(false). Unset = rounds start freely.
+  std::function<bool(const shoal::v1::RunRecord&, uint64_t version)> before_round_start;
 };
 
 // A message for one worker's session stream. Immutable and shared: a
@@ -115,6 +122,10 @@ class RoundEngine {
 
   // Applies every timeout: leases, round deadline, connection deadline.
   Directives Tick();
+  // While held, no round starts (the current one may finish): a replica
+  // that cannot renew its etcd lease, or whose run record is not written.
+  // Releasing starts the next round when its members are queued.
+  Directives HoldRounds(bool hold);
 
   shoal::v1::RunStatus Status() const;
   // The record to persist (run id, config, counters).
@@ -225,6 +236,7 @@ class RoundEngine {
   // The current ready deadline in seconds after the round start (0 when
   // none is set).
   double ReadyDeadlineSeconds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  shoal::v1::RunRecord RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Participants and the queue: an ordered vector (join order decides the
   // plan's slice order) plus a hash set for O(1) membership tests, and the
   // counters of the per-round flags (ready, connections_ok, done) over the
@@ -323,6 +335,7 @@ class RoundEngine {
   const Clock* const clock_;
 
   mutable absl::Mutex mu_;
+  bool rounds_held_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // active ones, by id
   // The same members by id in O(1) for the per-report lookups (the map keeps
   // the id order that Status() and Tick() walk; its nodes never move).

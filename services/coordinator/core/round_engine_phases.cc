@@ -48,9 +48,13 @@ CoordinatorMessage RoundEngine::RoundStartMessage(bool with_holders) const {
 }
 
 void RoundEngine::MaybeStartRound(Directives* out) {
+  if (rounds_held_) return;
   const RoundStartDecision decision =
       DecideRoundStart(phase_, round_, queued_.size(), options_.config.min_participants());
   if (!decision.start) return;
+  if (options_.before_round_start && !options_.before_round_start(RecordLocked(), record_version_)) {
+    return;
+  }
   TakeParticipants();  // none while waiting; the queue becomes the round
   const std::vector<std::string> starting = TakeQueue();
   phase_ = shoal::v1::TRAINING;

@@ -190,6 +190,10 @@ double RoundEngine::ReadyDeadlineSeconds() const {
 
 shoal::v1::RunRecord RoundEngine::Record() const {
   absl::MutexLock lock(&mu_);
+  return RecordLocked();
+}
+
+shoal::v1::RunRecord RoundEngine::RecordLocked() const {
   shoal::v1::RunRecord r;
   r.set_run_id(options_.run_id);
   *r.mutable_config() = options_.config;
