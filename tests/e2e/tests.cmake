@@ -26,3 +26,10 @@ add_dependencies(tls_e2e_test shoal-coordinator shoal-worker shoal-checkpoint sh
 # Compressed exchanges and the outer optimizer (issue 16).
 shoal_test(compress_test e2e e2e/compress_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(compress_test shoal-coordinator shoal-worker shoalctl)
+# Gossip mode (issue 11): 4 workers to 0.85 without rounds; kill -9 and a late joiner.
+shoal_test(gossip_test e2e e2e/gossip_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)
+
+# Coordinator replicas on real etcd members (issue 13).
+shoal_test(replica_e2e_test e2e e2e/replica_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(replica_e2e_test shoal-coordinator shoal-worker)

@@ -46,3 +46,10 @@ target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
+# Gossip mode's pure parts (worker and coordinator side).
+shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.cc
+  LIBS worker_core coordinator_core)
+shoal_test(round_engine_gossip_test unit ${CMAKE_CURRENT_LIST_DIR}/round_engine_gossip_test.cc
+  LIBS coordinator_core)
+shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
+  LIBS coordinator_core shoal_etcd)
