@@ -27,6 +27,9 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Milliseconds(250);
   // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
   std::string metrics_listen;
+  // config.model() == "torchscript": the file's bytes (their SHA-256 is
+  // config.model_file_sha256(), checked by Start), served by GetModelFile.
+  std::string model_file;
 };
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a

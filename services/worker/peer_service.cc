@@ -12,6 +12,7 @@
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
 
@@ -386,6 +387,23 @@ grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* 
   auto* reactor = ctx->DefaultReactor();
   *response = state_->Info();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext* ctx,
+                                                    const shoal::v1::GetModelFileRequest* request,
+                                                    shoal::v1::ModelFileChunk* response) {
+  auto* reactor = ctx->DefaultReactor();
+  std::shared_ptr<const ModelFileCopy> file;
+  {
+    absl::MutexLock lock(&file_mu_);
+    file = model_file_;
+  }
+  absl::StatusOr<shoal::v1::ModelFileChunk> piece =
+      file == nullptr ? absl::NotFoundError("this worker does not hold the run's model file (yet)")
+                      : ServeModelFilePiece(file->bytes, file->sha256, *request);
+  if (piece.ok()) *response = std::move(*piece);
+  reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
 }
 

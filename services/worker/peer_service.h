@@ -17,7 +17,10 @@
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 
 #include <atomic>
+#include <memory>
+#include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/rate_limiter.h"
@@ -55,6 +58,17 @@ class PeerService final
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::GetModelManifestRequest* request,
                                         shoal::v1::ModelManifest* response) override;
+  // The run's TorchScript file once SetModelFile gave it (NOT_FOUND before).
+  grpc::ServerUnaryReactor* GetModelFile(grpc::CallbackServerContext* ctx,
+                                         const shoal::v1::GetModelFileRequest* request,
+                                         shoal::v1::ModelFileChunk* response) override;
+  // The verified model file this worker serves to workers joining later.
+  void SetModelFile(std::string bytes, std::string sha256) {
+    auto file =
+        std::make_shared<const ModelFileCopy>(ModelFileCopy{std::move(bytes), std::move(sha256)});
+    absl::MutexLock lock(&file_mu_);
+    model_file_ = std::move(file);
+  }
 
   // Test hook (fault injection only, never set by the worker): SNAPSHOT
   // reads serve bytes that differ from the model but carry a valid CRC-32C,
@@ -66,6 +80,12 @@ class PeerService final
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;
   std::atomic<bool> corrupt_for_testing_{false};
+  struct ModelFileCopy {
+    std::string bytes;
+    std::string sha256;
+  };
+  absl::Mutex file_mu_;
+  std::shared_ptr<const ModelFileCopy> model_file_ ABSL_GUARDED_BY(file_mu_);
 };
 
 }  // namespace shoal::worker

@@ -1,14 +1,20 @@
 #include "services/worker/worker.h"
 
+#include <algorithm>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/retry.h"
 #include "common/signals.h"
 #include "common/status_util.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+#include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
 namespace {
@@ -171,12 +177,21 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.data_rank = joined.data_rank();
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
+  if (joined.config().model() == "torchscript") {
+    absl::StatusOr<std::string> file = FetchRunModelFile(joined);
+    if (!file.ok()) return file.status();
+    topts.model_file = std::move(*file);
+  }
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
   if (!trainer.ok()) return trainer.status();
   absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec("");
   if (!codec.ok()) return codec.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
+  if (!topts.model_file.empty()) {
+    // Workers joining later read it from here rather than the coordinator.
+    peer_service_->SetModelFile(std::move(topts.model_file), joined.config().model_file_sha256());
+  }
   const uint64_t n = trainer_->num_elements();
   state_->Bind(trainer_->parameters(), n, joined.config().model());
   // Peers catching up pull (and verify) the model layer by layer.
@@ -196,6 +211,67 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                   << " parameters, hash " << hash.substr(0, 12) << "), averaging "
                   << averager_->name() << "/" << codec_->name();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinResponse& joined) {
+  const shoal::v1::RunConfig& c = joined.config();
+  // Members that hold the file (they opened their session after verifying
+  // it), else members that hold the model (so the file too).
+  std::vector<std::string> holders;
+  for (const auto* list : {&joined.model_file_holders(), &joined.holders()}) {
+    for (const std::string& h : *list) {
+      if (h != advertise_ && std::find(holders.begin(), holders.end(), h) == holders.end()) {
+        holders.push_back(h);
+      }
+    }
+    if (!holders.empty()) break;
+  }
+  std::shuffle(holders.begin(), holders.end(), std::mt19937(std::random_device{}()));
+  if (holders.size() > 3) holders.resize(3);
+  const absl::Duration timeout = options_.rpc_timeout;
+  std::vector<ModelFileSource> sources;
+  for (const std::string& h : holders) {
+    auto stub = std::shared_ptr<shoal::v1::Peer::Stub>(shoal::v1::Peer::NewStub(MakeChannel(h)));
+    sources.push_back({absl::StrCat("peer ", h),
+                       [stub, timeout](const shoal::v1::GetModelFileRequest& r)
+                           -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+                         grpc::ClientContext ctx;
+                         ctx.set_deadline(DeadlineIn(timeout));
+                         shoal::v1::ModelFileChunk out;
+                         grpc::Status s = stub->GetModelFile(&ctx, r, &out);
+                         if (!s.ok()) return FromGrpcStatus(s);
+                         return out;
+                       }});
+  }
+  auto coord = std::shared_ptr<shoal::v1::Coordinator::Stub>(
+      shoal::v1::Coordinator::NewStub(MakeChannel(options_.coordinator)));
+  sources.push_back({absl::StrCat("coordinator ", options_.coordinator),
+                     [coord, timeout](const shoal::v1::GetModelFileRequest& r)
+                         -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+                       grpc::ClientContext ctx;
+                       ctx.set_deadline(DeadlineIn(timeout));
+                       shoal::v1::ModelFileChunk out;
+                       grpc::Status s = coord->GetModelFile(&ctx, r, &out);
+                       if (!s.ok()) return FromGrpcStatus(s);
+                       return out;
+                     }});
+  const absl::Time start = clock_->Now();
+  uint64_t next_log = 16u << 20;
+  auto progress = [&](uint64_t done, uint64_t total, const std::string& from) {
+    if (done < next_log && done < total) return;
+    next_log = done + (16u << 20);
+    const double secs = std::max(1e-3, absl::ToDoubleSeconds(clock_->Now() - start));
+    const double rate = done / secs;
+    SHOAL_LOG(INFO) << absl::StrFormat(
+        "model file: %.1f of %.1f MiB from %s, %.1f MiB/s, %.0f s left", done / 1048576.0,
+        total / 1048576.0, from, rate / 1048576.0, (total - done) / std::max(rate, 1.0));
+  };
+  absl::StatusOr<FetchedModelFile> file =
+      FetchModelFile(sources, c.model_file_sha256(), c.model_file_bytes(), progress);
+  if (!file.ok()) return file.status();
+  SHOAL_LOG(INFO) << "model file " << c.model_file_sha256().substr(0, 12) << " ("
+                  << file->bytes.size() << " bytes) from " << file->source << ", SHA-256 verified";
+  return std::move(file->bytes);
 }
 
 std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {

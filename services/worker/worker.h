@@ -117,6 +117,9 @@ class Worker {
   // then the response's actions; the first join also builds the model.
   std::optional<absl::Status> JoinWithRetry(const Action& join);
   absl::Status BuildModel(const shoal::v1::JoinResponse& joined);
+  // A TorchScript run's model file: from up to 3 holders of the model
+  // (random order), then the coordinator; verified against its SHA-256.
+  absl::StatusOr<std::string> FetchRunModelFile(const shoal::v1::JoinResponse& joined);
   absl::Status OpenSession();
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);

@@ -23,3 +23,8 @@ add_dependencies(prometheus_test shoal-coordinator shoal-worker shoal-checkpoint
 shoal_test(tls_e2e_test e2e e2e/tls_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 target_compile_definitions(tls_e2e_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(tls_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+# The example TorchScript CNN trained by 3 workers; export loaded in Python (issue 15).
+shoal_test(torchscript_run_test e2e e2e/torchscript_run_test.cc LIBS shoal_protos shoal_common
+  SERIAL)
+target_compile_definitions(torchscript_run_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(torchscript_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
