@@ -38,6 +38,15 @@ struct PeerServiceOptions {
   const Clock* clock = nullptr;
 };
 
+// Bytes this worker's Peer service handed to gRPC and saw written, by what
+// was read (counted per chunk with one relaxed atomic add; the worker turns
+// them into Prometheus counters once per action).
+struct PeerSentBytes {
+  std::atomic<uint64_t> exchange{0};    // CONTRIBUTION and AVERAGED slices
+  std::atomic<uint64_t> snapshot{0};    // SNAPSHOT reads (catch-ups, late joins)
+  std::atomic<uint64_t> model_file{0};  // GetModelFile pieces
+};
+
 // Thread-safe (state lives in ModelState).
 class PeerService final
     : public shoal::v1::Peer::WithRawCallbackMethod_ReadSlice<shoal::v1::Peer::CallbackService> {
@@ -73,6 +82,8 @@ class PeerService final
   // Test hook (fault injection only, never set by the worker): SNAPSHOT
   // reads serve bytes that differ from the model but carry a valid CRC-32C,
   // so only the manifest's digests can catch them.
+  const PeerSentBytes& sent() const { return sent_; }
+
   void set_corrupt_for_testing(bool corrupt) { corrupt_for_testing_ = corrupt; }
 
  private:
@@ -80,6 +91,7 @@ class PeerService final
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;
   std::atomic<bool> corrupt_for_testing_{false};
+  PeerSentBytes sent_;
   struct ModelFileCopy {
     std::string bytes;
     std::string sha256;

@@ -13,6 +13,7 @@
 #include "common/retry.h"
 #include "common/signals.h"
 #include "common/status_util.h"
+#include "services/worker/core/dataset.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -57,6 +58,18 @@ struct WorkerMetrics {
       Metrics::Counter("shoal_exchanges_total", "Exchanges by result.", {{"result", "error"}});
   MetricCounter received_bytes = Metrics::Counter("shoal_exchange_received_bytes_total",
                                                   "Model bytes received from peers in exchanges.");
+  MetricCounter sent_exchange = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "exchange"}});
+  MetricCounter sent_snapshot = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "snapshot"}});
+  MetricCounter sent_model_file = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "model_file"}});
   MetricCounter retries = Metrics::Counter("shoal_exchange_retries_total",
                                            "Slice reads retried (resumed) during exchanges.");
   MetricHistogram catchup_seconds = Metrics::Histogram(
@@ -94,7 +107,7 @@ Worker::Worker(Options options)
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
-  absl::StatusOr<FashionMnist> data = LoadFashionMnist(w->options_.data_dir);
+  absl::StatusOr<FashionMnist> data = LoadDataset(w->options_.dataset, w->options_.data_dir);
   if (!data.ok()) return data.status();
   w->data_ = std::move(*data);
   w->state_ = std::make_unique<ModelState>();
@@ -399,6 +412,18 @@ std::optional<absl::Status> Worker::Execute(Actions actions) {
 
 std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
   SHOAL_VLOG(2) << "action " << ActionName(a.kind) << " round " << a.round;
+  if (metrics_ != nullptr) {  // bytes served since the last action
+    const PeerSentBytes& sent = peer_service_->sent();
+    const uint64_t now[3] = {sent.exchange.load(std::memory_order_relaxed),
+                             sent.snapshot.load(std::memory_order_relaxed),
+                             sent.model_file.load(std::memory_order_relaxed)};
+    const MetricCounter* counters[3] = {&M().sent_exchange, &M().sent_snapshot,
+                                        &M().sent_model_file};
+    for (int i = 0; i < 3; ++i) {
+      counters[i]->Add(static_cast<double>(now[i] - sent_reported_[i]));
+      sent_reported_[i] = now[i];
+    }
+  }
   switch (a.kind) {
     case Action::kJoin:
       return JoinWithRetry(a);

@@ -46,3 +46,4 @@ target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
 shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
+shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)

@@ -119,6 +119,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
       impl->forward = [m](torch::Tensor x) { return m->forward(x); };
       impl->module = m;
     }
+    if (data->train.rows != 28 || data->train.cols != 28) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the built-in models take 28 x 28 images, the dataset has ", data->train.rows, " x ",
+          data->train.cols, "; bring a model for them with --model=torchscript:PATH"));
+    }
+    for (const ImageSet* set : {&data->train, &data->test}) {
+      for (uint8_t l : set->labels) {
+        if (l > 9) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the built-in models have 10 classes, the dataset has label ", int{l},
+              "; bring a model for it with --model=torchscript:PATH"));
+        }
+      }
+    }
     torch::nn::Module* m = impl->module.get();
     impl->set_training = [m](bool on) { m->train(on); };
     for (const auto& item : impl->module->named_parameters()) {
@@ -204,7 +218,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   }
   if (config.model() == "torchscript") {
     int64_t max_label = 0;
-    for (uint8_t l : data->train.labels) max_label = std::max<int64_t>(max_label, l);
+    for (const ImageSet* set : {&data->train, &data->test}) {
+      for (uint8_t l : set->labels) max_label = std::max<int64_t>(max_label, l);
+    }
     torch::NoGradGuard no_grad;
     impl->set_training(false);
     const int64_t classes =
