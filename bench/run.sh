@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -68,6 +68,44 @@ run_exchange() {
     --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange.txt"
 }
 
+# The cost of TLS (issue 14): the stream and exchange benchmarks in plain
+# text and over mutual TLS (certificates from scripts/make-certs.sh), one after
+# the other in one run. Last line: tls: ... ratio=<stream MB/s TLS / plain>.
+run_tls() {
+  header tls
+  local reps=5 mib=128 xreps=3
+  [[ "$QUICK" == 1 ]] && reps=2 mib=32 xreps=1
+  local pki="$OUT/pki"
+  bash "$ROOT/scripts/make-certs.sh" "$pki" 127.0.0.1 localhost >>"$OUT/tls.log"
+  local -A line
+  local mode arg
+  for mode in plain tls; do
+    arg=()
+    [[ $mode == tls ]] && arg=(--tls_dir="$pki")
+    line[stream_$mode]=$("$BIN/shoal-bench-stream" --mib=$mib --reps=$reps --variants=shoal \
+      "${arg[@]}" --log="$OUT/tls.log" 2>>"$OUT/tls.log" | tail -n 1)
+    line[exchange_$mode]=$("$BIN/shoal-bench-exchange" --workers=4 --mib=64 --reps=$xreps \
+      "${arg[@]}" --log="$OUT/tls.log" 2>>"$OUT/tls.log" | tail -n 1)
+  done
+  field() { grep -o "$2=[0-9.]*" <<<"${line[$1]}" | head -n 1 | cut -d= -f2; }
+  local sp st sc tc xp xt
+  sp=$(field stream_plain shoal_MBps) st=$(field stream_tls shoal_MBps)
+  sc=$(field stream_plain shoal_cpu_s_per_GB) tc=$(field stream_tls shoal_cpu_s_per_GB)
+  xp=$(field exchange_plain shoal_s) xt=$(field exchange_tls shoal_s)
+  if [[ -z "$sp" || -z "$st" || -z "$xp" || -z "$xt" ]]; then
+    echo "tls: a run failed (log: $OUT/tls.log)" >&2
+    return 1
+  fi
+  {
+    echo "tls: plain text vs mutual TLS on loopback (stream: $mib MiB x $reps; exchange: 4 processes, 64 MiB x $xreps)"
+    printf '  %-34s %12s %12s %8s\n' figure plain tls tls/plain
+    printf '  %-34s %12s %12s %8s\n' "stream MB/s (median)" "$sp" "$st" "$(awk -v a="$st" -v b="$sp" 'BEGIN{printf "%.3f", a/b}')"
+    printf '  %-34s %12s %12s %8s\n' "stream CPU s per GB (both ends)" "$sc" "$tc" "$(awk -v a="$tc" -v b="$sc" 'BEGIN{printf "%.3f", a/b}')"
+    printf '  %-34s %12s %12s %8s\n' "exchange s (slowest process)" "$xp" "$xt" "$(awk -v a="$xt" -v b="$xp" 'BEGIN{printf "%.3f", a/b}')"
+    echo "tls: stream_plain_MBps=$sp stream_tls_MBps=$st exchange_plain_s=$xp exchange_tls_s=$xt cores=$(nproc) ratio=$(awk -v a="$st" -v b="$sp" 'BEGIN{printf "%.3f", a/b}')"
+  } | tee "$OUT/tls.txt"
+}
+
 run_latejoin() {
   header latejoin
   local reps=3
@@ -109,8 +147,43 @@ run_demo() {
   /usr/bin/python3 bench/demo/summarize.py "$OUT/demo.out" "$OUT/demo" | tee "$OUT/demo.txt"
 }
 
+# Issue 11: 4 workers on Fashion-MNIST, one throttled to 1/4 speed from
+# outside (SIGSTOP/SIGCONT duty cycle); time to 0.85 test accuracy for today's
+# sync (fixed deadline, late work dropped), adaptive deadline + folding, and
+# gossip (when the coordinator has --mode=gossip); accuracy at equal samples
+# without a straggler. Each arm capped (10 min; BENCH_QUICK: 4 min).
+run_straggler() {
+  header straggler
+  local cap=600 equal=10
+  [[ "$QUICK" == 1 ]] && cap=240 equal=4
+  mkdir -p "$OUT/straggler"
+  /usr/bin/python3 bench/straggler/straggler.py --bin="$BIN" --out="$OUT/straggler" \
+    --cap_seconds=$cap --equal_rounds=$equal ${STRAGGLER_ARGS:-} \
+    2>>"$OUT/straggler.log" | tee "$OUT/straggler.txt"
+}
+
+# Coordinator replicas on etcd (issue 13): kills of the leader, failover time
+# against the lease TTL, rounds lost, round time with --etcd vs --state_dir.
+run_failover() {
+  header failover
+  local kills=20
+  [[ "$QUICK" == 1 ]] && kills=3
+  mkdir -p "$OUT/failover"
+  /usr/bin/python3 bench/failover/failover.py --bin="$BIN" --kills=$kills \
+    --out="$OUT/failover" 2>>"$OUT/failover.log" | tee "$OUT/failover.txt"
+}
+
 case "$NAME" in
-  stream | exchange | latejoin | coordinator | micro | demo)
+  failover)
+    if [[ ! -x "$BIN/shoal-coordinator" ]]; then
+      echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2
+      exit 2
+    fi
+    ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_failover
+    ;;
+  stream | exchange | latejoin | coordinator | micro | demo | tls | straggler)
     build
     "run_$NAME"
     ;;

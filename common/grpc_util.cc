@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   return server;
 }
 
+void GrpcServer::SetServing(const std::string& service, bool serving) {
+  if (shut_down_ || server_ == nullptr) return;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(service, serving);
+}
+
 GrpcServer::~GrpcServer() { Shutdown(absl::ZeroDuration()); }
 
 void GrpcServer::Shutdown(absl::Duration grace) {

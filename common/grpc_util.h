@@ -36,6 +36,11 @@ class GrpcServer {
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
 
+  // Health of one named service (grpc.health.v1 Check with that name), e.g.
+  // a coordinator replica reports "shoal.v1.Coordinator" SERVING only while
+  // it leads. Unknown names answer NOT_FOUND until set once.
+  void SetServing(const std::string& service, bool serving);
+
   // Marks every service NOT_SERVING, then stops, cancelling calls still
   // running after `grace`.
   void Shutdown(absl::Duration grace);

@@ -5,7 +5,9 @@
 # by PID, on exit or Ctrl-C.
 #   scripts/demo.sh [BIN_DIR]
 # Environment: SHOAL_DEMO_ROUNDS (30), SHOAL_DEMO_WORKERS (3),
-# SHOAL_DEMO_LOCAL_STEPS (100), SHOAL_DEMO_MODEL (mlp), SHOAL_DEMO_LOGS.
+# SHOAL_DEMO_LOCAL_STEPS (100), SHOAL_DEMO_MODEL (mlp), SHOAL_DEMO_LOGS,
+# SHOAL_DEMO_MODE (sync, or gossip: no rounds, pair-wise averaging; each
+# worker trains ROUNDS x LOCAL_STEPS steps, see docs/GOSSIP.md).
 set -euo pipefail
 
 BIN=${1:-build/bin}
@@ -13,7 +15,14 @@ ROUNDS=${SHOAL_DEMO_ROUNDS:-30}
 WORKERS=${SHOAL_DEMO_WORKERS:-3}
 STEPS=${SHOAL_DEMO_LOCAL_STEPS:-100}
 MODEL=${SHOAL_DEMO_MODEL:-mlp}
+MODE=${SHOAL_DEMO_MODE:-sync}
 LOGS=${SHOAL_DEMO_LOGS:-$(mktemp -d /tmp/shoal-demo-XXXXXX)}
+case "$MODE" in
+  sync) MODE_FLAGS=(--mode=sync) ;;
+  gossip) MODE_FLAGS=(--mode=gossip --gossip_every=10 --eval_every=10
+                      --gossip_steps=$((ROUNDS * STEPS))) ;;
+  *) echo "demo: SHOAL_DEMO_MODE=$MODE is not one of sync, gossip"; exit 2 ;;
+esac
 mkdir -p "$LOGS"
 
 PIDS=()
@@ -31,7 +40,8 @@ trap cleanup EXIT
 trap 'echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
 
 "$BIN/shoal-coordinator" --listen=127.0.0.1:0 --min_participants="$WORKERS" \
-  --local_steps="$STEPS" --rounds="$ROUNDS" --model="$MODEL" >"$LOGS/coordinator.log" 2>&1 &
+  --local_steps="$STEPS" --rounds="$ROUNDS" --model="$MODEL" "${MODE_FLAGS[@]}" \
+  >"$LOGS/coordinator.log" 2>&1 &
 PIDS+=($!)
 
 ADDR=""
@@ -44,7 +54,11 @@ for _ in $(seq 100); do
 done
 [[ -n "$ADDR" ]] || { echo "demo: coordinator did not start"; cat "$LOGS/coordinator.log"; exit 1; }
 
-echo "demo: coordinator on $ADDR, $WORKERS workers, model=$MODEL, $ROUNDS rounds of $STEPS local steps"
+if [[ "$MODE" == gossip ]]; then
+  echo "demo: coordinator on $ADDR, $WORKERS workers, model=$MODEL, gossip mode: $((ROUNDS * STEPS)) steps per worker, no rounds"
+else
+  echo "demo: coordinator on $ADDR, $WORKERS workers, model=$MODEL, $ROUNDS rounds of $STEPS local steps"
+fi
 echo "demo: logs in $LOGS; status any time with: $BIN/shoalctl status --coordinator=$ADDR"
 for i in $(seq "$WORKERS"); do
   "$BIN/shoal-worker" --coordinator="$ADDR" --listen=127.0.0.1:0 --name="worker-$i" \

@@ -17,11 +17,16 @@ PKGS=(
   clang-format iproute2 procps grpc-proto
   python3-yaml
   prometheus-cpp-dev
+  # etcd's v3 API .proto files (and the two packages of protos they import):
+  # the coordinator's etcd client is generated from them at build time.
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 # Servers the tests start (a real Prometheus scrapes the metrics e2e test);
 # the image build (Dockerfile: --image) does not need them.
 if [[ "${1:-}" != "--image" ]]; then
   PKGS+=(prometheus)
+  # Real etcd members (and etcdctl) for the coordinator-replica tests.
+  PKGS+=(etcd-server etcd-client)
 fi
 # `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
 # provides kubectl; it cannot be installed over another package's kubectl

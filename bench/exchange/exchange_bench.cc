@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/common/bench_tls.h"
 #include "bench/common/bench_util.h"
 #include "common/grpc_util.h"
 #include "common/mutex_mode.h"
@@ -41,6 +42,9 @@
 #include "services/worker/peer_service.h"
 
 namespace shoal::bench {
+
+// "--tls_dir=DIR" when this run uses TLS (bench_tls.h), handed to children.
+std::string tls_arg;
 namespace {
 
 // Tensor sizes (elements) of the benchmark model; the last one is sized so
@@ -178,10 +182,10 @@ int RunDriver(Flags& flags) {
   std::vector<std::unique_ptr<Child>> workers;
   std::vector<uint64_t> rss_base;
   for (int k = 0; k < n; ++k) {
-    workers.push_back(std::make_unique<Child>(
-        std::vector<std::string>{SelfExe(), "--role=worker", absl::StrCat("--index=", k),
-                                 absl::StrCat("--mib=", mib)},
-        log));
+    std::vector<std::string> argv = {SelfExe(), "--role=worker", absl::StrCat("--index=", k),
+                                     absl::StrCat("--mib=", mib)};
+    if (!tls_arg.empty()) argv.push_back(tls_arg);
+    workers.push_back(std::make_unique<Child>(argv, log));
   }
   std::vector<std::string> addrs;
   for (auto& w : workers) {
@@ -377,6 +381,7 @@ int RunDriver(Flags& flags) {
 
 int main(int argc, char** argv) {
   shoal::bench::Flags flags(argc, argv);
+  shoal::bench::tls_arg = shoal::bench::ApplyBenchTls(flags);
   const std::string role = flags.Str("role", "driver");
   if (role == "worker") return shoal::bench::RunWorker(flags);
   return shoal::bench::RunDriver(flags);

@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "bench/common/bench_tls.h"
 #include "bench/common/bench_util.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
@@ -37,6 +38,9 @@
 #include "services/worker/peer_service.h"
 
 namespace shoal::bench {
+
+// "--tls_dir=DIR" when this run uses TLS (bench_tls.h), handed to children.
+std::string tls_arg;
 namespace {
 
 constexpr size_t kTcpChunk = 1 << 20;  // same piece size as Shoal's chunks
@@ -258,7 +262,9 @@ int RunDriver(Flags& flags) {
     }
   }
 
-  Child server({SelfExe(), "--role=server", absl::StrCat("--mib=", mib)}, log);
+  std::vector<std::string> server_argv = {SelfExe(), "--role=server", absl::StrCat("--mib=", mib)};
+  if (!tls_arg.empty()) server_argv.push_back(tls_arg);
+  Child server(server_argv, log);
   std::string ready;
   if (!server.Expect("ready ", &ready, absl::Seconds(60))) {
     std::fprintf(stderr, "stream: the server did not start (log: %s)\n", log.c_str());
@@ -268,7 +274,10 @@ int RunDriver(Flags& flags) {
   for (absl::string_view kv : absl::StrSplit(ready, ' ')) {
     if (absl::ConsumePrefix(&kv, "setready=")) (void)absl::SimpleAtod(kv, &set_ready_s);
   }
-  Child client({SelfExe(), "--role=client", absl::StrCat("--mib=", mib), "--server=" + ready}, log);
+  std::vector<std::string> client_argv = {SelfExe(), "--role=client", absl::StrCat("--mib=", mib),
+                                          "--server=" + ready};
+  if (!tls_arg.empty()) client_argv.push_back(tls_arg);
+  Child client(client_argv, log);
   // CPU-seconds of both processes per GB moved, per variant (all reps).
   std::map<std::string, double> cpu_total, gb_total;
   auto run = [&](const std::string& v) -> double {
@@ -348,6 +357,7 @@ int RunDriver(Flags& flags) {
 
 int main(int argc, char** argv) {
   shoal::bench::Flags flags(argc, argv);
+  shoal::bench::tls_arg = shoal::bench::ApplyBenchTls(flags);
   const std::string role = flags.Str("role", "driver");
   if (role == "server") return shoal::bench::RunServer(flags);
   if (role == "client") return shoal::bench::RunClient(flags);

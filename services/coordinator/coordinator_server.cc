@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
+#include "services/coordinator/replica_front.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -88,6 +89,9 @@ class StatusMetrics {
   uint64_t last_round_seen_ = 0;
 };
 
+// Beyond this many rounds a late update's weight (1 / (1 + s)) is noise.
+constexpr uint32_t kMaxStalenessLimit = 1000;
+
 }  // namespace
 
 absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
@@ -115,6 +119,10 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   }
   if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
   if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
+  if (c.max_staleness() > kMaxStalenessLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_staleness must be at most ", kMaxStalenessLimit));
+  }
   return absl::OkStatus();
 }
 
@@ -157,9 +165,49 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
 
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
-  server->records_ = std::make_unique<RunRecordStore>(options.state_dir);
-  if (absl::Status s = server->records_->Open(); !s.ok()) return s;
-  absl::StatusOr<std::optional<shoal::v1::RunRecord>> record = server->records_->Load();
+  server->clock_ = clock;
+  if (!options.etcd.empty()) {
+    if (!options.state_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd and --state_dir are exclusive: with --etcd the run record lives in etcd");
+    }
+    if (absl::Status s = server->StartReplica(options); !s.ok()) return s;
+  } else {
+    if (absl::Status s = server->StartSingle(options); !s.ok()) return s;
+  }
+  std::shared_ptr<StatusMetrics> status_metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options.metrics_listen);
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_ = std::move(*metrics);
+    SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
+    status_metrics = std::make_shared<StatusMetrics>();
+    if (RoundEngine* e = server->active_engine()) status_metrics->Update(*e);
+  }
+  CoordinatorServer* raw = server.get();
+  absl::Notification* stop = &server->stop_;
+  const absl::Duration tick = options.tick_interval;
+  server->ticker_ = std::thread([raw, status_metrics, stop, tick] {
+    while (!stop->WaitForNotificationWithTimeout(tick)) {
+      CoordinatorService* service;
+      RoundEngine* engine;
+      {
+        absl::MutexLock lock(&raw->active_mu_);
+        service = raw->service_;
+        engine = raw->engine_;
+      }
+      if (service == nullptr) continue;  // a standby replica
+      service->Tick();
+      if (status_metrics) status_metrics->Update(*engine);
+    }
+  });
+  return server;
+}
+
+absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
+  records_ = std::make_unique<RunRecordStore>(options.state_dir);
+  if (absl::Status s = records_->Open(); !s.ok()) return s;
+  absl::StatusOr<std::optional<shoal::v1::RunRecord>> record = records_->Load();
   if (!record.ok()) return record.status();
   if (record->has_value()) {
     const shoal::v1::RunRecord& r = **record;
@@ -195,43 +243,32 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                        "): a resumed run keeps its model file"));
     }
   }
-  server->engine_ = std::make_unique<RoundEngine>(options.engine, clock);
-  CoordinatorServer* raw = server.get();
-  server->service_ =
-      std::make_unique<CoordinatorService>(server->engine_.get(), clock, [raw] { raw->Persist(); });
-  server->service_->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
-  server->Persist();
-  auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
-  if (!grpc_server.ok()) return grpc_server.status();
-  server->server_ = std::move(*grpc_server);
-  std::shared_ptr<StatusMetrics> status_metrics;
-  if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options.metrics_listen);
-    if (!metrics.ok()) return metrics.status();
-    server->metrics_ = std::move(*metrics);
-    SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
-    status_metrics = std::make_shared<StatusMetrics>();
-    status_metrics->Update(*server->engine_);
+  owned_engines_.push_back(std::make_unique<RoundEngine>(options.engine, clock_));
+  RoundEngine* engine = owned_engines_.back().get();
+  owned_services_.push_back(
+      std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
+  CoordinatorService* service = owned_services_.back().get();
+  service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
+  {
+    absl::MutexLock lock(&active_mu_);
+    engine_ = engine;
+    service_ = service;
   }
-  CoordinatorService* service = server->service_.get();
-  const RoundEngine* engine = server->engine_.get();
-  absl::Notification* stop = &server->stop_;
-  const absl::Duration tick = options.tick_interval;
-  server->ticker_ = std::thread([service, engine, status_metrics, stop, tick] {
-    while (!stop->WaitForNotificationWithTimeout(tick)) {
-      service->Tick();
-      if (status_metrics) status_metrics->Update(*engine);
-    }
-  });
-  return server;
+  Persist();
+  auto grpc_server = GrpcServer::Start(options.listen, {service});
+  if (!grpc_server.ok()) return grpc_server.status();
+  server_ = std::move(*grpc_server);
+  server_->SetServing(kCoordinatorHealthName, true);
+  return absl::OkStatus();
 }
 
 void CoordinatorServer::Persist() {
   if (!records_->enabled()) return;
+  RoundEngine* engine = active_engine();
   absl::MutexLock lock(&persist_mu_);
-  const uint64_t version = engine_->record_version();
+  const uint64_t version = engine->record_version();
   if (version == persisted_version_) return;
-  absl::Status s = records_->Save(engine_->Record());
+  absl::Status s = records_->Save(engine->Record());
   if (!s.ok()) {
     SHOAL_LOG(ERROR) << "cannot persist the run record: " << s;
     return;
@@ -246,8 +283,14 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
+  if (replica_thread_.joinable()) replica_thread_.join();
+  if (etcd_ != nullptr) {
+    // Hand over at once instead of after a lease TTL.
+    absl::MutexLock lock(&replica_mu_);
+    if (replica_ != nullptr) replica_->Resign();
+  }
   // Start() may have failed before everything existed.
-  if (service_) service_->CloseAllSessions();
+  if (CoordinatorService* service = active_service()) service->CloseAllSessions();
   if (server_) server_->Shutdown(grace);
   metrics_.reset();
 }

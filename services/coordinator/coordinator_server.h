@@ -13,6 +13,8 @@
 #include "common/metrics.h"
 #include "services/coordinator/coordinator_service.h"
 #include "services/coordinator/core/round_engine.h"
+#include "common/etcd_client.h"
+#include "services/coordinator/core/replica.h"
 #include "services/coordinator/core/run_record.h"
 
 namespace shoal::coordinator {
@@ -30,7 +32,23 @@ struct CoordinatorOptions {
   // config.model() == "torchscript": the file's bytes (their SHA-256 is
   // config.model_file_sha256(), checked by Start), served by GetModelFile.
   std::string model_file;
+  // Replicas (docs/REPLICAS.md): etcd members ("host:port"); empty = a
+  // single coordinator (--state_dir). Exclusive with state_dir.
+  std::vector<std::string> etcd;
+  // Key prefix of this run's keys in etcd.
+  std::string etcd_prefix = "/shoal/";
+  // Leader lease TTL (whole seconds).
+  absl::Duration lease_ttl = absl::Seconds(3);
+  // Address workers dial to reach this replica (the leader hint); empty =
+  // the bound address.
+  std::string advertise;
 };
+
+// The named health service that reports SERVING only on a leader (always on
+// a single coordinator).
+inline constexpr char kCoordinatorHealthName[] = "shoal.v1.Coordinator";
+
+class ReplicaFront;
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
 // run record to resume from (nullopt when there is none). UNAVAILABLE when
@@ -49,7 +67,13 @@ class CoordinatorServer {
 
   int port() const { return server_->port(); }
   const std::string& address() const { return server_->address(); }
-  RoundEngine& engine() { return *engine_; }
+  // The engine of the run (single coordinator, or a replica that leads).
+  RoundEngine& engine() { return *active_engine(); }
+  // The leading engine; nullptr on a standby replica.
+  RoundEngine* active_engine() {
+    absl::MutexLock lock(&active_mu_);
+    return engine_;
+  }
   // The metrics port, 0 when --metrics_listen is off.
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
@@ -59,11 +83,47 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   // Writes the run record when it changed since the last write.
   void Persist();
+  absl::Status StartSingle(CoordinatorOptions options);
+  CoordinatorService* active_service() {
+    absl::MutexLock lock(&active_mu_);
+    return service_;
+  }
+  // --etcd: the replica's loop (renewal, campaign, hold/release of rounds).
+  absl::Status StartReplica(CoordinatorOptions options);
+  void ReplicaLoop(absl::Duration period);
+  void Promote();
+  void Demote();
+  // Writes `engine`'s record to etcd when it changed and `engine` leads;
+  // true when the record in etcd is current.
+  bool PersistToEtcd(RoundEngine* engine);
+  shoal::v1::RunStatus StandbyStatus();
+  std::string LeaderHint();
+
   std::unique_ptr<RunRecordStore> records_;
   absl::Mutex persist_mu_;
   uint64_t persisted_version_ ABSL_GUARDED_BY(persist_mu_) = 0;
-  std::unique_ptr<RoundEngine> engine_;
-  std::unique_ptr<CoordinatorService> service_;
+  // The active engine and service (a standby replica has none). Engines and
+  // services that were active once are kept in owned_* until the server is
+  // destroyed, so that pointers handed out stay valid.
+  absl::Mutex active_mu_;
+  RoundEngine* engine_ ABSL_GUARDED_BY(active_mu_) = nullptr;
+  CoordinatorService* service_ ABSL_GUARDED_BY(active_mu_) = nullptr;
+  std::vector<std::unique_ptr<RoundEngine>> owned_engines_;
+  std::vector<std::unique_ptr<CoordinatorService>> owned_services_;
+  // --etcd only.
+  CoordinatorOptions options_;
+  const Clock* clock_ = nullptr;
+  std::unique_ptr<EtcdClient> etcd_;
+  absl::Mutex replica_mu_;  // serialises the Replica's calls
+  std::unique_ptr<Replica> replica_ ABSL_GUARDED_BY(replica_mu_);
+  bool deposed_ ABSL_GUARDED_BY(replica_mu_) = false;
+  bool record_write_ok_ ABSL_GUARDED_BY(replica_mu_) = true;
+  void NoteRecordWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(replica_mu_);
+  std::unique_ptr<ReplicaFront> front_;
+  absl::Mutex view_mu_;
+  shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);
+  std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);
+  std::thread replica_thread_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when --metrics_listen is set
   absl::Notification stop_;

@@ -429,7 +429,8 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRunStatus(grpc::CallbackServerC
     const grpc::ByteBuffer* cached = status_cache_.Get(engine_->status_version(), now);
     if (cached == nullptr) {
       uint64_t version = 0;
-      const shoal::v1::RunStatus status = engine_->Status(&version);
+      shoal::v1::RunStatus status = engine_->Status(&version);
+      status.MergeFrom(status_extra_);
       cached = &status_cache_.Put(version, now, Serialize(status));
     }
     *response = *cached;

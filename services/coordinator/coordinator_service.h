@@ -92,6 +92,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
     model_file_sha256_ = std::move(sha256);
   }
 
+  // Fields merged into every GetRunStatus answer (a replica's role and
+  // leader, --etcd). Set before the service is reachable.
+  void set_status_extra(shoal::v1::RunStatus extra) { status_extra_ = std::move(extra); }
+
   // Pushes directives to the sessions they are addressed to; a worker with
   // no open session misses them (it re-syncs through its unary calls).
   void Deliver(const Directives& directives);
@@ -109,6 +113,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   RoundEngine* const engine_;
   const Clock* const clock_;
   const std::function<void()> on_change_;
+  shoal::v1::RunStatus status_extra_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
   // Serialized directives for active workers whose session has not

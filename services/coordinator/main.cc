@@ -1,4 +1,5 @@
 // shoal-coordinator: membership, rounds, shard plans and run status.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -20,6 +21,7 @@
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/worker/core/torchscript_model.h"
+#include "services/coordinator/core/gossip_status.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");
@@ -53,6 +55,18 @@ ABSL_FLAG(absl::Duration, heartbeat_lease, absl::Seconds(10),
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the durable run record; a restarted coordinator on the same directory "
           "continues the run (round numbering, worker ids). Empty = not persisted.");
+ABSL_FLAG(std::string, etcd, "",
+          "Coordinator replicas: etcd members host:port[,host:port...]. The run record lives in "
+          "etcd and the replicas elect a leader; only the leader runs rounds (docs/REPLICAS.md). "
+          "Exclusive with --state_dir.");
+ABSL_FLAG(std::string, etcd_prefix, "/shoal/",
+          "With --etcd: prefix of this run's keys (several runs can share one etcd).");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(3),
+          "With --etcd: the leader's lease; a standby takes over within about this long after the "
+          "leader dies (whole seconds, at least 1s).");
+ABSL_FLAG(std::string, advertise, "",
+          "With --etcd: the address workers dial to reach this coordinator (the leader hint "
+          "standbys give); empty = the --listen address with the bound port.");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(120),
           "Participants not ready this long after a round starts sit it out (and catch up); the "
           "same deadline applies to the exchange.");
@@ -73,6 +87,14 @@ ABSL_FLAG(uint32_t, adaptive_deadline_rounds, 3,
 ABSL_FLAG(double, deadline_factor, 2.0, "Adaptive deadline: multiple of the median ready time.");
 ABSL_FLAG(absl::Duration, deadline_floor, absl::Seconds(2),
           "Adaptive deadline: never shorter than this.");
+ABSL_FLAG(bool, fold_late_work, true,
+          "Late work is folded into a later round: a worker that misses the ready deadline "
+          "keeps its update (trained minus base) and adds it, weighted 1 / (1 + staleness), to "
+          "its contribution of the next round it reaches (docs/MEMBERSHIP.md). false = late "
+          "work is dropped.");
+ABSL_FLAG(uint32_t, max_staleness, 4,
+          "Late work staler than this many rounds is dropped instead of folded (0 = fold only "
+          "into a re-run of the same base).");
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
@@ -84,6 +106,25 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
           "An upload not reported within this time moves to another worker.");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
+ABSL_FLAG(std::string, mode, "sync",
+          "sync: synchronous rounds. gossip: no rounds; workers train without stopping and "
+          "average pair-wise with peers (dpwa, docs/GOSSIP.md); the coordinator keeps "
+          "membership and status.");
+ABSL_FLAG(uint32_t, gossip_every, 10,
+          "Gossip: a worker publishes its model and may start a fetch every N local steps.");
+ABSL_FLAG(double, fetch_probability, 1.0,
+          "Gossip: probability of starting a fetch of a peer's model every --gossip_every "
+          "steps.");
+ABSL_FLAG(absl::Duration, gossip_timeout, absl::Seconds(5),
+          "Gossip: a whole fetch of a peer's model must end within this.");
+ABSL_FLAG(std::string, interpolation, "constant:0.5",
+          "Gossip: factor a of params += a * (peer - params): constant:A (0 < A <= 1), clock "
+          "(peer_clock / (clock + peer_clock)) or loss (loss / (loss + peer_loss)).");
+ABSL_FLAG(double, divergence_threshold, 0,
+          "Gossip: when > 0 and a worker's loss is below it, a is scaled by loss / threshold "
+          "(0 = off).");
+ABSL_FLAG(uint64_t, gossip_steps, 0,
+          "Gossip: local steps each worker trains before it leaves (0 = until stopped).");
 
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
@@ -104,6 +145,17 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
+    absl::StatusOr<std::vector<std::string>> endpoints = shoal::ParseEndpoints(etcd, "etcd");
+    if (!endpoints.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: " << endpoints.status().message();
+      return 2;
+    }
+    options.etcd = *endpoints;
+  }
+  options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
   auto& engine = options.engine;
   engine.run_id = absl::GetFlag(FLAGS_run_id);
   options.run_id_from_flag = !engine.run_id.empty();
@@ -184,6 +236,27 @@ int main(int argc, char** argv) {
   c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
   c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
   c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
+  c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
+  c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+
+  c.set_mode(absl::GetFlag(FLAGS_mode));
+  if (c.mode() != "sync" && c.mode() != "gossip") {
+    SHOAL_LOG(ERROR) << "--mode=" << c.mode() << " is not one of sync, gossip";
+    return 2;
+  }
+  if (c.mode() == "gossip") {
+    c.set_gossip_every(std::max<uint32_t>(1, absl::GetFlag(FLAGS_gossip_every)));
+    c.set_fetch_probability(absl::GetFlag(FLAGS_fetch_probability));
+    c.set_gossip_timeout_ms(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_gossip_timeout))));
+    c.set_interpolation(absl::GetFlag(FLAGS_interpolation));
+    c.set_divergence_threshold(absl::GetFlag(FLAGS_divergence_threshold));
+    c.set_gossip_steps(absl::GetFlag(FLAGS_gossip_steps));
+    if (absl::Status s = shoal::coordinator::ValidateGossipConfig(c); !s.ok()) {
+      SHOAL_LOG(ERROR) << s.message();
+      return 2;
+    }
+  }
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {
@@ -193,10 +266,15 @@ int main(int argc, char** argv) {
   SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
                   << " run_id=" << engine.run_id << " model=" << c.model()
                   << " min_participants=" << c.min_participants()
-                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds();
+                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
+                  << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));
-  SHOAL_LOG(INFO) << "stopped after round " << (*server)->engine().last_completed_round();
+  if (shoal::coordinator::RoundEngine* e = (*server)->active_engine()) {
+    SHOAL_LOG(INFO) << "stopped after round " << e->last_completed_round();
+  } else {
+    SHOAL_LOG(INFO) << "stopped (a standby replica)";
+  }
   return 0;
 }

@@ -1,6 +1,9 @@
 #include "services/worker/coordinator_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -21,13 +24,51 @@ struct GrpcCoordinatorClient::Session {
 };
 
 GrpcCoordinatorClient::GrpcCoordinatorClient(CoordinatorClientOptions options)
-    : options_(std::move(options)),
-      stub_(shoal::v1::Coordinator::NewStub(MakeChannel(options_.address))) {}
+    : options_(std::move(options)) {
+  for (absl::string_view a : absl::StrSplit(options_.address, ',', absl::SkipWhitespace())) {
+    addresses_.emplace_back(a);
+  }
+  if (addresses_.empty()) addresses_.push_back(options_.address);
+  absl::MutexLock lock(&stubs_mu_);
+  current_ = addresses_.front();
+}
+
+shoal::v1::Coordinator::Stub* GrpcCoordinatorClient::stub() {
+  absl::MutexLock lock(&stubs_mu_);
+  auto& stub = stubs_[current_];
+  if (stub == nullptr) stub = shoal::v1::Coordinator::NewStub(MakeChannel(current_));
+  return stub.get();
+}
+
+void GrpcCoordinatorClient::MoveOn(shoal::v1::Coordinator::Stub* used,
+                                   const grpc::ClientContext& ctx) {
+  std::string hint;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kLeaderHintKey); it != trailers.end()) {
+    hint.assign(it->second.data(), it->second.size());
+  }
+  absl::MutexLock lock(&stubs_mu_);
+  auto cur = stubs_.find(current_);
+  if (cur == stubs_.end() || cur->second.get() != used) return;  // another call moved on
+  std::string next = current_;
+  if (!hint.empty() && hint != current_) {
+    next = hint;
+  } else if (addresses_.size() > 1) {
+    auto it = std::find(addresses_.begin(), addresses_.end(), current_);
+    next = it == addresses_.end() || it + 1 == addresses_.end() ? addresses_.front() : *(it + 1);
+  }
+  if (next != current_) {
+    SHOAL_LOG(INFO) << "coordinator " << current_ << " unavailable; trying " << next
+                    << (hint.empty() ? "" : " (leader hint)");
+    current_ = next;
+  }
+}
 
 GrpcCoordinatorClient::~GrpcCoordinatorClient() { CloseSession(); }
 
 absl::Status GrpcCoordinatorClient::CallWithRetry(
-    const std::function<grpc::Status(grpc::ClientContext*)>& call, absl::Duration window) {
+    const std::function<grpc::Status(shoal::v1::Coordinator::Stub*, grpc::ClientContext*)>& call,
+    absl::Duration window) {
   // Idempotent calls only; UNAVAILABLE only (a DEADLINE_EXCEEDED report may
   // have been applied, and its caller decides).
   RetryPolicy policy;
@@ -42,7 +83,10 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
         // Never wait past the retry window.
         ctx.set_deadline(
             DeadlineIn(std::max(absl::Milliseconds(100), std::min(options_.rpc_timeout, left))));
-        return FromGrpcStatus(call(&ctx));
+        shoal::v1::Coordinator::Stub* used = stub();
+        absl::Status s = FromGrpcStatus(call(used, &ctx));
+        if (absl::IsUnavailable(s)) MoveOn(used, ctx);
+        return s;
       },
       [](const absl::Status& s, int) {
         SHOAL_VLOG(1) << "coordinator unavailable (" << s.message() << "), retrying";
@@ -53,7 +97,7 @@ absl::StatusOr<shoal::v1::JoinResponse> GrpcCoordinatorClient::Join(
     const shoal::v1::JoinRequest& request) {
   shoal::v1::JoinResponse response;
   absl::Status s =
-      CallWithRetry([&](grpc::ClientContext* ctx) { return stub_->Join(ctx, request, &response); },
+      CallWithRetry([&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->Join(ctx, request, &response); },
                     options_.retry_window);
   if (!s.ok()) return s;
   return response;
@@ -66,7 +110,7 @@ absl::StatusOr<uint64_t> GrpcCoordinatorClient::JoinRound(const std::string& wor
   request.set_round(round);
   shoal::v1::JoinRoundResponse response;
   absl::Status s = CallWithRetry(
-      [&](grpc::ClientContext* ctx) { return stub_->JoinRound(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->JoinRound(ctx, request, &response); },
       options_.retry_window);
   if (!s.ok()) return s;
   return response.admitted_round();
@@ -75,7 +119,7 @@ absl::StatusOr<uint64_t> GrpcCoordinatorClient::JoinRound(const std::string& wor
 absl::Status GrpcCoordinatorClient::ReportReady(const shoal::v1::ReportReadyRequest& request) {
   shoal::v1::ReportReadyResponse response;
   return CallWithRetry(
-      [&](grpc::ClientContext* ctx) { return stub_->ReportReady(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportReady(ctx, request, &response); },
       options_.retry_window);
 }
 
@@ -83,7 +127,7 @@ absl::Status GrpcCoordinatorClient::ConnectionsReady(
     const shoal::v1::ConnectionsReadyRequest& request) {
   shoal::v1::ConnectionsReadyResponse response;
   return CallWithRetry(
-      [&](grpc::ClientContext* ctx) { return stub_->ConnectionsReady(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ConnectionsReady(ctx, request, &response); },
       options_.retry_window);
 }
 
@@ -91,7 +135,7 @@ absl::Status GrpcCoordinatorClient::ReportCheckpoint(
     const shoal::v1::ReportCheckpointRequest& request) {
   shoal::v1::ReportCheckpointResponse response;
   return CallWithRetry(
-      [&](grpc::ClientContext* ctx) { return stub_->ReportCheckpoint(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportCheckpoint(ctx, request, &response); },
       options_.retry_window);
 }
 
@@ -99,7 +143,7 @@ absl::Status GrpcCoordinatorClient::ReportRoundDone(
     const shoal::v1::ReportRoundDoneRequest& request) {
   shoal::v1::ReportRoundDoneResponse response;
   return CallWithRetry(
-      [&](grpc::ClientContext* ctx) { return stub_->ReportRoundDone(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportRoundDone(ctx, request, &response); },
       options_.retry_window);
 }
 
@@ -110,7 +154,7 @@ absl::Status GrpcCoordinatorClient::Leave(const std::string& worker_id, const st
   shoal::v1::LeaveResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(std::min(options_.rpc_timeout, absl::Seconds(3))));
-  return FromGrpcStatus(stub_->Leave(&ctx, request, &response));
+  return FromGrpcStatus(stub()->Leave(&ctx, request, &response));
 }
 
 absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
@@ -121,12 +165,14 @@ absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
   // The session is long-lived by design: no deadline. It is bounded by the
   // coordinator's heartbeat lease on one side and by CloseSession (cancel) on
   // ours.
-  session->stream = stub_->Session(&session->ctx);
+  shoal::v1::Coordinator::Stub* used = stub();
+  session->stream = used->Session(&session->ctx);
   shoal::v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id);
   if (!session->stream->Write(hello)) {
     session->ctx.TryCancel();
     grpc::Status s = session->stream->Finish();
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) MoveOn(used, session->ctx);
     return absl::UnavailableError(
         absl::StrCat("cannot open a session with the coordinator: ", s.error_message()));
   }

@@ -5,6 +5,7 @@
 #define SHOAL_SERVICES_WORKER_COORDINATOR_CLIENT_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,7 +42,14 @@ class CoordinatorClient {
   virtual void CloseSession() = 0;
 };
 
+// Trailing-metadata key of the leader hint a standby coordinator sends.
+inline constexpr char kLeaderHintKey[] = "shoal-leader";
+
 struct CoordinatorClientOptions {
+  // "host:port", or several separated by commas (coordinator replicas,
+  // docs/REPLICAS.md), or a DNS name that resolves to several. A call
+  // refused with UNAVAILABLE moves to the leader named in the trailing
+  // metadata key "shoal-leader", or else to the next address.
   std::string address;
   // Deadline of each unary call.
   absl::Duration rpc_timeout = absl::Seconds(10);
@@ -71,11 +79,23 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   struct Session;
   // Calls `call(ctx)` with a fresh deadline until it is not UNAVAILABLE or the
   // retry window closes.
-  absl::Status CallWithRetry(const std::function<grpc::Status(grpc::ClientContext*)>& call,
-                             absl::Duration window);
+  absl::Status CallWithRetry(
+      const std::function<grpc::Status(shoal::v1::Coordinator::Stub*, grpc::ClientContext*)>& call,
+      absl::Duration window);
+
+  // The stub of the coordinator calls go to now.
+  shoal::v1::Coordinator::Stub* stub();
+  // After an UNAVAILABLE from `used`: follow the leader hint in `ctx`'s
+  // trailing metadata, or move to the next configured address.
+  void MoveOn(shoal::v1::Coordinator::Stub* used, const grpc::ClientContext& ctx);
 
   const CoordinatorClientOptions options_;
-  std::unique_ptr<shoal::v1::Coordinator::Stub> stub_;
+  std::vector<std::string> addresses_;
+  absl::Mutex stubs_mu_;
+  // One stub per address ever used (configured or hinted); never removed.
+  std::map<std::string, std::unique_ptr<shoal::v1::Coordinator::Stub>> stubs_
+      ABSL_GUARDED_BY(stubs_mu_);
+  std::string current_ ABSL_GUARDED_BY(stubs_mu_);
   absl::Mutex mu_;
   std::unique_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
 };

@@ -10,7 +10,9 @@
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
+          "Coordinator address (host:port), or the addresses of coordinator replicas separated "
+          "by commas (a standby's leader hint is followed; docs/REPLICAS.md).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50060",
           "Address of this worker's Peer service (port 0 picks a free port).");
 ABSL_FLAG(std::string, metrics_listen, "",

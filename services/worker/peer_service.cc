@@ -363,10 +363,105 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   bool pace_armed_ ABSL_GUARDED_BY(alarm_mu_) = false;
 };
 
+// Each chunk of a gossip copy lent to gRPC holds a reference to the copy;
+// gRPC drops it with the slice.
+void ReleaseGossipCopy(void* arg) { delete static_cast<std::shared_ptr<const GossipCopy>*>(arg); }
+
+// Serves one GOSSIP read: the whole (or a range of a) published copy, one
+// chunk in flight at a time. The copy never changes (the board rewrites
+// only copies nobody holds), so no window or revocation is needed.
+// Deleted in OnDone.
+class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  GossipReadReactor(const GossipBoard* board, const shoal::v1::ReadSliceRequest& request,
+                    PeerService::GossipFault fault)
+      : request_(request), fault_(fault) {
+    if (board == nullptr) {
+      FinishOnce(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              "this worker does not gossip (the run is not in gossip mode)"));
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<const GossipCopy>> copy = board->Find(request.round());
+    if (!copy.ok()) {
+      FinishOnce(ToGrpcStatus(copy.status()));
+      return;
+    }
+    copy_ = *std::move(copy);
+    const uint64_t n = copy_->params.size();
+    if (request.begin() >= request.end()) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("empty or reversed range [", request.begin(), ", ", request.end(), ")")));
+      return;
+    }
+    if (request.end() > n) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::OUT_OF_RANGE,
+          absl::StrCat("range end ", request.end(), " past the model's ", n, " elements")));
+      return;
+    }
+    next_ = request.begin();
+    if (fault_ == PeerService::GossipFault::kStall) return;  // OnCancel finishes
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    buffer_.Clear();
+    if (!ok) {
+      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
+    } else if (fault_ == PeerService::GossipFault::kTruncate) {
+      FinishOnce(grpc::Status::OK);  // short on purpose (test hook)
+    } else if (next_ < request_.end()) {
+      WriteNext();
+    } else {
+      FinishOnce(grpc::Status::OK);
+    }
+  }
+  void OnCancel() override {
+    if (fault_ == PeerService::GossipFault::kStall) {
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    const uint64_t count = NextChunk(next_, request_.end()).count;
+    const float* data = copy_->params.data() + next_;
+    const size_t bytes = count * kBytesPerElement;
+    const uint32_t crc = Crc32c(data, bytes);
+    if (fault_ == PeerService::GossipFault::kCorrupt) {
+      std::string bad(reinterpret_cast<const char*>(data), bytes);
+      bad[0] ^= 0x01;  // the CRC is the true one: the reader must refuse it
+      buffer_ = CopiedChunkBuffer(request_.round(), next_, bad, crc);
+    } else {
+      buffer_ = LentChunkBuffer(request_.round(), next_, data, count, crc, &ReleaseGossipCopy,
+                                new std::shared_ptr<const GossipCopy>(copy_));
+    }
+    next_ += count;
+    StartWrite(&buffer_);
+  }
+  void FinishOnce(grpc::Status status) {
+    if (finished_.exchange(true)) return;
+    Finish(std::move(status));
+  }
+
+  const shoal::v1::ReadSliceRequest request_;
+  const PeerService::GossipFault fault_;
+  std::shared_ptr<const GossipCopy> copy_;
+  uint64_t next_ = 0;
+  grpc::ByteBuffer buffer_;
+  std::atomic<bool> finished_{false};
+};
+
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  shoal::v1::ReadSliceRequest decoded;
+  if (DecodeReadSliceRequest(*request, &decoded).ok() && decoded.kind() == shoal::v1::GOSSIP) {
+    return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load());
+  }
   return new ReadSliceReactor(state_, limiter_, options_, ctx, request,
                               corrupt_for_testing_.load(), &sent_);
 }
@@ -394,6 +489,13 @@ grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* 
                                                    shoal::v1::PeerInfo* response) {
   auto* reactor = ctx->DefaultReactor();
   *response = state_->Info();
+  if (const GossipBoard* board = gossip_board_.load(); board != nullptr) {
+    if (std::shared_ptr<const GossipCopy> c = board->Current(); c != nullptr) {
+      response->set_gossip_publication(c->publication);
+      response->set_gossip_clock(c->clock);
+      response->set_gossip_loss(c->loss);
+    }
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -1,6 +1,7 @@
 #include "services/worker/worker.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -16,6 +17,8 @@
 #include "services/worker/core/dataset.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
+#include "services/worker/core/gossip_policy.h"
+#include "services/worker/gossip_fetcher.h"
 
 namespace shoal::worker {
 namespace {
@@ -116,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   popts.clock = w->clock_;
   w->peer_service_ =
       std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
+  w->peer_service_->set_gossip_board(&w->gossip_board_);
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
@@ -386,6 +390,14 @@ absl::Status Worker::OpenSession() {
         Push({Event::kSessionClosed, {}, status});
       },
       [this](shoal::v1::Heartbeat* hb) {
+        {
+          absl::MutexLock lock(&gossip_mu_);
+          if (gossip_report_.has_value()) {
+            const int64_t sent = hb->sent_unix_ms();
+            *hb = *gossip_report_;
+            hb->set_sent_unix_ms(sent);
+          }
+        }
         if (!sync_progress_.syncing.load()) return;
         hb->set_syncing(true);
         hb->set_sync_bytes_done(sync_progress_.bytes_done.load());
@@ -520,6 +532,15 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kDropWork:
       memory_->DropWork(a.round);
+      return std::nullopt;
+    case Action::kKeepLateWork:
+      memory_->KeepLateWork(a.round);
+      return std::nullopt;
+    case Action::kFoldLateWork:
+      memory_->FoldLateWork(a.round, a.weight);
+      return std::nullopt;
+    case Action::kDropLateWork:
+      memory_->DropLateWork();
       return std::nullopt;
     case Action::kReportDone: {
       shoal::v1::ReportRoundDoneRequest done = a.done;
@@ -675,6 +696,7 @@ absl::Status Worker::Run() {
   SHOAL_LOG(INFO) << "peer service on " << server_->address() << ", advertised as " << advertise_
                   << "; joining coordinator " << options_.coordinator;
   if (std::optional<absl::Status> exit = Execute(protocol_.Start())) return *exit;
+  if (IsGossipMode(protocol_.config())) return RunGossip();
   while (true) {
     if (StopRequested()) {
       stop_token_.Cancel();
@@ -692,6 +714,209 @@ absl::Status Worker::Run() {
       actions = protocol_.OnDirective(event.message);
     }
     if (std::optional<absl::Status> exit = Execute(std::move(actions))) return *exit;
+  }
+}
+
+absl::Status Worker::RunGossip() {
+  const shoal::v1::RunConfig config = protocol_.config();
+  absl::StatusOr<GossipConfig> parsed = ParseGossipConfig(config);
+  if (!parsed.ok()) {
+    coordinator_->Leave(protocol_.worker_id(), parsed.status().ToString()).IgnoreError();
+    coordinator_->CloseSession();
+    return parsed.status();
+  }
+  const GossipConfig g = *parsed;
+  const uint64_t n = trainer_->num_elements();
+  float* const params = trainer_->parameters();
+  const std::string self = protocol_.worker_id();
+  const uint64_t seed = config.seed() * 1000003ULL + std::hash<std::string>()(self);
+  PeerChooser chooser(clock_, seed);
+  GossipFetcher fetcher(peers_.get(), self, clock_, &stop_token_);
+  std::mt19937_64 rng(seed ^ 0x90551bULL);
+  std::bernoulli_distribution fetch_now(g.fetch_probability);
+  const double batch = std::max<uint32_t>(1, config.batch_size());
+  const uint32_t eval_every = std::max<uint32_t>(1, config.eval_every());
+  SHOAL_LOG(INFO) << "gossip mode: publish every " << g.gossip_every
+                  << " steps, fetch p=" << g.fetch_probability << ", timeout "
+                  << absl::FormatDuration(g.timeout) << ", interpolation " << config.interpolation()
+                  << ", divergence threshold " << g.divergence_threshold
+                  << (g.steps ? absl::StrCat(", ", g.steps, " steps") : std::string());
+
+  double clock = 0;
+  double loss_sum = 0;
+  uint32_t loss_count = 0;
+  double last_loss = 0;
+  uint64_t steps = 0;
+  uint64_t publications = 0;
+  shoal::v1::Heartbeat report;
+  report.set_gossip(true);
+  std::map<std::string, std::string> peers;
+  bool have_peer_list = false;
+  const absl::Duration heartbeat_period =
+      absl::Milliseconds(std::max<uint32_t>(100, config.heartbeat_interval_ms()));
+  absl::Time next_projection = absl::InfinitePast();
+
+  auto publish = [&]() -> std::shared_ptr<const GossipCopy> {
+    std::shared_ptr<const GossipCopy> copy = gossip_board_.Publish(params, n, clock, last_loss);
+    ++publications;
+    report.set_gossip_clock(clock);
+    report.set_gossip_loss(last_loss);
+    report.set_gossip_steps(steps);
+    // The projection costs O(n x 32): at most once per heartbeat period.
+    if (clock_->Now() >= next_projection) {
+      const std::vector<float> projection = ProjectModel(params, n, config.seed());
+      report.clear_projection();
+      for (float v : projection) report.add_projection(v);
+      next_projection = clock_->Now() + heartbeat_period;
+    }
+    absl::MutexLock lock(&gossip_mu_);
+    gossip_report_ = report;
+    return copy;
+  };
+  auto evaluate = [&] {
+    const shoal::v1::Metrics m = trainer_->Evaluate();
+    report.set_test_accuracy(m.test_accuracy());
+    report.set_test_loss(m.test_loss());
+    report.set_eval_clock(clock);
+    M().test_accuracy.Set(m.test_accuracy());
+    M().test_loss.Set(m.test_loss());
+    SHOAL_LOG(INFO) << absl::StrFormat(
+        "gossip step %d clock=%.0f train_loss=%.4f test_accuracy=%.4f test_loss=%.4f fetches "
+        "done=%d timed_out=%d failed=%d",
+        steps, clock, last_loss, m.test_accuracy(), m.test_loss(), report.fetches_done(),
+        report.fetches_timed_out(), report.fetches_failed());
+  };
+  auto leave = [&](const std::string& reason) {
+    state_->SetShuttingDown();
+    coordinator_->Leave(self, reason).IgnoreError();
+    coordinator_->CloseSession();
+  };
+  // Directives from the session; returns an exit status when the run ends
+  // for this worker.
+  auto handle_events = [&](absl::Duration wait) -> std::optional<absl::Status> {
+    Event e;
+    while (Pop(&e, wait)) {
+      wait = absl::ZeroDuration();
+      if (e.kind == Event::kStop) continue;
+      if (e.kind == Event::kSessionClosed) {
+        if (StopRequested()) continue;
+        SHOAL_LOG(WARNING) << "session lost (" << e.status.message() << "); re-joining";
+        if (std::optional<absl::Status> exit = Execute(protocol_.OnSessionClosed(e.status))) {
+          return exit;
+        }
+        continue;
+      }
+      const shoal::v1::CoordinatorMessage& msg = e.message;
+      if (msg.has_peer_update()) {
+        peers.clear();
+        for (const auto& p : msg.peer_update().peers()) {
+          if (p.worker_id() != self) peers[p.worker_id()] = p.peer_address();
+        }
+        chooser.SetPeers(peers);
+        have_peer_list = true;
+        SHOAL_LOG(INFO) << "gossip peers (version " << msg.peer_update().version()
+                        << "): " << peers.size();
+      } else if (msg.has_run_finished()) {
+        SHOAL_LOG(INFO) << "run finished: " << msg.run_finished().reason();
+        coordinator_->CloseSession();
+        return absl::OkStatus();
+      } else if (msg.has_leave_requested()) {
+        leave(msg.leave_requested().reason());
+        return absl::FailedPreconditionError(
+            absl::StrCat("asked to leave: ", msg.leave_requested().reason()));
+      }
+    }
+    return std::nullopt;
+  };
+
+  // The first peer list comes right after JoinRound; a worker that finds
+  // peers with a trained model starts from one of them (late join).
+  const absl::Time list_deadline = clock_->Now() + absl::Seconds(2);
+  while (!have_peer_list && clock_->Now() < list_deadline && !StopRequested()) {
+    if (std::optional<absl::Status> exit = handle_events(absl::Milliseconds(100))) return *exit;
+  }
+  for (int attempt = 0; attempt < 3 && chooser.size() > 0 && !StopRequested(); ++attempt) {
+    const std::optional<std::string> id = chooser.Choose();
+    GossipFetchResult r = fetcher.FetchNow(*id, chooser.Address(*id), n, g.timeout);
+    if (!r.status.ok()) {
+      SHOAL_LOG(WARNING) << "late join: " << r.status.message();
+      if (r.not_answering) chooser.OnTimeout(*id);
+      continue;
+    }
+    if (r.peer_clock > 0) {
+      std::copy(r.peer_params, r.peer_params + n, params);
+      clock = r.peer_clock;
+      last_loss = r.peer_loss;
+      SHOAL_LOG(INFO) << absl::StrFormat("late join: started from %s's model (clock %.0f) in %.2fs",
+                                         r.peer_id, r.peer_clock, absl::ToDoubleSeconds(r.took));
+    }
+    break;
+  }
+  publish();
+
+  while (true) {
+    if (StopRequested()) {
+      stop_token_.Cancel();
+      leave("worker stopped");
+      return absl::OkStatus();
+    }
+    if (std::optional<absl::Status> exit = handle_events(absl::ZeroDuration())) return *exit;
+    if (g.steps > 0 && steps >= g.steps) {
+      evaluate();
+      next_projection = absl::InfinitePast();
+      publish();
+      {
+        absl::MutexLock lock(&gossip_mu_);
+        gossip_report_ = report;
+      }
+      // Let one heartbeat carry the final figures before leaving.
+      absl::SleepFor(absl::Milliseconds(std::min<uint32_t>(
+          2000, std::max<uint32_t>(100, config.heartbeat_interval_ms()) * 3 / 2)));
+      SHOAL_LOG(INFO) << "gossip: finished " << steps << " steps";
+      leave(absl::StrCat("finished ", steps, " gossip steps"));
+      return absl::OkStatus();
+    }
+    const absl::Time t0 = clock_->Now();
+    loss_sum += trainer_->TrainSteps(1);
+    ++loss_count;
+    ++steps;
+    clock += batch;
+    M().train_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
+    if (std::optional<GossipFetchResult> r = fetcher.Take()) {
+      if (r->status.ok() && r->base != nullptr) {
+        const GossipState own{r->base->clock, r->base->loss > 0 ? r->base->loss : last_loss};
+        const double a = InterpolationFactor(g, own, {r->peer_clock, r->peer_loss});
+        ApplyInterpolation(params, r->base->params.data(), r->peer_params, n, a);
+        clock = InterpolateClock(clock, r->base->clock, r->peer_clock, a);
+        chooser.OnSuccess(r->peer_id);
+        report.set_fetches_done(report.fetches_done() + 1);
+        report.set_last_partner(r->peer_id);
+        report.set_last_factor(a);
+        M().received_bytes.Add(static_cast<double>(n * sizeof(float)));
+        SHOAL_VLOG(1) << absl::StrFormat("gossip: merged %s's model (clock %.0f) a=%.3f in %.3fs",
+                                         r->peer_id, r->peer_clock, a,
+                                         absl::ToDoubleSeconds(r->took));
+      } else {
+        if (r->not_answering) {
+          chooser.OnTimeout(r->peer_id);
+          report.set_fetches_timed_out(report.fetches_timed_out() + 1);
+        } else {
+          report.set_fetches_failed(report.fetches_failed() + 1);
+        }
+        SHOAL_LOG(WARNING) << r->status.message() << " (dropped whole)";
+      }
+    }
+    if (steps % g.gossip_every != 0) continue;
+    last_loss = loss_sum / std::max<uint32_t>(1, loss_count);
+    loss_sum = 0;
+    loss_count = 0;
+    M().train_loss.Set(last_loss);
+    if ((steps / g.gossip_every) % eval_every == 0) evaluate();
+    std::shared_ptr<const GossipCopy> base = publish();
+    if (base != nullptr && fetcher.idle() && chooser.size() > 0 && fetch_now(rng)) {
+      const std::optional<std::string> id = chooser.Choose();
+      fetcher.Start(*id, chooser.Address(*id), n, g.timeout, std::move(base));
+    }
   }
 }
 

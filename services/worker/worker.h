@@ -38,6 +38,7 @@
 #include "services/worker/coordinator_client.h"
 #include "services/worker/core/averager.h"
 #include "services/worker/core/codec.h"
+#include "services/worker/core/gossip_board.h"
 #include "services/worker/core/idx_reader.h"
 #include "services/worker/core/model_memory.h"
 #include "services/worker/core/model_state.h"
@@ -129,6 +130,10 @@ class Worker {
   absl::Status Exchange(const Action& action, std::string* hash);
   void Upload(const Action& action);
   absl::Status PullModel(const Action& action, float* dst, uint64_t total);
+  // Gossip mode (docs/GOSSIP.md): trains without stopping, publishes its
+  // model every gossip_every steps, fetches and interpolates peers' models
+  // in the background. Returns like Run().
+  absl::Status RunGossip();
 
   Options options_;
   const Clock* const clock_;
@@ -149,6 +154,12 @@ class Worker {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;
+  // Gossip mode: the published copies the Peer service serves, and what
+  // the heartbeats report (filled by RunGossip, read by the heartbeat
+  // thread).
+  GossipBoard gossip_board_;
+  absl::Mutex gossip_mu_;
+  std::optional<shoal::v1::Heartbeat> gossip_report_ ABSL_GUARDED_BY(gossip_mu_);
 
   // Cancelled on shutdown (signal or options.stop); the parent of every
   // exchange's token.

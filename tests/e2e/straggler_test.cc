@@ -1,7 +1,9 @@
 // Stragglers in synchronous mode: one worker throttled from outside (a
 // SIGSTOP/SIGCONT duty cycle) to about a quarter of its speed neither stalls
 // the others' rounds towards --round_timeout (the adaptive deadline) nor is
-// evicted for being slow, and the hashes agree every round.
+// evicted for being slow, nor loses its work (its late updates are folded
+// into later rounds by staleness and counted in the status), and the hashes
+// agree every round.
 #include <signal.h>
 
 #include <algorithm>
@@ -72,7 +74,8 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
         [&](const v1::RunStatus& s) {
           agreed = agreed && HashesAgree(s);
           const v1::WorkerStatus* w = FindWorker(s, slow_id);
-          return s.last_completed_round() >= at + 5 && w != nullptr && w->rounds_late() >= 2;
+          return s.last_completed_round() >= at + 5 && w != nullptr && w->rounds_late() >= 2 &&
+                 w->folded_updates() >= 2;
         },
         patience);
     EXPECT_GT(throttle.periods(), 0);
@@ -89,12 +92,27 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
   EXPECT_EQ(w->rounds_missed(), 0u);
   EXPECT_NE(w->missed_reason().find("adaptive deadline"), std::string::npos) << w->missed_reason();
   EXPECT_EQ(s.members(), 3u);
+  // Its work was not thrown away: folded into later rounds, weighted
+  // 1 / (1 + staleness) (--fold_late_work is on by default,
+  // --max_staleness=4).
+  EXPECT_GE(w->folded_updates(), 2u) << s.DebugString() << Logs();
+  EXPECT_GE(w->last_fold_staleness(), 1u);
+  EXPECT_LE(w->last_fold_staleness(), 4u);
+  EXPECT_DOUBLE_EQ(w->last_fold_weight(), 1.0 / (1.0 + w->last_fold_staleness()));
+  EXPECT_GT(w->last_fold_round(), at);
+  EXPECT_GT(w->last_fold_train_seconds(), 0);
+  EXPECT_GT(w->deadline_seconds(), 0);
+  EXPECT_TRUE(s.config().fold_late_work());
 
   // The rounds while it was throttled: none waited anywhere near
   // --round_timeout. The bound comes from the unthrottled rounds: the
   // deadline is 2 x the median ready time, plus the exchange, with room
-  // for a loaded machine.
-  const double bound = std::min(kRoundTimeoutSeconds / 4, 4 * typical + 3);
+  // for a loaded machine. It is capped below --round_timeout, never by a
+  // fixed share of it: on a machine shared by several test suites an
+  // unthrottled round took 14 s, so a round without the slow worker (2 x
+  // its median ready time + the exchange) took 25-32 s, which a 15 s cap
+  // (round_timeout / 4) failed although no round came near the timeout.
+  const double bound = std::min(0.75 * kRoundTimeoutSeconds, 4 * typical + 3);
   int counted = 0;
   for (const auto& r : s.recent_rounds()) {
     if (r.round() <= at + 1) continue;  // the first may have started unthrottled
@@ -105,9 +123,13 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
   EXPECT_GE(counted, 3);
   std::printf(
       "straggler e2e: typical round %.2fs before, %d rounds with the slow worker in %.1fs, "
-      "bound %.1fs, ready deadline %.2fs (%s)\n",
+      "bound %.1fs, ready deadline %.2fs (%s); slow worker late %d, folded %d (last: "
+      "staleness %d weight %.3f, trained in %.2fs)\n",
       typical, static_cast<int>(s.last_completed_round() - at), throttled_seconds, bound,
-      s.ready_deadline_seconds(), s.ready_deadline_reason().c_str());
+      s.ready_deadline_seconds(), s.ready_deadline_reason().c_str(),
+      static_cast<int>(w->rounds_late()), static_cast<int>(w->folded_updates()),
+      static_cast<int>(w->last_fold_staleness()), w->last_fold_weight(),
+      w->last_fold_train_seconds());
 
   // Unthrottled, it catches up and takes part again with the same model.
   ExpectRoundsGoOn(s.last_completed_round(), 1, 3, patience);

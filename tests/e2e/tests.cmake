@@ -28,3 +28,10 @@ shoal_test(torchscript_run_test e2e e2e/torchscript_run_test.cc LIBS shoal_proto
   SERIAL)
 target_compile_definitions(torchscript_run_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(torchscript_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+# Gossip mode (issue 11): 4 workers to 0.85 without rounds; kill -9 and a late joiner.
+shoal_test(gossip_test e2e e2e/gossip_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)
+
+# Coordinator replicas on real etcd members (issue 13).
+shoal_test(replica_e2e_test e2e e2e/replica_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(replica_e2e_test shoal-coordinator shoal-worker)

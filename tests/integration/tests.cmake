@@ -28,3 +28,7 @@ target_compile_definitions(tls_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_D
 shoal_test(torchscript_test integration ${CMAKE_CURRENT_LIST_DIR}/torchscript_test.cc
   LIBS worker_trainer worker_torchscript)
 target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# Gossip mode between real peers: whole-model fetches, corrupt / truncated
+# transfers, a peer that stops answering.
+shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc
+  LIBS worker_lib)

@@ -165,5 +165,37 @@ TEST(Fp32CodecTest, RoundTripsAndAccumulates) {
   EXPECT_TRUE(absl::IsInvalidArgument(MakeCodec("int3").status()));
 }
 
+TEST_F(ModelMemoryTest, LateWorkIsKeptThenFoldedOntoANewerBaseWithItsWeight) {
+  // Base 1.0 everywhere; round 1 trains to 3.0: the update is +2.0.
+  TrainTo(1, 3.0f);
+  EXPECT_FALSE(memory_->has_late_work());
+  memory_->KeepLateWork(1);
+  EXPECT_TRUE(memory_->has_late_work());
+  EXPECT_EQ(params_[5], 1.0f);  // back to the base
+  // Its contribution of round 1 is no longer served.
+  ModelState::ReadGrant grant;
+  EXPECT_FALSE(state_.CheckRead(Request(1, shoal::v1::CONTRIBUTION), &grant, nullptr).ok());
+  // A newer base (round 2's average, 5.0) arrives by catch-up.
+  ASSERT_TRUE(memory_
+                  ->CatchUp(2, "h2", 0,
+                            [](float* dst, uint64_t total) {
+                              for (uint64_t i = 0; i < total; ++i) dst[i] = 5.0f;
+                              return absl::OkStatus();
+                            })
+                  .ok());
+  // Folded into round 3 with w = 1/2: 5 + 0.5 x 2.
+  memory_->FoldLateWork(3, 0.5);
+  for (uint64_t i = 0; i < kTotal; ++i) ASSERT_EQ(params_[i], 6.0f) << i;
+  // Served as round 3's contribution, like a trained one.
+  EXPECT_TRUE(state_.CheckRead(Request(3, shoal::v1::CONTRIBUTION), &grant, nullptr).ok());
+  // Folded again (the round was voided): from the base again, not twice.
+  memory_->DropWork(3);
+  EXPECT_EQ(params_[0], 5.0f);
+  memory_->FoldLateWork(3, 1.0 / 3);
+  EXPECT_EQ(params_[0], 5.0f + static_cast<float>(1.0 / 3) * 2.0f);
+  memory_->DropLateWork();
+  EXPECT_FALSE(memory_->has_late_work());
+}
+
 }  // namespace
 }  // namespace shoal::worker

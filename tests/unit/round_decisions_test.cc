@@ -3,6 +3,7 @@
 // value passed in.
 #include "services/coordinator/core/round_decisions.h"
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -673,6 +674,57 @@ TEST(DecideCheckpointUploaderTest, GivesUpAfterCheckpointersPlusTwoAttempts) {
   d = DecideCheckpointUploader(members, three, 2);
   EXPECT_EQ(d.action, CheckpointUploaderDecision::Action::kAssign);
   EXPECT_EQ(d.worker_id, "w9");
+}
+
+// ------------------------------------------------------------ Late work
+
+FoldedReadyInput Fold(uint64_t folded_base_round, double weight) {
+  FoldedReadyInput in;
+  in.fold_late_work = true;
+  in.max_staleness = 3;
+  in.round = 6;
+  in.base_round = 5;
+  in.folded_base_round = folded_base_round;
+  in.folded_trained_round = folded_base_round + 1;
+  in.folded_weight = weight;
+  return in;
+}
+
+TEST(CheckFoldedReadyTest, StalenessIsTheBaseDistanceAndTheWeightTheRule) {
+  absl::StatusOr<FoldedReady> f = CheckFoldedReady(Fold(4, 0.5));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->staleness, 1u);
+  EXPECT_DOUBLE_EQ(f->weight, 0.5);
+  f = CheckFoldedReady(Fold(2, 0.25));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->staleness, 3u);
+  // A missed round run again on the same base: staleness 0, full weight.
+  FoldedReadyInput same = Fold(5, 1.0);
+  same.folded_trained_round = 6;
+  f = CheckFoldedReady(same);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->staleness, 0u);
+}
+
+TEST(CheckFoldedReadyTest, RefusesWhatTheRuleDoesNotAllow) {
+  FoldedReadyInput off = Fold(4, 0.5);
+  off.fold_late_work = false;
+  EXPECT_EQ(CheckFoldedReady(off).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Over the cap (staleness 4 > 3).
+  EXPECT_EQ(CheckFoldedReady(Fold(1, 0.2)).status().code(), absl::StatusCode::kInvalidArgument);
+  // Another weight.
+  EXPECT_EQ(CheckFoldedReady(Fold(4, 1.0)).status().code(), absl::StatusCode::kInvalidArgument);
+  // A base newer than the round's.
+  EXPECT_EQ(CheckFoldedReady(Fold(6, 1.0)).status().code(), absl::StatusCode::kInvalidArgument);
+  // Trained for a round not after its base, or after this one.
+  FoldedReadyInput bad = Fold(4, 0.5);
+  bad.folded_trained_round = 4;
+  EXPECT_EQ(CheckFoldedReady(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.folded_trained_round = 7;
+  EXPECT_EQ(CheckFoldedReady(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  // Not a number.
+  EXPECT_EQ(CheckFoldedReady(Fold(4, std::nan(""))).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

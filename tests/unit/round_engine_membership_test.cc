@@ -47,6 +47,8 @@ struct Options {
   uint32_t checkpoint_every = 0;
   bool adaptive_deadline = true;
   uint32_t adaptive_deadline_rounds = 3;
+  bool fold_late_work = true;
+  uint32_t max_staleness = 4;
 };
 
 struct JoinArgs {
@@ -88,6 +90,8 @@ class MembershipTest : public ::testing::Test {
     options.resume = o.resume;
     options.config.set_checkpoint_store(o.checkpoint_store);
     options.config.set_checkpoint_every(o.checkpoint_every);
+    options.config.set_fold_late_work(o.fold_late_work);
+    options.config.set_max_staleness(o.max_staleness);
     options.checkpoint_timeout = absl::Seconds(30);
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
@@ -924,6 +928,80 @@ TEST_F(MembershipTest, SlowWorkerSitsOutAtTheAdaptiveDeadlineAndIsNeverEvicted) 
   status = engine_->Status();
   EXPECT_EQ(status.members(), 2u);
   EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
+}
+
+TEST_F(MembershipTest, LateWorkFoldedIntoACompletedRoundAppearsInStatus) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+    RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  }
+  // Round 4 (deadline 6 s): ids[2] is late.
+  EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+  ReadyOk(ids[0], 4);
+  ReadyOk(ids[1], 4);
+  Directives out = Pass(absl::Seconds(3), ids);
+  EXPECT_THAT(To(out, kMissed), ElementsAre(ids[2]));
+  AllConnected(4);
+  AllDone({ids[0], ids[1]}, 4, Hash('4'));
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[2])->deadline_seconds(), 6);
+  // Its late report of round 4 is refused as too late.
+  Directives refused;
+  EXPECT_EQ(Ready(ids[2], 4, &refused).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Round 5 (base 4): it folds the update trained from base 3.
+  v1::ReportReadyRequest fold;
+  fold.set_worker_id(ids[2]);
+  fold.set_round(5);
+  fold.set_total_elements(kTotal);
+  fold.set_folded(true);
+  fold.set_folded_base_round(3);
+  fold.set_folded_trained_round(4);
+  fold.set_folded_train_seconds(11.5);
+  fold.set_folded_weight(0.25);  // not the rule's weight for staleness 1
+  Directives ignored;
+  const absl::Status wrong = engine_->ReportReady(fold, &ignored);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.message(), HasSubstr("rule's 0.5"));
+  fold.set_folded_weight(0.5);
+  EXPECT_TRUE(engine_->ReportReady(fold, &ignored).ok());
+  // Not counted before the round completes.
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->folded_updates(), 0u);
+  // A fold says nothing of its speed: its ready time is not sampled.
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[2])->ready_seconds_median(), 3);
+  ReadyOk(ids[0], 5);
+  ReadyOk(ids[1], 5);
+  AllConnected(5);
+  AllDone(ids, 5, Hash('5'));
+  const WorkerStatus slow = *FindWorker(engine_->Status(), ids[2]);
+  EXPECT_EQ(slow.folded_updates(), 1u);
+  EXPECT_EQ(slow.last_fold_round(), 5u);
+  EXPECT_EQ(slow.last_fold_staleness(), 1u);
+  EXPECT_DOUBLE_EQ(slow.last_fold_weight(), 0.5);
+  EXPECT_DOUBLE_EQ(slow.last_fold_train_seconds(), 11.5);
+  EXPECT_EQ(slow.rounds_late(), 1u);
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[0])->folded_updates(), 0u);
+}
+
+TEST_F(MembershipTest, FoldRefusedWhenTheRunDropsLateWork) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60), .fold_late_work = false});
+  const std::vector<std::string> ids = StartRoundOne(2);
+  RunRound(ids, 1, Hash('1'));
+  v1::ReportReadyRequest fold;
+  fold.set_worker_id(ids[0]);
+  fold.set_round(2);
+  fold.set_total_elements(kTotal);
+  fold.set_folded(true);
+  fold.set_folded_base_round(0);
+  fold.set_folded_trained_round(1);
+  fold.set_folded_weight(0.5);
+  Directives out;
+  const absl::Status s = engine_->ReportReady(fold, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--fold_late_work=false"));
+  // The server keeps serving: a normal report goes through.
+  ReadyOk(ids[0], 2);
 }
 
 TEST_F(MembershipTest, StoppedWorkerMissCountsAndItsLeaseStillRemovesIt) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -185,6 +186,36 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("SHARING"));
   s.set_phase(shoal::v1::WAITING_FOR_MEMBERS);
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
+}
+
+TEST(FormatStatusTableTest, ShowsLateWorkFoldedPerWorker) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("late work")));
+  s.mutable_config()->set_fold_late_work(true);
+  s.mutable_config()->set_max_staleness(4);
+  auto* fast = s.mutable_workers(0);
+  fast->set_ready_seconds_median(1.02);
+  fast->set_deadline_seconds(2.05);
+  auto* slow = s.mutable_workers(1);
+  slow->set_deadline_seconds(2.05);
+  slow->set_rounds_late(6);
+  slow->set_folded_updates(5);
+  slow->set_last_fold_round(14);
+  slow->set_last_fold_staleness(1);
+  slow->set_last_fold_weight(0.5);
+  slow->set_last_fold_train_seconds(4.31);
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("late work (--fold_late_work=true, --max_staleness=4):"));
+  std::string fast_row, slow_row;
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat("  ", fast->id(), " "))) fast_row = std::string(line);
+    if (absl::StartsWith(line, absl::StrCat("  ", slow->id(), " "))) slow_row = std::string(line);
+  }
+  EXPECT_THAT(fast_row, ::testing::ContainsRegex("round_time 1\\.02s +deadline 2\\.05s +late 0 +"
+                                                 "folded 0 +last_fold -"));
+  EXPECT_THAT(slow_row, ::testing::ContainsRegex(
+                            "late 6 +folded 5 +last_fold into round 14, staleness 1, weight "
+                            "0\\.500, trained in 4\\.31s"));
 }
 
 TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {

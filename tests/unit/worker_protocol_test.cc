@@ -107,10 +107,12 @@ shoal::v1::CoordinatorMessage Checkpoint(uint64_t round, std::string hash) {
 // Carries out the protocol's actions as the worker does, against fakes.
 class Harness {
  public:
-  Harness() : protocol_(MakeOptions(&clock)) {
+  // `config` defaults to Config(), which drops late work as before
+  // (fold_late_work false).
+  explicit Harness(const shoal::v1::RunConfig& config = Config()) : protocol_(MakeOptions(&clock)) {
     coordinator.join_response.set_worker_id(kSelf);
     coordinator.join_response.set_run_id("run-1");
-    *coordinator.join_response.mutable_config() = Config();
+    *coordinator.join_response.mutable_config() = config;
     coordinator.join_response.set_data_rank(0);
     protocol_.SetInitialModel("h0");
     Run(protocol_.Start());
@@ -523,6 +525,196 @@ TEST(WorkerProtocolTest, InterruptingDirectives) {
   EXPECT_FALSE(WorkerProtocol::Interrupts(Sharing(1, 1)));
   EXPECT_FALSE(WorkerProtocol::Interrupts(Complete(1, "h")));
   EXPECT_FALSE(WorkerProtocol::Interrupts(Checkpoint(1, "h")));
+}
+
+// ------------------------------------------------------------ Late work
+
+shoal::v1::RunConfig FoldConfig(uint32_t max_staleness = 3) {
+  shoal::v1::RunConfig c = Config();
+  c.set_fold_late_work(true);
+  c.set_max_staleness(max_staleness);
+  return c;
+}
+
+const absl::Status kTooLate = absl::FailedPreconditionError("round 1 is no longer accepting");
+
+TEST(StalenessWeightTest, OneOverOnePlusStalenessUpToTheCap) {
+  EXPECT_DOUBLE_EQ(StalenessWeight(0, 4), 1.0);
+  EXPECT_DOUBLE_EQ(StalenessWeight(1, 4), 0.5);
+  EXPECT_DOUBLE_EQ(StalenessWeight(3, 4), 0.25);
+  EXPECT_DOUBLE_EQ(StalenessWeight(4, 4), 0.2);
+  EXPECT_EQ(StalenessWeight(5, 4), 0.0);
+  EXPECT_EQ(StalenessWeight(1, 0), 0.0);
+  EXPECT_DOUBLE_EQ(StalenessWeight(0, 0), 1.0);
+  // Falls with staleness.
+  for (uint64_t s = 0; s < 10; ++s) EXPECT_GT(StalenessWeight(s, 10), StalenessWeight(s + 1, 10));
+}
+
+TEST(WorkerProtocolTest, LateWorkIsKeptThenFoldedIntoTheNextRoundInsteadOfTraining) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+              ElementsAre("train:1", "report-ready:1", "keep-late-work:1"));
+  EXPECT_TRUE(h.protocol().late_work().held);
+  EXPECT_EQ(h.protocol().late_work().base_round, 0u);
+  EXPECT_DOUBLE_EQ(h.protocol().late_work().train_seconds, 2.0);
+  // The parameters are back at the base already: nothing more to drop.
+  EXPECT_THAT(h.Directive(Missed(1)), IsEmpty());
+
+  // The next round: pull the newest model, fold (no training), ready at once.
+  h.coordinator.ready_status = absl::OkStatus();
+  const absl::Time before = h.clock.Now();
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1", {"10.0.0.2:7000"})),
+              ElementsAre("catch-up:1", "fold-late-work:2", "report-ready:2"));
+  EXPECT_EQ(h.clock.Now(), before);  // no training time
+  ASSERT_EQ(h.coordinator.ready.size(), 2u);
+  const auto& ready = h.coordinator.ready[1];
+  EXPECT_EQ(ready.round(), 2u);
+  EXPECT_TRUE(ready.folded());
+  EXPECT_EQ(ready.folded_base_round(), 0u);
+  EXPECT_EQ(ready.folded_trained_round(), 1u);
+  EXPECT_DOUBLE_EQ(ready.folded_weight(), 0.5);  // staleness 1
+  EXPECT_DOUBLE_EQ(ready.folded_train_seconds(), 2.0);
+  EXPECT_EQ(ready.total_elements(), 300u);
+  EXPECT_FALSE(h.coordinator.ready[0].folded());
+  // fold-late-work carries the weight.
+  EXPECT_THAT(h.Directive(PlanMsg(2, 1)),
+              ElementsAre("keep-contribution:2", "serve-plan:2", "probe:2"));
+  h.next_exchange_hash = "h2";
+  EXPECT_THAT(h.Directive(Sharing(2, 1)),
+              ElementsAre("exchange:2", "hold-pending:2", "report-done:2"));
+  EXPECT_TRUE(h.protocol().late_work().held);  // until the round is agreed
+  EXPECT_THAT(h.Directive(Complete(2, "h2")), ElementsAre("commit:2", "drop-late-work:1"));
+  EXPECT_FALSE(h.protocol().late_work().held);
+  EXPECT_EQ(h.protocol().late_kept(), 1u);
+  EXPECT_EQ(h.protocol().late_folded(), 1u);
+  EXPECT_EQ(h.protocol().late_dropped(), 0u);
+  // Then it trains again.
+  EXPECT_THAT(h.Directive(Start(3, 2, "h2")), ElementsAre("train:3", "report-ready:3"));
+  EXPECT_FALSE(h.coordinator.ready.back().folded());
+}
+
+TEST(WorkerProtocolTest, TheFoldCarriesTheWeightToTheMemory) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  h.coordinator.ready_status = absl::OkStatus();
+  Actions actions = h.protocol().OnDirective(Start(3, 2, "h2"));
+  ASSERT_GE(actions.size(), 2u);
+  EXPECT_EQ(actions[0].kind, Action::kCatchUp);
+  EXPECT_EQ(actions[1].kind, Action::kFoldLateWork);
+  EXPECT_DOUBLE_EQ(actions[1].weight, 1.0 / 3);  // staleness 2
+}
+
+TEST(WorkerProtocolTest, FoldingOffOrAnotherRefusalDropsTheWork) {
+  {
+    Harness h;  // fold_late_work false: today's behaviour
+    h.coordinator.ready_status = kTooLate;
+    EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+                ElementsAre("train:1", "report-ready:1", "drop-work:1"));
+    EXPECT_FALSE(h.protocol().late_work().held);
+    EXPECT_EQ(h.protocol().late_dropped(), 1u);
+  }
+  {
+    Harness h(FoldConfig());
+    // Not "too late": the coordinator does not know this worker.
+    h.coordinator.ready_status = absl::NotFoundError("unknown worker");
+    EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+                ElementsAre("train:1", "report-ready:1", "drop-work:1"));
+    EXPECT_FALSE(h.protocol().late_work().held);
+  }
+}
+
+TEST(WorkerProtocolTest, LateAgainTheUpdateStaysAndItsStalenessGrows) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  h.Directive(Missed(1));
+  // Too late for the fold round as well: the parameters go back to the
+  // base, the update stays.
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1")),
+              ElementsAre("catch-up:1", "fold-late-work:2", "report-ready:2", "drop-work:2"));
+  EXPECT_TRUE(h.protocol().late_work().held);
+  EXPECT_EQ(h.protocol().late_work().folded_into, 0u);
+  h.Directive(Missed(2));
+  h.coordinator.ready_status = absl::OkStatus();
+  EXPECT_THAT(h.Directive(Start(3, 2, "h2")),
+              ElementsAre("catch-up:2", "fold-late-work:3", "report-ready:3"));
+  EXPECT_EQ(h.coordinator.ready.back().folded_base_round(), 0u);
+  EXPECT_DOUBLE_EQ(h.coordinator.ready.back().folded_weight(), 1.0 / 3);
+  EXPECT_EQ(h.protocol().late_kept(), 1u);
+}
+
+TEST(WorkerProtocolTest, LateWorkStalerThanTheCapIsDroppedAndTheWorkerTrains) {
+  Harness h(FoldConfig(/*max_staleness=*/2));
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  h.coordinator.ready_status = absl::OkStatus();
+  EXPECT_THAT(h.Directive(Start(4, 3, "h3")),
+              ElementsAre("catch-up:3", "drop-late-work:1", "train:4", "report-ready:4"));
+  EXPECT_FALSE(h.protocol().late_work().held);
+  EXPECT_EQ(h.protocol().late_dropped(), 1u);
+  EXPECT_FALSE(h.coordinator.ready.back().folded());
+}
+
+TEST(WorkerProtocolTest, AFoldRoundAbortedOrVoidedFoldsAgainIntoTheNext) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  h.coordinator.ready_status = absl::OkStatus();
+  h.Directive(Start(2, 1, "h1"));
+  // Aborted before the exchange: back to the base, the update stays.
+  EXPECT_THAT(h.Directive(Aborted(2)), ElementsAre("drop-work:2"));
+  EXPECT_TRUE(h.protocol().late_work().held);
+  // The round runs again on the same base: the same fold.
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1")), ElementsAre("fold-late-work:2", "report-ready:2"));
+  h.Directive(PlanMsg(2, 1));
+  h.next_exchange_hash = "h2";
+  h.Directive(Sharing(2, 1));
+  ASSERT_TRUE(h.protocol().pending());
+  // Aborted while pending: void, and still held.
+  EXPECT_THAT(h.Directive(Aborted(2)), ElementsAre("void:1", "drop-work:2"));
+  EXPECT_TRUE(h.protocol().late_work().held);
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1")), ElementsAre("fold-late-work:2", "report-ready:2"));
+  EXPECT_EQ(h.protocol().late_folded(), 0u);
+}
+
+TEST(WorkerProtocolTest, AMissedRoundRunAgainOnTheSameBaseFoldsWithFullWeight) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  EXPECT_THAT(h.Directive(Aborted(1)), IsEmpty());
+  h.coordinator.ready_status = absl::OkStatus();
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("fold-late-work:1", "report-ready:1"));
+  EXPECT_DOUBLE_EQ(h.coordinator.ready.back().folded_weight(), 1.0);
+}
+
+TEST(WorkerProtocolTest, SessionLostKeepsTheLateWork) {
+  Harness h(FoldConfig());
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(1, 0, "h0"));
+  const std::vector<std::string> rejoin = h.SessionClosed();
+  EXPECT_THAT(rejoin, ::testing::Not(::testing::Contains("drop-work:1")));
+  EXPECT_TRUE(h.protocol().late_work().held);
+  h.coordinator.ready_status = absl::OkStatus();
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1")),
+              ElementsAre("catch-up:1", "fold-late-work:2", "report-ready:2"));
+}
+
+TEST(WorkerProtocolTest, ARunThatWentBackDropsTheLateWork) {
+  Harness h(FoldConfig());
+  h.Directive(Start(5, 4, "h4"));  // catches up to round 4, trains 5
+  h.coordinator.ready_status = kTooLate;
+  h.Directive(Start(6, 4, "h4"));
+  ASSERT_TRUE(h.protocol().late_work().held);
+  EXPECT_EQ(h.protocol().late_work().base_round, 4u);
+  h.coordinator.ready_status = absl::OkStatus();
+  // A coordinator that restarted without its record: round numbers went
+  // back; the update belongs to another history.
+  std::vector<std::string> next = h.Directive(Start(2, 1, "x1"));
+  EXPECT_THAT(next, ::testing::Contains("drop-late-work:6"));
+  EXPECT_THAT(next, ::testing::Contains("train:2"));
+  EXPECT_FALSE(h.protocol().late_work().held);
 }
 
 }  // namespace

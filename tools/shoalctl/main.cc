@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_usage.h"
 #include "common/grpc_util.h"
@@ -19,7 +20,9 @@
 #include "tools/shoalctl/checkpoints_cmd.h"
 #include "tools/shoalctl/status_format.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address (host:port).");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
+          "Coordinator address (host:port), or the replicas' addresses separated by commas "
+          "(the leader answers; a standby's view when none does).");
 ABSL_FLAG(bool, json, false, "status: print the RunStatus as JSON.");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5), "Deadline of each call.");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(30),
@@ -39,7 +42,13 @@ constexpr char kUsage[] =
     "  shoalctl checkpoints export --store=ADDR --id=ID --out=FILE   (torch.load-able state dict)\n"
     "  shoalctl checkpoints delete --store=ADDR --id=ID";
 
-absl::StatusOr<shoal::v1::RunStatus> GetStatus(shoal::v1::Coordinator::Stub* stub) {
+// The coordinators named by --coordinator: one address, several separated by
+// commas (replicas, docs/REPLICAS.md), or a DNS name.
+struct Coordinators {
+  std::vector<std::unique_ptr<shoal::v1::Coordinator::Stub>> stubs;
+};
+
+absl::StatusOr<shoal::v1::RunStatus> GetStatusFrom(shoal::v1::Coordinator::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(shoal::DeadlineIn(absl::GetFlag(FLAGS_rpc_timeout)));
   shoal::v1::RunStatus status;
@@ -48,7 +57,25 @@ absl::StatusOr<shoal::v1::RunStatus> GetStatus(shoal::v1::Coordinator::Stub* stu
   return status;
 }
 
-int Status(shoal::v1::Coordinator::Stub* stub) {
+// The leader's status when one of the replicas leads (or the only
+// coordinator's); else the first standby's view (replica_role "standby").
+absl::StatusOr<shoal::v1::RunStatus> GetStatus(Coordinators* c) {
+  absl::StatusOr<shoal::v1::RunStatus> standby = absl::UnavailableError("no coordinator");
+  absl::Status last = absl::UnavailableError("no coordinator address");
+  for (auto& stub : c->stubs) {
+    absl::StatusOr<shoal::v1::RunStatus> s = GetStatusFrom(stub.get());
+    if (!s.ok()) {
+      last = s.status();
+      continue;
+    }
+    if (s->replica_role() != "standby") return s;
+    if (!standby.ok()) standby = s;
+  }
+  if (standby.ok()) return standby;
+  return last;
+}
+
+int Status(Coordinators* stub) {
   auto status = GetStatus(stub);
   if (!status.ok()) {
     std::cerr << "shoalctl: cannot get status from " << absl::GetFlag(FLAGS_coordinator) << ": "
@@ -60,12 +87,14 @@ int Status(shoal::v1::Coordinator::Stub* stub) {
   return 0;
 }
 
-int Watch(shoal::v1::Coordinator::Stub* stub) {
+int Watch(Coordinators* stub) {
   const absl::Time start = absl::Now();
   const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
   uint64_t printed = 0;
   std::string last_error;
   std::string last_detail;
+  std::string last_gossip_line;
+  absl::Time next_gossip_line = absl::InfinitePast();
   while (true) {
     auto status = GetStatus(stub);
     if (!status.ok()) {
@@ -78,6 +107,12 @@ int Watch(shoal::v1::Coordinator::Stub* stub) {
         std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
                   << status->detail() << std::endl;
         last_detail = status->detail();
+      }
+      if (shoal::ctl::IsGossip(*status) && absl::Now() >= next_gossip_line) {
+        const std::string line = shoal::ctl::FormatGossipLine(*status);
+        if (line != last_gossip_line) std::cout << line << std::endl;
+        last_gossip_line = line;
+        next_gossip_line = absl::Now() + absl::Seconds(5);
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
@@ -120,9 +155,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   shoal::ShutdownSignal::Install();
-  auto stub = shoal::v1::Coordinator::NewStub(shoal::MakeChannel(absl::GetFlag(FLAGS_coordinator)));
-  if (command == "status") return Status(stub.get());
-  if (command == "watch") return Watch(stub.get());
+  Coordinators coordinators;
+  for (absl::string_view a :
+       absl::StrSplit(absl::GetFlag(FLAGS_coordinator), ',', absl::SkipWhitespace())) {
+    coordinators.stubs.push_back(
+        shoal::v1::Coordinator::NewStub(shoal::MakeChannel(std::string(a))));
+  }
+  if (coordinators.stubs.empty()) {
+    std::cerr << "shoalctl: --coordinator names no address\n";
+    return 2;
+  }
+  if (command == "status") return Status(&coordinators);
+  if (command == "watch") return Watch(&coordinators);
   std::cerr << "shoalctl: unknown command '" << command << "'\n" << kUsage << "\n";
   return 2;
 }

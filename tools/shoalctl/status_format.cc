@@ -10,12 +10,88 @@ namespace shoal::ctl {
 
 std::string PhaseName(shoal::v1::Phase phase) { return shoal::v1::Phase_Name(phase); }
 
+namespace {
+// Gossip mode: no rounds or agreed hash; per worker its clock, loss,
+// accuracy, fetches and last partner, and the run's consensus distance.
+std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
+  std::string out = absl::StrFormat("run %s  phase %s  mode gossip  members %d\n", s.run_id(),
+                                    PhaseName(s.phase()), s.members());
+  if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  absl::StrAppend(&out, "  ", FormatConsensus(s), "\n");
+  absl::StrAppend(&out,
+                  absl::StrFormat("%-5s %-22s %-9s %-8s %-10s %-8s %-9s %-13s %-8s %-7s "
+                                  "%-8s %s\n",
+                                  "ID", "ADDRESS", "STATE", "STEPS", "CLOCK", "LOSS", "TEST_ACC",
+                                  "FETCH_OK/TO/X", "PARTNER", "FACTOR", "SEEN", "REASON"));
+  for (const auto& w : s.workers()) {
+    const bool active = w.state() != "left" && w.state() != "evicted";
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "%-5s %-22s %-9s %-8d %-10.0f %-8.4f %-9s %-13s %-8s %-7s %-8s %s\n", w.id(),
+            w.address(), w.state(), w.gossip_steps(), w.gossip_clock(), w.gossip_loss(),
+            w.eval_clock() > 0 ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
+            absl::StrCat(w.fetches_done(), "/", w.fetches_timed_out(), "/", w.fetches_failed()),
+            w.last_partner().empty() ? "-" : w.last_partner(),
+            w.last_partner().empty() ? "-" : absl::StrFormat("%.3f", w.last_factor()),
+            active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-", w.reason()));
+  }
+  return out;
+}
+
+// Mean of the workers' latest test accuracy / loss (those that evaluated).
+void GossipAccuracy(const shoal::v1::RunStatus& s, double* accuracy, double* loss, int* n) {
+  *accuracy = *loss = 0;
+  *n = 0;
+  for (const auto& w : s.workers()) {
+    if (w.state() == "evicted" || w.eval_clock() <= 0) continue;
+    *accuracy += w.test_accuracy();
+    *loss += w.test_loss();
+    ++*n;
+  }
+  if (*n > 0) {
+    *accuracy /= *n;
+    *loss /= *n;
+  }
+}
+}  // namespace
+
+bool IsGossip(const shoal::v1::RunStatus& s) { return s.config().mode() == "gossip"; }
+
+std::string FormatConsensus(const shoal::v1::RunStatus& s) {
+  if (s.consensus_distance() < 0 || s.consensus_workers() < 2) {
+    return absl::StrCat("consensus_distance - (", s.consensus_workers(), " projections)");
+  }
+  return absl::StrFormat("consensus_distance %.5f (%d workers)", s.consensus_distance(),
+                         s.consensus_workers());
+}
+
+std::string FormatGossipLine(const shoal::v1::RunStatus& s) {
+  std::string out = "gossip:";
+  for (const auto& w : s.workers()) {
+    if (w.state() == "left" || w.state() == "evicted" || !w.gossip()) continue;
+    absl::StrAppend(
+        &out, absl::StrFormat(" %s[steps=%d acc=%s fetches=%d]", w.id(), w.gossip_steps(),
+                              w.eval_clock() > 0 ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
+                              w.fetches_done()));
+  }
+  absl::StrAppend(&out, "  ", FormatConsensus(s));
+  return out;
+}
+
 std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
+  if (IsGossip(s)) return FormatGossipTable(s);
   std::string out = absl::StrFormat(
       "run %s  phase %s  round %d  last_completed_round %d  min_participants %d  members %d\n",
       s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
       s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  if (!s.replica_role().empty()) {
+    absl::StrAppend(&out, "  replica ", s.replica_role(), "  leader ",
+                    s.leader().empty() ? "(none)" : s.leader(),
+                    s.replica_role() == "standby" ? "  (a standby's view from the run record)" : "",
+                    "\n");
+  }
   if (!s.model_hash().empty()) {
     absl::StrAppend(&out, "  model_hash ", s.model_hash(), " (round ", s.last_completed_round(),
                     ")\n");
@@ -44,6 +120,30 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                               seconds(w.train_seconds_median()), seconds(w.ready_seconds_median()),
                               active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
                               w.rounds_late(), w.reason()));
+  }
+  // Stragglers: per worker its measured round time (the median ready time;
+  // for a worker late in every round, its own measure of its late
+  // training), the deadline it was last held to and its late work folded
+  // into later rounds (docs/MEMBERSHIP.md).
+  bool any_deadline = false;
+  for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
+  if (any_deadline) {
+    absl::StrAppend(&out,
+                    "late work (--fold_late_work=", s.config().fold_late_work() ? "true" : "false",
+                    ", --max_staleness=", s.config().max_staleness(), "):\n");
+    for (const auto& w : s.workers()) {
+      std::string last = "-";
+      if (w.folded_updates() > 0) {
+        last = absl::StrFormat("into round %d, staleness %d, weight %.3f, trained in %s",
+                               w.last_fold_round(), w.last_fold_staleness(), w.last_fold_weight(),
+                               seconds(w.last_fold_train_seconds()));
+      }
+      absl::StrAppend(&out, absl::StrFormat("  %-5s round_time %-8s deadline %-8s late %-4d "
+                                            "folded %-4d last_fold %s\n",
+                                            w.id(), seconds(w.ready_seconds_median()),
+                                            seconds(w.deadline_seconds()), w.rounds_late(),
+                                            w.folded_updates(), last));
+    }
   }
   return out;
 }
@@ -78,6 +178,8 @@ bool ReportedLastRound(const shoal::v1::RunStatus& s, const shoal::v1::WorkerSta
 }  // namespace
 
 bool HashesAgree(const shoal::v1::RunStatus& s) {
+  // Gossip models differ by design: there is no agreed hash to check.
+  if (IsGossip(s)) return true;
   int reporting = 0;
   for (const auto& w : s.workers()) {
     if (!ReportedLastRound(s, w)) continue;
@@ -88,6 +190,15 @@ bool HashesAgree(const shoal::v1::RunStatus& s) {
 }
 
 std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seconds) {
+  if (IsGossip(s)) {
+    double accuracy = 0, loss = 0;
+    int n = 0;
+    GossipAccuracy(s, &accuracy, &loss, &n);
+    return absl::StrFormat(
+        "summary: run_id=%s phase=%s mode=gossip workers=%d test_accuracy=%.4f test_loss=%.4f "
+        "(mean of the workers' last evaluations) elapsed=%.1fs",
+        s.run_id(), PhaseName(s.phase()), n, accuracy, loss, elapsed_seconds);
+  }
   double accuracy = 0, loss = 0;
   for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
     if (it->evaluated()) {

@@ -21,6 +21,12 @@ std::string FormatRoundLine(const shoal::v1::RoundSummary& round, uint64_t total
 bool HashesAgree(const shoal::v1::RunStatus& status);
 // The run's closing line; contains "test_accuracy=<value>".
 std::string FormatSummaryLine(const shoal::v1::RunStatus& status, double elapsed_seconds);
+// Gossip mode (docs/GOSSIP.md): whether the run gossips, its consensus
+// distance, and a one-line progress report (steps, accuracy, fetches per
+// worker) for `watch`.
+bool IsGossip(const shoal::v1::RunStatus& status);
+std::string FormatConsensus(const shoal::v1::RunStatus& status);
+std::string FormatGossipLine(const shoal::v1::RunStatus& status);
 
 }  // namespace shoal::ctl
 

@@ -1,10 +1,13 @@
 #include "services/coordinator/core/round_decisions.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/staleness.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -375,6 +378,38 @@ CheckpointUploaderDecision DecideCheckpointUploader(absl::Span<const CheckpointC
             absl::StrCat(c.worker_id, " holds the model and was not tried yet")};
   }
   return {Action::kNoneLeft, "", "no untried worker holds the model"};
+}
+
+// ------------------------------------------------------------ Late work
+
+absl::StatusOr<FoldedReady> CheckFoldedReady(const FoldedReadyInput& in) {
+  if (!in.fold_late_work) {
+    return absl::FailedPreconditionError(
+        "this run drops late work (--fold_late_work=false): train the round instead");
+  }
+  if (in.folded_base_round > in.base_round) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("late work from base round ", in.folded_base_round,
+                     " is newer than the round's base ", in.base_round));
+  }
+  if (in.folded_trained_round <= in.folded_base_round || in.folded_trained_round > in.round) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("late work trained for round ", in.folded_trained_round, " from base round ",
+                     in.folded_base_round, " cannot be folded into round ", in.round));
+  }
+  FoldedReady out;
+  out.staleness = in.base_round - in.folded_base_round;
+  if (out.staleness > in.max_staleness) {
+    return absl::InvalidArgumentError(absl::StrCat("late work of staleness ", out.staleness,
+                                                   " exceeds --max_staleness=", in.max_staleness));
+  }
+  out.weight = StalenessWeight(out.staleness, in.max_staleness);
+  if (!(std::fabs(in.folded_weight - out.weight) <= 1e-12)) {
+    return absl::InvalidArgumentError(absl::StrCat("folded_weight ", in.folded_weight,
+                                                   " differs from the rule's ", out.weight,
+                                                   " for staleness ", out.staleness));
+  }
+  return out;
 }
 
 }  // namespace shoal::coordinator

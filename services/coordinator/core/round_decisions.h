@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -336,6 +337,30 @@ struct CheckpointUploaderDecision {
 CheckpointUploaderDecision DecideCheckpointUploader(absl::Span<const CheckpointCandidate> members,
                                                     const std::set<std::string>& tried,
                                                     uint32_t checkpointers);
+
+// ------------------------------------------------------------ Late work
+
+struct FoldedReadyInput {
+  bool fold_late_work = false;  // RunConfig.fold_late_work
+  uint32_t max_staleness = 0;   // RunConfig.max_staleness
+  uint64_t round = 0;           // the current round
+  uint64_t base_round = 0;      // its base model round (last completed)
+  // From the ReportReadyRequest.
+  uint64_t folded_base_round = 0;
+  uint64_t folded_trained_round = 0;
+  double folded_weight = 0;
+};
+struct FoldedReady {
+  uint64_t staleness = 0;
+  double weight = 0;
+};
+// A ready report that folds late work in instead of training: staleness =
+// base_round - folded_base_round, and the weight must be the run's rule
+// (StalenessWeight in common/staleness.h). FAILED_PRECONDITION when the run
+// drops late work; INVALID_ARGUMENT for a base newer than the round's, a
+// trained round not after its base or after this round, staleness over
+// the cap, or another weight.
+absl::StatusOr<FoldedReady> CheckFoldedReady(const FoldedReadyInput& in);
 
 }  // namespace shoal::coordinator
 

@@ -206,7 +206,21 @@ Directives RoundEngine::Tick() {
   const absl::Time now = clock_->Now();
   ExpireLeases(now, &out);
   WatchCheckpoint(now, &out);
-  ApplyRoundDeadline(now, &out);
+  if (!gossip()) ApplyRoundDeadline(now, &out);
+  return out;
+}
+
+Directives RoundEngine::HoldRounds(bool hold) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  Directives out;
+  if (rounds_held_ != hold) {
+    SHOAL_LOG(INFO) << (hold ? "rounds held: no round starts until released"
+                             : "rounds released");
+  }
+  rounds_held_ = hold;
+  // Also when it was not held: a start refused by before_round_start.
+  if (!hold) MaybeStartRound(&out);
   return out;
 }
 

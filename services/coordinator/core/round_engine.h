@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,12 @@ struct EngineOptions {
   absl::Duration checkpoint_timeout = absl::Seconds(120);
   // Where the run continues from (a persisted record), if anywhere.
   std::optional<shoal::v1::RunRecord> resume;
+  // Replicas (--etcd): called (under the engine's lock) with the run record
+  // as it stands and its record_version() right before a round would start;
+  // false = do not start it now (the record cannot be written under this
+  // leader's term, or its lease is uncertain). The round starts on a later
+  // event or HoldRounds(false). Unset = rounds start freely.
+  std::function<bool(const shoal::v1::RunRecord&, uint64_t version)> before_round_start;
 };
 
 // A message for one worker's session stream. Immutable and shared: a
@@ -115,6 +122,10 @@ class RoundEngine {
 
   // Applies every timeout: leases, round deadline, connection deadline.
   Directives Tick();
+  // While held, no round starts (the current one may finish): a replica
+  // that cannot renew its etcd lease, or whose run record is not written.
+  // Releasing starts the next round when its members are queued.
+  Directives HoldRounds(bool hold);
 
   shoal::v1::RunStatus Status() const;
   // The record to persist (run id, config, counters).
@@ -185,6 +196,20 @@ class RoundEngine {
     std::deque<absl::Duration> ready_times;
     std::deque<double> train_seconds;
     uint64_t rounds_late = 0;
+    // Late work: the fold reported ready for fold_round (0 = none), counted
+    // when that round completes with it; what status shows of the last.
+    uint64_t fold_round = 0;
+    uint64_t fold_staleness = 0;
+    double fold_weight = 0;
+    double fold_train_seconds = 0;
+    uint64_t folded_updates = 0;
+    uint64_t last_fold_staleness = 0;
+    double last_fold_weight = 0;
+    uint64_t last_fold_round = 0;
+    double last_fold_train_seconds = 0;
+    // The ready deadline (after the round start) of the last round it took
+    // part in or sat out; 0 = none yet.
+    double deadline_seconds = 0;
     // When it started training in the current round (round start, or its
     // admission to the running round).
     absl::Time training_since;
@@ -197,6 +222,8 @@ class RoundEngine {
     // Version of the participant list this member's session was given in a
     // full plan (0 = none): plans with that list go to it without slices.
     uint64_t plan_list_known = 0;
+    // Gossip mode: it called JoinRound and is in the peer lists.
+    bool gossiping = false;
   };
 
   static const char* StateName(MemberState s);
@@ -206,6 +233,10 @@ class RoundEngine {
   // the checkpoint, finished).
   void MarkRecordChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current ready deadline in seconds after the round start (0 when
+  // none is set).
+  double ReadyDeadlineSeconds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  shoal::v1::RunRecord RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Participants and the queue: an ordered vector (join order decides the
   // plan's slice order) plus a hash set for O(1) membership tests, and the
   // counters of the per-round flags (ready, connections_ok, done) over the
@@ -296,11 +327,17 @@ class RoundEngine {
   // is left.
   void AssignCheckpoint(uint64_t round, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PhaseDetail() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gossip mode (docs/GOSSIP.md): no rounds; JoinRound puts a member in
+  // the peer list, and every change of the list goes to every gossiping
+  // member as a PeerUpdate.
+  bool gossip() const { return options_.config.mode() == "gossip"; }
+  void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineOptions options_;
   const Clock* const clock_;
 
   mutable absl::Mutex mu_;
+  bool rounds_held_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // active ones, by id
   // The same members by id in O(1) for the per-report lookups (the map keeps
   // the id order that Status() and Tick() walk; its nodes never move).
@@ -346,6 +383,10 @@ class RoundEngine {
   // within a coordinator's lifetime, and versions are unique across starts.
   std::vector<std::pair<std::string, std::string>> plan_list_ ABSL_GUARDED_BY(mu_);
   uint64_t plan_list_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Gossip mode: version of the latest PeerUpdate.
+  uint64_t peer_list_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Gossip mode: members that left after their --gossip_steps.
+  uint64_t gossip_finished_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);

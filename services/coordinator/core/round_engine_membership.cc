@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -178,7 +179,9 @@ absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
   (*member)->last_seen = clock_->Now();
   // A heartbeat that only refreshes last_seen leaves a cached status valid
   // (the service bounds its age); sync progress is shown, so it counts.
-  if (!SameProgress((*member)->progress, heartbeat)) MarkStatusChanged();
+  // A plain heartbeat (the one Leave sends) keeps the gossip figures shown.
+  if ((*member)->progress.gossip() && !heartbeat.gossip()) return absl::OkStatus();
+  if (!SameProgress((*member)->progress, heartbeat) || heartbeat.gossip()) MarkStatusChanged();
   (*member)->progress = heartbeat;
   return absl::OkStatus();
 }
@@ -201,6 +204,19 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   auto found = FindActive(worker_id);
   if (!found.ok()) return found.status();
   Member* member = *found;
+  if (gossip()) {
+    // No rounds: the member joins the peer list at once.
+    MarkStatusChanged();
+    member->last_seen = clock_->Now();
+    member->state = MemberState::kTraining;
+    if (!member->gossiping) {
+      member->gossiping = true;
+      SHOAL_LOG(INFO) << "member " << worker_id << " gossips (" << members_.size() << " members)";
+    }
+    phase_ = shoal::v1::TRAINING;
+    SendPeerUpdate(out);
+    return uint64_t{0};
+  }
   AdmissionInput in;
   in.phase = phase_;
   in.round = round_;
@@ -258,6 +274,8 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
   const MissedRoundDecision missed = DecideMissedRound(in, options_.max_missed_rounds, reason);
   m.missed_in_row = missed.missed_in_row;
   if (!missed.counts) ++m.rounds_late;
+  m.deadline_seconds = ReadyDeadlineSeconds();
+  m.fold_round = 0;
   m.missed_reason = absl::StrCat("round ", round_, ": ", reason);
   m.state = MemberState::kWaiting;
   ResetRoundFlags(m);
@@ -301,6 +319,21 @@ bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const st
 
 void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
                                const std::string& reason, Directives* out) {
+  if (gossip()) {
+    auto it = index_.find(worker_id);
+    const bool was_gossiping = it != index_.end() && it->second->gossiping;
+    Depart(worker_id, why, reason);
+    if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) ++gossip_finished_;
+    if (members_.empty()) {
+      phase_ = shoal::v1::WAITING_FOR_MEMBERS;
+      // With --gossip_steps the run ends when its last worker finished them.
+      if (gossip_finished_ > 0) {
+        Finish(absl::StrCat(gossip_finished_, " workers finished their gossip steps"), out);
+      }
+    }
+    if (was_gossiping) SendPeerUpdate(out);
+    return;
+  }
   if (!Depart(worker_id, why, reason)) return;
   if (phase_ == shoal::v1::TRAINING) {
     if (participants_.empty()) {
@@ -324,6 +357,24 @@ void RoundEngine::ExpireLeases(absl::Time now, Directives* out) {
   }
   if (!expired.empty()) MarkStatusChanged();
   for (const auto& [id, reason] : expired) RemoveMember(id, MemberState::kEvicted, reason, out);
+}
+
+void RoundEngine::SendPeerUpdate(Directives* out) {
+  CoordinatorMessage msg;
+  auto* update = msg.mutable_peer_update();
+  update->set_version(++peer_list_version_);
+  for (const auto& [id, m] : members_) {
+    if (!m.gossiping) continue;
+    auto* p = update->add_peers();
+    p->set_worker_id(id);
+    p->set_peer_address(m.address);
+  }
+  // One shared message for every recipient (O(N) bytes each, on changes
+  // of the membership only).
+  SharedMessage shared = Share(std::move(msg));
+  for (const auto& [id, m] : members_) {
+    if (m.gossiping) out->push_back({id, shared});
+  }
 }
 
 }  // namespace shoal::coordinator

@@ -4,6 +4,7 @@
 // aborts, the end of the run and the round deadlines (DecideRoundDeadline).
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,9 +48,13 @@ CoordinatorMessage RoundEngine::RoundStartMessage(bool with_holders) const {
 }
 
 void RoundEngine::MaybeStartRound(Directives* out) {
+  if (rounds_held_) return;
   const RoundStartDecision decision =
       DecideRoundStart(phase_, round_, queued_.size(), options_.config.min_participants());
   if (!decision.start) return;
+  if (options_.before_round_start && !options_.before_round_start(RecordLocked(), record_version_)) {
+    return;
+  }
   TakeParticipants();  // none while waiting; the queue becomes the round
   const std::vector<std::string> starting = TakeQueue();
   phase_ = shoal::v1::TRAINING;
@@ -106,12 +111,35 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
                                                    " elements, the run's model has ",
                                                    total_elements_, " (different --model?)"));
   }
+  std::optional<FoldedReady> fold;
+  if (request.folded()) {
+    FoldedReadyInput in;
+    in.fold_late_work = options_.config.fold_late_work();
+    in.max_staleness = options_.config.max_staleness();
+    in.round = round_;
+    in.base_round = last_completed_round_;
+    in.folded_base_round = request.folded_base_round();
+    in.folded_trained_round = request.folded_trained_round();
+    in.folded_weight = request.folded_weight();
+    absl::StatusOr<FoldedReady> checked = CheckFoldedReady(in);
+    if (!checked.ok()) return checked.status();
+    fold = *checked;
+  }
   MarkStatusChanged();
   const absl::Time now = clock_->Now();
   member->last_seen = now;
-  // A retried report is measured once.
-  if (!member->ready) {
+  // A retried report is measured once; a fold did not train in this round,
+  // so it says nothing of the worker's speed.
+  if (!member->ready && !fold.has_value()) {
     AddSample(member->ready_times, now - member->training_since, SampleWindow());
+  }
+  if (fold.has_value()) {
+    member->fold_round = round_;
+    member->fold_staleness = fold->staleness;
+    member->fold_weight = fold->weight;
+    member->fold_train_seconds = request.folded_train_seconds();
+  } else {
+    member->fold_round = 0;
   }
   UpdateFlags(*member, [](Member& m) { m.ready = true; });
   member->state = MemberState::kReady;
@@ -393,6 +421,7 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   summary.set_seconds(absl::ToDoubleSeconds(now - round_started_at_));
   summary.set_model_hash(hash);
   double loss = 0, exchange = 0;
+  const double ready_deadline_seconds = ReadyDeadlineSeconds();
   for (const std::string& id : participants_) {
     Member& m = At(id);
     loss += m.train_loss;
@@ -404,6 +433,15 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
     }
     m.rounds_completed++;
     m.missed_in_row = 0;
+    m.deadline_seconds = ready_deadline_seconds;
+    if (m.fold_round == round_) {
+      ++m.folded_updates;
+      m.last_fold_round = round_;
+      m.last_fold_staleness = m.fold_staleness;
+      m.last_fold_weight = m.fold_weight;
+      m.last_fold_train_seconds = m.fold_train_seconds;
+      m.fold_round = 0;
+    }
     m.state = MemberState::kWaiting;
   }
   summary.set_train_loss(loss / participants_.size());

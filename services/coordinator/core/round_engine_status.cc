@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/coordinator/core/gossip_status.h"
 #include "services/coordinator/core/round_engine.h"
 
 namespace shoal::coordinator {
@@ -28,6 +29,12 @@ const char* RoundEngine::StateName(MemberState s) {
 
 std::string RoundEngine::PhaseDetail() const {
   const uint32_t min = std::max<uint32_t>(1, options_.config.min_participants());
+  if (gossip()) {
+    size_t gossiping = 0;
+    for (const auto& [id, m] : members_) gossiping += m.gossiping ? 1 : 0;
+    return absl::StrCat("gossip: ", gossiping, " of ", members_.size(),
+                        " members training and averaging pair-wise (no rounds)");
+  }
   switch (phase_) {
     case shoal::v1::WAITING_FOR_MEMBERS:
       return absl::StrCat(queued_.size(), " of ", min, " participants needed for round ", round_,
@@ -97,8 +104,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   }
   if (ready_deadline_.deadline != absl::InfiniteFuture() &&
       round_started_at_ != absl::InfinitePast() && !ready_deadline_.reason.empty()) {
-    s.set_ready_deadline_seconds(
-        absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_));
+    s.set_ready_deadline_seconds(ReadyDeadlineSeconds());
     s.set_ready_deadline_reason(ready_deadline_.reason);
     s.set_ready_deadline_adaptive(ready_deadline_.adaptive);
   }
@@ -130,6 +136,30 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
           absl::ToDoubleSeconds(MedianDuration({m.ready_times.begin(), m.ready_times.end()})));
     }
     w->set_rounds_late(m.rounds_late);
+    w->set_folded_updates(m.folded_updates);
+    w->set_last_fold_staleness(m.last_fold_staleness);
+    w->set_last_fold_weight(m.last_fold_weight);
+    w->set_last_fold_round(m.last_fold_round);
+    w->set_last_fold_train_seconds(m.last_fold_train_seconds);
+    w->set_deadline_seconds(m.deadline_seconds);
+    if (m.progress.gossip()) {
+      const shoal::v1::Heartbeat& h = m.progress;
+      w->set_gossip(true);
+      w->set_gossip_clock(h.gossip_clock());
+      w->set_gossip_loss(h.gossip_loss());
+      w->set_train_loss(h.gossip_loss());
+      if (h.eval_clock() > 0) {
+        w->set_test_accuracy(h.test_accuracy());
+        w->set_test_loss(h.test_loss());
+        w->set_eval_clock(h.eval_clock());
+      }
+      w->set_fetches_done(h.fetches_done());
+      w->set_fetches_timed_out(h.fetches_timed_out());
+      w->set_fetches_failed(h.fetches_failed());
+      w->set_last_partner(h.last_partner());
+      w->set_last_factor(h.last_factor());
+      w->set_gossip_steps(h.gossip_steps());
+    }
     if (active && m.progress.syncing()) {
       w->set_sync_bytes_done(m.progress.sync_bytes_done());
       w->set_sync_bytes_total(m.progress.sync_bytes_total());
@@ -138,11 +168,32 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   };
   for (const auto& [id, m] : members_) add(m, true);
   for (const auto& m : departed_) add(m, false);
+  if (gossip()) {
+    std::vector<const google::protobuf::RepeatedField<float>*> projections;
+    for (const auto& [id, m] : members_) {
+      if (m.progress.gossip()) projections.push_back(&m.progress.projection());
+    }
+    uint32_t used = 0;
+    s.set_consensus_distance(ConsensusDistance(projections, &used));
+    s.set_consensus_workers(used);
+  }
   return s;
+}
+
+double RoundEngine::ReadyDeadlineSeconds() const {
+  if (ready_deadline_.deadline == absl::InfiniteFuture() ||
+      round_started_at_ == absl::InfinitePast()) {
+    return 0;
+  }
+  return absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_);
 }
 
 shoal::v1::RunRecord RoundEngine::Record() const {
   absl::MutexLock lock(&mu_);
+  return RecordLocked();
+}
+
+shoal::v1::RunRecord RoundEngine::RecordLocked() const {
   shoal::v1::RunRecord r;
   r.set_run_id(options_.run_id);
   *r.mutable_config() = options_.config;

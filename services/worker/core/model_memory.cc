@@ -100,6 +100,35 @@ void ModelMemory::DropWork(uint64_t round) {
   std::memcpy(params_, snapshot_.data(), total_ * sizeof(float));
 }
 
+void ModelMemory::KeepLateWork(uint64_t round) {
+  state_->Abort(round);
+  AwaitLent(ModelState::Buffer::kParameters);
+  late_.resize(total_);
+  const float* base = snapshot_.data();
+  for (uint64_t i = 0; i < total_; ++i) {
+    late_[i] = params_[i] - base[i];
+    params_[i] = base[i];
+  }
+}
+
+void ModelMemory::FoldLateWork(uint64_t round, double weight) {
+  if (late_.empty()) {
+    SHOAL_LOG(ERROR) << "round " << round << ": no late work kept to fold; contributing the base";
+  }
+  state_->BeginTraining(round);
+  AwaitLent(ModelState::Buffer::kParameters);
+  const float w = static_cast<float>(weight);
+  const float* base = snapshot_.data();
+  if (late_.empty()) {
+    std::memcpy(params_, base, total_ * sizeof(float));
+  } else {
+    for (uint64_t i = 0; i < total_; ++i) params_[i] = base[i] + w * late_[i];
+  }
+  state_->SetReady(round);
+}
+
+void ModelMemory::DropLateWork() { std::vector<float>().swap(late_); }
+
 absl::Status ModelMemory::CatchUp(
     uint64_t round, const std::string& hash, uint64_t model_round,
     const std::function<absl::Status(float* dst, uint64_t total)>& pull) {

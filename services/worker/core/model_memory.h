@@ -1,7 +1,8 @@
 // The one owner of a worker's model memory: the parameters (the trainer's
 // flat buffer), the snapshot (the last agreed averaged model, served to
-// workers catching up) and the contribution (the trained model of the
-// current round, kept for re-plans).
+// workers catching up), the contribution (the trained model of the
+// current round, kept for re-plans) and, while a worker has late work to
+// fold into a later round, its update (allocated only then).
 //
 // Peers read the parameters and the snapshot without copies: gRPC holds
 // pointers into them (see "Lending model memory" in core/model_state.h).
@@ -78,6 +79,19 @@ class ModelMemory {
   // snapshot buffer's model.
   void DropWork(uint64_t round);
 
+  // Late work (see "late work" in worker_protocol.h). The work of `round`
+  // missed its deadline: its update (parameters minus the snapshot
+  // buffer's model, the base it was trained from) is kept, and the
+  // parameters go back to that base.
+  void KeepLateWork(uint64_t round);
+  // The contribution of `round` without training: parameters = snapshot
+  // buffer's model (the round's base) + (float)`weight` x the kept update;
+  // served like a trained contribution.
+  void FoldLateWork(uint64_t round, double weight);
+  // The kept update is no longer needed: its memory is freed.
+  void DropLateWork();
+  bool has_late_work() const { return !late_.empty(); }
+
   // A catch-up: `pull` fills the snapshot buffer (not served meanwhile).
   // On success the parameters take the pulled model of (`round`, `hash`);
   // on failure the snapshot goes back to the current parameters'
@@ -96,6 +110,7 @@ class ModelMemory {
   const absl::Duration lent_timeout_;
   std::vector<float> snapshot_;
   std::vector<float> contribution_;
+  std::vector<float> late_;
 };
 
 }  // namespace shoal::worker

@@ -38,6 +38,12 @@ const char* ActionName(Action::Kind kind) {
       return "void";
     case Action::kDropWork:
       return "drop-work";
+    case Action::kKeepLateWork:
+      return "keep-late-work";
+    case Action::kFoldLateWork:
+      return "fold-late-work";
+    case Action::kDropLateWork:
+      return "drop-late-work";
     case Action::kReportDone:
       return "report-done";
     case Action::kUpload:
@@ -211,13 +217,57 @@ Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
   contribution_round_ = 0;
   plan_.Clear();
   train_started_ = clock_->Now();
+  if (late_.held && FoldLateWork(start.base_model_round(), &out)) return out;
   out.push_back(Make(Action::kTrain, round_));
   return out;
+}
+
+bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
+  // A base older than the update's: the run went back (a coordinator that
+  // restarted without its record); the update belongs to another history.
+  const bool older = base_round < late_.base_round;
+  const uint64_t staleness = older ? 0 : base_round - late_.base_round;
+  const double weight = older ? 0 : StalenessWeight(staleness, config_.max_staleness());
+  if (weight <= 0) {
+    SHOAL_LOG(WARNING) << "late work of round " << late_.trained_round << " (base "
+                       << late_.base_round << ") dropped: "
+                       << (older ? absl::StrCat("the run is back at round ", base_round)
+                                 : absl::StrCat("staleness ", staleness,
+                                                " > --max_staleness=", config_.max_staleness()));
+    out->push_back(Make(Action::kDropLateWork, late_.trained_round));
+    late_ = {};
+    ++late_dropped_;
+    return false;
+  }
+  late_.folded_into = round_;
+  late_.staleness = staleness;
+  late_.weight = weight;
+  SHOAL_LOG(INFO) << "round " << round_ << ": folding in the late work of round "
+                  << late_.trained_round << " (base " << late_.base_round << ", staleness "
+                  << staleness << ", weight " << weight << ") instead of training";
+  Action fold = Make(Action::kFoldLateWork, round_);
+  fold.weight = weight;
+  out->push_back(std::move(fold));
+  // The training behind this contribution took place in the late round.
+  train_seconds_ = late_.train_seconds;
+  Action a = Make(Action::kReportReady, round_);
+  a.ready.set_worker_id(worker_id_);
+  a.ready.set_round(round_);
+  a.ready.set_train_loss(train_loss_);
+  a.ready.set_total_elements(total_elements_);
+  a.ready.set_folded(true);
+  a.ready.set_folded_base_round(late_.base_round);
+  a.ready.set_folded_trained_round(late_.trained_round);
+  a.ready.set_folded_weight(weight);
+  a.ready.set_folded_train_seconds(late_.train_seconds);
+  out->push_back(std::move(a));
+  return true;
 }
 
 Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t total_elements) {
   if (round != round_) return {};
   train_loss_ = train_loss;
+  total_elements_ = total_elements;
   train_seconds_ = absl::ToDoubleSeconds(clock_->Now() - train_started_);
   Action a = Make(Action::kReportReady, round);
   a.ready.set_worker_id(worker_id_);
@@ -232,6 +282,30 @@ Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& resu
   SHOAL_LOG(WARNING) << "ready for round " << round << " refused: " << result.message();
   // The session tells us what comes next.
   Actions out;
+  const bool was_fold = late_.held && late_.folded_into == round_;
+  if (!was_fold && config_.fold_late_work() && absl::IsFailedPrecondition(result) &&
+      round_ > model_round_) {
+    // Too late for this round (the deadline passed, or the run moved on):
+    // the update is kept for a later round.
+    if (late_.held) {
+      // Cannot happen (a round with late work held folds, it does not
+      // train); the newer update replaces the older one.
+      ++late_dropped_;
+    }
+    late_ = {};
+    late_.held = true;
+    late_.trained_round = round_;
+    late_.base_round = model_round_;
+    late_.train_seconds = train_seconds_;
+    ++late_kept_;
+    out.push_back(Make(Action::kKeepLateWork, round_));
+    contribution_round_ = 0;
+    plan_.Clear();
+    SHOAL_LOG(INFO) << "round " << round_ << ": late, its update (base round " << model_round_
+                    << ") is kept to be folded into a later round";
+    return out;
+  }
+  if (!was_fold && round_ > model_round_) ++late_dropped_;
   DropRound("ready refused", &out);
   return out;
 }
@@ -405,6 +479,12 @@ void WorkerProtocol::Commit(Actions* out) {
   out->push_back(Make(Action::kCommit, model_round_));
   out->back().hash = model_hash_;
   pending_ = false;
+  if (late_.held && late_.folded_into != 0 && model_round_ >= late_.folded_into) {
+    // The round it was folded into is agreed: the late work is in the run.
+    out->push_back(Make(Action::kDropLateWork, late_.trained_round));
+    late_ = {};
+    ++late_folded_;
+  }
 }
 
 void WorkerProtocol::Void(const std::string& why, Actions* out) {
@@ -421,7 +501,15 @@ void WorkerProtocol::Void(const std::string& why, Actions* out) {
 }
 
 void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
-  if (round_ > model_round_) {
+  const bool fold_round = late_.held && late_.folded_into == round_;
+  if (fold_round) {
+    // The round the late work was folded into is not agreed here: it
+    // stays, for the next round (its staleness grows with the base).
+    late_.folded_into = 0;
+  }
+  // kKeepLateWork already put the parameters back to the base.
+  const bool kept_late = !fold_round && late_.held && late_.trained_round == round_;
+  if (round_ > model_round_ && !kept_late) {
     Action a = Make(Action::kDropWork, round_);
     a.reason = why;
     out->push_back(std::move(a));
@@ -431,6 +519,7 @@ void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
   // peer.
   contribution_round_ = 0;
   plan_.Clear();
+  if (kept_late) return;
   SHOAL_LOG(INFO) << "local work of round " << round_ << " dropped (" << why
                   << "); model back to the average of round " << model_round_;
 }

@@ -20,10 +20,22 @@
 //    (kKeepContribution), restored for a new plan attempt
 //    (kRestoreContribution) after a participant was lost;
 //  - the participant list of the latest full plan (PlanList), which
-//    expands plans that name it by version.
+//    expands plans that name it by version;
+//  - late work (RunConfig.fold_late_work): the update of a round whose
+//    ready report came after the deadline (trained minus its base, kept by
+//    kKeepLateWork) until it is folded into a later round. At the next
+//    RoundStart the worker pulls the newest model as usual, does not train,
+//    and contributes base + w(s) x update (kFoldLateWork, StalenessWeight in
+//    common/staleness.h, s = the round's base round minus the update's base
+//    round), reporting ready at once with the fold's base round and weight.
+//    The update is let go when that round is committed (kDropLateWork); when
+//    the round is voided, aborted or missed again it stays and is folded
+//    into the next round with its staleness grown; staler than
+//    max_staleness it is dropped and the worker trains.
 //
 // Memory actions (kCommit, kVoid, kDropWork, kKeepContribution,
-// kRestoreContribution, kHoldPending, kCatchUp, kTrain) are carried out by
+// kRestoreContribution, kHoldPending, kCatchUp, kTrain, kKeepLateWork,
+// kFoldLateWork, kDropLateWork) are carried out by
 // the model memory owner (core/model_memory.h), which closes windows and
 // waits for lent chunks by itself.
 //
@@ -39,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/staleness.h"
 #include "services/worker/core/plan_list.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -82,6 +95,17 @@ struct Action {
     // Local work of `round` is discarded: the parameters go back to the
     // snapshot buffer's model.
     kDropWork,
+    // The work of `round` came too late: keep its update (parameters minus
+    // the snapshot buffer's model, its base), then the parameters go back
+    // to that base.
+    kKeepLateWork,
+    // Contribution of `round` without training: the parameters become the
+    // snapshot buffer's model (the round's base) + `weight` x the kept
+    // update.
+    kFoldLateWork,
+    // The kept update is folded into an agreed round (or too stale): free
+    // it.
+    kDropLateWork,
     // ReportRoundDone(round, attempt, hash, durations, metrics when
     // `evaluate`).
     kReportDone,
@@ -102,6 +126,7 @@ struct Action {
   std::string hash;
   std::string reason;
   bool evaluate = false;
+  double weight = 0;  // kFoldLateWork
   std::vector<std::string> holders;
   std::string checkpoint_id;
   uint64_t checkpoint_round = 0;
@@ -164,6 +189,23 @@ class WorkerProtocol {
   double train_loss() const { return train_loss_; }
   bool joined() const { return !worker_id_.empty(); }
 
+  // Late work (see the class comment).
+  struct LateWork {
+    bool held = false;
+    uint64_t trained_round = 0;  // the round it was trained for and missed
+    uint64_t base_round = 0;     // the model round it was trained from
+    double train_seconds = 0;    // how long that training took
+    uint64_t folded_into = 0;    // round it is reported folded into, 0 = none yet
+    uint64_t staleness = 0;      // of that fold
+    double weight = 0;
+  };
+  const LateWork& late_work() const { return late_; }
+  // Late updates kept, folded into committed rounds, dropped (too stale,
+  // or folding off and the work refused).
+  uint64_t late_kept() const { return late_kept_; }
+  uint64_t late_folded() const { return late_folded_; }
+  uint64_t late_dropped() const { return late_dropped_; }
+
   // The initial model (round 0) and its hash, set by the worker once it
   // built the model after the first join.
   void SetInitialModel(const std::string& hash);
@@ -181,6 +223,9 @@ class WorkerProtocol {
   void CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
                const std::string& checkpoint_id, uint64_t checkpoint_round, Actions* out);
   Actions Rejoin(const std::string& why);
+  // At a RoundStart with late work held: fold it (true, actions added) or
+  // drop it when too stale (false: the worker trains).
+  bool FoldLateWork(uint64_t base_round, Actions* out);
 
   Options options_;
   const Clock* clock_;
@@ -203,6 +248,11 @@ class WorkerProtocol {
   absl::Time exchange_started_ = absl::InfinitePast();
   double train_seconds_ = 0;
   double train_loss_ = 0;
+  uint64_t total_elements_ = 0;
+  LateWork late_;
+  uint64_t late_kept_ = 0;
+  uint64_t late_folded_ = 0;
+  uint64_t late_dropped_ = 0;
   bool leaving_ = false;
 };
 

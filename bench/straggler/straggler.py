@@ -1,0 +1,317 @@
+#!/usr/bin/python3
+"""bench/run.sh straggler: what one slow machine costs a synchronous run.
+
+4 workers train the MLP on Fashion-MNIST on 127.0.0.1; one of them is
+throttled from outside to 1/4 of its speed by a SIGSTOP/SIGCONT duty cycle
+(it runs 50 ms of every 200 ms; the same scheme as tests/support/duty_cycle.h),
+from the moment every worker has joined and the first round starts. Time to reach the target test accuracy for:
+
+  today     synchronous, fixed deadline, late work dropped
+            (--adaptive_deadline=false --fold_late_work=false)
+  fold      synchronous, adaptive deadline + late work folded by staleness
+  gossip    coordinator --mode=gossip ("gossip: not available" when the
+            coordinator refuses the flag)
+
+and, with no throttled worker, the test accuracy of sync and gossip after the
+same number of samples. Every arm is capped (--cap_seconds); a capped arm says
+so and counts as its cap. Processes are stopped by PID, always.
+Last line: straggler: ... ratio=<gossip / today>.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class DutyCycle:
+    """Lets `pid` run for `fraction` of every `period` seconds."""
+
+    def __init__(self, pid, fraction, period=0.2):
+        self.pid, self.run, self.stop_s = pid, period * fraction, period * (1 - fraction)
+        self.done = threading.Event()
+        self.periods = 0
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _signal(self, sig):
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            self.done.set()
+
+    def _loop(self):
+        while not self.done.is_set():
+            self._signal(signal.SIGCONT)
+            if self.done.wait(self.run):
+                break
+            self._signal(signal.SIGSTOP)
+            if self.done.wait(self.stop_s):
+                break
+            self.periods += 1
+        self._signal(signal.SIGCONT)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        self._signal(signal.SIGCONT)
+
+
+class Cluster:
+    def __init__(self, args, name, coordinator_flags):
+        self.args, self.name = args, name
+        self.dir = os.path.join(args.out, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.procs = []
+        self.addr = None
+        self.coordinator_flags = coordinator_flags
+
+    def _spawn(self, argv, logname):
+        f = open(os.path.join(self.dir, logname), "w")
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def start_coordinator(self):
+        a = self.args
+        argv = [os.path.join(a.bin, "shoal-coordinator"), "--listen=127.0.0.1:0",
+                f"--min_participants={a.workers}", f"--local_steps={a.local_steps}",
+                f"--batch_size={a.batch_size}",
+                "--eval_every=1", "--round_timeout=120s", "--seed=1"] + self.coordinator_flags
+        p = self._spawn(argv, "coordinator.log")
+        path = os.path.join(self.dir, "coordinator.log")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if p.poll() is not None:
+                return False, open(path).read()[-600:]
+            text = open(path).read()
+            i = text.find("listening on 127.0.0.1:")
+            if i >= 0:
+                self.addr = text[i + len("listening on "):].split()[0]
+                return True, ""
+            time.sleep(0.1)
+        return False, "coordinator did not report its address in 30 s"
+
+    def start_workers(self):
+        a = self.args
+        for i in range(a.workers):
+            self._spawn([os.path.join(a.bin, "shoal-worker"), f"--coordinator={self.addr}",
+                         "--listen=127.0.0.1:0", f"--name={self.name}-{i + 1}"],
+                        f"worker-{i + 1}.log")
+        return self.procs[1:]
+
+    def status(self):
+        try:
+            out = subprocess.run([os.path.join(self.args.bin, "shoalctl"), "status",
+                                  f"--coordinator={self.addr}", "--json", "--rpc_timeout=5s"],
+                                 capture_output=True, text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            return None
+        if out.returncode != 0:
+            return None
+        try:
+            return json.loads(out.stdout)
+        except json.JSONDecodeError:
+            return None
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def accuracy_of(st):
+    """The run's latest test accuracy: the newest evaluated round (sync), or
+    the mean of the workers' latest evaluations (gossip, no rounds)."""
+    for r in reversed(st.get("recent_rounds", [])):
+        if r.get("evaluated"):
+            return float(r.get("test_accuracy", 0)), int(r.get("round", 0))
+    accs = [float(w.get("test_accuracy", 0)) for w in st.get("workers", [])
+            if w.get("state") not in ("left", "evicted") and float(w.get("test_accuracy", 0)) > 0]
+    return (sum(accs) / len(accs) if accs else 0.0), 0
+
+
+def run_arm(args, name, flags, throttle, stop_when):
+    """Starts a cluster, throttles worker 4 when asked, polls the status until
+    stop_when(status, elapsed) says so or the cap passes. Returns a dict."""
+    c = Cluster(args, name, flags)
+    duty = None
+    result = {"name": name, "available": True, "capped": False}
+    try:
+        ok, why = c.start_coordinator()
+        if not ok:
+            result["available"] = False
+            result["why"] = why.strip().splitlines()[-1] if why.strip() else "did not start"
+            return result
+        workers = c.start_workers()
+        t0 = None
+        start = time.time()
+        last = None
+        while True:
+            now = time.time()
+            st = c.status()
+            if st is not None:
+                last = st
+                if t0 is None and (st.get("phase") in ("TRAINING", "SHARING") or
+                                   int(st.get("last_completed_round", 0)) > 0):
+                    t0 = now  # every worker joined: training has started
+                    if throttle:
+                        # Throttled from here on, not while it joins: a worker
+                        # that takes longer than the coordinator's session grace
+                        # between Join and opening its session is dropped.
+                        duty = DutyCycle(workers[-1].pid, args.slow_fraction)
+                if t0 is not None:
+                    done = stop_when(st, now - t0)
+                    if done:
+                        result.update(done)
+                        result["seconds"] = now - t0
+                        break
+            if now - start > args.cap_seconds:
+                result["capped"] = True
+                result["seconds"] = now - (t0 or start)
+                break
+            if any(p.poll() is not None for p in c.procs):
+                result["available"] = False
+                result["why"] = "a process exited early (logs in %s)" % c.dir
+                break
+            time.sleep(args.poll)
+        if last is not None:
+            acc, rnd = accuracy_of(last)
+            result.setdefault("accuracy", acc)
+            result["rounds"] = int(last.get("last_completed_round", 0))
+            slow = [w for w in last.get("workers", [])]
+            result["late"] = sum(int(w.get("rounds_late", 0)) for w in slow)
+            result["folded"] = sum(int(w.get("folded_updates", 0)) for w in slow)
+            json.dump(last, open(os.path.join(c.dir, "status.json"), "w"), indent=1)
+        if duty is not None:
+            result["duty_periods"] = duty.periods
+    finally:
+        if duty is not None:
+            duty.stop()
+        c.stop()
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--local_steps", type=int, default=100)
+    ap.add_argument("--batch_size", type=int, default=64)
+    ap.add_argument("--target", type=float, default=0.85)
+    ap.add_argument("--slow_fraction", type=float, default=0.25)
+    ap.add_argument("--cap_seconds", type=float, default=600)
+    ap.add_argument("--equal_rounds", type=int, default=10)
+    ap.add_argument("--deadline_factor", type=float, default=1.5)
+    ap.add_argument("--poll", type=float, default=0.5)
+    args = ap.parse_args()
+
+    def reach(st, elapsed):
+        acc, rnd = accuracy_of(st)
+        if acc >= args.target:
+            return {"accuracy": acc, "round": rnd}
+        return None
+
+    arms = [
+        ("today", ["--adaptive_deadline=false", "--fold_late_work=false"]),
+        ("fold", ["--adaptive_deadline=true", "--fold_late_work=true",
+                  "--adaptive_deadline_rounds=2", f"--deadline_factor={args.deadline_factor}",
+                  "--deadline_floor=500ms"]),
+        ("gossip", ["--mode=gossip"]),
+    ]
+    results = {}
+    print(f"straggler: {args.workers} workers, mlp, Fashion-MNIST, {args.local_steps} local steps "
+          f"x batch {args.batch_size}, worker {args.workers} throttled to {args.slow_fraction:g} "
+          f"(SIGSTOP/SIGCONT, 200 ms period), target test accuracy {args.target}, "
+          f"cap {args.cap_seconds:.0f} s per arm, {os.cpu_count()} cores")
+    print(f"{'arm':<8} {'time_to_target':>15} {'accuracy':>9} {'rounds':>7} {'late':>5} "
+          f"{'folded':>7}  note")
+    for name, flags in arms:
+        log(f"straggler: arm {name} ...")
+        r = run_arm(args, name, flags, True, reach)
+        results[name] = r
+        if not r["available"]:
+            print(f"{name:<8} {'-':>15} {'-':>9} {'-':>7} {'-':>5} {'-':>7}  "
+                  f"{name}: not available ({r.get('why', '')})")
+            continue
+        note = (f"CAPPED at {args.cap_seconds:.0f} s without reaching {args.target}"
+                if r["capped"] else f"reached {args.target}")
+        print(f"{name:<8} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} "
+              f"{r.get('rounds', 0):>7} {r.get('late', 0):>5} {r.get('folded', 0):>7}  {note}")
+
+    # No straggler: accuracy after the same number of samples.
+    samples = args.equal_rounds * args.workers * args.local_steps * args.batch_size
+
+    def after_rounds(st, elapsed):
+        if int(st.get("last_completed_round", 0)) >= args.equal_rounds:
+            acc, _ = accuracy_of(st)
+            return {"accuracy": acc}
+        return None
+
+    def after_samples(st, elapsed):
+        clocks = [int(float(w.get("gossip_clock", w.get("clock", 0)))) for w in st.get("workers", [])]
+        if clocks and sum(clocks) >= samples:
+            acc, _ = accuracy_of(st)
+            return {"accuracy": acc, "samples": sum(clocks)}
+        return None
+
+    log("straggler: equal samples, sync ...")
+    sync_eq = run_arm(args, "equal-sync", ["--adaptive_deadline=false",
+                                            f"--rounds={args.equal_rounds}"], False, after_rounds)
+    gossip_eq = {"available": False, "why": "gossip arm not available"}
+    if results["gossip"]["available"]:
+        log("straggler: equal samples, gossip ...")
+        gossip_eq = run_arm(args, "equal-gossip", ["--mode=gossip"], False, after_samples)
+    line = f"equal samples ({samples} = {args.equal_rounds} rounds x {args.workers} workers), no straggler: "
+    line += f"sync accuracy={sync_eq.get('accuracy', 0):.4f}"
+    if sync_eq.get("capped"):
+        line += " (CAPPED)"
+    if gossip_eq.get("available"):
+        line += f" gossip accuracy={gossip_eq.get('accuracy', 0):.4f}"
+        if gossip_eq.get("capped"):
+            line += " (CAPPED)"
+        gap = (sync_eq.get("accuracy", 0) - gossip_eq.get("accuracy", 0)) * 100
+        line += f" gap={gap:.2f} points"
+    else:
+        line += " gossip: not available"
+    print(line)
+
+    def t(name):
+        r = results[name]
+        return r["seconds"] if r["available"] else None
+
+    today, fold, gossip = t("today"), t("fold"), t("gossip")
+    fold_ratio = f"{fold / today:.2f}" if today and fold is not None else "n/a"
+    gossip_ratio = f"{gossip / today:.2f}" if today and gossip is not None else "n/a"
+
+    def fmt(name, v):
+        if v is None:
+            return f"{name}=n/a"
+        return f"{name}={v:.1f}s" + ("(capped)" if results[name]["capped"] else "")
+
+    if gossip is None:
+        print("gossip: not available")
+    print(f"straggler: {fmt('today', today)} {fmt('fold', fold)} {fmt('gossip', gossip)} "
+          f"fold_ratio={fold_ratio} ratio={gossip_ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+#include "services/coordinator/core/gossip_status.h"
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace shoal::coordinator {
+
+absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& c) {
+  if (!(c.fetch_probability() >= 0 && c.fetch_probability() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fetch_probability=", c.fetch_probability(), " is not within [0, 1]"));
+  }
+  const std::string& i = c.interpolation();
+  bool ok = i == "clock" || i == "loss" || i == "constant" || i.empty();
+  if (!ok && absl::StartsWith(i, "constant:")) {
+    double a = 0;
+    ok = absl::SimpleAtod(i.substr(9), &a) && a > 0 && a <= 1;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--interpolation=", i, " is not one of constant:A (0 < A <= 1), clock, loss"));
+  }
+  if (!(c.divergence_threshold() >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--divergence_threshold=", c.divergence_threshold(), " is negative (0 turns it off)"));
+  }
+  if (!c.checkpoint_store().empty()) {
+    return absl::UnimplementedError(
+        "checkpoints in gossip mode are not implemented yet: leave --checkpoint_store empty "
+        "with --mode=gossip");
+  }
+  return absl::OkStatus();
+}
+
+double ConsensusDistance(
+    const std::vector<const google::protobuf::RepeatedField<float>*>& projections, uint32_t* used) {
+  size_t dims = 0;
+  for (const auto* p : projections) {
+    if (p != nullptr && p->size() > 0) {
+      dims = p->size();
+      break;
+    }
+  }
+  std::vector<const google::protobuf::RepeatedField<float>*> ok;
+  for (const auto* p : projections) {
+    if (p != nullptr && dims > 0 && static_cast<size_t>(p->size()) == dims) ok.push_back(p);
+  }
+  *used = ok.size();
+  if (ok.size() < 2) return -1;
+  std::vector<double> mean(dims, 0.0);
+  for (const auto* p : ok) {
+    for (size_t j = 0; j < dims; ++j) mean[j] += p->Get(j);
+  }
+  for (double& m : mean) m /= ok.size();
+  double sum = 0;
+  for (const auto* p : ok) {
+    for (size_t j = 0; j < dims; ++j) {
+      const double d = p->Get(j) - mean[j];
+      sum += d * d;
+    }
+  }
+  return std::sqrt(sum / ok.size());
+}
+
+}  // namespace shoal::coordinator

@@ -1,0 +1,161 @@
+#include "services/coordinator/core/replica.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace shoal::coordinator {
+
+Replica::Replica(EtcdClient* etcd, ReplicaOptions options, const Clock* clock)
+    : etcd_(etcd), options_(std::move(options)), clock_(clock) {}
+
+ReplicaState Replica::state() const {
+  ReplicaState s = state_;
+  s.can_start_rounds = CanStartRounds();
+  return s;
+}
+
+bool Replica::CanStartRounds() const {
+  return state_.role == ReplicaRole::kLeader && clock_->Now() < lease_valid_until_;
+}
+
+bool Replica::RenewLease(absl::Time now) {
+  if (lease_ == 0) {
+    absl::StatusOr<int64_t> lease = etcd_->GrantLease(options_.lease_ttl);
+    if (!lease.ok()) {
+      state_.etcd_error = std::string(lease.status().message());
+      return false;
+    }
+    lease_ = *lease;
+    lease_valid_until_ = now + options_.lease_ttl;
+    return true;
+  }
+  absl::StatusOr<absl::Duration> ttl = etcd_->KeepAlive(lease_);
+  if (absl::IsNotFound(ttl.status())) {
+    // Expired while etcd could not be reached (or revoked): a new one for
+    // campaigning; the caller steps down if it was leading.
+    lease_ = 0;
+    lease_valid_until_ = absl::InfinitePast();
+    state_.etcd_error = std::string(ttl.status().message());
+    return true;
+  }
+  if (!ttl.ok()) {
+    state_.etcd_error = std::string(ttl.status().message());
+    return false;
+  }
+  // etcd counts the TTL from when it handled the renewal, after `now`.
+  lease_valid_until_ = now + std::min(*ttl, options_.lease_ttl);
+  return true;
+}
+
+ReplicaEvent Replica::StepDown(const std::string& why) {
+  const bool was_leader = state_.role == ReplicaRole::kLeader;
+  state_.role = ReplicaRole::kStandby;
+  state_.term = 0;
+  if (state_.leader == options_.self) state_.leader.clear();
+  if (was_leader) {
+    SHOAL_LOG(WARNING) << "replica: no longer the leader: " << why;
+    return ReplicaEvent::kDeposed;
+  }
+  return ReplicaEvent::kNone;
+}
+
+ReplicaEvent Replica::Step() {
+  const absl::Time now = clock_->Now();
+  if (!RenewLease(now)) {
+    // etcd unreachable: a leader keeps its role (its lease may still be
+    // alive; CanStartRounds() turns false when it certainly is not) and a
+    // standby stays one.
+    return ReplicaEvent::kNone;
+  }
+  if (state_.role == ReplicaRole::kLeader) {
+    if (lease_ == 0) return StepDown("the lease expired");
+    state_.etcd_error.clear();
+    return ReplicaEvent::kNone;
+  }
+  if (lease_ == 0 && !RenewLease(now)) return ReplicaEvent::kNone;
+  // Campaign: create the leader key if nobody holds it.
+  absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn({EtcdCompare::Absent(leader_key())},
+                                                 {{leader_key(), options_.self, lease_}},
+                                                 {leader_key()});
+  if (!txn.ok()) {
+    state_.etcd_error = std::string(txn.status().message());
+    return ReplicaEvent::kNone;
+  }
+  state_.etcd_error.clear();
+  if (!txn->succeeded) {
+    state_.leader = txn->current.empty() ? "" : txn->current.front().value;
+    return ReplicaEvent::kNone;
+  }
+  state_.role = ReplicaRole::kLeader;
+  state_.term = txn->revision;
+  saved_version_ = 0;
+  state_.leader = options_.self;
+  SHOAL_LOG(INFO) << "replica: elected leader (term " << state_.term << ", lease " << lease_
+                  << ", ttl " << options_.lease_ttl << ")";
+  return ReplicaEvent::kElected;
+}
+
+absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(record_key());
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) {
+    record_revision_ = 0;
+    return std::optional<shoal::v1::RunRecord>();
+  }
+  shoal::v1::RunRecord record;
+  if (!record.ParseFromString((*kv)->value) || record.run_id().empty()) {
+    return absl::DataLossError(
+        absl::StrCat("etcd key ", record_key(), " does not hold a valid run record"));
+  }
+  constexpr uint64_t kMaxRound = uint64_t{1} << 62;
+  if (record.last_completed_round() > kMaxRound || record.checkpoint_round() > kMaxRound) {
+    return absl::DataLossError(absl::StrCat("etcd key ", record_key(), " names round ",
+                                            record.last_completed_round(),
+                                            ", past the largest round this coordinator runs"));
+  }
+  record_revision_ = (*kv)->mod_revision;
+  return std::optional<shoal::v1::RunRecord>(std::move(record));
+}
+
+absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t version) {
+  if (state_.role != ReplicaRole::kLeader) {
+    return absl::FailedPreconditionError("not the leader: the run record is not written");
+  }
+  if (version != 0 && version <= saved_version_) return absl::OkStatus();
+  absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
+      {EtcdCompare::ModifiedAt(record_key(), record_revision_),
+       EtcdCompare::CreatedAt(leader_key(), state_.term)},
+      {{record_key(), record.SerializeAsString(), 0}}, {leader_key(), record_key()});
+  if (!txn.ok()) return txn.status();
+  if (txn->succeeded) {
+    record_revision_ = txn->revision;
+    saved_version_ = std::max(saved_version_, version);
+    return absl::OkStatus();
+  }
+  std::string holder = "nobody";
+  int64_t record_rev = 0;
+  for (const EtcdKeyValue& kv : txn->current) {
+    if (kv.key == leader_key()) holder = kv.value;
+    if (kv.key == record_key()) record_rev = kv.mod_revision;
+  }
+  const std::string why =
+      absl::StrCat("refused to write the run record: leader key held by ", holder,
+                   ", record at revision ", record_rev, " (this replica read ", record_revision_,
+                   ", term ", state_.term, ")");
+  StepDown(why);
+  return absl::FailedPreconditionError(why);
+}
+
+void Replica::Resign() {
+  if (state_.role == ReplicaRole::kLeader) {
+    (void)etcd_->Delete(leader_key(), EtcdCompare::CreatedAt(leader_key(), state_.term));
+  }
+  if (lease_ != 0) (void)etcd_->RevokeLease(lease_);
+  lease_ = 0;
+  lease_valid_until_ = absl::InfinitePast();
+  StepDown("resigned");
+}
+
+}  // namespace shoal::coordinator

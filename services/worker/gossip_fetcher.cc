@@ -1,0 +1,107 @@
+#include "services/worker/gossip_fetcher.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace shoal::worker {
+
+GossipFetcher::GossipFetcher(PeerClient* peers, std::string reader_id, const Clock* clock,
+                             CancellationToken* stop)
+    : peers_(peers),
+      reader_id_(std::move(reader_id)),
+      clock_(clock != nullptr ? clock : RealClock::Get()),
+      token_(stop) {}
+
+GossipFetcher::~GossipFetcher() {
+  token_.Cancel();
+  Join();
+}
+
+void GossipFetcher::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool GossipFetcher::Start(const std::string& peer_id, const std::string& address, uint64_t elements,
+                          absl::Duration timeout, std::shared_ptr<const GossipCopy> base) {
+  if (running_.load() || has_result_.load()) return false;
+  Join();
+  running_ = true;
+  thread_ = std::thread([this, peer_id, address, elements, timeout, base = std::move(base)] {
+    GossipFetchResult r = Fetch(peer_id, address, elements, timeout);
+    r.base = base;
+    result_ = std::move(r);
+    has_result_ = true;
+    running_ = false;
+  });
+  return true;
+}
+
+std::optional<GossipFetchResult> GossipFetcher::Take() {
+  if (running_.load() || !has_result_.load()) return std::nullopt;
+  Join();
+  has_result_ = false;
+  return std::move(result_);
+}
+
+GossipFetchResult GossipFetcher::FetchNow(const std::string& peer_id, const std::string& address,
+                                          uint64_t elements, absl::Duration timeout) {
+  return Fetch(peer_id, address, elements, timeout);
+}
+
+GossipFetchResult GossipFetcher::Fetch(const std::string& peer_id, const std::string& address,
+                                       uint64_t elements, absl::Duration timeout) {
+  GossipFetchResult r;
+  r.peer_id = peer_id;
+  r.address = address;
+  const absl::Time t0 = clock_->Now();
+  const absl::Time deadline = t0 + timeout;
+  auto fail = [&](absl::Status s) {
+    r.not_answering = absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s);
+    r.status = absl::Status(
+        s.code(), absl::StrCat("gossip fetch from ", peer_id, " (", address, "): ", s.message()));
+    r.took = clock_->Now() - t0;
+    return r;
+  };
+  // GetPeerInfo is tiny: at most 2 s of the budget, so that a peer that
+  // stopped answering (and a worker shutting down, which cannot cancel
+  // this call) waits no longer than that here.
+  absl::StatusOr<shoal::v1::PeerInfo> info =
+      peers_->Probe(address, std::min(timeout, absl::Seconds(2)));
+  if (!info.ok()) return fail(info.status());
+  if (info->gossip_publication() == 0) {
+    return fail(absl::FailedPreconditionError("the peer has published no model yet"));
+  }
+  if (info->total_elements() != elements) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the peer's model has ", info->total_elements(), " elements, this one ", elements)));
+  }
+  const absl::Duration left = deadline - clock_->Now();
+  if (left <= absl::ZeroDuration()) {
+    return fail(absl::DeadlineExceededError("no time left after GetPeerInfo"));
+  }
+  incoming_.resize(elements);
+  shoal::v1::ReadSliceRequest req;
+  req.set_kind(shoal::v1::GOSSIP);
+  req.set_round(info->gossip_publication());
+  req.set_begin(0);
+  req.set_end(elements);
+  req.set_reader_id(reader_id_);
+  float* dst = incoming_.data();
+  absl::Status s =
+      peers_->ReadSliceCancellable(address, req, left, &token_, [&](const ChunkView& v) {
+        v.CopyTo(dst + v.begin);
+        return true;
+      });
+  if (!s.ok()) return fail(s);
+  r.publication = info->gossip_publication();
+  r.peer_clock = info->gossip_clock();
+  r.peer_loss = info->gossip_loss();
+  r.peer_params = incoming_.data();
+  r.elements = elements;
+  r.took = clock_->Now() - t0;
+  return r;
+}
+
+}  // namespace shoal::worker
