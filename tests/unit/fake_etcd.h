@@ -44,6 +44,12 @@ class FakeEtcd : public EtcdClient {
     absl::MutexLock lock(&mu_);
     Write(key, value, 0);
   }
+  // The next transaction is applied but its caller is told the deadline
+  // passed (a member that commits after the client gave up).
+  void ApplyNextTxnButTimeOut() {
+    absl::MutexLock lock(&mu_);
+    time_out_next_txn_ = true;
+  }
   int calls() const {
     absl::MutexLock lock(&mu_);
     return calls_;
@@ -80,6 +86,10 @@ class FakeEtcd : public EtcdClient {
       }
     }
     r.revision = revision_;
+    if (time_out_next_txn_) {
+      time_out_next_txn_ = false;
+      return absl::DeadlineExceededError("fake etcd: deadline exceeded (applied anyway)");
+    }
     return r;
   }
 
@@ -172,6 +182,7 @@ class FakeEtcd : public EtcdClient {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_lease_ ABSL_GUARDED_BY(mu_) = 100;
+  bool time_out_next_txn_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, EtcdKeyValue> kv_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
 #undef RETURN_IF_DOWN

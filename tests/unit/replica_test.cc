@@ -98,6 +98,65 @@ TEST(ReplicaTest, RecordWritesCheckTheRevisionTheyRead) {
   EXPECT_EQ(stored.last_completed_round(), 7u);
 }
 
+// A write that timed out but that etcd applied (a member losing its raft
+// leader commits it after the client's deadline) is not another writer: the
+// leader keeps leading and writes on.
+TEST(ReplicaTest, WriteAppliedAfterItsDeadlineIsRecognisedAsOurOwn) {
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  ASSERT_TRUE(a.LoadRecord().ok());
+  ASSERT_TRUE(a.SaveRecord(Record(1), 1).ok());
+  etcd.ApplyNextTxnButTimeOut();
+  absl::Status timed_out = a.SaveRecord(Record(2), 2);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  // The engine writes again (the same record, or a newer one).
+  ASSERT_TRUE(a.SaveRecord(Record(2), 2).ok());
+  EXPECT_EQ(a.state().role, ReplicaRole::kLeader);
+  etcd.ApplyNextTxnButTimeOut();
+  EXPECT_FALSE(a.SaveRecord(Record(3), 3).ok());
+  ASSERT_TRUE(a.SaveRecord(Record(4), 4).ok());
+  EXPECT_EQ(a.state().role, ReplicaRole::kLeader);
+  auto kv = etcd.Get("/shoal/test/record");
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  shoal::v1::RunRecord stored;
+  ASSERT_TRUE(stored.ParseFromString((*kv)->value));
+  EXPECT_EQ(stored.last_completed_round(), 4u);
+  // A foreign write under our key is still refused.
+  etcd.PutRaw("/shoal/test/record", Record(9).SerializeAsString());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a.SaveRecord(Record(5), 5)));
+  EXPECT_EQ(a.state().role, ReplicaRole::kStandby);
+}
+
+// A replica that stepped down while its lease (and so the leader key) lived
+// on takes the key back instead of leaving the run without a leader; the
+// other replica keeps seeing it as the leader.
+TEST(ReplicaTest, ReplicaThatSteppedDownOnItsOwnKeyTakesItBack) {
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  Replica b(&etcd, Opts("b:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  const int64_t term = a.state().term;
+  ASSERT_TRUE(a.LoadRecord().ok());
+  etcd.PutRaw("/shoal/test/record", Record(9).SerializeAsString());
+  ASSERT_FALSE(a.SaveRecord(Record(1), 1).ok());
+  ASSERT_EQ(a.state().role, ReplicaRole::kStandby);
+  EXPECT_EQ(b.Step(), ReplicaEvent::kNone);
+  EXPECT_EQ(b.state().leader, "a:1");
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.Step(), ReplicaEvent::kElected);
+  EXPECT_EQ(a.state().term, term);
+  EXPECT_TRUE(a.CanStartRounds());
+  // It reads the record again (as the server does when elected) and writes on.
+  auto rec = a.LoadRecord();
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->last_completed_round(), 9u);
+  EXPECT_TRUE(a.SaveRecord(Record(10), 10).ok());
+  EXPECT_EQ(b.Step(), ReplicaEvent::kNone);
+}
+
 TEST(ReplicaTest, DeposedLeaderNeverOverwritesItsSuccessor) {
   FakeClock clock;
   FakeEtcd etcd(&clock);

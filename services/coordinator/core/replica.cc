@@ -84,12 +84,21 @@ ReplicaEvent Replica::Step() {
     return ReplicaEvent::kNone;
   }
   state_.etcd_error.clear();
+  int64_t term = txn->revision;
   if (!txn->succeeded) {
-    state_.leader = txn->current.empty() ? "" : txn->current.front().value;
-    return ReplicaEvent::kNone;
+    const EtcdKeyValue* holder = txn->current.empty() ? nullptr : &txn->current.front();
+    state_.leader = holder == nullptr ? "" : holder->value;
+    // The key on our own lease is ours: this replica stepped down (a record
+    // write it could not explain) while its lease, and so the key, lived on.
+    // Nobody else can take the key before the lease ends, so take it back
+    // in its own term instead of leaving the run without a leader.
+    if (holder == nullptr || holder->lease != lease_ || holder->value != options_.self) {
+      return ReplicaEvent::kNone;
+    }
+    term = holder->create_revision;
   }
   state_.role = ReplicaRole::kLeader;
-  state_.term = txn->revision;
+  state_.term = term;
   saved_version_ = 0;
   state_.leader = options_.self;
   SHOAL_LOG(INFO) << "replica: elected leader (term " << state_.term << ", lease " << lease_
@@ -124,21 +133,53 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t ve
     return absl::FailedPreconditionError("not the leader: the run record is not written");
   }
   if (version != 0 && version <= saved_version_) return absl::OkStatus();
-  absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
-      {EtcdCompare::ModifiedAt(record_key(), record_revision_),
-       EtcdCompare::CreatedAt(leader_key(), state_.term)},
-      {{record_key(), record.SerializeAsString(), 0}}, {leader_key(), record_key()});
-  if (!txn.ok()) return txn.status();
-  if (txn->succeeded) {
-    record_revision_ = txn->revision;
-    saved_version_ = std::max(saved_version_, version);
-    return absl::OkStatus();
-  }
+  const std::string bytes = record.SerializeAsString();
   std::string holder = "nobody";
   int64_t record_rev = 0;
-  for (const EtcdKeyValue& kv : txn->current) {
-    if (kv.key == leader_key()) holder = kv.value;
-    if (kv.key == record_key()) record_rev = kv.mod_revision;
+  // At most two tries: the second after recognising our own earlier write.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
+        {EtcdCompare::ModifiedAt(record_key(), record_revision_),
+         EtcdCompare::CreatedAt(leader_key(), state_.term)},
+        {{record_key(), bytes, 0}}, {leader_key(), record_key()});
+    if (!txn.ok()) {
+      // Deadline passed or the member went away mid-call: etcd may still
+      // apply it (a member that lost its raft leader commits it later).
+      unconfirmed_write_ = bytes;
+      return txn.status();
+    }
+    if (txn->succeeded) {
+      unconfirmed_write_.clear();
+      record_revision_ = txn->revision;
+      saved_version_ = std::max(saved_version_, version);
+      return absl::OkStatus();
+    }
+    bool our_term = false;
+    const EtcdKeyValue* stored = nullptr;
+    for (const EtcdKeyValue& kv : txn->current) {
+      if (kv.key == leader_key()) {
+        holder = kv.value;
+        our_term = kv.create_revision == state_.term;
+      }
+      if (kv.key == record_key()) {
+        record_rev = kv.mod_revision;
+        stored = &kv;
+      }
+    }
+    // Only the leader of the term writes the record, so a newer record
+    // under our own leader key holding exactly the bytes of our unconfirmed
+    // write is that write, applied after its deadline: adopt its revision.
+    const bool ours = our_term && stored != nullptr && !unconfirmed_write_.empty() &&
+                      stored->value == unconfirmed_write_;
+    if (!ours) break;
+    SHOAL_LOG(INFO) << "replica: the run record write that timed out was applied (revision "
+                    << record_rev << "); writing on from there";
+    unconfirmed_write_.clear();
+    record_revision_ = record_rev;
+    if (stored->value == bytes) {
+      saved_version_ = std::max(saved_version_, version);
+      return absl::OkStatus();
+    }
   }
   const std::string why =
       absl::StrCat("refused to write the run record: leader key held by ", holder,

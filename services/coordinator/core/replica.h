@@ -87,6 +87,9 @@ class Replica {
   // nobody wrote the record since it last read or wrote it.
   // FAILED_PRECONDITION (and the replica steps down) when either check
   // fails; UNAVAILABLE / DEADLINE_EXCEEDED when etcd cannot be reached.
+  // A write whose outcome was unknown and that etcd did apply is recognised
+  // on the next write (the leader key is still of this term and the record
+  // holds exactly those bytes) and is not mistaken for another writer.
   // `version` (the engine's record_version, 0 = unversioned): a version at
   // or below one already written is not written again (OK), so that a
   // slower writer never replaces a newer record with an older one.
@@ -115,6 +118,10 @@ class Replica {
   int64_t record_revision_ = 0;
   // Highest record version written under the current term.
   uint64_t saved_version_ = 0;
+  // Bytes of the last record write whose outcome is unknown (its deadline
+  // passed or the member went away mid-call: etcd may still have applied
+  // it); "" when the last write's outcome is known.
+  std::string unconfirmed_write_;
 };
 
 }  // namespace shoal::coordinator
