@@ -166,6 +166,9 @@ void CoordinatorServer::Promote() {
   owned_services_.push_back(std::make_unique<CoordinatorService>(
       engine, clock_, [this, engine] { (void)PersistToEtcd(engine); }));
   CoordinatorService* service = owned_services_.back().get();
+  // A TorchScript run: this replica serves the file it was started with;
+  // workers check every byte against the run's digest.
+  service->SetModelFile(options_.model_file, eo.config.model_file_sha256());
   shoal::v1::RunStatus extra;
   extra.set_replica_role("leader");
   extra.set_leader(options_.advertise);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/run_options.h"
+#include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
 #include "services/coordinator/replica_front.h"
 
@@ -95,9 +96,18 @@ constexpr uint32_t kMaxStalenessLimit = 1000;
 }  // namespace
 
 absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
-  if (c.model() != "mlp" && c.model() != "cnn") {
+  if (c.model() != "mlp" && c.model() != "cnn" && c.model() != "torchscript") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--model must be 'mlp' or 'cnn', got '", c.model(), "'"));
+        absl::StrCat("--model must be 'mlp', 'cnn' or 'torchscript:PATH', got '", c.model(), "'"));
+  }
+  if ((c.model() == "torchscript") != !c.model_file_sha256().empty()) {
+    return absl::InvalidArgumentError(
+        "a TorchScript model needs its file's SHA-256, and only a TorchScript model has one");
+  }
+  if (!c.optimizer().empty() && c.optimizer() != "sgd" && c.optimizer() != "adam" &&
+      c.optimizer() != "adamw") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer must be 'sgd', 'adam' or 'adamw', got '", c.optimizer(), "'"));
   }
   if (!(c.learning_rate() > 0)) return absl::InvalidArgumentError("--learning_rate must be > 0");
   if (c.momentum() < 0 || c.momentum() >= 1) {
@@ -183,6 +193,7 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::s
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorOptions options, const Clock* clock) {
   if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
+
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->clock_ = clock;
   if (!options.etcd.empty()) {
@@ -253,11 +264,21 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
       options.engine.resume = r;
     }
   }
+  if (const auto& c = options.engine.config; c.model() == "torchscript") {
+    const std::string got = Sha256Hex(options.model_file.data(), options.model_file.size());
+    if (got != c.model_file_sha256() || options.model_file.size() != c.model_file_bytes()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the model file (", options.model_file.size(), " bytes, SHA-256 ", got,
+                       ") does not match the run's (SHA-256 ", c.model_file_sha256(),
+                       "): a resumed run keeps its model file"));
+    }
+  }
   owned_engines_.push_back(std::make_unique<RoundEngine>(options.engine, clock_));
   RoundEngine* engine = owned_engines_.back().get();
   owned_services_.push_back(
       std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
   CoordinatorService* service = owned_services_.back().get();
+  service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
   {
     absl::MutexLock lock(&active_mu_);
     engine_ = engine;

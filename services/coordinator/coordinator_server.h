@@ -29,6 +29,9 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Milliseconds(250);
   // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
   std::string metrics_listen;
+  // config.model() == "torchscript": the file's bytes (their SHA-256 is
+  // config.model_file_sha256(), checked by Start), served by GetModelFile.
+  std::string model_file;
   // Replicas (docs/REPLICAS.md): etcd members ("host:port"); empty = a
   // single coordinator (--state_dir). Exclusive with state_dir.
   std::vector<std::string> etcd;

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/status_util.h"
 
 namespace shoal::coordinator {
@@ -394,6 +395,17 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
                                 request->reason().empty() ? "left" : request->reason()));
   }
   reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetModelFile(
+    grpc::CallbackServerContext* ctx, const shoal::v1::GetModelFileRequest* request,
+    shoal::v1::ModelFileChunk* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<shoal::v1::ModelFileChunk> piece =
+      ServeModelFilePiece(model_file_, model_file_sha256_, *request);
+  if (piece.ok()) *response = std::move(*piece);
+  reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
 }
 

@@ -39,7 +39,8 @@ using CoordinatorServiceBase = shoal::v1::Coordinator::WithCallbackMethod_Join<
                         shoal::v1::Coordinator::WithCallbackMethod_ReportCheckpoint<
                             shoal::v1::Coordinator::WithCallbackMethod_Leave<
                                 shoal::v1::Coordinator::WithRawCallbackMethod_GetRunStatus<
-                                    shoal::v1::Coordinator::Service>>>>>>>>>;
+                                    shoal::v1::Coordinator::WithCallbackMethod_GetModelFile<
+                                        shoal::v1::Coordinator::Service>>>>>>>>>>;
 
 // Thread-safe. Owns the registry of open session streams.
 class CoordinatorService final : public CoordinatorServiceBase {
@@ -80,6 +81,16 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* GetRunStatus(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
+  // Pieces of the run's TorchScript file (SetModelFile); the fallback
+  // source: workers ask peers that hold it first.
+  grpc::ServerUnaryReactor* GetModelFile(grpc::CallbackServerContext* ctx,
+                                         const shoal::v1::GetModelFileRequest* request,
+                                         shoal::v1::ModelFileChunk* response) override;
+  // The run's model file and its SHA-256 (hex); set once, before serving.
+  void SetModelFile(std::string bytes, std::string sha256) {
+    model_file_ = std::move(bytes);
+    model_file_sha256_ = std::move(sha256);
+  }
 
   // Fields merged into every GetRunStatus answer (a replica's role and
   // leader, --etcd). Set before the service is reachable.
@@ -118,6 +129,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // instead of each taking the engine lock for an O(members) build.
   absl::Mutex status_mu_;
   VersionedCache<grpc::ByteBuffer> status_cache_ ABSL_GUARDED_BY(status_mu_){kStatusMaxAge};
+  // Immutable once the server serves.
+  std::string model_file_;
+  std::string model_file_sha256_;
 };
 
 }  // namespace shoal::coordinator

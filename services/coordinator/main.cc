@@ -1,19 +1,26 @@
 // shoal-coordinator: membership, rounds, shard plans and run status.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/mutex_mode.h"
+#include "common/sha256.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
+#include "services/worker/core/torchscript_model.h"
 #include "services/coordinator/core/gossip_status.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -22,7 +29,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port); "
           "empty = off.");
 ABSL_FLAG(std::string, run_id, "", "Run id; empty generates one (run-<time>-<random>).");
-ABSL_FLAG(std::string, model, "mlp", "Model architecture every worker builds: mlp or cnn.");
+ABSL_FLAG(std::string, model, "mlp",
+          "Model every worker trains: mlp or cnn (built in), or torchscript:PATH (a file written "
+          "by torch.jit.script(model).save(PATH); checked here at start, served to the workers, "
+          "which verify its SHA-256).");
+ABSL_FLAG(std::string, optimizer, "sgd",
+          "Local optimizer of every worker: sgd (with --momentum), adam or adamw (state stays "
+          "local).");
+ABSL_FLAG(std::string, input_shape, "1,28,28",
+          "Shape of one input image (channels,height,width) a --model=torchscript:PATH file is "
+          "checked with; workers refuse a dataset of another shape.");
 ABSL_FLAG(double, learning_rate, 0.05, "SGD learning rate.");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum (the momentum buffer stays local).");
 ABSL_FLAG(uint32_t, batch_size, 64, "Mini-batch size of local SGD.");
@@ -172,6 +188,51 @@ int main(int argc, char** argv) {
   engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
   auto& c = engine.config;
   c.set_model(absl::GetFlag(FLAGS_model));
+  c.set_optimizer(absl::GetFlag(FLAGS_optimizer));
+  if (absl::StartsWith(c.model(), "torchscript:")) {
+    const std::string path = c.model().substr(strlen("torchscript:"));
+    std::vector<int64_t> shape;
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_input_shape), ',')) {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > 65536) {
+        SHOAL_LOG(ERROR) << "--input_shape must be channels,height,width (positive integers), got '"
+                         << absl::GetFlag(FLAGS_input_shape) << "'";
+        return 2;
+      }
+      shape.push_back(v);
+    }
+    if (shape.size() != 3) {
+      SHOAL_LOG(ERROR) << "--input_shape must have 3 numbers (channels,height,width)";
+      return 2;
+    }
+    absl::StatusOr<std::string> bytes = shoal::worker::ReadModelFile(path);
+    if (!bytes.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: --model=torchscript:" << path << ": "
+                       << bytes.status().message();
+      return 2;
+    }
+    if (bytes->size() > shoal::kMaxModelFileBytes) {
+      SHOAL_LOG(ERROR) << "cannot start: " << path << " has " << bytes->size()
+                       << " bytes, more than the limit of " << shoal::kMaxModelFileBytes;
+      return 2;
+    }
+    absl::StatusOr<shoal::worker::TorchScriptSummary> summary =
+        shoal::worker::CheckTorchScriptModel(*bytes, shape, path);
+    if (!summary.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: " << summary.status().message();
+      return 2;
+    }
+    c.set_model("torchscript");
+    c.set_model_file_sha256(shoal::Sha256Hex(bytes->data(), bytes->size()));
+    c.set_model_file_bytes(bytes->size());
+    for (int64_t v : shape) c.add_input_shape(static_cast<uint32_t>(v));
+    SHOAL_LOG(INFO) << "TorchScript model " << path << ": " << bytes->size() << " bytes, SHA-256 "
+                    << c.model_file_sha256() << ", " << summary->parameter_tensors
+                    << " trainable tensors (" << summary->parameters << " parameters), "
+                    << summary->float_buffers << " float buffers, " << summary->integer_buffers
+                    << " integer buffers, " << summary->output_shape.back() << " outputs";
+    options.model_file = std::move(*bytes);
+  }
   c.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
   c.set_momentum(absl::GetFlag(FLAGS_momentum));
   c.set_batch_size(absl::GetFlag(FLAGS_batch_size));

@@ -22,6 +22,12 @@ ABSL_FLAG(std::string, advertise, "",
           "Address peers use to reach this worker; empty = the listen host with the bound port.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Directory with the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist).");
+ABSL_FLAG(std::string, dataset, "",
+          "Dataset: empty or fashion-mnist (the IDX files in --data_dir), idx:DIR (any "
+          "MNIST-family quadruple train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+          "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]) or npy:DIR "
+          "(train_images.npy, train_labels.npy, test_images.npy, test_labels.npy: uint8 images "
+          "[N, H, W], integer labels [N]). Checked at start.");
 ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
 ABSL_FLAG(double, upload_rate_mbps, 0,
           "Caps how fast this worker serves its model to peers, in megabits per second, over "
@@ -59,6 +65,7 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.dataset = absl::GetFlag(FLAGS_dataset);
   options.name = absl::GetFlag(FLAGS_name);
   options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   options.upload_rate_mbps = absl::GetFlag(FLAGS_upload_rate_mbps);

@@ -12,6 +12,7 @@
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
 
@@ -44,8 +45,9 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
  public:
   ReadSliceReactor(const ModelState* state, RateLimiter* limiter, const PeerServiceOptions& options,
                    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
-                   bool corrupt)
-      : state_(state),
+                   bool corrupt, PeerSentBytes* sent)
+      : sent_(sent),
+        state_(state),
         limiter_(limiter),
         ctx_(ctx),
         corrupt_(corrupt),
@@ -105,6 +107,10 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // gRPC reactions
   void OnWriteDone(bool ok) override {
     buffer_.Clear();  // our reference to the lent slice
+    if (ok) {
+      (snapshot_ ? sent_->snapshot : sent_->exchange)
+          .fetch_add(writing_bytes_, std::memory_order_relaxed);
+    }
     {
       absl::MutexLock lock(&mu_);
       write_pending_ = false;
@@ -305,6 +311,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
           const_cast<ModelState*>(state_));
     }
     next_ += count;
+    writing_bytes_ = bytes;
     {
       absl::MutexLock lock(&mu_);
       write_pending_ = true;
@@ -322,6 +329,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     Finish(std::move(status));
   }
 
+  PeerSentBytes* const sent_;
+  uint64_t writing_bytes_ = 0;  // of the write in flight (one at a time)
   const ModelState* const state_;
   RateLimiter* const limiter_;
   grpc::CallbackServerContext* const ctx_;
@@ -454,7 +463,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
     return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load());
   }
   return new ReadSliceReactor(state_, limiter_, options_, ctx, request,
-                              corrupt_for_testing_.load());
+                              corrupt_for_testing_.load(), &sent_);
 }
 
 grpc::ServerUnaryReactor* PeerService::GetManifest(
@@ -520,6 +529,26 @@ grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* 
     }
   }
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext* ctx,
+                                                    const shoal::v1::GetModelFileRequest* request,
+                                                    shoal::v1::ModelFileChunk* response) {
+  auto* reactor = ctx->DefaultReactor();
+  std::shared_ptr<const ModelFileCopy> file;
+  {
+    absl::MutexLock lock(&file_mu_);
+    file = model_file_;
+  }
+  absl::StatusOr<shoal::v1::ModelFileChunk> piece =
+      file == nullptr ? absl::NotFoundError("this worker does not hold the run's model file (yet)")
+                      : ServeModelFilePiece(file->bytes, file->sha256, *request);
+  if (piece.ok()) {
+    sent_.model_file.fetch_add(piece->data().size(), std::memory_order_relaxed);
+    *response = std::move(*piece);
+  }
+  reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
 }
 

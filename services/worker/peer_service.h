@@ -17,7 +17,10 @@
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 
 #include <atomic>
+#include <memory>
+#include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/rate_limiter.h"
@@ -35,6 +38,15 @@ struct PeerServiceOptions {
   // Time source of the park deadlines (the real clock when null); gRPC's
   // alarms fire the same distance ahead on wall-clock time.
   const Clock* clock = nullptr;
+};
+
+// Bytes this worker's Peer service handed to gRPC and saw written, by what
+// was read (counted per chunk with one relaxed atomic add; the worker turns
+// them into Prometheus counters once per action).
+struct PeerSentBytes {
+  std::atomic<uint64_t> exchange{0};    // CONTRIBUTION and AVERAGED slices
+  std::atomic<uint64_t> snapshot{0};    // SNAPSHOT reads (catch-ups, late joins)
+  std::atomic<uint64_t> model_file{0};  // GetModelFile pieces
 };
 
 // Thread-safe (state lives in ModelState).
@@ -66,10 +78,23 @@ class PeerService final
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* ctx,
                                         const shoal::v1::GetModelManifestRequest* request,
                                         shoal::v1::ModelManifest* response) override;
+  // The run's TorchScript file once SetModelFile gave it (NOT_FOUND before).
+  grpc::ServerUnaryReactor* GetModelFile(grpc::CallbackServerContext* ctx,
+                                         const shoal::v1::GetModelFileRequest* request,
+                                         shoal::v1::ModelFileChunk* response) override;
+  // The verified model file this worker serves to workers joining later.
+  void SetModelFile(std::string bytes, std::string sha256) {
+    auto file =
+        std::make_shared<const ModelFileCopy>(ModelFileCopy{std::move(bytes), std::move(sha256)});
+    absl::MutexLock lock(&file_mu_);
+    model_file_ = std::move(file);
+  }
 
   // Test hook (fault injection only, never set by the worker): SNAPSHOT
   // reads serve bytes that differ from the model but carry a valid CRC-32C,
   // so only the manifest's digests can catch them.
+  const PeerSentBytes& sent() const { return sent_; }
+
   void set_corrupt_for_testing(bool corrupt) { corrupt_for_testing_ = corrupt; }
 
   // Gossip mode: GOSSIP reads are served from `board` (whole published
@@ -89,6 +114,13 @@ class PeerService final
   const PeerServiceOptions options_;
   std::atomic<bool> corrupt_for_testing_{false};
   const EncodedStore* encoded_ = nullptr;
+  PeerSentBytes sent_;
+  struct ModelFileCopy {
+    std::string bytes;
+    std::string sha256;
+  };
+  absl::Mutex file_mu_;
+  std::shared_ptr<const ModelFileCopy> model_file_ ABSL_GUARDED_BY(file_mu_);
   std::atomic<const GossipBoard*> gossip_board_{nullptr};
   std::atomic<GossipFault> gossip_fault_{GossipFault::kNone};
 };

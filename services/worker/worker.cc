@@ -1,6 +1,7 @@
 #include "services/worker/worker.h"
 
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -8,12 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
+#include "services/worker/core/dataset.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+#include "shoal/v1/peer.grpc.pb.h"
 #include "services/worker/core/gossip_policy.h"
 #include "services/worker/gossip_fetcher.h"
 
@@ -58,6 +64,18 @@ struct WorkerMetrics {
       Metrics::Counter("shoal_exchanges_total", "Exchanges by result.", {{"result", "error"}});
   MetricCounter received_bytes = Metrics::Counter("shoal_exchange_received_bytes_total",
                                                   "Model bytes received from peers in exchanges.");
+  MetricCounter sent_exchange = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "exchange"}});
+  MetricCounter sent_snapshot = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "snapshot"}});
+  MetricCounter sent_model_file = Metrics::Counter(
+      "shoal_peer_sent_bytes_total",
+      "Model bytes this worker served to peers (written to their streams), by what was read.",
+      {{"kind", "model_file"}});
   MetricCounter retries = Metrics::Counter("shoal_exchange_retries_total",
                                            "Slice reads retried (resumed) during exchanges.");
   MetricHistogram catchup_seconds = Metrics::Histogram(
@@ -95,7 +113,7 @@ Worker::Worker(Options options)
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
-  absl::StatusOr<FashionMnist> data = LoadFashionMnist(w->options_.data_dir);
+  absl::StatusOr<FashionMnist> data = LoadDataset(w->options_.dataset, w->options_.data_dir);
   if (!data.ok()) return data.status();
   w->data_ = std::move(*data);
   w->state_ = std::make_unique<ModelState>();
@@ -181,6 +199,11 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.data_rank = joined.data_rank();
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
+  if (joined.config().model() == "torchscript") {
+    absl::StatusOr<std::string> file = FetchRunModelFile(joined);
+    if (!file.ok()) return file.status();
+    topts.model_file = std::move(*file);
+  }
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
   if (!trainer.ok()) return trainer.status();
   const shoal::v1::RunConfig& config = joined.config();
@@ -192,6 +215,10 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   if (!split.ok()) return split.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
+  if (!topts.model_file.empty()) {
+    // Workers joining later read it from here rather than the coordinator.
+    peer_service_->SetModelFile(std::move(topts.model_file), joined.config().model_file_sha256());
+  }
   const uint64_t n = trainer_->num_elements();
   state_->Bind(trainer_->parameters(), n, joined.config().model());
   // Peers catching up pull (and verify) the model layer by layer.
@@ -228,6 +255,67 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                                                  : config.outer_optimizer())
                               : std::string());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinResponse& joined) {
+  const shoal::v1::RunConfig& c = joined.config();
+  // Members that hold the file (they opened their session after verifying
+  // it), else members that hold the model (so the file too).
+  std::vector<std::string> holders;
+  for (const auto* list : {&joined.model_file_holders(), &joined.holders()}) {
+    for (const std::string& h : *list) {
+      if (h != advertise_ && std::find(holders.begin(), holders.end(), h) == holders.end()) {
+        holders.push_back(h);
+      }
+    }
+    if (!holders.empty()) break;
+  }
+  std::shuffle(holders.begin(), holders.end(), std::mt19937(std::random_device{}()));
+  if (holders.size() > 3) holders.resize(3);
+  const absl::Duration timeout = options_.rpc_timeout;
+  std::vector<ModelFileSource> sources;
+  for (const std::string& h : holders) {
+    auto stub = std::shared_ptr<shoal::v1::Peer::Stub>(shoal::v1::Peer::NewStub(MakeChannel(h)));
+    sources.push_back({absl::StrCat("peer ", h),
+                       [stub, timeout](const shoal::v1::GetModelFileRequest& r)
+                           -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+                         grpc::ClientContext ctx;
+                         ctx.set_deadline(DeadlineIn(timeout));
+                         shoal::v1::ModelFileChunk out;
+                         grpc::Status s = stub->GetModelFile(&ctx, r, &out);
+                         if (!s.ok()) return FromGrpcStatus(s);
+                         return out;
+                       }});
+  }
+  auto coord = std::shared_ptr<shoal::v1::Coordinator::Stub>(
+      shoal::v1::Coordinator::NewStub(MakeChannel(options_.coordinator)));
+  sources.push_back({absl::StrCat("coordinator ", options_.coordinator),
+                     [coord, timeout](const shoal::v1::GetModelFileRequest& r)
+                         -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+                       grpc::ClientContext ctx;
+                       ctx.set_deadline(DeadlineIn(timeout));
+                       shoal::v1::ModelFileChunk out;
+                       grpc::Status s = coord->GetModelFile(&ctx, r, &out);
+                       if (!s.ok()) return FromGrpcStatus(s);
+                       return out;
+                     }});
+  const absl::Time start = clock_->Now();
+  uint64_t next_log = 16u << 20;
+  auto progress = [&](uint64_t done, uint64_t total, const std::string& from) {
+    if (done < next_log && done < total) return;
+    next_log = done + (16u << 20);
+    const double secs = std::max(1e-3, absl::ToDoubleSeconds(clock_->Now() - start));
+    const double rate = done / secs;
+    SHOAL_LOG(INFO) << absl::StrFormat(
+        "model file: %.1f of %.1f MiB from %s, %.1f MiB/s, %.0f s left", done / 1048576.0,
+        total / 1048576.0, from, rate / 1048576.0, (total - done) / std::max(rate, 1.0));
+  };
+  absl::StatusOr<FetchedModelFile> file =
+      FetchModelFile(sources, c.model_file_sha256(), c.model_file_bytes(), progress);
+  if (!file.ok()) return file.status();
+  SHOAL_LOG(INFO) << "model file " << c.model_file_sha256().substr(0, 12) << " ("
+                  << file->bytes.size() << " bytes) from " << file->source << ", SHA-256 verified";
+  return std::move(file->bytes);
 }
 
 std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
@@ -363,6 +451,18 @@ std::optional<absl::Status> Worker::Execute(Actions actions) {
 
 std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
   SHOAL_VLOG(2) << "action " << ActionName(a.kind) << " round " << a.round;
+  if (metrics_ != nullptr) {  // bytes served since the last action
+    const PeerSentBytes& sent = peer_service_->sent();
+    const uint64_t now[3] = {sent.exchange.load(std::memory_order_relaxed),
+                             sent.snapshot.load(std::memory_order_relaxed),
+                             sent.model_file.load(std::memory_order_relaxed)};
+    const MetricCounter* counters[3] = {&M().sent_exchange, &M().sent_snapshot,
+                                        &M().sent_model_file};
+    for (int i = 0; i < 3; ++i) {
+      counters[i]->Add(static_cast<double>(now[i] - sent_reported_[i]));
+      sent_reported_[i] = now[i];
+    }
+  }
   switch (a.kind) {
     case Action::kJoin:
       return JoinWithRetry(a);

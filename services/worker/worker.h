@@ -57,6 +57,8 @@ struct WorkerOptions {
   // Address peers use to reach us; empty = the listen host and bound port.
   std::string advertise;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  // --dataset: "" (Fashion-MNIST in data_dir), "idx:DIR" or "npy:DIR" (core/dataset.h).
+  std::string dataset;
   std::string name;
   int torch_threads = 1;
   // Caps the bytes per second this worker serves to peers (0 = no cap).
@@ -118,6 +120,11 @@ class Worker {
   // then the response's actions; the first join also builds the model.
   std::optional<absl::Status> JoinWithRetry(const Action& join);
   absl::Status BuildModel(const shoal::v1::JoinResponse& joined);
+  // A TorchScript run's model file: from up to 3 holders of the model
+  // (random order), then the coordinator; verified against its SHA-256.
+  absl::StatusOr<std::string> FetchRunModelFile(const shoal::v1::JoinResponse& joined);
+  // PeerService::sent() already added to the Prometheus counters.
+  uint64_t sent_reported_[3] = {0, 0, 0};
   absl::Status OpenSession();
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);

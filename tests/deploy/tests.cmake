@@ -11,3 +11,8 @@ add_test(NAME ComposeFiles
   COMMAND ${SHOAL_DEPLOY_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/validate_compose.py
     --repo=${PROJECT_SOURCE_DIR} --bin_dir=${CMAKE_BINARY_DIR}/bin)
 set_tests_properties(K8sManifests ComposeFiles PROPERTIES LABELS unit TIMEOUT 300)
+# The Grafana dashboard queries only metrics docs/OPERATIONS.md lists.
+add_test(NAME GrafanaDashboard
+  COMMAND ${SHOAL_DEPLOY_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/validate_dashboard.py
+    --repo=${PROJECT_SOURCE_DIR})
+set_tests_properties(GrafanaDashboard PROPERTIES LABELS unit TIMEOUT 60)

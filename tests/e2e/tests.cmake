@@ -26,6 +26,11 @@ add_dependencies(tls_e2e_test shoal-coordinator shoal-worker shoal-checkpoint sh
 # Compressed exchanges and the outer optimizer (issue 16).
 shoal_test(compress_test e2e e2e/compress_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(compress_test shoal-coordinator shoal-worker shoalctl)
+# The example TorchScript CNN trained by 3 workers; export loaded in Python (issue 15).
+shoal_test(torchscript_run_test e2e e2e/torchscript_run_test.cc LIBS shoal_protos shoal_common
+  SERIAL)
+target_compile_definitions(torchscript_run_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(torchscript_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 # Gossip mode (issue 11): 4 workers to 0.85 without rounds; kill -9 and a late joiner.
 shoal_test(gossip_test e2e e2e/gossip_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)

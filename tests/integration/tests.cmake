@@ -24,6 +24,10 @@ target_link_libraries(reflection_test PRIVATE test_coordinator checkpoint_servic
 # TLS with certificates from scripts/make-certs.sh (the real openssl).
 shoal_test(tls_test integration ${CMAKE_CURRENT_LIST_DIR}/tls_test.cc LIBS checkpoint_service)
 target_compile_definitions(tls_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# Writes its .pt files with Debian's python3-torch; runs shoal-coordinator.
+shoal_test(torchscript_test integration ${CMAKE_CURRENT_LIST_DIR}/torchscript_test.cc
+  LIBS worker_trainer worker_torchscript)
+target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # Gossip mode between real peers: whole-model fetches, corrupt / truncated
 # transfers, a peer that stops answering.
 shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc

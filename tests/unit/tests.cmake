@@ -46,6 +46,8 @@ target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
+shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
+shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)
 # Gossip mode's pure parts (worker and coordinator side).
 shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.cc
   LIBS worker_core coordinator_core)

@@ -278,6 +278,8 @@ class RoundEngine {
   std::vector<std::string> Holders() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the member holds the run's agreed model (no catch-up).
   bool HoldsAgreedModel(const Member& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins answered with model file holders (rotates the holders offered).
+  uint64_t joins_for_file_ ABSL_GUARDED_BY(mu_) = 0;
   // RoundStart of the current round; `with_holders` lists the holders of
   // its base model (O(N)), which only a worker without it needs.
   shoal::v1::CoordinatorMessage RoundStartMessage(bool with_holders) const

@@ -142,6 +142,19 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   }
   r.set_checkpoint_id(checkpoint_id_);
   r.set_checkpoint_round(checkpoint_round_);
+  if (!options_.config.model_file_sha256().empty()) {
+    // Spread the file's readers over the members: a window of 8 starting at
+    // a place that moves with every join.
+    std::vector<const std::string*> open;
+    for (const auto& [id, m] : members_) {
+      if (m.connected && m.address != member->address) open.push_back(&m.address);
+    }
+    const size_t n = std::min<size_t>(open.size(), 8);
+    for (size_t i = 0; i < n; ++i) {
+      r.add_model_file_holders(*open[(joins_for_file_ + i) % open.size()]);
+    }
+    ++joins_for_file_;
+  }
   return result;
 }
 

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/sha256.h"
+#include "services/worker/core/torchscript_module.h"
 
 namespace shoal::worker {
 namespace {
@@ -68,13 +71,23 @@ torch::Tensor Labels(const ImageSet& set, const std::vector<int64_t>& rows) {
 
 }  // namespace
 
+// An integer buffer of a TorchScript module mirrored as float32 elements of
+// the flat buffer.
+struct MirroredBuffer {
+  torch::Tensor tensor;
+  int64_t offset = 0;
+};
+
 struct Trainer::Impl {
   TrainerOptions options;
-  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<torch::nn::Module> module;  // mlp, cnn
+  std::optional<torch::jit::Module> script;   // torchscript
   std::function<torch::Tensor(torch::Tensor)> forward;
+  std::function<void(bool)> set_training;
   torch::Tensor flat;
   std::vector<LayerInfo> layers;
-  std::unique_ptr<torch::optim::SGD> optimizer;
+  std::vector<MirroredBuffer> mirrored;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
   torch::Tensor train_x, train_y, test_x, test_y;
   std::vector<int64_t> order;
   size_t cursor = 0;
@@ -93,36 +106,130 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   // Same seed, same module construction order: identical initial models on
   // every worker of the run, with no transfer.
   torch::manual_seed(config.seed());
-  if (config.model() == "mlp") {
-    auto m = std::make_shared<MlpImpl>();
-    impl->forward = [m](torch::Tensor x) { return m->forward(x); };
-    impl->module = m;
-  } else if (config.model() == "cnn") {
-    auto m = std::make_shared<CnnImpl>();
-    impl->forward = [m](torch::Tensor x) { return m->forward(x); };
-    impl->module = m;
+  // (name, tensor) of everything the flat buffer holds, in order; trainable
+  // ones first.
+  std::vector<std::pair<std::string, torch::Tensor>> params, float_buffers, int_buffers;
+  if (config.model() == "mlp" || config.model() == "cnn") {
+    if (config.model() == "mlp") {
+      auto m = std::make_shared<MlpImpl>();
+      impl->forward = [m](torch::Tensor x) { return m->forward(x); };
+      impl->module = m;
+    } else {
+      auto m = std::make_shared<CnnImpl>();
+      impl->forward = [m](torch::Tensor x) { return m->forward(x); };
+      impl->module = m;
+    }
+    if (data->train.rows != 28 || data->train.cols != 28) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the built-in models take 28 x 28 images, the dataset has ", data->train.rows, " x ",
+          data->train.cols, "; bring a model for them with --model=torchscript:PATH"));
+    }
+    for (const ImageSet* set : {&data->train, &data->test}) {
+      for (uint8_t l : set->labels) {
+        if (l > 9) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the built-in models have 10 classes, the dataset has label ", int{l},
+              "; bring a model for it with --model=torchscript:PATH"));
+        }
+      }
+    }
+    torch::nn::Module* m = impl->module.get();
+    impl->set_training = [m](bool on) { m->train(on); };
+    for (const auto& item : impl->module->named_parameters()) {
+      params.emplace_back(item.key(), item.value());
+    }
+  } else if (config.model() == "torchscript") {
+    const std::vector<int64_t> input_shape = {1, data->train.rows, data->train.cols};
+    if (config.input_shape_size() > 0) {
+      std::vector<int64_t> want(config.input_shape().begin(), config.input_shape().end());
+      if (want != input_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the run's model takes images of shape [", absl::StrJoin(want, ", "),
+            "] but this worker's dataset has [", absl::StrJoin(input_shape, ", "), "]"));
+      }
+    }
+    TorchScriptSummary summary;
+    absl::StatusOr<torch::jit::Module> script = LoadTorchScriptModule(
+        options.model_file, input_shape, "the run's TorchScript model", &summary);
+    if (!script.ok()) return script.status();
+    impl->script = std::move(*script);
+    torch::jit::Module* m = &*impl->script;
+    impl->forward = [m](torch::Tensor x) { return m->forward({x}).toTensor(); };
+    impl->set_training = [m](bool on) { m->train(on); };
+    for (const auto& p : m->named_parameters(/*recurse=*/true)) {
+      if (p.value.requires_grad()) params.emplace_back(p.name, p.value);
+    }
+    // Frozen parameters travel like buffers (averaged, never stepped).
+    for (const auto& p : m->named_parameters(/*recurse=*/true)) {
+      if (!p.value.requires_grad()) float_buffers.emplace_back(p.name, p.value);
+    }
+    for (const auto& b : m->named_buffers(/*recurse=*/true)) {
+      if (b.value.scalar_type() == torch::kFloat32) {
+        float_buffers.emplace_back(b.name, b.value);
+      } else {
+        int_buffers.emplace_back(b.name, b.value);
+      }
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model(), "'"));
   }
 
-  // Move every parameter into one flat buffer and make it a view of it.
+  // Move every parameter and float buffer into one flat buffer and make it
+  // a view of it; integer buffers get float32 mirrors at the end.
   int64_t total = 0;
-  for (const auto& p : impl->module->parameters()) total += p.numel();
+  for (const auto* list : {&params, &float_buffers, &int_buffers}) {
+    for (const auto& [name, t] : *list) total += t.numel();
+  }
   impl->flat = torch::empty({total}, torch::kFloat32);
   int64_t offset = 0;
-  for (const auto& item : impl->module->named_parameters()) {
-    torch::Tensor p = item.value();
-    const int64_t n = p.numel();
-    torch::Tensor view = impl->flat.narrow(0, offset, n);
-    view.copy_(p.detach().reshape({n}));
-    p.set_data(view.view(p.sizes()));
-    impl->layers.push_back(
-        {item.key(), p.sizes().vec(), static_cast<uint64_t>(offset), static_cast<uint64_t>(n)});
-    offset += n;
+  for (const auto* list : {&params, &float_buffers, &int_buffers}) {
+    const bool mirror = list == &int_buffers;
+    for (const auto& [name, t] : *list) {
+      torch::Tensor p = t;
+      const int64_t n = p.numel();
+      torch::Tensor view = impl->flat.narrow(0, offset, n);
+      torch::NoGradGuard no_grad;
+      view.copy_(p.detach().reshape({n}).to(torch::kFloat32));
+      if (mirror) {
+        impl->mirrored.push_back({p, offset});
+      } else {
+        p.set_data(view.view(p.sizes()));
+      }
+      impl->layers.push_back(
+          {name, p.sizes().vec(), static_cast<uint64_t>(offset), static_cast<uint64_t>(n)});
+      offset += n;
+    }
   }
-  impl->optimizer = std::make_unique<torch::optim::SGD>(
-      impl->module->parameters(),
-      torch::optim::SGDOptions(config.learning_rate()).momentum(config.momentum()));
+  std::vector<torch::Tensor> trainable;
+  for (const auto& [name, t] : params) trainable.push_back(t);
+  const std::string& opt = config.optimizer();
+  if (opt.empty() || opt == "sgd") {
+    impl->optimizer = std::make_unique<torch::optim::SGD>(
+        trainable, torch::optim::SGDOptions(config.learning_rate()).momentum(config.momentum()));
+  } else if (opt == "adam") {
+    impl->optimizer = std::make_unique<torch::optim::Adam>(
+        trainable, torch::optim::AdamOptions(config.learning_rate()));
+  } else if (opt == "adamw") {
+    impl->optimizer = std::make_unique<torch::optim::AdamW>(
+        trainable, torch::optim::AdamWOptions(config.learning_rate()));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown optimizer '", opt, "' (sgd, adam or adamw)"));
+  }
+  if (config.model() == "torchscript") {
+    int64_t max_label = 0;
+    for (const ImageSet* set : {&data->train, &data->test}) {
+      for (uint8_t l : set->labels) max_label = std::max<int64_t>(max_label, l);
+    }
+    torch::NoGradGuard no_grad;
+    impl->set_training(false);
+    const int64_t classes =
+        impl->forward(torch::zeros({1, 1, data->train.rows, data->train.cols})).size(1);
+    if (max_label >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the run's model returns ", classes, " logits but the dataset has label ", max_label));
+    }
+  }
 
   // This worker's disjoint shard: every data_shards-th image.
   const uint32_t shards = std::max<uint32_t>(1, config.data_shards());
@@ -147,7 +254,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 
 double Trainer::TrainSteps(uint32_t steps) {
   Impl& s = *impl_;
-  s.module->train();
+  s.set_training(true);
+  float* flat = s.flat.data_ptr<float>();
+  for (MirroredBuffer& b : s.mirrored) {  // the averaged values, rounded
+    torch::Tensor v = s.flat.narrow(0, b.offset, b.tensor.numel()).round();
+    b.tensor.copy_(v.view(b.tensor.sizes()));
+  }
   const int64_t batch = s.options.config.batch_size();
   double loss_sum = 0;
   for (uint32_t step = 0; step < steps; ++step) {
@@ -166,13 +278,17 @@ double Trainer::TrainSteps(uint32_t steps) {
     s.optimizer->step();
     loss_sum += loss.item<double>();
   }
+  for (MirroredBuffer& b : s.mirrored) {
+    torch::Tensor v = b.tensor.reshape({b.tensor.numel()}).to(torch::kFloat32);
+    std::copy_n(v.data_ptr<float>(), v.numel(), flat + b.offset);
+  }
   return steps == 0 ? 0 : loss_sum / steps;
 }
 
 shoal::v1::Metrics Trainer::Evaluate() {
   Impl& s = *impl_;
   torch::NoGradGuard no_grad;
-  s.module->eval();
+  s.set_training(false);
   const int64_t n = s.test_x.size(0);
   int64_t correct = 0;
   double loss_sum = 0;

@@ -1,10 +1,17 @@
 // Local training of one worker: the model (MLP or CNN, built in C++ with
-// deterministic initialisation from the run seed), its optimizer and its
-// disjoint shard of Fashion-MNIST.
+// deterministic initialisation from the run seed, or a TorchScript module
+// loaded from the run's file), its optimizer (SGD with momentum, Adam or
+// AdamW; the state stays local) and its disjoint shard of Fashion-MNIST.
 //
 // All parameters live in one flat float32 buffer (each parameter tensor is a
 // view into it), so slices of the model are plain memory ranges that the
-// exchange reads and writes in place, without whole-model copies.
+// exchange reads and writes in place, without whole-model copies. A
+// TorchScript module's buffers follow its parameters in the same buffer:
+// float32 buffers (BatchNorm running_mean / running_var) are views too, so
+// they are averaged (plain mean), hashed and checkpointed with the weights;
+// integer buffers (num_batches_tracked) are mirrored as float32 elements,
+// copied in before and out after each TrainSteps call. Layer names are the
+// module's own state_dict keys.
 //
 // This header has no Torch types; only trainer.cc includes LibTorch.
 // Not thread-safe: one thread trains; the exchange touches the buffer only
@@ -31,6 +38,9 @@ struct TrainerOptions {
   int threads = 1;
   // Evaluate on at most this many test images (0 = all).
   uint32_t eval_limit = 0;
+  // config.model() == "torchscript": the file's bytes (verified against
+  // config.model_file_sha256() by the caller).
+  std::string model_file;
 };
 
 // A parameter tensor's place in the flat buffer.
