@@ -47,6 +47,7 @@ target_compile_definitions(fuzz_corpus_test PRIVATE
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
 shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
+shoal_test(progress_test unit ${CMAKE_CURRENT_LIST_DIR}/progress_test.cc LIBS shoal_common)
 shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)
 # Gossip mode's pure parts (worker and coordinator side).
 shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.cc
