@@ -1,7 +1,9 @@
 #include "services/worker/worker.h"
 
-#include <cstring>
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -338,7 +340,14 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
   std::optional<absl::Status> exit;
   absl::Time next_log = clock_->Now();
   bool first_attempt = true;
-  absl::Status s = Retry(
+  // The first join builds the model between Join and opening the session;
+  // on a loaded machine that can outlast the coordinator's session grace
+  // (its --heartbeat_lease), which then forgets the worker (NOT_FOUND).
+  // The model is built by then, so one more join opens the session at once.
+  bool session_lost_to_build = false;
+  absl::Status s;
+  for (int pass = 0; pass < 2; ++pass) {
+  s = Retry(
       policy, &stop_token_,
       [&](absl::Duration) -> absl::Status {
         // What this worker holds may have changed since the last attempt.
@@ -375,6 +384,7 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
             }
             if (!opened.ok()) {
               coordinator_->CloseSession();
+              session_lost_to_build = first_join && absl::IsNotFound(opened);
               return opened;
             }
             continue;
@@ -394,6 +404,11 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
         }
         coordinator_->CloseSession();
       });
+    if (exit.has_value() || s.ok() || !session_lost_to_build || pass > 0) break;
+    SHOAL_LOG(WARNING) << "the coordinator forgot this worker while it built the model ("
+                       << s.message() << "); joining again";
+    session_lost_to_build = false;
+  }
   if (exit.has_value()) return exit;
   if (absl::IsCancelled(s)) return absl::OkStatus();  // stopped while re-joining
   if (!s.ok()) return s;
@@ -788,6 +803,30 @@ void Worker::Upload(const Action& a) {
   }
   absl::Status s = coordinator_->ReportCheckpoint(report);
   if (!s.ok()) SHOAL_LOG(WARNING) << "checkpoint report refused: " << s.message();
+}
+
+absl::Status Worker::WritePredictions(const std::string& path, int64_t n) {
+  if (trainer_ == nullptr) return absl::FailedPreconditionError("no model was built");
+  const std::vector<Trainer::Prediction> predictions = trainer_->Predict(n);
+  std::string text = absl::StrCat(
+      "# shoal-worker predictions: model round ", protocol_.model_round(), " hash ",
+      HashParameters(memory_->parameters(), memory_->total()), "\n# index label predicted\n");
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    absl::StrAppend(&text, i, " ", predictions[i].label, " ", predictions[i].predicted, "\n");
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  SHOAL_LOG(INFO) << "wrote the predictions of " << predictions.size() << " test images to "
+                  << path;
+  return absl::OkStatus();
 }
 
 absl::Status Worker::Run() {
