@@ -63,6 +63,8 @@ def main() -> int:
     c.add_argument("export")
     c.add_argument("--images", type=int, default=100)
     c.add_argument("--data_dir", default=DATA_DIR)
+    c.add_argument("--predictions", default="",
+                   help="a worker's --predictions_out file: every prediction must agree")
     args = parser.parse_args()
     if args.cmd == "write":
         torch.manual_seed(args.seed)
@@ -80,6 +82,21 @@ def main() -> int:
     correct = int((predicted == labels).sum())
     print(f"loaded {len(state)} tensors with load_state_dict; "
           f"correct={correct} images={len(labels)} accuracy={correct / len(labels):.4f}")
+    if args.predictions:
+        worker = {}
+        with open(args.predictions) as f:
+            for line in f:
+                if line.startswith("#") or not line.strip():
+                    continue
+                index, label, pred = (int(v) for v in line.split())
+                worker[index] = (label, pred)
+        checked = [i for i in sorted(worker) if i < len(labels)]
+        differ = [i for i in checked if worker[i][1] != int(predicted[i])]
+        wrong_labels = [i for i in checked if worker[i][0] != int(labels[i])]
+        print(f"predictions: {len(checked) - len(differ)} of {len(checked)} agree with the worker"
+              + (f"; differ at {differ[:10]}" if differ else ""))
+        if not checked or differ or wrong_labels:
+            return 1
     return 0
 
 

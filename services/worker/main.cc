@@ -36,6 +36,9 @@ ABSL_FLAG(absl::Duration, probe_timeout, absl::Seconds(3),
           "Time to reach each peer of a round's plan before reporting it unreachable.");
 ABSL_FLAG(int, torch_threads, 1, "LibTorch intra-op threads.");
 ABSL_FLAG(uint32_t, eval_limit, 0, "Evaluate on at most this many test images (0 = all 10000).");
+ABSL_FLAG(std::string, predictions_out, "",
+          "When the run ends, write the final model's predicted class of the first 100 test images "
+          "to this file (to check an export against the worker; examples/torchscript).");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "Give up when the coordinator stays unreachable this long.");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(10), "Deadline of each coordinator call.");
@@ -90,6 +93,12 @@ int main(int argc, char** argv) {
   if (!s.ok()) {
     SHOAL_LOG(ERROR) << s;
     return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_predictions_out); !path.empty()) {
+    if (absl::Status w = (*worker)->WritePredictions(path, 100); !w.ok()) {
+      SHOAL_LOG(ERROR) << "--predictions_out: " << w;
+      return 1;
+    }
   }
   return 0;
 }

@@ -93,6 +93,10 @@ class Worker {
   // after a graceful Leave), or it is removed from the run
   // (FAILED_PRECONDITION: connection failure, asked to leave).
   absl::Status Run();
+  // Writes the current model's predictions of the first `n` test images to
+  // `path` (a header with the model's round and hash, then "index label
+  // predicted" per line), for checking an export against the worker.
+  absl::Status WritePredictions(const std::string& path, int64_t n);
 
   const std::string& address() const { return advertise_; }
   int port() const { return server_->port(); }

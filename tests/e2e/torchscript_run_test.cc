@@ -3,10 +3,14 @@
 // python3-torch) trained by 3 workers on Fashion-MNIST; the file travels
 // from the coordinator to the first worker and from peers to the others;
 // hashes agree every round; a checkpoint export loads into the Python class
-// with load_state_dict and scores, on the test images the workers evaluated
-// on, the accuracy the workers reported.
+// with load_state_dict, scores, on the test images the workers evaluated
+// on, the accuracy the workers reported, and predicts every one of the first
+// 100 test images as a worker's final model did (--predictions_out).
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -62,7 +66,8 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
       << Logs();
   EXPECT_TRUE(absl::StrContains(first->Log(), "from coordinator")) << first->Log();
   Process* second = StartWorker(addr, {"--eval_limit=1000"});
-  Process* third = StartWorker(addr, {"--eval_limit=1000"});
+  const std::string predictions = dir_.path() + "/predictions.txt";
+  Process* third = StartWorker(addr, {"--eval_limit=1000", "--predictions_out=" + predictions});
 
   // Rounds take as long as the machine makes them: wait for the first one,
   // then give the rest 4 times its pace.
@@ -98,10 +103,23 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
                        " --id=", s.checkpoint_id(), " --out=", pt, " 2>&1"),
           &code);
   ASSERT_EQ(code, 0) << exported;
-  const std::string checked = Run(absl::StrCat("/usr/bin/python3 ", script, " check ", pt,
-                                               " --images=1000 --data_dir=", DataDir(), " 2>&1"),
-                                  &code);
+  // The third worker writes its final model's predictions when it leaves.
+  ASSERT_TRUE(WaitUntil([&] { return access(predictions.c_str(), R_OK) == 0; },
+                        absl::Seconds(60)))
+      << third->Log();
+  std::string header;
+  std::getline(std::ifstream(predictions) >> std::ws, header);
+  EXPECT_TRUE(absl::StrContains(header, absl::StrCat("model round ", rounds, " hash ",
+                                                     s.model_hash())))
+      << header;
+  const std::string checked =
+      Run(absl::StrCat("/usr/bin/python3 ", script, " check ", pt, " --images=1000 --data_dir=",
+                       DataDir(), " --predictions=", predictions, " 2>&1"),
+          &code);
   ASSERT_EQ(code, 0) << checked;
+  // Every one of the worker's 100 predictions is the Python model's.
+  EXPECT_TRUE(absl::StrContains(checked, "predictions: 100 of 100 agree with the worker"))
+      << checked;
   EXPECT_TRUE(absl::StrContains(checked, "loaded 16 tensors with load_state_dict")) << checked;
   const size_t at = checked.find("accuracy=");
   ASSERT_NE(at, std::string::npos) << checked;

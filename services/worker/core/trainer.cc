@@ -309,6 +309,22 @@ shoal::v1::Metrics Trainer::Evaluate() {
   return m;
 }
 
+std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
+  Impl& s = *impl_;
+  torch::NoGradGuard no_grad;
+  s.set_training(false);
+  n = std::min<int64_t>(n, s.test_x.size(0));
+  std::vector<Prediction> out(static_cast<size_t>(std::max<int64_t>(0, n)));
+  if (n <= 0) return out;
+  torch::Tensor predicted = s.forward(s.test_x.narrow(0, 0, n)).argmax(1).to(torch::kInt64);
+  torch::Tensor labels = s.test_y.narrow(0, 0, n).to(torch::kInt64);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i].label = labels[i].item<int64_t>();
+    out[i].predicted = predicted[i].item<int64_t>();
+  }
+  return out;
+}
+
 float* Trainer::parameters() { return impl_->flat.data_ptr<float>(); }
 uint64_t Trainer::num_elements() const { return impl_->flat.numel(); }
 const std::vector<LayerInfo>& Trainer::layers() const { return impl_->layers; }

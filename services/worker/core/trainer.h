@@ -62,6 +62,13 @@ class Trainer {
   double TrainSteps(uint32_t steps);
   // Accuracy and mean loss on the test set.
   shoal::v1::Metrics Evaluate();
+  // The predicted class (argmax of the logits) and the label of each of
+  // the first `n` test images (fewer if the test set is smaller).
+  struct Prediction {
+    int64_t label = 0;
+    int64_t predicted = 0;
+  };
+  std::vector<Prediction> Predict(int64_t n);
 
   float* parameters();
   uint64_t num_elements() const;
