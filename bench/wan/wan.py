@@ -313,7 +313,7 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--shoal_local_steps", type=int, default=100)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
-    ap.add_argument("--arms", default="ddp,shoal-fp32,shoal-int8")
+    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp")
     ap.add_argument("--int8_flags", default="--codec=int8 --outer_optimizer=nesterov")
     ap.add_argument("--poll", type=float, default=0.5)
     # Every worker in every round, like DDP: on a loaded machine the adaptive
