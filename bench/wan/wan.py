@@ -66,8 +66,8 @@ def sh(*argv, check=True):
 class Net:
     """The namespaces, bridge, veths and tbf qdiscs; remove() undoes all."""
 
-    def __init__(self, prefix, workers, rate, burst, latency):
-        self.prefix, self.workers = prefix, workers
+    def __init__(self, prefix, workers, rate, burst, latency, sysctls=()):
+        self.prefix, self.workers, self.sysctls = prefix, workers, list(sysctls)
         self.rate, self.burst, self.latency = rate, burst, latency
         self.sw, self.c = f"{prefix}-sw", f"{prefix}-c"
         self.w = [f"{prefix}-w{i + 1}" for i in range(workers)]
@@ -80,6 +80,8 @@ class Net:
         sh("ip", "netns", "add", name)
         self.created.append(name)
         sh("ip", "-n", name, "link", "set", "lo", "up")
+        for kv in self.sysctls:  # net.ipv4.* sysctls are per namespace
+            sh("ip", "netns", "exec", name, "sysctl", "-q", "-w", kv)
 
     def _shape(self, ns, dev):
         sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
@@ -106,11 +108,31 @@ class Net:
         self._attach(self.c, "c", COORD_IP, shaped=False)
         for i, ns in enumerate(self.w):
             self._attach(ns, f"w{i + 1}", self.ip_of(i), shaped=True)
-        # Reachability check: every worker pings the coordinator (ping may be
-        # missing; then the first arm's start is the check).
-        if shutil.which("ping"):
+        self.check()
+
+    def check(self):
+        """Every worker opens a TCP connection to the coordinator's namespace
+        (ping is not always installed)."""
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", self.c, "/usr/bin/python3", "-c",
+             "import socket,sys\n"
+             "s=socket.socket(); s.settimeout(20); s.bind((sys.argv[1], 29699)); s.listen(8)\n"
+             "for _ in range(int(sys.argv[2])): s.accept()[0].close()\n", COORD_IP,
+             str(self.workers)], stderr=subprocess.PIPE, text=True)
+        try:
             for ns in self.w:
-                sh("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "5", COORD_IP)
+                sh("ip", "netns", "exec", ns, "/usr/bin/python3", "-c",
+                   "import socket,sys,time\n"
+                   "for _ in range(100):\n"
+                   "  try: socket.create_connection((sys.argv[1], 29699), timeout=5).close(); break\n"
+                   "  except ConnectionRefusedError: time.sleep(0.1)\n"
+                   "else: sys.exit('refused')\n", COORD_IP)
+            if listener.wait(timeout=20) != 0:
+                raise RuntimeError(f"reachability listener failed: {listener.stderr.read()}")
+        finally:
+            if listener.poll() is None:
+                listener.kill()
+                listener.wait()
 
     def remove(self):
         # Deleting a namespace deletes its veth ends (and their peers) and the
@@ -194,6 +216,32 @@ def run_ddp(args, net, procs, out):
         res["seconds"] = args.cap_seconds
     res["s_per_step"] = float(train_s) / max(1, int(step))
     return res
+
+
+def run_tcp(args, net, procs, out):
+    """bench/wan/tcp_exchange.py: the bytes of one fp32 exchange over plain
+    TCP on the same links, --tcp_reps times, the slowest rank per repetition."""
+    d = os.path.join(out, "tcp")
+    os.makedirs(d, exist_ok=True)
+    ips = ",".join(net.ip_of(i) for i in range(args.workers))
+    start = time.time() + 5
+    ranks = [procs.spawn(net.w[r], [
+        "/usr/bin/python3", os.path.join(HERE, "tcp_exchange.py"), f"--rank={r}", f"--ips={ips}",
+        f"--bytes={MLP_PARAMS * 4}", f"--reps={args.tcp_reps}", f"--start={start}",
+        f"--period={args.tcp_period}"], os.path.join(d, f"rank-{r}.log"))
+        for r in range(args.workers)]
+    deadline = start + args.tcp_reps * args.tcp_period + 60
+    while time.time() < deadline and any(p.poll() is None for p in ranks):
+        time.sleep(0.5)
+    procs.stop()
+    per_rep = {}
+    for r in range(args.workers):
+        for m in re.finditer(r"rep (\d+) seconds ([\d.]+)", open(os.path.join(d, f"rank-{r}.log")).read()):
+            per_rep.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+    reps = [max(v) for k, v in sorted(per_rep.items()) if len(v) == args.workers and k > 0]
+    if not reps:
+        return {"available": False, "why": f"no complete repetition (logs in {d})"}
+    return {"available": True, "exchange_s": statistics.median(reps), "exchange_rounds": len(reps)}
 
 
 def shoal_status(args, net):
@@ -313,7 +361,15 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--shoal_local_steps", type=int, default=100)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
-    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp")
+    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp")
+    ap.add_argument("--sysctl", action="append", default=[],
+                    help="KEY=VALUE set in every namespace (e.g. "
+                         "net.ipv4.tcp_slow_start_after_idle=0); repeatable")
+    ap.add_argument("--check_net", action="store_true",
+                    help="only create the network, check it and remove it")
+    ap.add_argument("--tcp_reps", type=int, default=9)
+    ap.add_argument("--tcp_period", type=float, default=3.0,
+                    help="idle between TCP repetitions, about a Shoal round's training")
     ap.add_argument("--int8_flags", default="--codec=int8 --outer_optimizer=nesterov")
     ap.add_argument("--poll", type=float, default=0.5)
     # Every worker in every round, like DDP: on a loaded machine the adaptive
@@ -339,7 +395,7 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     net = Net(f"shoalwan{os.getpid()}", args.workers, f"{args.rate_mbit:g}mbit", args.burst,
-              args.latency)
+              args.latency, args.sysctl)
     procs = Procs()
     results = {}
     arms = {
@@ -347,6 +403,21 @@ def main():
         "shoal-fp32": [],
         "shoal-int8": args.int8_flags.split(),
     }
+    if args.check_net:
+        # Smoke check of the setup and teardown alone: build, ping, remove,
+        # and verify that no namespace of ours is left.
+        try:
+            net.create()
+            print(f"wan: network up: {net.sw}, {net.c}, {', '.join(net.w)}; "
+                  f"every worker reached {COORD_IP}")
+        finally:
+            net.remove()
+        left = [x for x in sh("ip", "netns", "list").stdout.split() if x.startswith(net.prefix)]
+        if left:
+            print(f"wan: namespaces left behind: {left}", file=sys.stderr)
+            return 1
+        print("wan: network removed")
+        return 0
     try:
         net.create()
         log(f"wan: namespaces {net.sw}, {net.c}, {', '.join(net.w)} up")
@@ -355,6 +426,8 @@ def main():
             t = time.time()
             if name == "ddp":
                 results[name] = run_ddp(args, net, procs, args.out)
+            elif name == "tcp":
+                results[name] = run_tcp(args, net, procs, args.out)
             else:
                 results[name] = run_shoal(args, net, procs, args.out, name, arms[name])
             log(f"wan: arm {name}: {results[name]} ({time.time() - t:.0f} s)")
@@ -375,13 +448,15 @@ def main():
           f"{args.rate_mbit:g} Mbit/s each way (burst {args.burst}, queue bound {args.latency}); "
           f"coordinator unshaped on the same bridge; mlp ({MLP_PARAMS} params, {model_bytes} B "
           f"fp32), batch {args.batch_size}, lr {args.lr}; target test accuracy {args.target} "
-          f"(10000 test images); cap {args.cap_seconds:.0f} s per arm; Shoal local_steps="
+          f"(10000 test images); sysctls {args.sysctl or 'kernel defaults'}; cap {args.cap_seconds:.0f} s per arm; Shoal local_steps="
           f"{args.shoal_local_steps} {args.shoal_flags}, eval every round (included); DDP eval every "
           f"{args.ddp_eval_every} steps on rank 0 (excluded); {os.cpu_count()} cores")
     print(f"{'arm':<12} {'time_to_target':>15} {'accuracy':>9} {'rounds/steps':>13} "
           f"{'exchange_s':>11} {'train_s':>8} {'wire_in_B':>10}  note")
     for name in args.arms.split(","):
         r = results[name]
+        if name == "tcp":
+            continue
         if not r.get("available"):
             print(f"{name:<12} {'-':>15}  not available: {r.get('why', '')}")
             continue
@@ -415,6 +490,15 @@ def main():
               f"{args.rate_mbit:g} Mbit/s = {bound_s:.3f} s; received per worker "
               f"{fp32['wire_in']:.0f} B (bound's bytes {2 * (n - 1) / n * model_bytes:.0f} B); "
               f"exchange/bound={ex_ratio}")
+    tcp = results.get("tcp", {})
+    if tcp.get("available"):
+        print(f"the same bytes over plain TCP sockets on the same links (bench/wan/tcp_exchange.py, "
+              f"median of {tcp['exchange_rounds']}, {args.tcp_period:g} s idle between): "
+              f"{tcp['exchange_s']:.3f} s, tcp/bound={tcp['exchange_s'] / bound_s:.3f}"
+              + (f", shoal/tcp={fp32['exchange_s'] / tcp['exchange_s']:.3f}"
+                 if "exchange_s" in fp32 else ""))
+    elif "tcp" in results:
+        print(f"tcp reference: not available: {tcp.get('why', '')}")
     ddp, int8 = t("ddp"), t("shoal-int8")
     ratio = f"{int8 / ddp:.3f}" if ddp and int8 is not None else "n/a"
     fp32_ratio = f"{t('shoal-fp32') / ddp:.3f}" if ddp and t("shoal-fp32") is not None else "n/a"
