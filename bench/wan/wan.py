@@ -359,7 +359,7 @@ def main():
     ap.add_argument("--latency", default="100ms", help="tbf queue bound (not a delay)")
     ap.add_argument("--batch_size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--shoal_local_steps", type=int, default=100)
+    ap.add_argument("--shoal_local_steps", type=int, default=250)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
     ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp")
     ap.add_argument("--sysctl", action="append", default=[],
@@ -370,7 +370,8 @@ def main():
     ap.add_argument("--tcp_reps", type=int, default=9)
     ap.add_argument("--tcp_period", type=float, default=3.0,
                     help="idle between TCP repetitions, about a Shoal round's training")
-    ap.add_argument("--int8_flags", default="--codec=int8 --outer_optimizer=nesterov")
+    ap.add_argument("--int8_flags",
+                    default="--codec=int8 --outer_optimizer=nesterov --outer_lr=1.0")
     ap.add_argument("--poll", type=float, default=0.5)
     # Every worker in every round, like DDP: on a loaded machine the adaptive
     # deadline drops whichever worker the scheduler slowed, and the run then
@@ -449,7 +450,7 @@ def main():
           f"coordinator unshaped on the same bridge; mlp ({MLP_PARAMS} params, {model_bytes} B "
           f"fp32), batch {args.batch_size}, lr {args.lr}; target test accuracy {args.target} "
           f"(10000 test images); sysctls {args.sysctl or 'kernel defaults'}; cap {args.cap_seconds:.0f} s per arm; Shoal local_steps="
-          f"{args.shoal_local_steps} {args.shoal_flags}, eval every round (included); DDP eval every "
+          f"{args.shoal_local_steps} {args.shoal_flags}, int8 arm {args.int8_flags}, eval every round (included); DDP eval every "
           f"{args.ddp_eval_every} steps on rank 0 (excluded); {os.cpu_count()} cores")
     print(f"{'arm':<12} {'time_to_target':>15} {'accuracy':>9} {'rounds/steps':>13} "
           f"{'exchange_s':>11} {'train_s':>8} {'wire_in_B':>10}  note")
