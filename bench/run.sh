@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | compress | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | compress | wan | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|compress|wan|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -181,15 +181,29 @@ run_failover() {
     --out="$OUT/failover" 2>>"$OUT/failover.log" | tee "$OUT/failover.txt"
 }
 
+# Issue 16: 4 workers in network namespaces behind tc tbf 20 Mbit/s links;
+# time to 0.87 test accuracy for PyTorch DDP (gloo), Shoal fp32 and Shoal
+# int8 + Nesterov, and one fp32 exchange against the line-rate bound
+# (bench/wan/wan.py). Needs root, ip and tc. Each arm capped (10 min;
+# BENCH_QUICK: 3 min). WAN_ARGS: extra wan.py flags.
+run_wan() {
+  header wan
+  local cap=600
+  [[ "$QUICK" == 1 ]] && cap=180
+  mkdir -p "$OUT/wan"
+  /usr/bin/python3 bench/wan/wan.py --bin="$BIN" --out="$OUT/wan" --cap_seconds=$cap \
+    ${WAN_ARGS:-} 2>>"$OUT/wan.log" | tee "$OUT/wan.txt"
+}
+
 case "$NAME" in
-  failover)
+  failover | wan)
     if [[ ! -x "$BIN/shoal-coordinator" ]]; then
       echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2
       exit 2
     fi
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_failover
+    "run_$NAME"
     ;;
   stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | compress)
     build

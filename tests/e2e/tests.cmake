@@ -38,3 +38,9 @@ add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)
 # Coordinator replicas on real etcd members (issue 13).
 shoal_test(replica_e2e_test e2e e2e/replica_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(replica_e2e_test shoal-coordinator shoal-worker)
+# bench/run.sh wan's network alone (issue 16): namespaces, bridge, veth pairs
+# shaped with tc tbf, a TCP connection from every worker namespace, teardown,
+# nothing left behind. No timing. Skipped (77) when not root or without ip/tc.
+add_test(NAME WanNetworkSmoke
+  COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/bench/wan/wan.py --check_net --skip_code=77)
+set_tests_properties(WanNetworkSmoke PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
