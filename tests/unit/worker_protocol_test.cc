@@ -432,6 +432,31 @@ TEST(WorkerProtocolTest, FailedCatchUpKeepsTheModel) {
   EXPECT_EQ(h.protocol().model_hash(), "h0");
 }
 
+// The encoded exchange applies the averaged change to the round's base: a
+// worker that could not pull the base sits the round out (no ready report)
+// instead of ending it with a model nobody else has; with raw fp32 averaging
+// it contributes its own model as before.
+TEST(WorkerProtocolTest, FailedCatchUpSitsOutAnEncodedRoundButNotAnFp32One) {
+  shoal::v1::RunConfig encoded = Config();
+  encoded.set_codec("int8");
+  encoded.set_outer_optimizer("nesterov");
+  Harness h(encoded);
+  h.catch_up_result = absl::UnavailableError("the snapshot was replaced during the read");
+  EXPECT_THAT(h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})), ElementsAre("catch-up:3"));
+  EXPECT_EQ(h.protocol().rounds_sat_out_for_base(), 1u);
+  // The next round start catches up again, and then the worker trains.
+  h.catch_up_result = absl::OkStatus();
+  EXPECT_THAT(h.Directive(Start(5, 4, "h4", {"10.0.0.2:7000"})),
+              ElementsAre("catch-up:4", "train:5", "report-ready:5"));
+  EXPECT_EQ(h.protocol().model_round(), 4u);
+
+  Harness raw;  // fp32, no outer optimizer
+  raw.catch_up_result = absl::UnavailableError("no holder");
+  EXPECT_THAT(raw.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})),
+              ElementsAre("catch-up:3", "train:4", "report-ready:4"));
+  EXPECT_EQ(raw.protocol().rounds_sat_out_for_base(), 0u);
+}
+
 TEST(WorkerProtocolTest, CheckpointRequestOfThePendingRoundCommitsAndUploads) {
   Harness h;
   h.RoundUntilPending(1, "h0");
@@ -600,10 +625,13 @@ TEST(WorkerProtocolTest, TheFoldCarriesTheWeightToTheMemory) {
   h.Directive(Start(1, 0, "h0"));
   h.coordinator.ready_status = absl::OkStatus();
   Actions actions = h.protocol().OnDirective(Start(3, 2, "h2"));
-  ASSERT_GE(actions.size(), 2u);
+  ASSERT_EQ(actions.size(), 1u);
   EXPECT_EQ(actions[0].kind, Action::kCatchUp);
-  EXPECT_EQ(actions[1].kind, Action::kFoldLateWork);
-  EXPECT_DOUBLE_EQ(actions[1].weight, 1.0 / 3);  // staleness 2
+  // The fold follows the catch-up's end.
+  actions = h.protocol().OnCaughtUp(2, "h2", absl::OkStatus());
+  ASSERT_GE(actions.size(), 1u);
+  EXPECT_EQ(actions[0].kind, Action::kFoldLateWork);
+  EXPECT_DOUBLE_EQ(actions[0].weight, 1.0 / 3);  // staleness 2
 }
 
 TEST(WorkerProtocolTest, FoldingOffOrAnotherRefusalDropsTheWork) {

@@ -202,6 +202,11 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
 Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
   Actions out;
   Settle(start.base_model_round(), start.base_model_hash(), &out);
+  round_ = start.round();
+  round_base_ = start.base_model_round();
+  contribution_round_ = 0;
+  plan_.Clear();
+  train_started_ = clock_->Now();
   if (start.base_model_round() != model_round_ || start.base_model_hash() != model_hash_) {
     std::vector<std::string> holders(start.holders().begin(), start.holders().end());
     if (holders.empty()) {
@@ -210,16 +215,28 @@ Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
       // the syncer skips those that do not hold the round.
       holders = plan_list_.Addresses();
     }
-    CatchUp(start.base_model_round(), start.base_model_hash(), std::move(holders),
-            start.checkpoint_id(), start.checkpoint_round(), &out);
+    if (CatchUp(start.base_model_round(), start.base_model_hash(), std::move(holders),
+                start.checkpoint_id(), start.checkpoint_round(), &out)) {
+      // The round's work starts once the catch-up has ended (OnCaughtUp).
+      work_after_catch_up_ = round_;
+      return out;
+    }
   }
-  round_ = start.round();
-  contribution_round_ = 0;
-  plan_.Clear();
-  train_started_ = clock_->Now();
-  if (late_.held && FoldLateWork(start.base_model_round(), &out)) return out;
-  out.push_back(Make(Action::kTrain, round_));
+  StartWork(&out);
   return out;
+}
+
+void WorkerProtocol::StartWork(Actions* out) {
+  if (late_.held && FoldLateWork(round_base_, out)) return;
+  out->push_back(Make(Action::kTrain, round_));
+}
+
+bool WorkerProtocol::ExchangesChanges() const {
+  // Encoded exchanges (a codec other than fp32, or an outer optimizer)
+  // send the round's change from its base; fp32 without one sends weights.
+  const std::string& codec = config_.codec();
+  const std::string& outer = config_.outer_optimizer();
+  return !(codec.empty() || codec == "fp32") || !(outer.empty() || outer == "none");
 }
 
 bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
@@ -423,7 +440,23 @@ Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
     SHOAL_LOG(WARNING) << "catch-up to round " << round << " failed: " << result
                        << "; continuing with the model of round " << model_round_;
   }
-  return {};
+  Actions out;
+  if (work_after_catch_up_ != round_ || round_ == 0) return out;
+  work_after_catch_up_ = 0;
+  if (!result.ok() && ExchangesChanges()) {
+    // The encoded exchange averages changes and applies them to the
+    // round's base: from another base this worker would end the round with
+    // a model nobody else has. Raw fp32 averaging folds its model in
+    // instead. It sits the round out (no ready report) and catches up at
+    // the next round start.
+    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.codec() << "/"
+                       << config_.outer_optimizer() << " exchange needs the round's base (round "
+                       << round << ") and this worker holds round " << model_round_;
+    ++rounds_sat_out_for_base_;
+    return out;
+  }
+  StartWork(&out);
+  return out;
 }
 
 Actions WorkerProtocol::OnSessionClosed(const absl::Status& why) {
@@ -524,14 +557,14 @@ void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
                   << "); model back to the average of round " << model_round_;
 }
 
-void WorkerProtocol::CatchUp(uint64_t round, const std::string& hash,
+bool WorkerProtocol::CatchUp(uint64_t round, const std::string& hash,
                              std::vector<std::string> holders, const std::string& checkpoint_id,
                              uint64_t checkpoint_round, Actions* out) {
-  if ((round == model_round_ && hash == model_hash_) || hash.empty()) return;
+  if ((round == model_round_ && hash == model_hash_) || hash.empty()) return false;
   if (round < model_round_) {
     SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
                        << model_round_ << "; keeping it";
-    return;
+    return false;
   }
   holders.erase(std::remove(holders.begin(), holders.end(), options_.advertise), holders.end());
   Action a = Make(Action::kCatchUp, round);
@@ -542,6 +575,7 @@ void WorkerProtocol::CatchUp(uint64_t round, const std::string& hash,
     a.checkpoint_round = checkpoint_round;
   }
   out->push_back(std::move(a));
+  return true;
 }
 
 }  // namespace shoal::worker

@@ -200,6 +200,7 @@ class WorkerProtocol {
     double weight = 0;
   };
   const LateWork& late_work() const { return late_; }
+  uint64_t rounds_sat_out_for_base() const { return rounds_sat_out_for_base_; }
   // Late updates kept, folded into committed rounds, dropped (too stale,
   // or folding off and the work refused).
   uint64_t late_kept() const { return late_kept_; }
@@ -220,7 +221,13 @@ class WorkerProtocol {
   void Commit(Actions* out);
   void Void(const std::string& why, Actions* out);
   void DropRound(const std::string& why, Actions* out);
-  void CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
+  // The round's own work: fold held late work, or train.
+  void StartWork(Actions* out);
+  // True when the run's exchange sends changes from the round's base (a
+  // codec or an outer optimizer) rather than weights.
+  bool ExchangesChanges() const;
+  // False when no catch-up is needed or possible (nothing pushed).
+  bool CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
                const std::string& checkpoint_id, uint64_t checkpoint_round, Actions* out);
   Actions Rejoin(const std::string& why);
   // At a RoundStart with late work held: fold it (true, actions added) or
@@ -250,6 +257,13 @@ class WorkerProtocol {
   double train_loss_ = 0;
   uint64_t total_elements_ = 0;
   LateWork late_;
+  // Base round of round_ (RoundStart.base_model_round).
+  uint64_t round_base_ = 0;
+  // The round whose work (train or fold) waits for the catch-up in flight
+  // (0 = none).
+  uint64_t work_after_catch_up_ = 0;
+  // Rounds sat out because the base could not be pulled (encoded exchange).
+  uint64_t rounds_sat_out_for_base_ = 0;
   uint64_t late_kept_ = 0;
   uint64_t late_folded_ = 0;
   uint64_t late_dropped_ = 0;
