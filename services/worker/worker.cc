@@ -14,7 +14,6 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
-#include "common/sha256.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
