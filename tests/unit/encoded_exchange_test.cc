@@ -2,7 +2,9 @@
 // in-memory workers: a fake PeerClient serves Peer.ReadEncoded from each
 // worker's EncodedStore in small pieces with CRC-32C, as PeerService does.
 // Three workers with int8 + nesterov end bit-identical and near the float64
-// reference of the outer step from their committed momentum; a piece whose
+// reference of the outer step from their committed momentum; the same round
+// run twice, its reads finishing in another order, publishes the same encoded
+// averages and ends with the same bits; a piece whose
 // CRC does not match is DATA_LOSS, a well-formed piece of a malformed
 // encoding INVALID_ARGUMENT, and either way the refused worker's parameters
 // are left as they were.
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
@@ -224,8 +227,18 @@ TEST(EncodedExchangeTest, TheSameRoundTwiceGivesTheSameBits) {
   auto codec = Int8();
   auto a = MakeWorkers(3, total, 0.7f, 0.9f);
   auto b = MakeWorkers(3, total, 0.7f, 0.9f);
-  for (const auto& s : RunAll(a, *codec, nullptr)) ASSERT_TRUE(s.ok()) << s;
-  for (const auto& s : RunAll(b, *codec, nullptr)) ASSERT_TRUE(s.ok()) << s;
+  // Run a: w2's contributions arrive late; run b: w3's. The owners' sums
+  // must not depend on which read finished first.
+  auto late = [](const std::string& slow) -> PieceFault {
+    return [slow](const std::string& address, const shoal::v1::ReadEncodedRequest& r,
+                  shoal::v1::EncodedPiece*) {
+      if (address == slow && r.kind() == shoal::v1::CONTRIBUTION) {
+        absl::SleepFor(absl::Milliseconds(30));
+      }
+    };
+  };
+  for (const auto& s : RunAll(a, *codec, late(a[1]->address))) ASSERT_TRUE(s.ok()) << s;
+  for (const auto& s : RunAll(b, *codec, late(b[2]->address))) ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(std::memcmp(a[0]->params.data(), b[0]->params.data(), total * sizeof(float)), 0);
   // The owners published the same encoded averages.
   const shoal::v1::RoundPlan plan = MakePlan(a, total);
