@@ -14,6 +14,7 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
+#include "common/sha256.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
@@ -765,8 +766,12 @@ absl::Status Worker::LoadOuterStateFromCheckpoint(const Action& a) {
   std::memcpy(m.data(), got.data(), got.size());
   RETURN_IF_ERROR(outer_->SetMomentum(a.round, m));
   PublishOuterState(a.round);
+  // The digest of what the optimizer now holds (equal to the layer's, which
+  // ReadWholeLayer checked): tests compare it with the manifest's.
+  const std::vector<float>& held = outer_->momentum();
   SHOAL_LOG(INFO) << "outer momentum of round " << a.round << " loaded from checkpoint "
-                  << a.checkpoint_id << " (sha256 " << entry.sha256() << ")";
+                  << a.checkpoint_id << " (sha256 "
+                  << Sha256Hex(held.data(), held.size() * sizeof(float)) << ")";
   return absl::OkStatus();
 }
 
