@@ -56,7 +56,8 @@ int FindStateLayer(const shoal::v1::Manifest& manifest, absl::string_view name) 
 
 absl::Status ReadWholeLayer(CheckpointClient* client, const std::string& id,
                             const shoal::v1::Manifest& manifest, uint32_t layer,
-                            std::vector<uint8_t>* out) {
+                            std::vector<uint8_t>* out,
+                            const std::function<void(uint64_t)>& on_bytes) {
   if (layer >= static_cast<uint32_t>(manifest.layers_size())) {
     return absl::OutOfRangeError(
         absl::StrCat("layer ", layer, ": the manifest has ", manifest.layers_size(), " layers"));
@@ -68,6 +69,7 @@ absl::Status ReadWholeLayer(CheckpointClient* client, const std::string& id,
     if (offset + data.size() > out->size()) return false;
     std::memcpy(out->data() + offset, data.data(), data.size());
     received += data.size();
+    if (on_bytes) on_bytes(received);
     return true;
   });
   if (absl::IsCancelled(s)) {

@@ -65,10 +65,13 @@ int ModelLayerCount(const shoal::v1::Manifest& manifest);
 int FindStateLayer(const shoal::v1::Manifest& manifest, absl::string_view name);
 
 // Reads a whole layer into `out` (resized) and checks it against the
-// manifest entry's size and SHA-256 (DATA_LOSS on mismatch).
+// manifest entry's size and SHA-256 (DATA_LOSS on mismatch). `on_bytes`,
+// when set, is called with the layer's bytes received so far after every
+// chunk (progress reports).
 absl::Status ReadWholeLayer(CheckpointClient* client, const std::string& id,
                             const shoal::v1::Manifest& manifest, uint32_t layer,
-                            std::vector<uint8_t>* out);
+                            std::vector<uint8_t>* out,
+                            const std::function<void(uint64_t)>& on_bytes = nullptr);
 
 struct CheckpointClientOptions {
   // Deadline of each unary call (List, GetManifest, Delete), retries

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/progress.h"
 #include "common/sha256.h"
 #include "common/status_util.h"
 #include "services/worker/core/manifest_cache.h"
@@ -186,6 +187,8 @@ class SyncRun {
   // while hashing, so this overlaps with the reads still running.
   void HashAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LayerChecked(uint32_t layer, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The progress line of the pull (bytes, rate, time left) in the log.
+  void LogProgress(const std::string& layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckStalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRead(size_t piece, size_t source) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -217,6 +220,7 @@ class SyncRun {
   const std::string self_id_;
   SyncProgress* const progress_;
   const CheckpointFallback& fallback_;
+  const absl::Time started_ = clock_->Now();
   std::vector<std::string> addresses_;
   PlannerOptions planner_;
 
@@ -230,6 +234,7 @@ class SyncRun {
   std::vector<Piece> pieces_ ABSL_GUARDED_BY(mu_);
   size_t pieces_done_ ABSL_GUARDED_BY(mu_) = 0;
   size_t layers_verified_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_progress_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<bool> layer_verified_ ABSL_GUARDED_BY(mu_);
   FailedPairs failed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Read>> reads_ ABSL_GUARDED_BY(mu_);
@@ -611,12 +616,26 @@ void SyncRun::ProcessReads() {
   UpdateSources();
 }
 
+void SyncRun::LogProgress(const std::string& layer) {
+  // A line per verified layer, at most one a second (models of hundreds of
+  // small layers), and always the last one.
+  const absl::Time now = clock_->Now();
+  const bool last = layers_verified_ == layers_.size();
+  if (!last && now - last_progress_log_ < absl::Seconds(1)) return;
+  last_progress_log_ = now;
+  SHOAL_LOG(INFO) << "pull of round " << round_ << ": layer '" << layer << "' done ("
+                  << layers_verified_ << "/" << layers_.size() << " layers); "
+                  << FormatProgressFigures(progress_->bytes_done.load(), total_ * sizeof(float),
+                                           now - started_);
+}
+
 void SyncRun::LayerChecked(uint32_t index, bool ok) {
   Layer& layer = layers_[index];
   if (ok) {
     if (!layer_verified_[index]) {
       layer_verified_[index] = true;
       ++layers_verified_;
+      LogProgress(layer.name);
     }
     return;
   }

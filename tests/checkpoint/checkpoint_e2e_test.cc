@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -218,6 +219,10 @@ TEST_F(CheckpointE2eTest, ShoalctlListsShowsDeletesAndExportsForTorch) {
   const std::string pt = dir_.path() + "/run-x-r3.pt";
   ASSERT_EQ(Ctl({"export", store, "--id=run-x-r3", "--out=" + pt}, &out, &err), 0) << err;
   EXPECT_THAT(out, HasSubstr("4 layers"));
+  // Progress on stderr (not a terminal here): a line per layer, the last at 100%.
+  EXPECT_THAT(err, HasSubstr("export run-x-r3: layer '"));
+  EXPECT_THAT(err, HasSubstr("(100%), done in"));
+  std::cout << "export progress:\n" << err;
   if (!PythonHasTorch()) {
     GTEST_SKIP() << kPython << " cannot import torch (apt-get install python3-torch)";
   }

@@ -234,6 +234,9 @@ TEST_F(CheckpointsCmdTest, ExportWritesAZipAndChecksHashes) {
   const std::string path = dir_.path() + "/out.pt";
   ASSERT_EQ(Run({"export", "--id=run-1-r3", "--out=" + path}), 0) << err_;
   EXPECT_THAT(out_, HasSubstr("exported run-1-r3: 2 layers"));
+  // Progress: not a terminal, so a line per layer on stderr, the last at 100%.
+  EXPECT_THAT(err_, HasSubstr("export run-1-r3: layer 'fc1.weight' done; 160 B of 192 B (83%)"));
+  EXPECT_THAT(err_, HasSubstr("export run-1-r3: layer 'fc1.bias' done; 192 B of 192 B (100%), done in"));
   std::ifstream in(path, std::ios::binary);
   char magic[2] = {};
   in.read(magic, 2);

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/progress.h"
 #include "common/rate_limiter.h"
 #include "common/sha256.h"
 #include "gmock/gmock.h"
@@ -205,8 +206,18 @@ TEST_F(LateJoinTest, ManifestDescribesTheSnapshot) {
 
 TEST_F(LateJoinTest, PullsABitIdenticalModelFromThreeHolders) {
   StartHolders(3, 8e6);
-  ASSERT_TRUE(Sync().ok());
+  ::testing::internal::CaptureStderr();
+  const absl::Status synced = Sync();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(synced.ok()) << synced;
   ExpectBitIdentical();
+  // Progress in the log: a line per layer (at most one a second), the last
+  // at 100% with the time it took.
+  EXPECT_NE(log.find("pull of round"), std::string::npos) << log;
+  EXPECT_NE(log.find("layers); " + FormatBytes(kTotal * 4) + " of " + FormatBytes(kTotal * 4) +
+                     " (100%), done in"),
+            std::string::npos)
+      << log;
   uint64_t bytes = 0;
   for (const PeerSyncStats& p : stats_.peers) {
     EXPECT_GT(p.bytes, 0u) << p.address << " served nothing";

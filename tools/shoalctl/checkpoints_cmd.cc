@@ -1,5 +1,7 @@
 #include "tools/shoalctl/checkpoints_cmd.h"
 
+#include <unistd.h>
+
 #include <iostream>
 #include <map>
 #include <set>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/progress.h"
 #include "common/tls.h"
 #include "tools/shoalctl/export_torch.h"
 
@@ -68,13 +71,6 @@ std::string Json(absl::string_view s) {
 std::string Created(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
                           absl::UTCTimeZone());
-}
-
-std::string Size(uint64_t bytes) {
-  if (bytes >= (1ull << 30)) return absl::StrFormat("%.1f GiB", bytes / double(1ull << 30));
-  if (bytes >= (1ull << 20)) return absl::StrFormat("%.1f MiB", bytes / double(1ull << 20));
-  if (bytes >= (1ull << 10)) return absl::StrFormat("%.1f KiB", bytes / double(1ull << 10));
-  return absl::StrCat(bytes, " B");
 }
 
 std::string Shape(const shoal::v1::LayerEntry& l) {
@@ -161,10 +157,23 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
   std::vector<std::vector<uint8_t>> buffers(model_layers);
   std::vector<ExportTensor> tensors;
   uint64_t total = 0;
+  uint64_t all = 0;
+  for (int i = 0; i < model_layers; ++i) all += m->layers(i).bytes();
+  // Progress on stderr: redrawn in place on a terminal, a line per layer
+  // otherwise (a log, a pipe).
+  ProgressLine progress(&err,
+                        &err == &std::cerr ? ProgressLine::StyleFor(STDERR_FILENO)
+                                           : ProgressLine::Style::kLines,
+                        absl::StrCat("export ", id), all);
   for (int i = 0; i < model_layers; ++i) {
-    absl::Status s =
-        shoal::checkpoint::ReadWholeLayer(client, id, *m, static_cast<uint32_t>(i), &buffers[i]);
-    if (!s.ok()) return Fail(err, s);
+    absl::Status s = shoal::checkpoint::ReadWholeLayer(
+        client, id, *m, static_cast<uint32_t>(i), &buffers[i],
+        [&](uint64_t layer_bytes) { progress.Update(total + layer_bytes); });
+    if (!s.ok()) {
+      progress.Finish(total);
+      return Fail(err, s);
+    }
+    progress.Step(total + m->layers(i).bytes(), absl::StrCat("layer '", m->layers(i).name(), "'"));
     const auto& l = m->layers(i);
     tensors.push_back(ExportTensor{l.name(),
                                    l.dtype(),
@@ -173,8 +182,9 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
                                    buffers[i].size()});
     total += l.bytes();
   }
+  progress.Finish(total);
   if (absl::Status s = WriteTorchFile(path, tensors); !s.ok()) return Fail(err, s);
-  out << "exported " << id << ": " << tensors.size() << " layers, " << Size(total) << " to " << path
+  out << "exported " << id << ": " << tensors.size() << " layers, " << FormatBytes(total) << " to " << path
       << "\n";
   return 0;
 }
@@ -193,7 +203,7 @@ std::string FormatCheckpointTable(const std::vector<CheckpointInfo>& checkpoints
   for (const auto& c : checkpoints) {
     absl::StrAppendFormat(&out, "%-*s  %-*s  %6d  %-24s  %6d  %10s  %s\n", id_w, c.id(), run_w,
                           c.run_id(), c.round(), Created(c.created_unix_ms()), c.layers(),
-                          Size(c.bytes()),
+                          FormatBytes(c.bytes()),
                           c.damage().empty() ? std::string("ok") : "DAMAGED: " + c.damage());
   }
   return out;
@@ -224,7 +234,7 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
   absl::StrAppend(&out, "model       ", m.model().empty() ? "-" : m.model(), "\n");
   absl::StrAppend(&out, "model hash  ", m.model_sha256().empty() ? "-" : m.model_sha256(), "\n");
   absl::StrAppend(&out, "created     ", Created(m.created_unix_ms()), "\n");
-  absl::StrAppend(&out, "size        ", Size(total), " (", total, " bytes) in ", m.layers_size(),
+  absl::StrAppend(&out, "size        ", FormatBytes(total), " (", total, " bytes) in ", m.layers_size(),
                   " layers\n");
   absl::StrAppend(&out, "status      ", damage.empty() ? "ok" : "DAMAGED: " + damage, "\n");
   size_t name_w = 4, shape_w = 5;
