@@ -41,6 +41,19 @@ absl::Status CompleteManifest(shoal::v1::Manifest* manifest, const std::vector<B
   return absl::OkStatus();
 }
 
+int ModelLayerCount(const shoal::v1::Manifest& manifest) {
+  int n = 0;
+  while (n < manifest.layers_size() && !manifest.layers(n).optimizer_state()) ++n;
+  return n;
+}
+
+int FindStateLayer(const shoal::v1::Manifest& manifest, absl::string_view name) {
+  for (int i = 0; i < manifest.layers_size(); ++i) {
+    if (manifest.layers(i).optimizer_state() && manifest.layers(i).name() == name) return i;
+  }
+  return -1;
+}
+
 absl::Status ReadWholeLayer(CheckpointClient* client, const std::string& id,
                             const shoal::v1::Manifest& manifest, uint32_t layer,
                             std::vector<uint8_t>* out,

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "shoal/v1/checkpoint.grpc.pb.h"
@@ -55,6 +56,13 @@ class CheckpointClient {
 // Fills each layer's `bytes` and `sha256` from `layers` (hashing them);
 // INVALID_ARGUMENT when the counts differ.
 absl::Status CompleteManifest(shoal::v1::Manifest* manifest, const std::vector<ByteSpan>& layers);
+
+// The number of leading layers that hold the model: the layers flagged
+// `optimizer_state` (the outer optimizer's state, docs/COMPRESSION.md)
+// follow them and are not part of the model.
+int ModelLayerCount(const shoal::v1::Manifest& manifest);
+// The index of the optimizer state layer named `name`, or -1.
+int FindStateLayer(const shoal::v1::Manifest& manifest, absl::string_view name);
 
 // Reads a whole layer into `out` (resized) and checks it against the
 // manifest entry's size and SHA-256 (DATA_LOSS on mismatch). `on_bytes`,

@@ -317,7 +317,6 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   std::vector<absl::Status> reduce_status(n), gather_status(n);
   std::vector<std::thread> reducers, gatherers;
   CancellationToken stop(cancel);
-  std::mutex sum_mu;
 
   for (int k = 0; k < n; ++k) {
     if (k == self || plan.slices(k).begin() == plan.slices(k).end()) continue;
@@ -340,6 +339,11 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   }
   const uint64_t count = own.end() - own.begin();
   std::vector<float> sum(count, 0.0f);
+  // Each contribution is decoded into its own buffer and summed in plan
+  // order once all are in: float addition is not associative, and the
+  // order the reads finish in must not change the average's bits (the same
+  // round gives the same encoded average, run after run).
+  std::vector<std::vector<float>> parts(n);
   if (count > 0) {
     // Our own contribution, as the others would decode it.
     absl::Status mine = codec_->DecodeSlice(
@@ -357,14 +361,10 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
         if (bytes.ok()) {
           received += bytes->size();
           raw_received += count * sizeof(float);
-          std::vector<float> part(count);
+          parts[k].resize(count);
           reduce_status[k] = codec_->DecodeSlice(
               absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
-              count, part.data());
-          if (reduce_status[k].ok()) {
-            std::lock_guard<std::mutex> lock(sum_mu);
-            for (uint64_t i = 0; i < count; ++i) sum[i] += part[i];
-          }
+              count, parts[k].data());
         } else {
           reduce_status[k] = bytes.status();
         }
@@ -376,6 +376,12 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   absl::Status result = FirstError(reduce_status);
   if (result.ok() && !stop.cancelled()) {
     if (count > 0) {
+      for (int k = 0; k < n; ++k) {
+        if (k == self) continue;
+        const float* part = parts[k].data();
+        for (uint64_t i = 0; i < count; ++i) sum[i] += part[i];
+        std::vector<float>().swap(parts[k]);
+      }
       DivideFloats(sum.data(), count, static_cast<float>(n));
       // 2. The average, encoded once; we apply what everyone decodes.
       auto blob = std::make_shared<const std::string>(

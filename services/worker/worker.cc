@@ -16,6 +16,7 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
+#include "common/sha256.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
@@ -695,8 +696,8 @@ absl::Status Worker::PullOuterState(const Action& a) {
     return absl::OkStatus();
   }
   const uint64_t bytes = memory_->total() * sizeof(float);
-  absl::Status last = absl::UnavailableError(absl::StrCat(
-      "no peer holds the outer momentum of round ", a.round, " (checkpoints do not carry it yet)"));
+  absl::Status last =
+      absl::UnavailableError(absl::StrCat("no peer holds the outer momentum of round ", a.round));
   for (const std::string& holder : a.holders) {
     std::string got;
     absl::Status s;
@@ -736,7 +737,57 @@ absl::Status Worker::PullOuterState(const Action& a) {
     SHOAL_LOG(INFO) << "outer momentum of round " << a.round << " pulled from " << holder;
     return absl::OkStatus();
   }
+  // Like the model: the checkpoint store serves what no peer can (a restart
+  // of the whole run from the store).
+  if (store_ != nullptr && !a.checkpoint_id.empty()) {
+    absl::Status s = LoadOuterStateFromCheckpoint(a);
+    if (s.ok() || a.holders.empty()) return s;
+    SHOAL_LOG(WARNING) << "outer momentum of round " << a.round << " from checkpoint "
+                       << a.checkpoint_id << ": " << s.message();
+  }
   return last;
+}
+
+absl::Status Worker::LoadOuterStateFromCheckpoint(const Action& a) {
+  absl::StatusOr<shoal::v1::Manifest> manifest = store_->GetManifest(a.checkpoint_id);
+  if (!manifest.ok()) return Annotate(manifest.status(), "checkpoint store");
+  if (manifest->round() != a.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", a.checkpoint_id, " is of round ", manifest->round(), ", not ", a.round));
+  }
+  const int layer = checkpoint::FindStateLayer(*manifest, kMomentumLayer);
+  if (layer < 0) {
+    // Only a checkpoint of a run without a stateful outer optimizer lacks
+    // it (a nesterov worker does not upload without it): the momentum of
+    // a model reached without momentum is zero, the same on every worker.
+    SHOAL_LOG(WARNING) << "checkpoint " << a.checkpoint_id
+                       << " carries no outer momentum (its run had no nesterov): starting from "
+                          "zero momentum at round "
+                       << a.round;
+    RETURN_IF_ERROR(outer_->SetMomentum(a.round, std::vector<float>(memory_->total(), 0.0f)));
+    PublishOuterState(a.round);
+    return absl::OkStatus();
+  }
+  const shoal::v1::LayerEntry& entry = manifest->layers(layer);
+  if (entry.dtype() != "float32" || entry.bytes() != memory_->total() * sizeof(float)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", a.checkpoint_id, ": outer momentum of ", entry.bytes(), " bytes of ",
+        entry.dtype(), ", the model has ", memory_->total(), " float32 parameters"));
+  }
+  std::vector<uint8_t> got;
+  RETURN_IF_ERROR(checkpoint::ReadWholeLayer(store_.get(), a.checkpoint_id, *manifest,
+                                             static_cast<uint32_t>(layer), &got));
+  std::vector<float> m(memory_->total());
+  std::memcpy(m.data(), got.data(), got.size());
+  RETURN_IF_ERROR(outer_->SetMomentum(a.round, m));
+  PublishOuterState(a.round);
+  // The digest of what the optimizer now holds (equal to the layer's, which
+  // ReadWholeLayer checked): tests compare it with the manifest's.
+  const std::vector<float>& held = outer_->momentum();
+  SHOAL_LOG(INFO) << "outer momentum of round " << a.round << " loaded from checkpoint "
+                  << a.checkpoint_id << " (sha256 "
+                  << Sha256Hex(held.data(), held.size() * sizeof(float)) << ")";
+  return absl::OkStatus();
 }
 
 absl::Status Worker::PullModel(const Action& a, float* dst, uint64_t total) {
@@ -784,17 +835,38 @@ void Worker::Upload(const Action& a) {
       spans.push_back({reinterpret_cast<const uint8_t*>(memory_->snapshot() + l.offset),
                        l.elements * sizeof(float)});
     }
+    absl::Status s;
+    if (outer_->has_state()) {
+      // The outer momentum of this model travels with it (a restart from
+      // the store resumes it): one flat float32 layer after the model's.
+      const std::vector<float>& m = outer_->momentum();
+      if (outer_->momentum_round() != request.round()) {
+        s = absl::FailedPreconditionError(
+            absl::StrCat("the outer momentum held is of round ", outer_->momentum_round(),
+                         ", the checkpoint is of round ", request.round()));
+      }
+      auto* entry = manifest.add_layers();
+      entry->set_name(kMomentumLayer);
+      entry->set_dtype("float32");
+      entry->add_shape(static_cast<int64_t>(m.size()));
+      entry->set_optimizer_state(true);
+      spans.push_back({reinterpret_cast<const uint8_t*>(m.data()), m.size() * sizeof(float)});
+    }
     const absl::Time t0 = clock_->Now();
-    absl::Status s = checkpoint::CompleteManifest(&manifest, spans);
+    if (s.ok()) s = checkpoint::CompleteManifest(&manifest, spans);
     absl::StatusOr<shoal::v1::CheckpointInfo> info =
         s.ok() ? store_->Upload(manifest, spans) : absl::StatusOr<shoal::v1::CheckpointInfo>(s);
     (info.ok() ? M().uploads_ok : M().uploads_failed).Add();
     if (info.ok()) {
       M().upload_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
       report.set_checkpoint_id(info->id());
-      SHOAL_LOG(INFO) << absl::StrFormat("checkpoint %s of round %d uploaded in %.2fs", info->id(),
-                                         request.round(),
-                                         absl::ToDoubleSeconds(clock_->Now() - t0));
+      const int state = checkpoint::FindStateLayer(manifest, kMomentumLayer);
+      SHOAL_LOG(INFO) << absl::StrFormat(
+          "checkpoint %s of round %d uploaded in %.2fs%s", info->id(), request.round(),
+          absl::ToDoubleSeconds(clock_->Now() - t0),
+          state < 0 ? ""
+                    : absl::StrCat(" with the outer momentum (sha256 ",
+                                   manifest.layers(state).sha256(), ")"));
     } else {
       report.set_error(info.status().ToString());
       SHOAL_LOG(WARNING) << "checkpoint upload of round " << request.round()

@@ -135,6 +135,9 @@ class Worker {
   void Upload(const Action& action);
   // The outer optimizer's momentum of `a.round` from a holder (catch-up).
   absl::Status PullOuterState(const Action& a);
+  // The same from checkpoint `a.checkpoint_id` of the store (a restart from
+  // the store); zero when the checkpoint's run kept no momentum.
+  absl::Status LoadOuterStateFromCheckpoint(const Action& a);
   // Serves the committed outer momentum as the state of the model of `round`.
   void PublishOuterState(uint64_t round);
   absl::Status PullModel(const Action& action, float* dst, uint64_t total);

@@ -372,6 +372,11 @@ TEST_F(CheckpointStoreTest, BadManifestsAreInvalidArguments) {
       {"short sha", [](v1::Manifest* m) { m->mutable_layers(0)->set_sha256("abc"); }, "sha256"},
       {"non-hex sha",
        [](v1::Manifest* m) { m->mutable_layers(0)->set_sha256(std::string(64, 'z')); }, "sha256"},
+      {"model layer after optimizer state",
+       [](v1::Manifest* m) { m->mutable_layers(1)->set_optimizer_state(true); },
+       "a model layer after an optimizer state layer"},
+      {"only optimizer state",
+       [](v1::Manifest* m) { m->mutable_layers(0)->set_optimizer_state(true); }, "no model layer"},
   };
   for (const Case& c : cases) {
     v1::Manifest m = good;

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -249,6 +250,38 @@ TEST_F(CheckpointsCmdTest, ExportWritesAZipAndChecksHashes) {
   EXPECT_THAT(err_, HasSubstr("DATA_LOSS"));
   EXPECT_THAT(err_, HasSubstr("fc1.bias"));
   EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+TEST_F(CheckpointsCmdTest, ExportLeavesTheOptimizerStateOut) {
+  // A checkpoint of a nesterov run: the outer momentum follows the model.
+  const TestLayer momentum = MakeLayer("outer.momentum", {48}, 3);
+  std::vector<TestLayer> layers = layers_;
+  layers.push_back(momentum);
+  v1::Manifest m = MakeManifest("run-1", 4, layers);
+  m.set_id("run-1-r4");
+  m.mutable_layers(2)->set_optimizer_state(true);
+  FakeCheckpointClient::Stored s{m, {}, ""};
+  for (const auto& l : layers) s.layers.push_back(l.str());
+  fake_.checkpoints["run-1-r4"] = s;
+
+  const std::string path = dir_.path() + "/out.pt";
+  ASSERT_EQ(Run({"export", "--id=run-1-r4", "--out=" + path}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("exported run-1-r4: 2 layers"));
+  for (const std::string& call : fake_.calls) EXPECT_NE(call, "ReadLayer run-1-r4 2");
+  // Byte for byte the file of the same model without the momentum.
+  const std::string plain = dir_.path() + "/plain.pt";
+  ASSERT_EQ(Run({"export", "--id=run-1-r3", "--out=" + plain}), 0) << err_;
+  auto read = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(read(path), read(plain));
+
+  ASSERT_EQ(Run({"show", "--id=run-1-r4"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("outer.momentum"));
+  EXPECT_THAT(out_, HasSubstr("(optimizer state, not exported)"));
+  ASSERT_EQ(Run({"show", "--id=run-1-r4", "--json"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("\"optimizer_state\": true}"));
 }
 
 TEST_F(CheckpointsCmdTest, ExportToAnUnwritablePathFails) {

@@ -1,8 +1,9 @@
 // Compressed exchanges and the outer optimizer (issue 16,
 // docs/COMPRESSION.md) with the real binaries on 127.0.0.1: workers that
 // exchange int8-encoded changes and step with Nesterov agree on the model
-// hash every round, report their bytes on the wire, and a late joiner
-// takes the outer momentum with the model and agrees too.
+// hash every round, report their bytes on the wire, a late joiner takes
+// the outer momentum with the model and agrees too, and a restart of the
+// whole run from the checkpoint store resumes the stored momentum.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/sha256.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
@@ -92,6 +95,112 @@ TEST_F(CompressTest, LateJoinerTakesTheMomentumAndAgrees) {
   // model and momentum are the others'.
   ExpectRoundsGoOn(before.last_completed_round(), 3, 3, absl::Minutes(4));
   EXPECT_NE(late->Log().find("outer momentum of round "), std::string::npos) << late->Log();
+}
+
+// The JSON string value of `key` in the first object of `json` that holds
+// `anchor` after it ("" when absent).
+std::string JsonValueAfter(const std::string& json, const std::string& anchor,
+                           const std::string& key) {
+  const size_t a = json.find(anchor);
+  if (a == std::string::npos) return "";
+  const size_t k = json.find("\"" + key + "\": \"", a);
+  if (k == std::string::npos) return "";
+  const size_t begin = k + key.size() + 5;
+  const size_t end = json.find('"', begin);
+  return end == std::string::npos ? "" : json.substr(begin, end - begin);
+}
+
+TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
+  auto store_proc = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
+                                    "--data_dir=" + dir_.path() + "/store"},
+                                   dir_.path() + "/store.log");
+  const std::string store = store_proc->WaitForListenAddress(absl::Seconds(20));
+  ASSERT_FALSE(store.empty()) << store_proc->Log();
+  const std::vector<std::string> flags = {
+      "--min_participants=3",     "--local_steps=20",           "--learning_rate=0.05",
+      "--codec=int8",             "--outer_optimizer=nesterov", "--outer_lr=0.7",
+      "--outer_momentum=0.9",     "--checkpoint_every=2",       "--checkpoint_store=" + store,
+      "--run_id=outer-a"};
+  std::string addr = StartCoordinator(flags);
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 2; },
+                absl::Minutes(3));
+  // Everything but the store dies.
+  coordinator_->Signal(SIGKILL);
+  for (auto& w : workers_) w->Signal(SIGKILL);
+  coordinator_->Wait(absl::Seconds(10));
+  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  workers_.clear();
+
+  addr = StartCoordinator(flags);
+  const v1::RunStatus resumed = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() > 0; }, absl::Seconds(20));
+  const uint64_t from = resumed.checkpoint_round();
+  ASSERT_GE(from, 2u) << Logs();
+  const std::string id = resumed.checkpoint_id();
+
+  // The checkpoint carries the momentum as a flagged layer after the model.
+  int code = -1;
+  const std::string show =
+      Run(BinDir() + "/shoalctl checkpoints show --json --id=" + id + " --store=" + store, &code);
+  ASSERT_EQ(code, 0) << show;
+  const std::string sha = JsonValueAfter(show, "\"outer.momentum\"", "sha256");
+  ASSERT_EQ(sha.size(), 64u) << show;
+  EXPECT_NE(show.find("\"optimizer_state\": true"), std::string::npos) << show;
+  // After two Nesterov rounds the momentum is not zero.
+  const std::string bytes_key = "\"bytes\": ";
+  const size_t at = show.find(bytes_key, show.find("\"outer.momentum\""));
+  ASSERT_NE(at, std::string::npos) << show;
+  uint64_t bytes = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      show.substr(at + bytes_key.size(), show.find(',', at) - at - bytes_key.size()), &bytes));
+  const std::string zeros(bytes, '\0');
+  EXPECT_NE(sha, Sha256Hex(zeros.data(), zeros.size())) << show;
+
+  // Export writes the model alone.
+  const std::string out = dir_.path() + "/model.pt";
+  const std::string exported = Run(BinDir() + "/shoalctl checkpoints export --id=" + id +
+                                       " --out=" + out + " --store=" + store,
+                                   &code);
+  EXPECT_EQ(code, 0) << exported;
+  EXPECT_NE(exported.find(": 6 layers"), std::string::npos) << exported;  // the MLP's
+
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  const v1::RunStatus after = ExpectRoundsGoOn(from, 3, 3, absl::Minutes(4));
+  for (const auto& r : after.recent_rounds()) EXPECT_GT(r.round(), from);
+
+  // Every worker resumed with the stored momentum: loaded from the store
+  // (its SHA-256 is the checkpoint's) or pulled from a worker that did.
+  int loaded = 0;
+  for (auto& w : workers_) {
+    const std::string log = w->Log();
+    const std::string from_store =
+        absl::StrCat("outer momentum of round ", from, " loaded from checkpoint ", id, " (sha256 ");
+    const size_t l = log.find(from_store);
+    if (l != std::string::npos) {
+      ++loaded;
+      EXPECT_EQ(log.substr(l + from_store.size(), 64), sha) << log;
+    } else {
+      EXPECT_NE(log.find(absl::StrCat("outer momentum of round ", from, " pulled from ")),
+                std::string::npos)
+          << log;
+    }
+    EXPECT_EQ(log.find("no outer momentum"), std::string::npos) << log;
+  }
+  EXPECT_GE(loaded, 1) << Logs();
+  // Every round after the restart, the workers that logged it agree.
+  std::map<uint64_t, std::set<std::string>> hashes;
+  for (auto& w : workers_) {
+    for (const auto& [round, hash] : RoundHashes(w->Log())) hashes[round].insert(hash);
+  }
+  EXPECT_GE(hashes.size(), 3u);
+  for (const auto& [round, set] : hashes) {
+    EXPECT_GT(round, from);
+    EXPECT_EQ(set.size(), 1u) << "round " << round;
+  }
+  coordinator_->Stop();
+  for (auto& w : workers_) w->Stop();
+  store_proc->Stop();
 }
 
 TEST_F(CompressTest, CoordinatorRefusesBadCompressionFlags) {

@@ -25,7 +25,7 @@ target_compile_definitions(tls_e2e_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOUR
 add_dependencies(tls_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 # Compressed exchanges and the outer optimizer (issue 16).
 shoal_test(compress_test e2e e2e/compress_test.cc LIBS shoal_protos shoal_common SERIAL)
-add_dependencies(compress_test shoal-coordinator shoal-worker shoalctl)
+add_dependencies(compress_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 # The example TorchScript CNN trained by 3 workers; export loaded in Python (issue 15).
 shoal_test(torchscript_run_test e2e e2e/torchscript_run_test.cc LIBS shoal_protos shoal_common
   SERIAL)

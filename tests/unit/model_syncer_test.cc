@@ -189,8 +189,10 @@ class FakePeers : public PeerClient {
 // A store holding checkpoints of whole models, layers as in Layers().
 class FakeStore : public checkpoint::CheckpointClient {
  public:
+  // `with_momentum`: an outer optimizer state layer follows the model's,
+  // as a nesterov run's checkpoints have (reading it is out of range here).
   void Add(const std::string& id, uint64_t round, const std::vector<float>& model,
-           bool with_model_hash = true) {
+           bool with_model_hash = true, bool with_momentum = false) {
     shoal::v1::Manifest m;
     m.set_id(id);
     m.set_run_id("run");
@@ -204,6 +206,15 @@ class FakeStore : public checkpoint::CheckpointClient {
       e->add_shape(static_cast<int64_t>(l.elements));
       e->set_bytes(l.elements * sizeof(float));
       e->set_sha256(Sha256Hex(model.data() + l.offset, l.elements * sizeof(float)));
+    }
+    if (with_momentum) {
+      auto* e = m.add_layers();
+      e->set_name("outer.momentum");
+      e->set_dtype("float32");
+      e->add_shape(static_cast<int64_t>(model.size()));
+      e->set_bytes(model.size() * sizeof(float));
+      e->set_sha256(std::string(64, 'a'));
+      e->set_optimizer_state(true);
     }
     checkpoints_[id] = {m, model};
   }
@@ -427,6 +438,20 @@ TEST_F(ModelSyncerTest, AllHoldersGoneFallsBackToTheStore) {
   EXPECT_EQ(stats_.bytes_from_store, kTotal * sizeof(float));
   EXPECT_EQ(stats_.checkpoint_id, "run-r7");
   EXPECT_GT(store.reads(), 0);
+}
+
+TEST_F(ModelSyncerTest, StoreCheckpointWithOptimizerStateServesTheModelAlone) {
+  auto holders = Holders(2);
+  for (auto& [address, h] : holders) h.mode = Holder::kDown;
+  FakePeers peers(holders);
+  FakeStore store;
+  store.Add("run-r7", kRound, model_, /*with_model_hash=*/true, /*with_momentum=*/true);
+  CheckpointFallback fallback;
+  fallback.client = &store;
+  fallback.checkpoint_id = "run-r7";
+  ASSERT_TRUE(Sync(&peers, {"w1", "w2"}, fallback).ok());
+  ExpectBitIdentical();
+  EXPECT_EQ(stats_.bytes_from_store, kTotal * sizeof(float));
 }
 
 TEST_F(ModelSyncerTest, HoldersFailingEveryReadFallBackToTheStore) {

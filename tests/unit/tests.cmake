@@ -46,6 +46,12 @@ target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
+shoal_test(outer_optimizer_test unit ${CMAKE_CURRENT_LIST_DIR}/outer_optimizer_test.cc
+  LIBS worker_core)
+shoal_test(encoded_store_test unit ${CMAKE_CURRENT_LIST_DIR}/encoded_store_test.cc
+  LIBS worker_core)
+shoal_test(encoded_exchange_test unit ${CMAKE_CURRENT_LIST_DIR}/encoded_exchange_test.cc
+  LIBS worker_lib)
 shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
 shoal_test(progress_test unit ${CMAKE_CURRENT_LIST_DIR}/progress_test.cc LIBS shoal_common)
 shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)

@@ -152,18 +152,20 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
            std::ostream& out, std::ostream& err) {
   absl::StatusOr<Manifest> m = client->GetManifest(id);
   if (!m.ok()) return Fail(err, m.status());
-  std::vector<std::vector<uint8_t>> buffers(m->layers_size());
+  // The model alone: the outer optimizer's state layers stay in the store.
+  const int model_layers = shoal::checkpoint::ModelLayerCount(*m);
+  std::vector<std::vector<uint8_t>> buffers(model_layers);
   std::vector<ExportTensor> tensors;
   uint64_t total = 0;
   uint64_t all = 0;
-  for (const auto& l : m->layers()) all += l.bytes();
+  for (int i = 0; i < model_layers; ++i) all += m->layers(i).bytes();
   // Progress on stderr: redrawn in place on a terminal, a line per layer
   // otherwise (a log, a pipe).
   ProgressLine progress(&err,
                         &err == &std::cerr ? ProgressLine::StyleFor(STDERR_FILENO)
                                            : ProgressLine::Style::kLines,
                         absl::StrCat("export ", id), all);
-  for (int i = 0; i < m->layers_size(); ++i) {
+  for (int i = 0; i < model_layers; ++i) {
     absl::Status s = shoal::checkpoint::ReadWholeLayer(
         client, id, *m, static_cast<uint32_t>(i), &buffers[i],
         [&](uint64_t layer_bytes) { progress.Update(total + layer_bytes); });
@@ -244,8 +246,9 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
                         shape_w, "SHAPE", "BYTES", "SHA256");
   for (int i = 0; i < m.layers_size(); ++i) {
     const auto& l = m.layers(i);
-    absl::StrAppendFormat(&out, "%3d  %-*s  %-7s  %-*s  %12d  %s\n", i, name_w, l.name(), l.dtype(),
-                          shape_w, Shape(l), l.bytes(), l.sha256());
+    absl::StrAppendFormat(&out, "%3d  %-*s  %-7s  %-*s  %12d  %s%s\n", i, name_w, l.name(),
+                          l.dtype(), shape_w, Shape(l), l.bytes(), l.sha256(),
+                          l.optimizer_state() ? "  (optimizer state, not exported)" : "");
   }
   return out;
 }
@@ -265,7 +268,8 @@ std::string FormatManifestJson(const Manifest& m, const std::string& damage) {
     absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "    {\"name\": ", Json(l.name()),
                     ", \"dtype\": ", Json(l.dtype()), ", \"shape\": [",
                     absl::StrJoin(l.shape(), ", "), "], \"bytes\": ", l.bytes(),
-                    ", \"sha256\": ", Json(l.sha256()), "}");
+                    ", \"sha256\": ", Json(l.sha256()),
+                    l.optimizer_state() ? ", \"optimizer_state\": true}" : "}");
   }
   absl::StrAppend(&out, m.layers().empty() ? "]\n}\n" : "\n  ]\n}\n");
   return out;

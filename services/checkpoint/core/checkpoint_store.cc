@@ -171,11 +171,20 @@ absl::Status ValidateManifest(const shoal::v1::Manifest& m) {
   RETURN_IF_ERROR(ValidateRunId(m.run_id()));
   if (m.layers().empty()) return absl::InvalidArgumentError("manifest has no layers");
   std::set<absl::string_view> names;
+  bool state_seen = false;
   for (int i = 0; i < m.layers_size(); ++i) {
     const shoal::v1::LayerEntry& l = m.layers(i);
     const std::string where = absl::StrCat("layer ", i, " '", l.name(), "'");
     if (l.name().empty())
       return absl::InvalidArgumentError(absl::StrCat("layer ", i, " has no name"));
+    // Readers take the model as the leading layers (export, model pulls).
+    if (l.optimizer_state()) {
+      if (i == 0) return absl::InvalidArgumentError(absl::StrCat(where, ": no model layer"));
+      state_seen = true;
+    } else if (state_seen) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a model layer after an optimizer state layer"));
+    }
     if (!names.insert(l.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("duplicate layer name '", l.name(), "'"));
     }

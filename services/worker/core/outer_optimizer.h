@@ -30,6 +30,10 @@
 
 namespace shoal::worker {
 
+// The name of the checkpoint layer that holds the committed momentum
+// (flagged optimizer_state; docs/COMPRESSION.md).
+inline constexpr char kMomentumLayer[] = "outer.momentum";
+
 struct OuterOptions {
   OuterOptimizer kind = OuterOptimizer::kNone;
   float lr = 1.0f;

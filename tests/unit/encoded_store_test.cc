@@ -1,0 +1,112 @@
+// What Peer.ReadEncoded serves (services/worker/core/encoded_store.h):
+// UNAVAILABLE for what is not published yet (a later round or attempt, or
+// this one before it is there), FAILED_PRECONDITION for an older round or
+// attempt, INVALID_ARGUMENT for a request without a kind or with an empty
+// or reversed range; the previous round's averages outlive one BeginRound;
+// the outer optimizer state is served for its round only.
+#include "services/worker/core/encoded_store.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+namespace shoal::worker {
+namespace {
+
+using shoal::v1::AVERAGED;
+using shoal::v1::CONTRIBUTION;
+using shoal::v1::SNAPSHOT;
+
+shoal::v1::ReadEncodedRequest Req(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind,
+                                  uint64_t begin = 0, uint64_t end = 10) {
+  shoal::v1::ReadEncodedRequest r;
+  r.set_round(round);
+  r.set_attempt(attempt);
+  r.set_kind(kind);
+  r.set_begin(begin);
+  r.set_end(end);
+  return r;
+}
+
+Blob B(const std::string& s) { return std::make_shared<const std::string>(s); }
+
+absl::StatusCode Code(const EncodedStore& s, const shoal::v1::ReadEncodedRequest& r) {
+  return s.Find(r).status().code();
+}
+
+TEST(EncodedStoreTest, NothingBeforeTheFirstRoundIsUnavailable) {
+  EncodedStore s;
+  EXPECT_EQ(Code(s, Req(1, 0, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Code(s, Req(0, 0, SNAPSHOT)), absl::StatusCode::kUnavailable);
+  // Publishing before BeginRound is ignored.
+  s.Publish(1, 0, CONTRIBUTION, 0, 10, B("x"));
+  EXPECT_EQ(Code(s, Req(1, 0, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+}
+
+TEST(EncodedStoreTest, ServesWhatWasPublishedForItsRoundAndAttempt) {
+  EncodedStore s;
+  s.BeginRound(3, 0);
+  const Blob blob = B("contribution");
+  s.Publish(3, 0, CONTRIBUTION, 0, 10, blob);
+  absl::StatusOr<Blob> got = s.Find(Req(3, 0, CONTRIBUTION));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, blob);  // shared, not copied
+  // This round, not there yet: ask again.
+  EXPECT_EQ(Code(s, Req(3, 0, CONTRIBUTION, 10, 20)), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Code(s, Req(3, 0, AVERAGED)), absl::StatusCode::kUnavailable);
+  // Later rounds and attempts: not yet.
+  EXPECT_EQ(Code(s, Req(4, 0, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Code(s, Req(3, 1, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+  // Publishing for another round or attempt is ignored.
+  s.Publish(4, 0, CONTRIBUTION, 0, 10, B("early"));
+  s.Publish(3, 1, CONTRIBUTION, 0, 10, B("early"));
+  EXPECT_EQ(Code(s, Req(4, 0, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Code(s, Req(3, 1, CONTRIBUTION)), absl::StatusCode::kUnavailable);
+  // Older rounds: gone for good.
+  EXPECT_EQ(Code(s, Req(2, 0, CONTRIBUTION)), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EncodedStoreTest, ANewAttemptOrRoundDropsTheOldOnesButTheLastAverages) {
+  EncodedStore s;
+  s.BeginRound(5, 0);
+  s.Publish(5, 0, CONTRIBUTION, 0, 10, B("c0"));
+  s.BeginRound(5, 1);
+  EXPECT_EQ(Code(s, Req(5, 0, CONTRIBUTION)), absl::StatusCode::kFailedPrecondition);
+  s.Publish(5, 1, CONTRIBUTION, 0, 10, B("c1"));
+  s.Publish(5, 1, AVERAGED, 0, 10, B("a1"));
+  s.BeginRound(6, 0);
+  // Slow readers may still gather round 5's averages, not its contributions.
+  absl::StatusOr<Blob> avg = s.Find(Req(5, 1, AVERAGED));
+  ASSERT_TRUE(avg.ok()) << avg.status();
+  EXPECT_EQ(**avg, "a1");
+  EXPECT_EQ(Code(s, Req(5, 1, CONTRIBUTION)), absl::StatusCode::kFailedPrecondition);
+  s.BeginRound(7, 0);
+  EXPECT_EQ(Code(s, Req(5, 1, AVERAGED)), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EncodedStoreTest, BadRequestsAreInvalidArgument) {
+  EncodedStore s;
+  s.BeginRound(1, 0);
+  s.Publish(1, 0, CONTRIBUTION, 0, 10, B("c"));
+  EXPECT_EQ(Code(s, Req(1, 0, shoal::v1::SLICE_KIND_UNSPECIFIED)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(s, Req(1, 0, CONTRIBUTION, 10, 10)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(s, Req(1, 0, CONTRIBUTION, 10, 0)), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EncodedStoreTest, OuterStateIsServedForItsRoundOnly) {
+  EncodedStore s;
+  s.SetState(4, B("m4"));
+  absl::StatusOr<Blob> got = s.Find(Req(4, 0, SNAPSHOT));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(**got, "m4");
+  EXPECT_EQ(Code(s, Req(5, 0, SNAPSHOT)), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Code(s, Req(3, 0, SNAPSHOT)), absl::StatusCode::kFailedPrecondition);
+  s.SetState(5, B("m5"));
+  EXPECT_EQ(Code(s, Req(4, 0, SNAPSHOT)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(**s.Find(Req(5, 0, SNAPSHOT)), "m5");
+}
+
+}  // namespace
+}  // namespace shoal::worker
