@@ -48,6 +48,7 @@ shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoa
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
 shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
 shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)
+shoal_test(data_split_test unit ${CMAKE_CURRENT_LIST_DIR}/data_split_test.cc LIBS worker_core)
 # Gossip mode's pure parts (worker and coordinator side).
 shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.cc
   LIBS worker_core coordinator_core)
