@@ -11,7 +11,9 @@
 # ROUNDS x 4 x STEPS x batch samples; the one process takes 4x the
 # optimizer steps, the 4 workers average 4 models every round.
 # The last line: `quality: ... ratio=<4 workers IID accuracy / one process accuracy>`
-# (both with outer optimizer none).
+# (both with outer optimizer none). The adaptive deadline is off: on a loaded
+# machine it could drop a slow worker's round and change what is measured;
+# the table says how many rounds had all 4 workers.
 # Usage: quality.sh BIN OUT [ROUNDS] [STEPS]
 # Environment: QUALITY_SKEW (default label_skew:0.3), QUALITY_OUTER_LR (0.7),
 # QUALITY_OUTER_MOMENTUM (0.9), QUALITY_ARMS (subset of the arm names below).
@@ -55,7 +57,8 @@ run_one() {
   "$BIN/shoal-coordinator" --listen=127.0.0.1:0 --min_participants=$workers \
     --local_steps="$steps" --rounds="$ROUNDS" --eval_every="$ROUNDS" --batch_size=$BATCH \
     --data_split="$split" --outer_optimizer="$outer" --outer_lr="$OUTER_LR" \
-    --outer_momentum="$OUTER_MOMENTUM" >"$dir/coordinator.log" 2>&1 &
+    --outer_momentum="$OUTER_MOMENTUM" --adaptive_deadline=false \
+    >"$dir/coordinator.log" 2>&1 &
   PIDS+=($!)
   local addr=""
   for _ in $(seq 100); do
@@ -88,6 +91,7 @@ import glob, os, re, statistics, sys
 root, rounds, steps, batch, skew, outer_lr = sys.argv[1:7]
 rounds, steps, batch = int(rounds), int(steps), int(batch)
 LINE = re.compile(r"round (\d+): .*test_accuracy=([\d.]+)")
+FULL = re.compile(r"round \d+ complete: participants=(\d+)")
 SPLIT = re.compile(r"top label (\d+) holds ([\d.]+)%")
 rows = {}
 for line in open(os.path.join(root, "arms.txt")):
@@ -102,17 +106,19 @@ for line in open(os.path.join(root, "arms.txt")):
             if s: top.append(float(s.group(2)))
     if not acc:
         print(f"quality: no final accuracy for {arm} (logs in {d})", file=sys.stderr); sys.exit(1)
+    full = sum(1 for l in open(os.path.join(d, "coordinator.log"))
+               if (m := FULL.search(l)) and int(m.group(1)) == int(workers))
     samples = rounds * int(workers) * int(arm_steps) * batch
     rows[arm] = (int(workers), int(arm_steps), split, statistics.mean(acc),
-                 statistics.mean(top) if top else float("nan"), samples, int(secs))
+                 statistics.mean(top) if top else float("nan"), samples, int(secs), full)
 base = rows.get("one/none")
 print(f"Fashion-MNIST MLP, {rounds} rounds, batch {batch}, outer lr {outer_lr} (nesterov); "
       "same samples per arm; accuracy on the 10000 test images after the last round")
 print(f"{'arm':<14} {'workers':>7} {'steps/rnd':>9} {'split':<16} {'top label':>9} "
-      f"{'samples':>8} {'test_acc':>9} {'vs one':>8} {'secs':>5}")
-for arm, (w, s, split, acc, top, samples, secs) in rows.items():
+      f"{'samples':>8} {'full rnds':>9} {'test_acc':>9} {'vs one':>8} {'secs':>5}")
+for arm, (w, s, split, acc, top, samples, secs, full) in rows.items():
     vs = f"{100 * (acc - base[3]):+.2f}pt" if base else "n/a"
-    print(f"{arm:<14} {w:>7} {s:>9} {split:<16} {top:>8.1f}% {samples:>8} {acc:>9.4f} "
+    print(f"{arm:<14} {w:>7} {s:>9} {split:<16} {top:>8.1f}% {samples:>8} {full:>9} {acc:>9.4f} "
           f"{vs:>8} {secs:>5}")
 parts = " ".join(f"{a}={r[3]:.4f}" for a, r in rows.items())
 ratio = rows["iid/none"][3] / base[3] if base and "iid/none" in rows else float("nan")
