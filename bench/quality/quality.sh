@@ -86,9 +86,9 @@ run_one() {
 
 rm -f "$OUT/quality/arms.txt"
 for a in $ARMS; do run_one "$a"; done
-/usr/bin/python3 - "$OUT/quality" "$ROUNDS" "$STEPS" "$BATCH" "$SKEW" "$OUTER_LR" <<'PY'
+/usr/bin/python3 - "$OUT/quality" "$ROUNDS" "$STEPS" "$BATCH" "$SKEW" "$OUTER_LR" "$OUTER_MOMENTUM" <<'PY'
 import glob, os, re, statistics, sys
-root, rounds, steps, batch, skew, outer_lr = sys.argv[1:7]
+root, rounds, steps, batch, skew, outer_lr, outer_momentum = sys.argv[1:8]
 rounds, steps, batch = int(rounds), int(steps), int(batch)
 LINE = re.compile(r"round (\d+): .*test_accuracy=([\d.]+)")
 FULL = re.compile(r"round \d+ complete: participants=(\d+)")
@@ -112,7 +112,8 @@ for line in open(os.path.join(root, "arms.txt")):
     rows[arm] = (int(workers), int(arm_steps), split, statistics.mean(acc),
                  statistics.mean(top) if top else float("nan"), samples, int(secs), full)
 base = rows.get("one/none")
-print(f"Fashion-MNIST MLP, {rounds} rounds, batch {batch}, outer lr {outer_lr} (nesterov); "
+print(f"Fashion-MNIST MLP, {rounds} rounds, batch {batch}, nesterov lr {outer_lr} momentum "
+      f"{outer_momentum}; "
       "same samples per arm; accuracy on the 10000 test images after the last round")
 print(f"{'arm':<14} {'workers':>7} {'steps/rnd':>9} {'split':<16} {'top label':>9} "
       f"{'samples':>8} {'full rnds':>9} {'test_acc':>9} {'vs one':>8} {'secs':>5}")
