@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | compress | wan | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | compress | quality | wan | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|compress|wan|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|compress|quality|wan|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -155,6 +155,15 @@ run_compress() {
   bash bench/compress/compress.sh "$BIN" "$OUT" $rounds $steps | tee "$OUT/compress.txt"
 }
 
+# Issue 16: final accuracy at equal samples, one process vs 4 workers, IID
+# and label_skew:0.3, outer optimizer none and nesterov (bench/quality).
+run_quality() {
+  header quality
+  local rounds=20 steps=50
+  [[ "$QUICK" == 1 ]] && rounds=5 steps=25
+  bash bench/quality/quality.sh "$BIN" "$OUT" $rounds $steps | tee "$OUT/quality.txt"
+}
+
 # Issue 11: 4 workers on Fashion-MNIST, one throttled to 1/4 speed from
 # outside (SIGSTOP/SIGCONT duty cycle); time to 0.85 test accuracy for today's
 # sync (fixed deadline, late work dropped), adaptive deadline + folding, and
@@ -204,6 +213,12 @@ case "$NAME" in
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
     "run_$NAME"
+    ;;
+  quality)
+    # Only the coordinator and the worker: no bench binaries needed.
+    ninja -C "$BUILD" shoal-coordinator shoal-worker >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_quality
     ;;
   stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | compress)
     build

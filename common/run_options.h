@@ -27,8 +27,9 @@ enum class OuterOptimizer { kNone, kSgd, kNesterov };
 absl::StatusOr<OuterOptimizer> ParseOuterOptimizer(const std::string& text);
 
 struct DataSplit {
-  // IID: shard (data_rank % data_shards) of a seeded shuffle (today).
-  // Label skew: per data rank, class proportions drawn from Dirichlet(alpha).
+  // IID: every data_shards-th image from (data_rank % data_shards), shuffled.
+  // Label skew: for every label, the shares of its images the data shards
+  // get are drawn from Dirichlet(alpha) (services/worker/core/data_split.h).
   bool label_skew = false;
   double alpha = 0;
 };

@@ -140,10 +140,6 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   if (!split.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--data_split: ", split.status().message()));
   }
-  if (split->label_skew) {
-    return absl::UnimplementedError(
-        "--data_split=label_skew:ALPHA is not implemented yet (only iid); see issue 16");
-  }
   if (c.mode() == "gossip" && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
     return absl::InvalidArgumentError(
         "--codec and --outer_optimizer shape the synchronous exchange; --mode=gossip fetches "

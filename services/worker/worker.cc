@@ -20,6 +20,7 @@
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
+#include "services/worker/core/data_split.h"
 #include "services/worker/core/dataset.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
@@ -257,6 +258,11 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                                                  ? "none"
                                                  : config.outer_optimizer())
                               : std::string());
+  SHOAL_LOG(INFO) << "data split "
+                  << (config.data_split().empty() ? "iid" : config.data_split()) << " shard "
+                  << joined.data_rank() % std::max<uint32_t>(1, config.data_shards()) << "/"
+                  << std::max<uint32_t>(1, config.data_shards()) << " (seed " << config.seed()
+                  << "): " << LabelCountsSummary(trainer_->shard_label_counts());
   return absl::OkStatus();
 }
 

@@ -201,6 +201,45 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
   coordinator_->Stop();
   for (auto& w : workers_) w->Stop();
   store_proc->Stop();
+
+// --data_split=label_skew:ALPHA: the coordinator accepts it, the run
+// trains, and the workers' shards (as each logs them at start) cover the
+// training set label by label: every image on exactly one of them.
+TEST_F(CompressTest, LabelSkewSplitRunsAndShardsCoverTheTrainingSet) {
+  const std::string addr =
+      StartCoordinator({"--min_participants=2", "--local_steps=10", "--rounds=2",
+                        "--data_split=label_skew:0.3"});
+  for (int i = 0; i < 2; ++i) StartWorker(addr);
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(5));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(20)), 0) << w->Log();
+  std::map<int, uint64_t> per_label;
+  std::set<std::string> shards;
+  for (auto& w : workers_) {
+    const std::string log = w->Log();
+    const size_t at = log.find("data split label_skew:0.3 shard ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    shards.insert(line.substr(32, 3));  // "0/2" or "1/2"
+    const size_t labels = line.find(" labels ");
+    const size_t end = line.find(", top label");
+    ASSERT_TRUE(labels != std::string::npos && end != std::string::npos) << line;
+    for (absl::string_view pair :
+         absl::StrSplit(line.substr(labels + 8, end - labels - 8), ' ')) {
+      std::vector<absl::string_view> lc = absl::StrSplit(pair, ':');
+      int label = 0;
+      uint64_t count = 0;
+      ASSERT_TRUE(lc.size() == 2 && absl::SimpleAtoi(lc[0], &label) &&
+                  absl::SimpleAtoi(lc[1], &count))
+          << line;
+      per_label[label] += count;
+    }
+  }
+  EXPECT_EQ(shards, (std::set<std::string>{"0/2", "1/2"}));
+  // Fashion-MNIST's training set: 6000 images of each of 10 labels.
+  ASSERT_EQ(per_label.size(), 10u) << Logs();
+  for (const auto& [label, count] : per_label) EXPECT_EQ(count, 6000u) << "label " << label;
 }
 
 TEST_F(CompressTest, CoordinatorRefusesBadCompressionFlags) {

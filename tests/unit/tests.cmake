@@ -55,6 +55,7 @@ shoal_test(encoded_exchange_test unit ${CMAKE_CURRENT_LIST_DIR}/encoded_exchange
 shoal_test(model_file_test unit ${CMAKE_CURRENT_LIST_DIR}/model_file_test.cc LIBS shoal_common)
 shoal_test(progress_test unit ${CMAKE_CURRENT_LIST_DIR}/progress_test.cc LIBS shoal_common)
 shoal_test(dataset_test unit ${CMAKE_CURRENT_LIST_DIR}/dataset_test.cc LIBS worker_core ZLIB::ZLIB)
+shoal_test(data_split_test unit ${CMAKE_CURRENT_LIST_DIR}/data_split_test.cc LIBS worker_core)
 # Gossip mode's pure parts (worker and coordinator side).
 shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.cc
   LIBS worker_core coordinator_core)

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "services/worker/core/data_split.h"
 
 namespace shoal::worker {
 namespace {
@@ -217,6 +218,34 @@ TEST(TrainerTest, DisjointShardsCoverTheTrainingSet) {
   ASSERT_TRUE(d && e);
   EXPECT_EQ(d->shard_size(), 257u);
   EXPECT_EQ(e->shard_size(), 257u);
+}
+
+// --data_split=label_skew:ALPHA: the trainer takes its part of the split
+// data_split.h computes (tested there); the parts still cover the set, their
+// label counts are what the worker logs, and a bad alpha fails the start.
+TEST(TrainerTest, LabelSkewShardsCoverTheTrainingSet) {
+  const FashionMnist data = SyntheticData(257, 8);
+  size_t total = 0;
+  std::vector<uint64_t> per_label;
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    TrainerOptions o = Options("mlp", 1, rank, /*data_shards=*/3);
+    o.config.set_data_split("label_skew:0.3");
+    auto t = MustCreate(o, &data);
+    ASSERT_TRUE(t);
+    total += t->shard_size();
+    uint64_t counted = 0;
+    for (size_t l = 0; l < t->shard_label_counts().size(); ++l) {
+      if (per_label.size() <= l) per_label.resize(l + 1, 0);
+      per_label[l] += t->shard_label_counts()[l];
+      counted += t->shard_label_counts()[l];
+    }
+    EXPECT_EQ(counted, t->shard_size());
+  }
+  EXPECT_EQ(total, 257u);
+  EXPECT_EQ(per_label, LabelCounts(data.train.labels, IidShardRows(257, 1, 0)));
+  TrainerOptions bad = Options("mlp", 1, 0, 3);
+  bad.config.set_data_split("label_skew:-1");
+  EXPECT_EQ(Trainer::Create(bad, &data).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerTest, EvalLimitAndHash) {

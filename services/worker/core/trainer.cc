@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/run_options.h"
 #include "common/sha256.h"
+#include "services/worker/core/data_split.h"
 #include "services/worker/core/torchscript_module.h"
 
 namespace shoal::worker {
@@ -86,6 +88,7 @@ struct Trainer::Impl {
   std::function<void(bool)> set_training;
   torch::Tensor flat;
   std::vector<LayerInfo> layers;
+  std::vector<uint64_t> shard_label_counts;
   std::vector<MirroredBuffer> mirrored;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   torch::Tensor train_x, train_y, test_x, test_y;
@@ -231,11 +234,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     }
   }
 
-  // This worker's disjoint shard: every data_shards-th image.
+  // This worker's disjoint shard (data_split.h): every data_shards-th image
+  // (iid) or its part of the run's Dirichlet label-skew split.
+  absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
+  if (!split.ok()) return split.status();
   const uint32_t shards = std::max<uint32_t>(1, config.data_shards());
-  const uint32_t shard = options.data_rank % shards;
-  std::vector<int64_t> rows;
-  for (int64_t i = shard; i < data->train.count; i += shards) rows.push_back(i);
+  absl::StatusOr<std::vector<int64_t>> shard_rows =
+      ShardRows(*split, data->train.labels, shards, options.data_rank % shards, config.seed());
+  if (!shard_rows.ok()) return shard_rows.status();
+  const std::vector<int64_t> rows = std::move(*shard_rows);
+  impl->shard_label_counts = LabelCounts(data->train.labels, rows);
   impl->train_x = ToTensor(data->train, rows);
   impl->train_y = Labels(data->train, rows);
   std::vector<int64_t> test_rows(data->test.count);
@@ -329,6 +337,9 @@ float* Trainer::parameters() { return impl_->flat.data_ptr<float>(); }
 uint64_t Trainer::num_elements() const { return impl_->flat.numel(); }
 const std::vector<LayerInfo>& Trainer::layers() const { return impl_->layers; }
 size_t Trainer::shard_size() const { return impl_->order.size(); }
+const std::vector<uint64_t>& Trainer::shard_label_counts() const {
+  return impl_->shard_label_counts;
+}
 
 std::string HashParameters(const float* data, uint64_t count) {
   return Sha256Hex(data, count * sizeof(float));

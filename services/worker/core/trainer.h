@@ -1,7 +1,8 @@
 // Local training of one worker: the model (MLP or CNN, built in C++ with
 // deterministic initialisation from the run seed, or a TorchScript module
 // loaded from the run's file), its optimizer (SGD with momentum, Adam or
-// AdamW; the state stays local) and its disjoint shard of Fashion-MNIST.
+// AdamW; the state stays local) and its disjoint shard of the training set
+// (--data_split: iid or Dirichlet label skew, data_split.h).
 //
 // All parameters live in one flat float32 buffer (each parameter tensor is a
 // view into it), so slices of the model are plain memory ranges that the
@@ -75,6 +76,8 @@ class Trainer {
   const std::vector<LayerInfo>& layers() const;
   // Number of training images in this worker's shard.
   size_t shard_size() const;
+  // Images per label (index = label) in this worker's shard.
+  const std::vector<uint64_t>& shard_label_counts() const;
 
  private:
   struct Impl;
