@@ -32,7 +32,8 @@ run_one() {
   mkdir -p "$dir"
   "$BIN/shoal-coordinator" --listen=127.0.0.1:0 --min_participants=$WORKERS \
     --local_steps="$STEPS" --rounds="$ROUNDS" --eval_every="$ROUNDS" --codec="$codec" \
-    --outer_optimizer="$OUTER" >"$dir/coordinator.log" 2>&1 &
+    --outer_optimizer="$OUTER" --adaptive_deadline=false --fold_late_work=false \
+    >"$dir/coordinator.log" 2>&1 &
   PIDS+=($!)
   local addr=""
   for _ in $(seq 100); do
@@ -65,24 +66,30 @@ LINE = re.compile(r"round (\d+): .* wire_in=(\d+) wire_out=(\d+) ratio=([\d.]+)"
 ACC = re.compile(r"test_accuracy=([\d.]+)")
 rows = {}
 for c in codecs:
-    wire, acc = [], []
+    wire, ratio, acc = [], [], []
     for p in glob.glob(os.path.join(root, c.replace(":", "_"), "worker-*.log")):
         for line in open(p):
             m = LINE.search(line)
             if not m: continue
-            wire.append(int(m.group(2)))
+            if int(m.group(2)) > 0:  # not a round it sat out (nothing read)
+                wire.append(int(m.group(2)))
+                ratio.append(float(m.group(4)))
             a = ACC.search(line)
             if a and int(m.group(1)) == int(rounds): acc.append(float(a.group(1)))
     if not wire or not acc:
         print(f"compress: no results for {c}", file=sys.stderr); sys.exit(1)
-    rows[c] = (statistics.mean(wire), statistics.mean(acc))
-base_b, base_a = rows[codecs[0]]
-print(f"4 workers, MLP, {rounds} rounds x {steps} local steps; bytes = mean received per worker and round")
+    rows[c] = (statistics.mean(wire), statistics.mean(acc), statistics.mean(ratio))
+base_b, base_a, _ = rows[codecs[0]]
+# "vs fp32" is each round's own ratio as the worker logs it: bytes received
+# over the same slices as float32. Mean bytes per round depend on how many
+# workers took part (a worker that sat a round out sends nothing), so the
+# ratio of the means can drift from the codec's ratio on a loaded machine.
+print(f"4 workers, MLP, {rounds} rounds x {steps} local steps; bytes = mean received per worker and round it took part in")
 print(f"{'codec':<14} {'bytes/round':>12} {'vs fp32':>8} {'test_acc':>9} {'vs fp32':>8}")
 for c in codecs:
-    b, a = rows[c]
-    print(f"{c:<14} {b:>12.0f} {b / base_b:>8.4f} {a:>9.4f} {100 * (a - base_a):>+7.2f}pt")
-parts = " ".join(f"{c}={rows[c][0] / base_b:.4f}/{rows[c][1]:.4f}" for c in codecs)
-ratio = rows["int8"][0] / base_b if "int8" in rows else float("nan")
+    b, a, r = rows[c]
+    print(f"{c:<14} {b:>12.0f} {r:>8.4f} {a:>9.4f} {100 * (a - base_a):>+7.2f}pt")
+parts = " ".join(f"{c}={rows[c][2]:.4f}/{rows[c][1]:.4f}" for c in codecs)
+ratio = rows["int8"][2] if "int8" in rows else float("nan")
 print(f"compress: {parts} ratio={ratio:.4f}")
 PY
