@@ -86,14 +86,14 @@ function render(s) {
     { name: 'test_accuracy', color: '#2a9d8f', points: r.filter((x) => x.evaluated).map((x) => [x.round, x.test_accuracy]).filter((p) => p[1] !== null) },
   ], { digits: 2 });
 
-  const workers = s.workers || [];
+  const workers = (s.workers || []).slice().sort((a, b) => String(a.id).localeCompare(String(b.id), 'en', { numeric: true }));
   let recv = 0, sent = 0;
   const rows = workers.map((w) => {
     recv += num(w.bytes_received); sent += num(w.bytes_sent);
     const note = w.reason || w.missed_reason || (w.state === 'syncing' && num(w.sync_bytes_total) ? `sync ${bytes(w.sync_bytes_done)} / ${bytes(w.sync_bytes_total)}` : '');
     return `<tr data-worker="${esc(w.id)}"><td>${esc(w.id)}</td><td class="state-${esc(w.state)}">${esc(w.state)}</td>` +
       `<td>${esc(w.address)}</td><td class="num">${num(w.data_rank)}</td><td class="num">${num(w.rounds_completed)}</td>` +
-      `<td class="num">${ago(w.last_seen_ms_ago)}</td><td class="num">${fixed(w.train_loss, 4)}</td>` +
+      `<td class="num">${w.state === 'left' || w.state === 'evicted' ? '-' : ago(w.last_seen_ms_ago)}</td><td class="num">${fixed(w.train_loss, 4)}</td>` +
       `<td class="num">${num(w.metrics_round) ? fixed(w.test_accuracy, 4) : '-'}</td>` +
       `<td class="num">${bytes(w.bytes_received)}</td><td class="num">${bytes(w.bytes_sent)}</td>` +
       `<td class="num">${num(w.wire_round) || '-'}</td><td class="muted">${esc(note)}</td></tr>`;
