@@ -1,6 +1,7 @@
 #include "common/http_server.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -133,6 +134,7 @@ class HttpServer::Impl {
 
  private:
   void Accept() {
+    pthread_setname_np(pthread_self(), kHttpThreadName);
     while (!stop_) {
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, 100) <= 0) continue;
@@ -154,6 +156,7 @@ class HttpServer::Impl {
   }
 
   void Work() {
+    pthread_setname_np(pthread_self(), kHttpThreadName);
     while (true) {
       int conn;
       {

@@ -39,6 +39,10 @@ struct HttpResponse {
   std::vector<std::string> headers;
 };
 
+// The name of the server's threads (/proc/PID/task/TID/comm): the bench
+// sums their CPU to tell what the pages and scrapes cost.
+inline constexpr char kHttpThreadName[] = "shoal-http";
+
 class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
