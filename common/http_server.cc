@@ -1,9 +1,9 @@
 #include "common/http_server.h"
 
 #include <arpa/inet.h>
-#include <pthread.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,15 +29,24 @@ constexpr size_t kMaxHead = 8192;
 
 const char* Reason(int code) {
   switch (code) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
   }
 }
 
@@ -51,8 +60,7 @@ int RemainingMs(absl::Time deadline) {
 bool SendAll(int fd, const std::string& data, absl::Time deadline) {
   size_t sent = 0;
   while (sent < data.size()) {
-    const ssize_t n =
-        send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       sent += n;
       continue;
@@ -67,10 +75,9 @@ bool SendAll(int fd, const std::string& data, absl::Time deadline) {
 }
 
 std::string Serialize(const HttpResponse& r, bool head_only) {
-  std::string out = absl::StrCat("HTTP/1.1 ", r.code, " ", Reason(r.code),
-                                 "\r\nContent-Type: ", r.content_type,
-                                 "\r\nContent-Length: ", r.body.size(),
-                                 "\r\nConnection: close\r\n");
+  std::string out =
+      absl::StrCat("HTTP/1.1 ", r.code, " ", Reason(r.code), "\r\nContent-Type: ", r.content_type,
+                   "\r\nContent-Length: ", r.body.size(), "\r\nConnection: close\r\n");
   for (const std::string& h : r.headers) absl::StrAppend(&out, h, "\r\n");
   out += "\r\n";
   if (!head_only) out += r.body;

@@ -81,8 +81,7 @@ std::shared_ptr<WebPage::Snapshot> WebPage::Current() {
 void WebPage::Update() {
   absl::MutexLock lock(&mu_);
   // Only when the status changed: a round completes with a change.
-  if (snapshot_ != nullptr && snapshot_->version != 0 &&
-      source_.version() == snapshot_->version) {
+  if (snapshot_ != nullptr && snapshot_->version != 0 && source_.version() == snapshot_->version) {
     return;
   }
   Current();
@@ -122,21 +121,21 @@ HttpResponse WebPage::History(const HttpRequest& request) {
     bool first = true;
     for (const shoal::v1::RoundSummary& r : rounds_) {
       if (r.round() <= after) continue;
-      absl::StrAppend(&out, first ? "" : ",", "{\"round\":", r.round(),
-                      ",\"participants\":", r.participants(), ",\"seconds\":",
-                      JsonNumber(r.seconds()), ",\"train_loss\":", JsonNumber(r.train_loss()),
-                      ",\"evaluated\":", r.evaluated() ? "true" : "false",
-                      ",\"test_accuracy\":", JsonNumber(r.test_accuracy()),
-                      ",\"test_loss\":", JsonNumber(r.test_loss()),
-                      ",\"exchange_seconds\":", JsonNumber(r.exchange_seconds()), "}");
+      absl::StrAppend(
+          &out, first ? "" : ",", "{\"round\":", r.round(), ",\"participants\":", r.participants(),
+          ",\"seconds\":", JsonNumber(r.seconds()), ",\"train_loss\":", JsonNumber(r.train_loss()),
+          ",\"evaluated\":", r.evaluated() ? "true" : "false",
+          ",\"test_accuracy\":", JsonNumber(r.test_accuracy()),
+          ",\"test_loss\":", JsonNumber(r.test_loss()),
+          ",\"exchange_seconds\":", JsonNumber(r.exchange_seconds()), "}");
       first = false;
     }
     absl::StrAppend(&out, "],\"last_round\":", rounds_.empty() ? 0 : rounds_.back().round(),
                     ",\"checkpoints\":[");
     first = true;
     for (const Checkpoint& c : checkpoints_) {
-      absl::StrAppend(&out, first ? "" : ",", "{\"id\":", JsonString(c.id),
-                      ",\"round\":", c.round, ",\"seen_unix_ms\":", c.seen_unix_ms, "}");
+      absl::StrAppend(&out, first ? "" : ",", "{\"id\":", JsonString(c.id), ",\"round\":", c.round,
+                      ",\"seen_unix_ms\":", c.seen_unix_ms, "}");
       first = false;
     }
   }
@@ -150,7 +149,8 @@ HttpResponse WebPage::History(const HttpRequest& request) {
 
 std::map<std::string, HttpServer::Handler> WebPage::Routes(bool with_metrics) {
   std::map<std::string, HttpServer::Handler> routes = {
-      {"/", [](const HttpRequest&) { return Asset("text/html; charset=utf-8", web::k_index_html); }},
+      {"/",
+       [](const HttpRequest&) { return Asset("text/html; charset=utf-8", web::k_index_html); }},
       {"/index.html",
        [](const HttpRequest&) { return Asset("text/html; charset=utf-8", web::k_index_html); }},
       {"/app.js",

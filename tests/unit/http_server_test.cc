@@ -52,14 +52,14 @@ std::string Exchange(int port, const std::string& request) {
 }
 
 std::unique_ptr<HttpServer> Serve(HttpServer::Options options = {}) {
-  auto s = HttpServer::Start(
-      "127.0.0.1:0", "test_listen",
-      {{"/hello", [](const HttpRequest& r) {
-          HttpResponse out;
-          out.body = "hello " + r.query;
-          return out;
-        }}},
-      options);
+  auto s = HttpServer::Start("127.0.0.1:0", "test_listen",
+                             {{"/hello",
+                               [](const HttpRequest& r) {
+                                 HttpResponse out;
+                                 out.body = "hello " + r.query;
+                                 return out;
+                               }}},
+                             options);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -77,10 +77,10 @@ TEST(HttpServerTest, ServesRoutesAndAnswersErrors) {
   const std::string post = Exchange(s->port(), "POST /hello HTTP/1.1\r\n\r\n");
   EXPECT_EQ(post.rfind("HTTP/1.1 405", 0), 0u) << post;
   EXPECT_NE(post.find("Allow: GET, HEAD"), std::string::npos) << post;
-  for (const std::string& bad : std::vector<std::string>
-       {"garbage\r\n\r\n", "GET\r\n\r\n", "GET hello HTTP/1.1\r\n\r\n", "GET / SPDY\r\n\r\n",
-        "get / HTTP/1.1\r\n\r\n", "GET / HTTP/1.1\r\nno colon here\r\n\r\n",
-        std::string("GET /a\x01 HTTP/1.1\r\n\r\n")}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "garbage\r\n\r\n", "GET\r\n\r\n", "GET hello HTTP/1.1\r\n\r\n", "GET / SPDY\r\n\r\n",
+           "get / HTTP/1.1\r\n\r\n", "GET / HTTP/1.1\r\nno colon here\r\n\r\n",
+           std::string("GET /a\x01 HTTP/1.1\r\n\r\n")}) {
     EXPECT_EQ(Exchange(s->port(), bad).rfind("HTTP/1.1 400", 0), 0u) << bad;
   }
   const std::string huge = "GET /hello HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n";
