@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | failover | compress | quality | wan | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|micro|demo|tls|straggler|failover|compress|quality|wan|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -127,6 +127,19 @@ run_coordinator() {
     --log_dir="$OUT/coordinator" 2>>"$OUT/coordinator.log" | tee "$OUT/coordinator.txt"
 }
 
+# The web page's and /metrics' cost at 1,000 simulated workers (issue 15):
+# a short coordinator run with --http_listen, then timed GETs of /metrics,
+# /api/status and /api/history against its finished run.
+run_web() {
+  header web
+  local large=1000
+  [[ "$QUICK" == 1 ]] && large=200
+  mkdir -p "$OUT/web"
+  "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" --small=10 \
+    --large=$large --reps=1 --rounds_small=20 --rounds_large=8 --web_requests=100 \
+    --log_dir="$OUT/web" 2>>"$OUT/web.log" | tee "$OUT/web.txt"
+}
+
 run_micro() {
   header micro
   local reps=5
@@ -220,7 +233,7 @@ case "$NAME" in
       { tail -n 30 "$OUT/build.log"; exit 1; }
     run_quality
     ;;
-  stream | exchange | latejoin | coordinator | micro | demo | tls | straggler | compress)
+  stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | compress)
     build
     "run_$NAME"
     ;;

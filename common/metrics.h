@@ -1,6 +1,6 @@
 // Prometheus metrics: typed handles for the code that counts, and the HTTP
 // endpoint (`GET /metrics`) that serves them in the text format (registry
-// and format from Debian's prometheus-cpp; the endpoint is our own thread,
+// and format from Debian's prometheus-cpp; the endpoint is http_server.h,
 // see metrics.cc for why not its civetweb exposer). No prometheus header leaks out of this file:
 // core and service code include this one only.
 //
@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/http_server.h"
 
 namespace prometheus {
 class Counter;
@@ -81,9 +82,13 @@ class Metrics {
   // Stops serving (the series stay in the process).
   ~Metrics();
 
-  int port() const { return port_; }
+  int port() const;
   // "host:port" with the port actually bound.
-  const std::string& address() const { return address_; }
+  const std::string& address() const;
+
+  // Answers GET /metrics; for a server that serves other paths too (the
+  // coordinator's --http_listen).
+  static HttpResponse Handle(const HttpRequest& request);
 
   // Handles on the process's registry. Names follow Prometheus conventions
   // (`shoal_` prefix, base units in the name: `_seconds`, `_bytes`,
@@ -105,11 +110,8 @@ class Metrics {
   static std::string Render();
 
  private:
-  class HttpServer;
   Metrics() = default;
   std::unique_ptr<HttpServer> server_;
-  int port_ = 0;
-  std::string address_;
 };
 
 }  // namespace shoal

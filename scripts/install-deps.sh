@@ -27,6 +27,8 @@ if [[ "${1:-}" != "--image" ]]; then
   PKGS+=(prometheus)
   # Real etcd members (and etcdctl) for the coordinator-replica tests.
   PKGS+=(etcd-server etcd-client)
+  # Headless Chromium loads the coordinator's web page in its e2e test.
+  PKGS+=(chromium)
 fi
 # `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
 # provides kubectl; it cannot be installed over another package's kubectl

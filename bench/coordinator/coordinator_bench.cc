@@ -11,10 +11,23 @@
 //       [--small=10] [--large=1000] [--reps=3] [--rounds_small=300]
 //       [--rounds_large=10] [--status_rounds=3] [--log_dir=DIR]
 //
+// --web_requests=K (bash bench/run.sh web): the coordinator also serves
+// --http_listen (with /metrics on the same server); after the large run
+// finished (its N workers still listed, the run's rounds in the history), K
+// GETs of /metrics and K of /api/status back to back, and K/5 of
+// /api/status 0.6 s apart (each one a fresh build: the page's JSON is
+// cached for 0.5 s), each timed, sized, and the CPU they cost the
+// coordinator: the schedstat of its HTTP threads (named shoal-http), where
+// the status is built and rendered for the page and the scrape.
+//
 // The per-round CPU is taken over rounds without heartbeats or status calls;
 // heartbeat cost is measured separately (idle sessions), GetRunStatus latency
 // during extra rounds at the large size.
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -22,7 +35,9 @@
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <regex>
 #include <thread>
 #include <vector>
 
@@ -324,11 +339,97 @@ struct Result {
   double ready_to_plan_s = 0;  // median over rounds
   double round_s = 0;          // wall per round (measured rounds)
   std::vector<double> status_ms;
+  // --web_requests: per path, "ms p50", bytes, CPU ms per request.
+  struct Web {
+    std::string what;
+    double ms_p50 = 0, ms_p99 = 0, bytes = 0, cpu_ms_per_request = 0;
+    int requests = 0;
+  };
+  std::vector<Web> web;
   bool ok = false;
 };
 
+// GET http://127.0.0.1:port/path; the body size (-1 on an error or a non-200).
+int64_t HttpGetSize(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    char buf[65536];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.compare(0, 12, "HTTP/1.1 200") != 0 || body == std::string::npos) return -1;
+  return static_cast<int64_t>(response.size() - body - 4);
+}
+
+// CPU-seconds of the process's threads named `name` (schedstat, ns).
+double ThreadsCpuSeconds(pid_t pid, const std::string& name) {
+  double total = 0;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat(dir, "/", e->d_name, "/comm"));
+    std::string c;
+    std::getline(comm, c);
+    if (c != name) continue;
+    std::ifstream sched(absl::StrCat(dir, "/", e->d_name, "/schedstat"));
+    double ns = 0;
+    sched >> ns;
+    total += ns / 1e9;
+  }
+  closedir(d);
+  return total;
+}
+
+// The --web_requests measurement (see the top of the file).
+std::vector<Result::Web> MeasureWeb(pid_t coordinator, int port, int k) {
+  std::vector<Result::Web> out;
+  struct Case {
+    std::string what, path;
+    int n;
+    absl::Duration gap;
+  };
+  for (const Case& c : {Case{"/metrics", "/metrics", k, absl::ZeroDuration()},
+                        Case{"/api/status (cached)", "/api/status", k, absl::ZeroDuration()},
+                        Case{"/api/status (fresh)", "/api/status", std::max(1, k / 5),
+                             absl::Milliseconds(600)},
+                        Case{"/api/history", "/api/history?after=0", k, absl::ZeroDuration()}}) {
+    std::vector<double> ms;
+    double bytes = 0;
+    absl::SleepFor(absl::Milliseconds(600));  // any cached status is stale
+    const double cpu0 = ThreadsCpuSeconds(coordinator, "shoal-http");
+    for (int i = 0; i < c.n; ++i) {
+      if (i > 0) absl::SleepFor(c.gap);
+      const int64_t a = NowNs();
+      const int64_t size = HttpGetSize(port, c.path);
+      if (size < 0) {
+        std::fprintf(stderr, "coordinator bench: GET %s failed\n", c.path.c_str());
+        return {};
+      }
+      ms.push_back((NowNs() - a) / 1e6);
+      bytes = static_cast<double>(size);
+    }
+    const double cpu = ThreadsCpuSeconds(coordinator, "shoal-http") - cpu0;
+    out.push_back({c.what, Percentile(ms, 50), Percentile(ms, 99), bytes, cpu * 1e3 / c.n, c.n});
+  }
+  return out;
+}
+
 Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string& bin,
-               const std::string& log_dir, int status_poll_ms) {
+               const std::string& log_dir, int status_poll_ms, int web_requests) {
   Result result;
   Run run;
   run.n = n;
@@ -338,11 +439,18 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
     run.per_round.push_back(std::make_unique<RoundStats>());
   }
   const std::string log = absl::StrCat(log_dir, "/coordinator-", n, "-", NowNs(), ".log");
-  Child coordinator(
-      {bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
-       absl::StrCat("--rounds=", run.warmup + rounds + status_rounds), "--round_timeout=600s",
-       "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000"},
-      log);
+  std::vector<std::string> argv = {
+      bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
+      absl::StrCat("--rounds=", run.warmup + rounds + status_rounds), "--round_timeout=600s",
+      "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000"};
+  if (web_requests > 0) {
+    argv.push_back("--http_listen=127.0.0.1:0");
+    argv.push_back("--metrics_listen=127.0.0.1:0");  // the same string: one server
+    // Only the finished run's status is measured here: a loaded machine
+    // must not cut slow simulated workers out of its rounds.
+    argv.push_back("--adaptive_deadline=false");
+  }
+  Child coordinator(argv, log);
   run.coordinator = coordinator.pid();
   const std::string address = WaitForAddress(log, coordinator.pid(), absl::Seconds(30));
   if (address.empty()) {
@@ -426,6 +534,20 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
   stop = true;
   heartbeats.join();
   status.join();
+  if (web_requests > 0 && run.finished == n) {
+    std::ifstream f(log);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::smatch m;
+    static const std::regex kWeb("web page on http://[0-9.]+:([0-9]+)/");
+    if (std::regex_search(text, m, kWeb)) {
+      result.web = MeasureWeb(coordinator.pid(), std::stoi(m[1]), web_requests);
+    }
+    if (result.web.empty()) {
+      std::fprintf(stderr, "coordinator bench: the web measurement failed (log %s)\n",
+                   log.c_str());
+      return result;
+    }
+  }
   for (auto& s : sims) s->Stop();
   coordinator.Terminate(absl::Seconds(10));
   if (run.finished != n || run.errors > 0 || run.t_end == 0) {
@@ -459,6 +581,7 @@ int RunDriver(Flags& flags) {
   const int status_poll_ms = static_cast<int>(flags.Int("status_poll_ms", 20));
   const uint64_t status_rounds = flags.Int("status_rounds", 3);
   const std::string log_dir = flags.Str("log_dir", "/tmp");
+  const int web_requests = static_cast<int>(flags.Int("web_requests", 0));
   flags.CheckAllUsed();
 
   struct Series {
@@ -466,14 +589,29 @@ int RunDriver(Flags& flags) {
     std::vector<double> status_ms;
   };
   std::map<int, Series> series, proto;
+  std::vector<Row> web_rows;
   for (int rep = 0; rep < reps; ++rep) {
     for (const bool is_proto : {false, true}) {
       if (is_proto && proto_bin.empty()) continue;
       for (int n : {small, large}) {
         const Result r =
             RunOnce(n, n == small ? rounds_small : rounds_large, n == small ? 0 : status_rounds,
-                    is_proto ? proto_bin : bin, log_dir, status_poll_ms);
+                    is_proto ? proto_bin : bin, log_dir, status_poll_ms,
+                    n == large && rep == 0 && !is_proto ? web_requests : 0);
         if (!r.ok) return 1;
+        for (const Result::Web& w : r.web) {
+          web_rows.push_back(
+              {absl::StrCat(n, " workers: GET ", w.what),
+               absl::StrCat(Fmt(w.ms_p50, 2), " ms"),
+               absl::StrCat("p99 ", Fmt(w.ms_p99, 2), " ms, ", Fmt(w.bytes / 1024, 1),
+                            " KiB, coordinator CPU ", Fmt(w.cpu_ms_per_request, 3),
+                            " ms/request = ", Fmt(w.cpu_ms_per_request / 10, 3),
+                            " CPU-s per 100 requests (", w.requests, " requests)")});
+          std::printf("web: workers=%d path=\"%s\" p50_ms=%s p99_ms=%s bytes=%.0f "
+                      "cpu_ms_per_request=%s requests=%d\n",
+                      n, w.what.c_str(), Fmt(w.ms_p50, 3).c_str(), Fmt(w.ms_p99, 3).c_str(),
+                      w.bytes, Fmt(w.cpu_ms_per_request, 4).c_str(), w.requests);
+        }
         Series& s = is_proto ? proto[n] : series[n];
         s.cpu_per_worker.push_back(r.cpu_per_round / n);
         s.ready_to_plan.push_back(r.ready_to_plan_s);
@@ -483,7 +621,7 @@ int RunDriver(Flags& flags) {
       }
     }
   }
-  std::vector<Row> rows;
+  std::vector<Row> rows = web_rows;
   for (int n : {small, large}) {
     const Series& s = series[n];
     const uint64_t rounds = n == small ? rounds_small : rounds_large;

@@ -201,19 +201,41 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   } else {
     if (absl::Status s = server->StartSingle(options); !s.ok()) return s;
   }
+  CoordinatorServer* raw = server.get();
   std::shared_ptr<StatusMetrics> status_metrics;
-  if (!options.metrics_listen.empty()) {
+  // One server for both when they name the same address (port 0 included):
+  // the web server serves /metrics anyway.
+  server->metrics_merged_ =
+      !options.http_listen.empty() && options.http_listen == options.metrics_listen;
+  if (!options.metrics_listen.empty() && !server->metrics_merged_) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options.metrics_listen);
     if (!metrics.ok()) return metrics.status();
     server->metrics_ = std::move(*metrics);
     SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
+  }
+  if (!options.http_listen.empty()) {
+    server->web_ = std::make_shared<WebPage>(WebPage::Source{
+        [raw] {
+          RoundEngine* e = raw->active_engine();
+          return e != nullptr ? e->status_version() : 0;
+        },
+        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
+    absl::StatusOr<std::unique_ptr<HttpServer>> http =
+        HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
+    if (!http.ok()) return http.status();
+    server->http_ = std::move(*http);
+    SHOAL_LOG(INFO) << "web page on http://" << server->http_->address() << "/";
+    if (server->metrics_merged_) SHOAL_LOG(INFO) << "metrics on " << server->http_->address();
+    server->web_->Update();
+  }
+  if (!options.metrics_listen.empty() || !options.http_listen.empty()) {
     status_metrics = std::make_shared<StatusMetrics>();
     if (RoundEngine* e = server->active_engine()) status_metrics->Update(*e);
   }
-  CoordinatorServer* raw = server.get();
+  std::shared_ptr<WebPage> web = server->web_;
   absl::Notification* stop = &server->stop_;
   const absl::Duration tick = options.tick_interval;
-  server->ticker_ = std::thread([raw, status_metrics, stop, tick] {
+  server->ticker_ = std::thread([raw, status_metrics, web, stop, tick] {
     while (!stop->WaitForNotificationWithTimeout(tick)) {
       CoordinatorService* service;
       RoundEngine* engine;
@@ -225,6 +247,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       if (service == nullptr) continue;  // a standby replica
       service->Tick();
       if (status_metrics) status_metrics->Update(*engine);
+      if (web) web->Update();
     }
   });
   return server;
@@ -302,6 +325,24 @@ void CoordinatorServer::Persist() {
   persisted_version_ = version;
 }
 
+shoal::v1::RunStatus CoordinatorServer::CurrentStatus(uint64_t* version) {
+  RoundEngine* engine;
+  CoordinatorService* service;
+  {
+    absl::MutexLock lock(&active_mu_);
+    engine = engine_;
+    service = service_;
+  }
+  if (engine == nullptr) {
+    *version = 0;
+    return StandbyStatus();
+  }
+  // What GetRunStatus answers (the replica's role merged in).
+  shoal::v1::RunStatus status = engine->Status(version);
+  if (service != nullptr) status.MergeFrom(service->status_extra());
+  return status;
+}
+
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(1)); }
 
 void CoordinatorServer::Shutdown(absl::Duration grace) {
@@ -317,6 +358,8 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   }
   // Start() may have failed before everything existed.
   if (CoordinatorService* service = active_service()) service->CloseAllSessions();
+  // The page's handlers read the engines: stop it before anything goes.
+  http_.reset();
   if (server_) server_->Shutdown(grace);
   metrics_.reset();
 }

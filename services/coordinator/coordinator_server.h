@@ -12,6 +12,7 @@
 #include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "services/coordinator/coordinator_service.h"
+#include "services/coordinator/web_page.h"
 #include "services/coordinator/core/round_engine.h"
 #include "common/etcd_client.h"
 #include "services/coordinator/core/replica.h"
@@ -29,6 +30,10 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Milliseconds(250);
   // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
   std::string metrics_listen;
+  // Serves the web page (/, /api/status, /api/history) and /metrics on this
+  // "host:port" (port 0 = any); empty = off. The same string as
+  // metrics_listen = one server for both.
+  std::string http_listen;
   // config.model() == "torchscript": the file's bytes (their SHA-256 is
   // config.model_file_sha256(), checked by Start), served by GetModelFile.
   std::string model_file;
@@ -75,7 +80,14 @@ class CoordinatorServer {
     return engine_;
   }
   // The metrics port, 0 when --metrics_listen is off.
-  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  int metrics_port() const {
+    return metrics_ ? metrics_->port() : metrics_merged_ && http_ ? http_->port() : 0;
+  }
+  // The web page's port, 0 when --http_listen is off.
+  int http_port() const { return http_ ? http_->port() : 0; }
+  // The status /api/status shows: the leading engine's, or a standby's view
+  // (version 0).
+  shoal::v1::RunStatus CurrentStatus(uint64_t* version);
 
   void Shutdown(absl::Duration grace);
 
@@ -125,7 +137,10 @@ class CoordinatorServer {
   std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);
   std::thread replica_thread_;
   std::unique_ptr<GrpcServer> server_;
-  std::unique_ptr<Metrics> metrics_;  // when --metrics_listen is set
+  std::unique_ptr<Metrics> metrics_;  // when --metrics_listen is set (and not merged)
+  std::shared_ptr<WebPage> web_;      // when --http_listen is set
+  std::unique_ptr<HttpServer> http_;
+  bool metrics_merged_ = false;  // --metrics_listen == --http_listen
   absl::Notification stop_;
   std::thread ticker_;
   bool shut_down_ = false;

@@ -95,6 +95,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // Fields merged into every GetRunStatus answer (a replica's role and
   // leader, --etcd). Set before the service is reachable.
   void set_status_extra(shoal::v1::RunStatus extra) { status_extra_ = std::move(extra); }
+  const shoal::v1::RunStatus& status_extra() const { return status_extra_; }
 
   // Pushes directives to the sessions they are addressed to; a worker with
   // no open session misses them (it re-syncs through its unary calls).

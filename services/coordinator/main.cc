@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port); "
           "empty = off.");
+ABSL_FLAG(std::string, http_listen, "",
+          "Serve the live web page of the run at http://HOST:PORT/ (with /api/status, "
+          "/api/history and /metrics; port 0 picks a free port); the same address as "
+          "--metrics_listen = one server for both; empty = off.");
 ABSL_FLAG(std::string, run_id, "", "Run id; empty generates one (run-<time>-<random>).");
 ABSL_FLAG(std::string, model, "mlp",
           "Model every worker trains: mlp or cnn (built in), or torchscript:PATH (a file written "
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     absl::StatusOr<std::vector<std::string>> endpoints = shoal::ParseEndpoints(etcd, "etcd");
     if (!endpoints.ok()) {

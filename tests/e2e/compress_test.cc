@@ -201,6 +201,7 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
   coordinator_->Stop();
   for (auto& w : workers_) w->Stop();
   store_proc->Stop();
+}
 
 // --data_split=label_skew:ALPHA: the coordinator accepts it, the run
 // trains, and the workers' shards (as each logs them at start) cover the

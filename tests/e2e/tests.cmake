@@ -19,6 +19,12 @@ add_dependencies(straggler_test shoal-coordinator shoal-worker)
 # A real Prometheus scrapes every server of a run (issue 15).
 shoal_test(prometheus_test e2e e2e/prometheus_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(prometheus_test shoal-coordinator shoal-worker shoal-checkpoint)
+# The coordinator's web page in headless Chromium (issue 15); keeps a
+# screenshot in build/artifacts/web_page_test/ (or $SHOAL_ARTIFACT_DIR).
+shoal_test(web_page_test e2e e2e/web_page_test.cc LIBS shoal_protos shoal_common SERIAL)
+target_compile_definitions(web_page_test PRIVATE
+  SHOAL_DEFAULT_ARTIFACT_DIR="${CMAKE_BINARY_DIR}/artifacts")
+add_dependencies(web_page_test shoal-coordinator shoal-worker)
 # A run over mutual TLS, and a worker of another CA that cannot join (issue 14).
 shoal_test(tls_e2e_test e2e e2e/tls_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 target_compile_definitions(tls_e2e_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -45,6 +45,8 @@ shoal_test(fuzz_corpus_test unit ${CMAKE_CURRENT_LIST_DIR}/fuzz_corpus_test.cc
 target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
+# The embedded HTTP server of /metrics and the web page.
+shoal_test(http_server_test unit ${CMAKE_CURRENT_LIST_DIR}/http_server_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
 shoal_test(outer_optimizer_test unit ${CMAKE_CURRENT_LIST_DIR}/outer_optimizer_test.cc
   LIBS worker_core)
