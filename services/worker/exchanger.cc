@@ -283,11 +283,19 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
 
   // Error feedback starts each attempt from the residual the round began with.
   if (residual_.size() != total) residual_.assign(total, 0.0f);
+  if (owner_residual_.size() != total) owner_residual_.assign(total, 0.0f);
   if (round != residual_round_) {
     residual_start_ = residual_;
+    owner_residual_start_ = owner_residual_;
     residual_round_ = round;
   } else {
     residual_ = residual_start_;
+    owner_residual_ = owner_residual_start_;
+  }
+  // What the average of a slice this worker no longer owns left out is not
+  // carried into a later ownership of it (it would arrive rounds late).
+  for (uint64_t i = 0; i < total; ++i) {
+    if (i < own.begin() || i >= own.end()) owner_residual_[i] = 0.0f;
   }
 
   // 1. Encode every slice's change once.
@@ -383,9 +391,14 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
         std::vector<float>().swap(parts[k]);
       }
       DivideFloats(sum.data(), count, static_cast<float>(n));
-      // 2. The average, encoded once; we apply what everyone decodes.
+      // 2. The average, encoded once with the owner's own error feedback
+      // (what this encoding leaves out is added to the slice's next
+      // average: without it topk:F would lose most of the averaged change
+      // for good); we apply what everyone decodes, so the models stay
+      // bit-identical whatever the owner keeps.
       auto blob = std::make_shared<const std::string>(
-          codec_->EncodeSlice(sum.data(), count, SliceSeed(round, own.begin())));
+          EncodeWithFeedback(*codec_, sum.data(), count, SliceSeed(round, own.begin()),
+                             owner_residual_.data() + own.begin()));
       published += blob->size() * static_cast<uint64_t>(n - 1);
       result = codec_->DecodeSlice(
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob->data()), blob->size()), count,

@@ -129,6 +129,10 @@ class Exchanger final : public Averager {
   std::vector<float> residual_;
   std::vector<float> residual_start_;
   uint64_t residual_round_ = ~uint64_t{0};
+  // The owner's error feedback on its re-encoding of the average, over the
+  // slice it owns (zero elsewhere), with the same per-attempt restart.
+  std::vector<float> owner_residual_;
+  std::vector<float> owner_residual_start_;
 };
 
 }  // namespace shoal::worker
