@@ -30,8 +30,7 @@ std::string FormatBytes(uint64_t bytes) {
 std::string FormatProgressFigures(uint64_t done, uint64_t total, absl::Duration elapsed) {
   const double seconds = std::max(0.0, absl::ToDoubleSeconds(elapsed));
   // Floored: 100% only when everything is there.
-  const double percent =
-      total == 0 ? 100.0 : std::floor(100.0 * static_cast<double>(done) / total);
+  const double percent = total == 0 ? 100.0 : std::floor(100.0 * static_cast<double>(done) / total);
   std::string out = absl::StrFormat("%s of %s (%.0f%%)", FormatBytes(done), FormatBytes(total),
                                     std::min(100.0, percent));
   if (total > 0 && done >= total) {

@@ -512,8 +512,7 @@ absl::StatusOr<StoreSource> SyncRun::ResolveStore() {
   }
   // The outer optimizer's state follows the model's layers: not pulled here.
   const int model_layers = checkpoint::ModelLayerCount(*manifest);
-  manifest->mutable_layers()->DeleteSubrange(model_layers,
-                                             manifest->layers_size() - model_layers);
+  manifest->mutable_layers()->DeleteSubrange(model_layers, manifest->layers_size() - model_layers);
   uint64_t bytes = 0;
   for (const auto& e : manifest->layers()) {
     if (e.dtype() != "float32" || e.bytes() % sizeof(float) != 0 || e.bytes() == 0) {

@@ -22,10 +22,10 @@
 #include "common/tensor_wire.h"
 #include "services/worker/core/data_split.h"
 #include "services/worker/core/dataset.h"
-#include "shoal/v1/coordinator.grpc.pb.h"
-#include "shoal/v1/peer.grpc.pb.h"
 #include "services/worker/core/gossip_policy.h"
 #include "services/worker/gossip_fetcher.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
+#include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
 namespace {
@@ -258,11 +258,10 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                                                  ? "none"
                                                  : config.outer_optimizer())
                               : std::string());
-  SHOAL_LOG(INFO) << "data split "
-                  << (config.data_split().empty() ? "iid" : config.data_split()) << " shard "
-                  << joined.data_rank() % std::max<uint32_t>(1, config.data_shards()) << "/"
-                  << std::max<uint32_t>(1, config.data_shards()) << " (seed " << config.seed()
-                  << "): " << LabelCountsSummary(trainer_->shard_label_counts());
+  SHOAL_LOG(INFO) << "data split " << (config.data_split().empty() ? "iid" : config.data_split())
+                  << " shard " << joined.data_rank() % std::max<uint32_t>(1, config.data_shards())
+                  << "/" << std::max<uint32_t>(1, config.data_shards()) << " (seed "
+                  << config.seed() << "): " << LabelCountsSummary(trainer_->shard_label_counts());
   return absl::OkStatus();
 }
 
@@ -354,63 +353,66 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
   bool session_lost_to_build = false;
   absl::Status s;
   for (int pass = 0; pass < 2; ++pass) {
-  s = Retry(
-      policy, &stop_token_,
-      [&](absl::Duration) -> absl::Status {
-        // What this worker holds may have changed since the last attempt.
-        const shoal::v1::JoinRequest request =
-            first_attempt ? first.join : protocol_.Start().front().join;
-        first_attempt = false;
-        absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
-        if (!joined.ok()) {
-          return absl::Status(joined.status().code(),
-                              absl::StrCat("cannot join the run at coordinator ",
-                                           options_.coordinator, ": ", joined.status().message()));
-        }
-        const bool first_join = trainer_ == nullptr;
-        SetLogTag(absl::StrCat("worker ", joined->worker_id()));
-        state_->SetWorkerId(joined->worker_id());
-        if (first_join) RETURN_IF_ERROR(BuildModel(*joined));
-        if (!first_join)
-          SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as " << joined->worker_id();
-        if (store_ == nullptr && !joined->config().checkpoint_store().empty()) {
-          store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(
-              joined->config().checkpoint_store());
-        }
-        Actions next = protocol_.OnJoined(*joined);
-        for (Action& a : next) {
-          if (a.kind == Action::kOpenSession) {
-            absl::Status opened = OpenSession();
-            if (opened.ok()) {
-              absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(protocol_.worker_id(), 0);
-              if (admitted.ok()) {
-                SHOAL_LOG(INFO) << "admitted to round " << *admitted;
-              } else {
-                opened = admitted.status();
-              }
-            }
-            if (!opened.ok()) {
-              coordinator_->CloseSession();
-              session_lost_to_build = first_join && absl::IsNotFound(opened);
-              return opened;
-            }
-            continue;
+    s = Retry(
+        policy, &stop_token_,
+        [&](absl::Duration) -> absl::Status {
+          // What this worker holds may have changed since the last attempt.
+          const shoal::v1::JoinRequest request =
+              first_attempt ? first.join : protocol_.Start().front().join;
+          first_attempt = false;
+          absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
+          if (!joined.ok()) {
+            return absl::Status(
+                joined.status().code(),
+                absl::StrCat("cannot join the run at coordinator ", options_.coordinator, ": ",
+                             joined.status().message()));
           }
-          Actions more;
-          exit = ExecuteOne(a, &more);
-          if (exit.has_value()) return absl::OkStatus();
-          if (!more.empty()) exit = Execute(std::move(more));
-          if (exit.has_value()) return absl::OkStatus();
-        }
-        return absl::OkStatus();
-      },
-      [&](const absl::Status& failed, int) {
-        if (clock_->Now() >= next_log) {
-          SHOAL_LOG(WARNING) << "re-join failed, retrying: " << failed.message();
-          next_log = clock_->Now() + absl::Seconds(10);
-        }
-        coordinator_->CloseSession();
-      });
+          const bool first_join = trainer_ == nullptr;
+          SetLogTag(absl::StrCat("worker ", joined->worker_id()));
+          state_->SetWorkerId(joined->worker_id());
+          if (first_join) RETURN_IF_ERROR(BuildModel(*joined));
+          if (!first_join)
+            SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as "
+                            << joined->worker_id();
+          if (store_ == nullptr && !joined->config().checkpoint_store().empty()) {
+            store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(
+                joined->config().checkpoint_store());
+          }
+          Actions next = protocol_.OnJoined(*joined);
+          for (Action& a : next) {
+            if (a.kind == Action::kOpenSession) {
+              absl::Status opened = OpenSession();
+              if (opened.ok()) {
+                absl::StatusOr<uint64_t> admitted =
+                    coordinator_->JoinRound(protocol_.worker_id(), 0);
+                if (admitted.ok()) {
+                  SHOAL_LOG(INFO) << "admitted to round " << *admitted;
+                } else {
+                  opened = admitted.status();
+                }
+              }
+              if (!opened.ok()) {
+                coordinator_->CloseSession();
+                session_lost_to_build = first_join && absl::IsNotFound(opened);
+                return opened;
+              }
+              continue;
+            }
+            Actions more;
+            exit = ExecuteOne(a, &more);
+            if (exit.has_value()) return absl::OkStatus();
+            if (!more.empty()) exit = Execute(std::move(more));
+            if (exit.has_value()) return absl::OkStatus();
+          }
+          return absl::OkStatus();
+        },
+        [&](const absl::Status& failed, int) {
+          if (clock_->Now() >= next_log) {
+            SHOAL_LOG(WARNING) << "re-join failed, retrying: " << failed.message();
+            next_log = clock_->Now() + absl::Seconds(10);
+          }
+          coordinator_->CloseSession();
+        });
     if (exit.has_value() || s.ok() || !session_lost_to_build || pass > 0) break;
     SHOAL_LOG(WARNING) << "the coordinator forgot this worker while it built the model ("
                        << s.message() << "); joining again";

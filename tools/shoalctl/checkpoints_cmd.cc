@@ -161,10 +161,10 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
   for (int i = 0; i < model_layers; ++i) all += m->layers(i).bytes();
   // Progress on stderr: redrawn in place on a terminal, a line per layer
   // otherwise (a log, a pipe).
-  ProgressLine progress(&err,
-                        &err == &std::cerr ? ProgressLine::StyleFor(STDERR_FILENO)
-                                           : ProgressLine::Style::kLines,
-                        absl::StrCat("export ", id), all);
+  ProgressLine progress(
+      &err,
+      &err == &std::cerr ? ProgressLine::StyleFor(STDERR_FILENO) : ProgressLine::Style::kLines,
+      absl::StrCat("export ", id), all);
   for (int i = 0; i < model_layers; ++i) {
     absl::Status s = shoal::checkpoint::ReadWholeLayer(
         client, id, *m, static_cast<uint32_t>(i), &buffers[i],
@@ -184,8 +184,8 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
   }
   progress.Finish(total);
   if (absl::Status s = WriteTorchFile(path, tensors); !s.ok()) return Fail(err, s);
-  out << "exported " << id << ": " << tensors.size() << " layers, " << FormatBytes(total) << " to " << path
-      << "\n";
+  out << "exported " << id << ": " << tensors.size() << " layers, " << FormatBytes(total) << " to "
+      << path << "\n";
   return 0;
 }
 
@@ -234,8 +234,8 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
   absl::StrAppend(&out, "model       ", m.model().empty() ? "-" : m.model(), "\n");
   absl::StrAppend(&out, "model hash  ", m.model_sha256().empty() ? "-" : m.model_sha256(), "\n");
   absl::StrAppend(&out, "created     ", Created(m.created_unix_ms()), "\n");
-  absl::StrAppend(&out, "size        ", FormatBytes(total), " (", total, " bytes) in ", m.layers_size(),
-                  " layers\n");
+  absl::StrAppend(&out, "size        ", FormatBytes(total), " (", total, " bytes) in ",
+                  m.layers_size(), " layers\n");
   absl::StrAppend(&out, "status      ", damage.empty() ? "ok" : "DAMAGED: " + damage, "\n");
   size_t name_w = 4, shape_w = 5;
   for (const auto& l : m.layers()) {

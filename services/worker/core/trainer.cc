@@ -130,9 +130,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     for (const ImageSet* set : {&data->train, &data->test}) {
       for (uint8_t l : set->labels) {
         if (l > 9) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "the built-in models have 10 classes, the dataset has label ", int{l},
-              "; bring a model for it with --model=torchscript:PATH"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("the built-in models have 10 classes, the dataset has label ", int{l},
+                           "; bring a model for it with --model=torchscript:PATH"));
         }
       }
     }
