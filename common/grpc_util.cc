@@ -2,13 +2,51 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/client_interceptor.h>
+
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace shoal {
+namespace {
+
+// Adds `authorization: Bearer <token>` to the initial metadata of every call
+// (common/auth.h). An interceptor rather than call credentials: gRPC sends
+// call credentials only over TLS, and a token also guards plain-text runs.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kAuthMetadataKey, *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const std::string& token)
+      : header_(absl::StrCat(kBearerPrefix, token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new TokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& listen, const std::vector<grpc::Service*>& services) {
@@ -83,7 +121,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Tls
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
-  return grpc::CreateCustomChannel(address, ChannelCredentialsFor(tls), args);
+  const std::string& token = ProcessToken();
+  if (token.empty()) return grpc::CreateCustomChannel(address, ChannelCredentialsFor(tls), args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, ChannelCredentialsFor(tls), args, std::move(interceptors));
 }
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/flags/flag.h"
+#include "common/auth.h"
 #include "common/tls.h"
 
 ABSL_FLAG(std::string, tls_cert, "",
@@ -17,6 +18,12 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "Name to check server certificates against instead of the host called (when one "
           "certificate names a service, e.g. pods reached by IP).");
 
+ABSL_FLAG(std::string, token_file, "",
+          "File holding this run's secret token (one line, at least 16 printable characters, "
+          "e.g. from `openssl rand -hex 32`). Servers then refuse calls without it "
+          "(UNAUTHENTICATED) and clients send it with every call. Empty = no token "
+          "(docs/SECURITY.md).");
+
 namespace shoal {
 
 absl::Status ApplyTlsFlags() {
@@ -29,6 +36,15 @@ absl::Status ApplyTlsFlags() {
   if (!config.ok()) return config.status();
   SetProcessTls(*std::move(config));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ApplyTokenFlag() {
+  const std::string path = absl::GetFlag(FLAGS_token_file);
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> token = ReadTokenFile(path);
+  if (!token.ok()) return token.status();
+  SetProcessToken(*token);
+  return token;
 }
 
 const char* TlsFlagsFile() { return __FILE__; }

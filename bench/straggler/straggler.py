@@ -148,9 +148,19 @@ def accuracy_of(st):
     return (sum(accs) / len(accs) if accs else 0.0), 0
 
 
-def run_arm(args, name, flags, throttle, stop_when):
+def finished_accuracy(st):
+    """Gossip with --gossip_steps: every worker evaluates after its last step
+    and leaves; the mean of those final evaluations (left workers included)."""
+    accs = [float(w.get("test_accuracy", 0)) for w in st.get("workers", [])
+            if float(w.get("test_accuracy", 0)) > 0]
+    return sum(accs) / len(accs) if accs else 0.0
+
+
+def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
     """Starts a cluster, throttles worker 4 when asked, polls the status until
-    stop_when(status, elapsed) says so or the cap passes. Returns a dict."""
+    stop_when(status, elapsed) says so or the cap passes. Returns a dict.
+    workers_may_exit: the run ends by itself (workers leave when done), so a
+    worker process that exited is not a failure; the coordinator is."""
     c = Cluster(args, name, flags)
     duty = None
     result = {"name": name, "available": True, "capped": False}
@@ -187,7 +197,8 @@ def run_arm(args, name, flags, throttle, stop_when):
                 result["capped"] = True
                 result["seconds"] = now - (t0 or start)
                 break
-            if any(p.poll() is not None for p in c.procs):
+            watched = c.procs[:1] if workers_may_exit else c.procs
+            if any(p.poll() is not None for p in watched):
                 result["available"] = False
                 result["why"] = "a process exited early (logs in %s)" % c.dir
                 break
@@ -222,6 +233,7 @@ def main():
     ap.add_argument("--equal_rounds", type=int, default=10)
     ap.add_argument("--deadline_factor", type=float, default=1.5)
     ap.add_argument("--poll", type=float, default=0.5)
+    ap.add_argument("--gossip_eval_every", type=int, default=10)
     args = ap.parse_args()
 
     def reach(st, elapsed):
@@ -235,7 +247,10 @@ def main():
         ("fold", ["--adaptive_deadline=true", "--fold_late_work=true",
                   "--adaptive_deadline_rounds=2", f"--deadline_factor={args.deadline_factor}",
                   "--deadline_floor=500ms"]),
-        ("gossip", ["--mode=gossip"]),
+        # Evaluation runs inside a gossip worker's training loop: every 10
+        # publications (10 x --gossip_every=10 steps = one sync round's 100
+        # local steps), as often as the sync arms evaluate.
+        ("gossip", ["--mode=gossip", f"--eval_every={args.gossip_eval_every}"]),
     ]
     results = {}
     print(f"straggler: {args.workers} workers, mlp, Fashion-MNIST, {args.local_steps} local steps "
@@ -267,10 +282,12 @@ def main():
         return None
 
     def after_samples(st, elapsed):
-        clocks = [int(float(w.get("gossip_clock", w.get("clock", 0)))) for w in st.get("workers", [])]
-        if clocks and sum(clocks) >= samples:
-            acc, _ = accuracy_of(st)
-            return {"accuracy": acc, "samples": sum(clocks)}
+        # Each gossip worker trains exactly equal_rounds x local_steps steps
+        # (--gossip_steps), evaluates and leaves: the run is FINISHED when the
+        # last one left. Samples = the steps the workers report x batch.
+        if st.get("phase") == "FINISHED":
+            steps = sum(int(w.get("gossip_steps", 0)) for w in st.get("workers", []))
+            return {"accuracy": finished_accuracy(st), "samples": steps * args.batch_size}
         return None
 
     log("straggler: equal samples, sync ...")
@@ -279,13 +296,17 @@ def main():
     gossip_eq = {"available": False, "why": "gossip arm not available"}
     if results["gossip"]["available"]:
         log("straggler: equal samples, gossip ...")
-        gossip_eq = run_arm(args, "equal-gossip", ["--mode=gossip"], False, after_samples)
+        gossip_eq = run_arm(args, "equal-gossip",
+                            ["--mode=gossip", f"--eval_every={args.gossip_eval_every}",
+                             f"--gossip_steps={args.equal_rounds * args.local_steps}"],
+                            False, after_samples, workers_may_exit=True)
     line = f"equal samples ({samples} = {args.equal_rounds} rounds x {args.workers} workers), no straggler: "
     line += f"sync accuracy={sync_eq.get('accuracy', 0):.4f}"
     if sync_eq.get("capped"):
         line += " (CAPPED)"
     if gossip_eq.get("available"):
-        line += f" gossip accuracy={gossip_eq.get('accuracy', 0):.4f}"
+        line += (f" gossip accuracy={gossip_eq.get('accuracy', 0):.4f}"
+                 f" ({gossip_eq.get('samples', 0)} samples)")
         if gossip_eq.get("capped"):
             line += " (CAPPED)"
         gap = (sync_eq.get("accuracy", 0) - gossip_eq.get("accuracy", 0)) * 100

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "services/checkpoint/checkpoint_service.h"
@@ -21,6 +22,10 @@ struct CheckpointServerOptions {
   StoreOptions store;
   // Serves Prometheus metrics on this "host:port" (port 0 = any); empty = off.
   std::string metrics_listen;
+  // Who may call (--token_file, --admin_token_file; common/auth.h): the run
+  // token lists, reads and uploads, the admin token also deletes. Open by
+  // default.
+  TokenGate gate;
 };
 
 // Not thread-safe itself (start, then shut down from one thread); the store

@@ -238,10 +238,21 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
   LayerChunk chunk_;
 };
 
+// A stream refused before it starts (no or a wrong token). Deletes itself.
+template <class Reactor>
+class Refused final : public Reactor {
+ public:
+  explicit Refused(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerReadReactor<UploadChunk>* CheckpointService::Upload(grpc::CallbackServerContext* ctx,
                                                                 CheckpointInfo* response) {
+  if (grpc::Status allowed = gate_.Check(ctx, Access::kMember); !allowed.ok()) {
+    return new Refused<grpc::ServerReadReactor<UploadChunk>>(Counted("upload", allowed));
+  }
   return new UploadReactor(this, store_, ctx, response);
 }
 
@@ -249,6 +260,10 @@ grpc::ServerUnaryReactor* CheckpointService::List(grpc::CallbackServerContext* c
                                                   const shoal::v1::ListCheckpointsRequest* request,
                                                   shoal::v1::ListCheckpointsResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = gate_.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(Counted("list", allowed));
+    return reactor;
+  }
   if (Draining()) {
     reactor->Finish(Counted("list", kShuttingDown));
     return reactor;
@@ -271,6 +286,10 @@ grpc::ServerUnaryReactor* CheckpointService::GetManifest(
     grpc::CallbackServerContext* ctx, const shoal::v1::GetManifestRequest* request,
     shoal::v1::Manifest* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = gate_.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(Counted("get_manifest", allowed));
+    return reactor;
+  }
   if (Draining()) {
     reactor->Finish(Counted("get_manifest", kShuttingDown));
     return reactor;
@@ -283,6 +302,9 @@ grpc::ServerUnaryReactor* CheckpointService::GetManifest(
 
 grpc::ServerWriteReactor<LayerChunk>* CheckpointService::ReadLayer(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReadLayerRequest* request) {
+  if (grpc::Status allowed = gate_.Check(ctx, Access::kMember); !allowed.ok()) {
+    return new Refused<grpc::ServerWriteReactor<LayerChunk>>(Counted("read_layer", allowed));
+  }
   return new ReadLayerReactor(this, store_, *request);
 }
 
@@ -290,6 +312,10 @@ grpc::ServerUnaryReactor* CheckpointService::Delete(
     grpc::CallbackServerContext* ctx, const shoal::v1::DeleteCheckpointRequest* request,
     shoal::v1::DeleteCheckpointResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = gate_.Check(ctx, Access::kAdmin); !allowed.ok()) {
+    reactor->Finish(Counted("delete", allowed));
+    return reactor;
+  }
   if (Draining()) {
     reactor->Finish(Counted("delete", kShuttingDown));
     return reactor;

@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "shoal/v1/checkpoint.grpc.pb.h"
 
@@ -21,7 +22,10 @@ namespace shoal::checkpoint {
 // message and keeps the stream's flow control simple.
 class CheckpointService final : public shoal::v1::Checkpoint::CallbackService {
  public:
-  explicit CheckpointService(CheckpointStore* store) : store_(store) {}
+  // `gate` decides who may call (common/auth.h): deleting needs the admin
+  // token, everything else the run token; open by default.
+  explicit CheckpointService(CheckpointStore* store, TokenGate gate = {})
+      : store_(store), gate_(std::move(gate)) {}
 
   grpc::ServerReadReactor<shoal::v1::UploadChunk>* Upload(
       grpc::CallbackServerContext* ctx, shoal::v1::CheckpointInfo* response) override;
@@ -52,6 +56,7 @@ class CheckpointService final : public shoal::v1::Checkpoint::CallbackService {
   bool Draining();
 
   CheckpointStore* const store_;
+  const TokenGate gate_;
   absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/auth.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/mutex_mode.h"
@@ -22,6 +23,10 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(uint32_t, retain, 0,
           "Keep the last N checkpoints (highest rounds) of each run, deleting older ones after "
           "each upload and at start; 0 keeps all.");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding the store's admin token: it may also delete checkpoints (the run token "
+          "of --token_file may only list, read and upload). Empty = no admin token: with "
+          "--token_file set, nobody may delete (docs/SECURITY.md).");
 ABSL_FLAG(bool, verify_on_start, true,
           "Re-hash every blob at start and mark checkpoints with corrupted blobs as damaged "
           "(reads fail with DATA_LOSS). When false only blob sizes are checked.");
@@ -39,9 +44,28 @@ int main(int argc, char** argv) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;
     return 2;
   }
+  absl::StatusOr<std::string> token = shoal::ApplyTokenFlag();
+  if (!token.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << token.status().message();
+    return 2;
+  }
+  std::string admin_token;
+  if (const std::string path = absl::GetFlag(FLAGS_admin_token_file); !path.empty()) {
+    absl::StatusOr<std::string> admin = shoal::ReadTokenFile(path);
+    if (!admin.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: --admin_token_file: " << admin.status().message();
+      return 2;
+    }
+    if (*admin == *token) {
+      SHOAL_LOG(ERROR) << "cannot start: the admin token must differ from the run token";
+      return 2;
+    }
+    admin_token = *std::move(admin);
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::checkpoint::CheckpointServerOptions options;
+  options.gate = shoal::TokenGate(*token, admin_token);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);

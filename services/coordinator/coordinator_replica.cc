@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/coordinator/replica_front.h"
+#include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {
 
@@ -26,7 +27,12 @@ absl::Status CoordinatorServer::StartReplica(CoordinatorOptions options) {
   etcd_ = std::move(*etcd);
   front_ = std::make_unique<ReplicaFront>([this] { return StandbyStatus(); },
                                           [this] { return LeaderHint(); });
-  auto grpc_server = GrpcServer::Start(options.listen, {front_.get()});
+  grpc::Service* registered = front_.get();
+  if (!options.gate.open()) {
+    gated_ = std::make_unique<GatedCoordinator>(front_.get(), options.gate);
+    registered = gated_.get();
+  }
+  auto grpc_server = GrpcServer::Start(options.listen, {registered});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, false);

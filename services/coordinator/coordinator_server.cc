@@ -9,6 +9,7 @@
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
 #include "services/coordinator/replica_front.h"
+#include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -214,12 +215,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
   }
   if (!options.http_listen.empty()) {
-    server->web_ = std::make_shared<WebPage>(WebPage::Source{
-        [raw] {
-          RoundEngine* e = raw->active_engine();
-          return e != nullptr ? e->status_version() : 0;
-        },
-        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
+    server->web_ = std::make_shared<WebPage>(
+        WebPage::Source{[raw] {
+                          RoundEngine* e = raw->active_engine();
+                          return e != nullptr ? e->status_version() : 0;
+                        },
+                        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
     absl::StatusOr<std::unique_ptr<HttpServer>> http =
         HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
     if (!http.ok()) return http.status();
@@ -304,7 +305,12 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
     service_ = service;
   }
   Persist();
-  auto grpc_server = GrpcServer::Start(options.listen, {service});
+  grpc::Service* registered = service;
+  if (!options.gate.open()) {
+    gated_ = std::make_unique<GatedCoordinator>(service, options.gate);
+    registered = gated_.get();
+  }
+  auto grpc_server = GrpcServer::Start(options.listen, {registered});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, true);

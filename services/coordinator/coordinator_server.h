@@ -9,14 +9,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/auth.h"
+#include "common/etcd_client.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "services/coordinator/coordinator_service.h"
-#include "services/coordinator/web_page.h"
-#include "services/coordinator/core/round_engine.h"
-#include "common/etcd_client.h"
 #include "services/coordinator/core/replica.h"
+#include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
+#include "services/coordinator/web_page.h"
 
 namespace shoal::coordinator {
 
@@ -47,6 +48,8 @@ struct CoordinatorOptions {
   // Address workers dial to reach this replica (the leader hint); empty =
   // the bound address.
   std::string advertise;
+  // Who may call (--token_file, common/auth.h); open by default.
+  TokenGate gate;
 };
 
 // The named health service that reports SERVING only on a leader (always on
@@ -54,6 +57,7 @@ struct CoordinatorOptions {
 inline constexpr char kCoordinatorHealthName[] = "shoal.v1.Coordinator";
 
 class ReplicaFront;
+class GatedCoordinator;
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
 // run record to resume from (nullopt when there is none). UNAVAILABLE when
@@ -132,6 +136,8 @@ class CoordinatorServer {
   bool record_write_ok_ ABSL_GUARDED_BY(replica_mu_) = true;
   void NoteRecordWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(replica_mu_);
   std::unique_ptr<ReplicaFront> front_;
+  // Registered in front of the service when a token is set (token_gate.h).
+  std::unique_ptr<GatedCoordinator> gated_;
   absl::Mutex view_mu_;
   shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);
   std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);

@@ -20,8 +20,8 @@
 #include "common/signals.h"
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
-#include "services/worker/core/torchscript_model.h"
 #include "services/coordinator/core/gossip_status.h"
+#include "services/worker/core/torchscript_model.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");
@@ -154,9 +154,15 @@ int main(int argc, char** argv) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;
     return 2;
   }
+  absl::StatusOr<std::string> token = shoal::ApplyTokenFlag();
+  if (!token.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << token.status().message();
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::coordinator::CoordinatorOptions options;
+  options.gate = shoal::TokenGate(*token, "");
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -289,8 +295,7 @@ int main(int argc, char** argv) {
                   << " min_participants=" << c.min_participants()
                   << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
                   << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
-                  << " data_split=" << c.data_split()
-                  << " mode=" << c.mode();
+                  << " data_split=" << c.data_split() << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

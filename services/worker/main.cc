@@ -60,9 +60,15 @@ int main(int argc, char** argv) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;
     return 2;
   }
+  absl::StatusOr<std::string> token = shoal::ApplyTokenFlag();
+  if (!token.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << token.status().message();
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::worker::WorkerOptions options;
+  options.gate = shoal::TokenGate(*token, "");
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

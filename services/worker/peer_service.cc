@@ -454,22 +454,36 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   std::atomic<bool> finished_{false};
 };
 
+// A read refused before it starts (no or a wrong token). Deletes itself.
+class RefusedRead final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedRead(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    return new RefusedRead(std::move(allowed));
+  }
   shoal::v1::ReadSliceRequest decoded;
   if (DecodeReadSliceRequest(*request, &decoded).ok() && decoded.kind() == shoal::v1::GOSSIP) {
     return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load());
   }
-  return new ReadSliceReactor(state_, limiter_, options_, ctx, request,
-                              corrupt_for_testing_.load(), &sent_);
+  return new ReadSliceReactor(state_, limiter_, options_, ctx, request, corrupt_for_testing_.load(),
+                              &sent_);
 }
 
 grpc::ServerUnaryReactor* PeerService::GetManifest(
     grpc::CallbackServerContext* ctx, const shoal::v1::GetModelManifestRequest* request,
     shoal::v1::ModelManifest* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(allowed);
+    return reactor;
+  }
   const std::string reader = request->reader_id();
   state_->GetManifest(
       request->round(), [reactor, response, reader](absl::StatusOr<shoal::v1::ModelManifest> m) {
@@ -488,6 +502,10 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
                                                    const shoal::v1::ReadEncodedRequest* request,
                                                    shoal::v1::EncodedPiece* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(allowed);
+    return reactor;
+  }
   if (encoded_ == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                  "this worker's run does not use the encoded exchange"));
@@ -520,6 +538,10 @@ grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* 
                                                    const shoal::v1::GetPeerInfoRequest* request,
                                                    shoal::v1::PeerInfo* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(allowed);
+    return reactor;
+  }
   *response = state_->Info();
   if (const GossipBoard* board = gossip_board_.load(); board != nullptr) {
     if (std::shared_ptr<const GossipCopy> c = board->Current(); c != nullptr) {
@@ -536,6 +558,10 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
                                                     const shoal::v1::GetModelFileRequest* request,
                                                     shoal::v1::ModelFileChunk* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    reactor->Finish(allowed);
+    return reactor;
+  }
   std::shared_ptr<const ModelFileCopy> file;
   {
     absl::MutexLock lock(&file_mu_);

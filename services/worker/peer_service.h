@@ -22,6 +22,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/rate_limiter.h"
 #include "services/worker/core/encoded_store.h"
@@ -38,6 +39,8 @@ struct PeerServiceOptions {
   // Time source of the park deadlines (the real clock when null); gRPC's
   // alarms fire the same distance ahead on wall-clock time.
   const Clock* clock = nullptr;
+  // Who may read (--token_file, common/auth.h); open by default.
+  TokenGate gate;
 };
 
 // Bytes this worker's Peer service handed to gRPC and saw written, by what

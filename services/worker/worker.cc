@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   w->upload_limiter_ = std::make_unique<RateLimiter>(w->options_.upload_rate_mbps * 1e6 / 8);
   PeerServiceOptions popts;
   popts.clock = w->clock_;
+  popts.gate = w->options_.gate;
   w->peer_service_ =
       std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
   w->encoded_store_ = std::make_unique<EncodedStore>();

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/grpc_util.h"
@@ -53,6 +54,10 @@ namespace shoal::worker {
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:50051";
+  // Who may read from this worker's Peer service (--token_file: the run
+  // token; common/auth.h). The token this worker sends is process-wide
+  // (SetProcessToken). Open by default.
+  TokenGate gate;
   std::string listen = "127.0.0.1:50060";
   // Address peers use to reach us; empty = the listen host and bound port.
   std::string advertise;

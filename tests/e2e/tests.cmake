@@ -50,3 +50,5 @@ add_dependencies(replica_e2e_test shoal-coordinator shoal-worker)
 add_test(NAME WanNetworkSmoke
   COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/bench/wan/wan.py --check_net --skip_code=77)
 set_tests_properties(WanNetworkSmoke PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+shoal_test(token_e2e_test e2e e2e/token_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(token_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
@@ -256,6 +257,47 @@ TEST_F(PeerServiceTest, ServesTheSnapshotOfItsRound) {
   node_->state.BeginSnapshotUpdate();
   EXPECT_EQ(Read(&client_, addr, 1, 0, 10, v1::SNAPSHOT).code(), absl::StatusCode::kUnavailable)
       << "being replaced";
+}
+
+// With a run token (--token_file) a worker serves members only: a caller
+// without the token gets UNAUTHENTICATED for every read, and the worker
+// keeps serving those who have it.
+TEST(PeerServiceTokenTest, ReadsNeedTheRunToken) {
+  constexpr uint64_t kElements = 1000;
+  constexpr char kToken[] = "run-token-0123456789";
+  PeerServiceOptions options;
+  options.gate = TokenGate(kToken, "");
+  PeerNode node("w1", RandomVector(kElements, 7, 1.0f), options);
+  ASSERT_NE(node.server, nullptr);
+  node.state.BeginTraining(2);
+  node.state.SetReady(2);
+  node.state.SetPlan(2, kAttempt, 0, kElements / 2);
+  auto info = [&](absl::StatusCode* code) {
+    auto stub = v1::Peer::NewStub(MakeChannel(node.address()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(kTimeout));
+    v1::PeerInfo out;
+    *code = static_cast<absl::StatusCode>(
+        stub->GetPeerInfo(&ctx, v1::GetPeerInfoRequest(), &out).error_code());
+  };
+  {
+    GrpcPeerClient stranger;
+    EXPECT_EQ(Read(&stranger, node.address(), 2, 0, 10, v1::CONTRIBUTION).code(),
+              absl::StatusCode::kUnauthenticated);
+    absl::StatusCode code;
+    info(&code);
+    EXPECT_EQ(code, absl::StatusCode::kUnauthenticated);
+  }
+  SetProcessToken(kToken);  // channels made from now on send it
+  GrpcPeerClient member;
+  std::vector<float> got;
+  absl::Status s = Read(&member, node.address(), 2, 0, kElements, v1::CONTRIBUTION, &got);
+  absl::StatusCode code;
+  info(&code);
+  SetProcessToken("");
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(std::memcmp(got.data(), node.params.data(), kElements * sizeof(float)), 0);
+  EXPECT_EQ(code, absl::StatusCode::kOk);
 }
 
 TEST_F(PeerServiceTest, PeerInfoDescribesTheWorker) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/progress.h"
 #include "common/tls.h"
 #include "tools/shoalctl/export_torch.h"
@@ -33,7 +34,9 @@ const char kCheckpointsUsage[] =
     "      torch.load(FILE) returns a dict name -> tensor\n"
     "  shoalctl checkpoints delete --store=ADDR --id=ID\n"
     "  Options: --store defaults to 127.0.0.1:50052; --timeout=10s is each call's deadline;\n"
-    "  --tls_cert, --tls_key, --tls_ca, --tls_server_name as for the other commands.";
+    "  --tls_cert, --tls_key, --tls_ca, --tls_server_name as for the other commands;\n"
+    "  --token_file=FILE: the run token (list, show, export) or the store's admin token "
+    "(delete).";
 
 namespace {
 
@@ -89,9 +92,9 @@ struct Options {
 };
 
 absl::StatusOr<Options> Parse(const std::vector<std::string>& args) {
-  static const std::set<std::string> kKnown = {"store",  "json",           "run_id",   "id",
-                                               "out",    "timeout",        "tls_cert", "tls_key",
-                                               "tls_ca", "tls_server_name"};
+  static const std::set<std::string> kKnown = {
+      "store",   "json",   "run_id",          "id",        "out", "timeout", "tls_cert",
+      "tls_key", "tls_ca", "tls_server_name", "token_file"};
   Options o;
   for (const std::string& a : args) {
     if (!absl::StartsWith(a, "--")) {
@@ -314,6 +317,13 @@ int RunCheckpointsCommand(const std::vector<std::string>& args,
   absl::StatusOr<TlsConfig> tls = LoadTls(tls_files);
   if (!tls.ok()) return Usage(err, tls.status());
   if (tls->enabled()) SetProcessTls(*std::move(tls));
+  // The run token lists, shows and exports; `delete` needs the store's admin
+  // token (common/auth.h).
+  if (const std::string token_file = o->Get("token_file"); !token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+    if (!token.ok()) return Usage(err, token.status());
+    SetProcessToken(*std::move(token));
+  }
   std::unique_ptr<CheckpointClient> client =
       make_client(o->Get("store", "127.0.0.1:50052"), timeout);
 

@@ -154,6 +154,12 @@ int main(int argc, char** argv) {
     std::cerr << "shoalctl: " << tls << "\n";
     return 2;
   }
+  // The run token (status, list, export) or the store's admin token
+  // (checkpoints delete); sent with every call.
+  if (absl::StatusOr<std::string> token = shoal::ApplyTokenFlag(); !token.ok()) {
+    std::cerr << "shoalctl: --token_file: " << token.status().message() << "\n";
+    return 2;
+  }
   shoal::ShutdownSignal::Install();
   Coordinators coordinators;
   for (absl::string_view a :
