@@ -139,4 +139,11 @@ std::string HostOf(const std::string& address) {
   return address.substr(0, colon);
 }
 
+std::string CallerHost(const std::string& peer) {
+  for (const char* scheme : {"ipv4:", "ipv6:"}) {
+    if (peer.rfind(scheme, 0) == 0) return HostOf(peer.substr(5));
+  }
+  return peer;
+}
+
 }  // namespace shoal

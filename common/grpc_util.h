@@ -64,6 +64,11 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout);
 // Host part of "host:port" (brackets kept for IPv6).
 std::string HostOf(const std::string& address);
 
+// The caller's host from a server context's peer() ("ipv4:10.0.0.7:5123" ->
+// "10.0.0.7", "ipv6:[::1]:5123" -> "[::1]"; anything else whole), the key of
+// per-address limits.
+std::string CallerHost(const std::string& peer);
+
 }  // namespace shoal
 
 #endif  // SHOAL_COMMON_GRPC_UTIL_H_

@@ -234,7 +234,13 @@ def main():
     ap.add_argument("--deadline_factor", type=float, default=1.5)
     ap.add_argument("--poll", type=float, default=0.5)
     ap.add_argument("--gossip_eval_every", type=int, default=10)
+    ap.add_argument("--arms", default="today,fold,gossip,equal-sync,equal-gossip",
+                    help="which arms to run (levers: e.g. --arms=equal-gossip)")
+    ap.add_argument("--gossip_flags", default="",
+                    help="extra coordinator flags of the gossip arms, space-separated")
     args = ap.parse_args()
+    wanted = set(args.arms.split(","))
+    gossip_extra = args.gossip_flags.split()
 
     def reach(st, elapsed):
         acc, rnd = accuracy_of(st)
@@ -250,8 +256,9 @@ def main():
         # Evaluation runs inside a gossip worker's training loop: every 10
         # publications (10 x --gossip_every=10 steps = one sync round's 100
         # local steps), as often as the sync arms evaluate.
-        ("gossip", ["--mode=gossip", f"--eval_every={args.gossip_eval_every}"]),
+        ("gossip", ["--mode=gossip", f"--eval_every={args.gossip_eval_every}"] + gossip_extra),
     ]
+    arms = [a for a in arms if a[0] in wanted]
     results = {}
     print(f"straggler: {args.workers} workers, mlp, Fashion-MNIST, {args.local_steps} local steps "
           f"x batch {args.batch_size}, worker {args.workers} throttled to {args.slow_fraction:g} "
@@ -290,15 +297,17 @@ def main():
             return {"accuracy": finished_accuracy(st), "samples": steps * args.batch_size}
         return None
 
-    log("straggler: equal samples, sync ...")
-    sync_eq = run_arm(args, "equal-sync", ["--adaptive_deadline=false",
-                                            f"--rounds={args.equal_rounds}"], False, after_rounds)
+    sync_eq = {"available": False, "accuracy": 0}
+    if "equal-sync" in wanted:
+        log("straggler: equal samples, sync ...")
+        sync_eq = run_arm(args, "equal-sync", ["--adaptive_deadline=false",
+                                                f"--rounds={args.equal_rounds}"], False, after_rounds)
     gossip_eq = {"available": False, "why": "gossip arm not available"}
-    if results["gossip"]["available"]:
+    if "equal-gossip" in wanted and results.get("gossip", {"available": True})["available"]:
         log("straggler: equal samples, gossip ...")
         gossip_eq = run_arm(args, "equal-gossip",
                             ["--mode=gossip", f"--eval_every={args.gossip_eval_every}",
-                             f"--gossip_steps={args.equal_rounds * args.local_steps}"],
+                             f"--gossip_steps={args.equal_rounds * args.local_steps}"] + gossip_extra,
                             False, after_samples, workers_may_exit=True)
     line = f"equal samples ({samples} = {args.equal_rounds} rounds x {args.workers} workers), no straggler: "
     line += f"sync accuracy={sync_eq.get('accuracy', 0):.4f}"
@@ -316,8 +325,8 @@ def main():
     print(line)
 
     def t(name):
-        r = results[name]
-        return r["seconds"] if r["available"] else None
+        r = results.get(name)
+        return r["seconds"] if r is not None and r["available"] else None
 
     today, fold, gossip = t("today"), t("fold"), t("gossip")
     fold_ratio = f"{fold / today:.2f}" if today and fold is not None else "n/a"
@@ -327,6 +336,7 @@ def main():
         if v is None:
             return f"{name}=n/a"
         return f"{name}={v:.1f}s" + ("(capped)" if results[name]["capped"] else "")
+
 
     if gossip is None:
         print("gossip: not available")

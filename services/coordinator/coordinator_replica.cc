@@ -28,8 +28,11 @@ absl::Status CoordinatorServer::StartReplica(CoordinatorOptions options) {
   front_ = std::make_unique<ReplicaFront>([this] { return StandbyStatus(); },
                                           [this] { return LeaderHint(); });
   grpc::Service* registered = front_.get();
-  if (!options.gate.open()) {
-    gated_ = std::make_unique<GatedCoordinator>(front_.get(), options.gate);
+  if (!options.gate.open() || options.max_joins_per_minute > 0) {
+    if (options.max_joins_per_minute > 0) {
+      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
+    }
+    gated_ = std::make_unique<GatedCoordinator>(front_.get(), options.gate, join_limiter_.get());
     registered = gated_.get();
   }
   auto grpc_server = GrpcServer::Start(options.listen, {registered});

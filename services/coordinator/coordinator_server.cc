@@ -306,8 +306,11 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
   }
   Persist();
   grpc::Service* registered = service;
-  if (!options.gate.open()) {
-    gated_ = std::make_unique<GatedCoordinator>(service, options.gate);
+  if (!options.gate.open() || options.max_joins_per_minute > 0) {
+    if (options.max_joins_per_minute > 0) {
+      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
+    }
+    gated_ = std::make_unique<GatedCoordinator>(service, options.gate, join_limiter_.get());
     registered = gated_.get();
   }
   auto grpc_server = GrpcServer::Start(options.listen, {registered});

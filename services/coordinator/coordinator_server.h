@@ -50,6 +50,8 @@ struct CoordinatorOptions {
   std::string advertise;
   // Who may call (--token_file, common/auth.h); open by default.
   TokenGate gate;
+  // Joins per caller host and minute (--max_joins_per_minute); 0 = no limit.
+  uint32_t max_joins_per_minute = 0;
 };
 
 // The named health service that reports SERVING only on a leader (always on
@@ -58,6 +60,7 @@ inline constexpr char kCoordinatorHealthName[] = "shoal.v1.Coordinator";
 
 class ReplicaFront;
 class GatedCoordinator;
+class JoinLimiter;
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
 // run record to resume from (nullopt when there is none). UNAVAILABLE when
@@ -138,6 +141,7 @@ class CoordinatorServer {
   std::unique_ptr<ReplicaFront> front_;
   // Registered in front of the service when a token is set (token_gate.h).
   std::unique_ptr<GatedCoordinator> gated_;
+  std::unique_ptr<JoinLimiter> join_limiter_;
   absl::Mutex view_mu_;
   shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);
   std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);

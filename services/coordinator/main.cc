@@ -78,6 +78,13 @@ ABSL_FLAG(absl::Duration, connection_timeout, absl::Seconds(10),
           "Time for every participant to reach its peers after a plan.");
 ABSL_FLAG(uint32_t, max_connection_retry, 3,
           "Peer-connection retries of a plan before failing peers are evicted.");
+ABSL_FLAG(uint32_t, max_members, 0,
+          "Largest number of members at once; a new worker past it gets RESOURCE_EXHAUSTED "
+          "(members re-joining under their id are not new). 0 = no limit.");
+ABSL_FLAG(uint32_t, max_joins_per_minute, 0,
+          "Joins allowed per caller address and minute (a token bucket: that many at once, "
+          "then one every 60/N s); past it RESOURCE_EXHAUSTED, other addresses unaffected. "
+          "0 = no limit. Workers on one machine share an address.");
 ABSL_FLAG(uint32_t, max_missed_rounds, 5,
           "A worker that misses this many rounds in a row is asked to leave (0 = never).");
 ABSL_FLAG(bool, adaptive_deadline, true,
@@ -191,6 +198,8 @@ int main(int argc, char** argv) {
   engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
   engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
   engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
+  engine.max_members = absl::GetFlag(FLAGS_max_members);
+  options.max_joins_per_minute = absl::GetFlag(FLAGS_max_joins_per_minute);
   engine.adaptive_deadline.enabled = absl::GetFlag(FLAGS_adaptive_deadline);
   engine.adaptive_deadline.after_rounds = absl::GetFlag(FLAGS_adaptive_deadline_rounds);
   engine.adaptive_deadline.factor = absl::GetFlag(FLAGS_deadline_factor);

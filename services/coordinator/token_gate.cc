@@ -1,5 +1,8 @@
 #include "services/coordinator/token_gate.h"
 
+#include "common/grpc_util.h"
+#include "common/status_util.h"
+
 namespace shoal::coordinator {
 namespace {
 
@@ -30,6 +33,11 @@ grpc::ServerUnaryReactor* GatedCoordinator::Join(grpc::CallbackServerContext* ct
                                                  shoal::v1::JoinResponse* response) {
   grpc::Status allowed = gate_.Check(ctx, Access::kMember);
   if (!allowed.ok()) return Refuse(ctx, std::move(allowed));
+  if (joins_ != nullptr) {
+    if (absl::Status s = joins_->Admit(CallerHost(ctx->peer())); !s.ok()) {
+      return Refuse(ctx, ToGrpcStatus(s));
+    }
+  }
   return inner_->Join(ctx, request, response);
 }
 

@@ -1,21 +1,24 @@
-// The Coordinator service a coordinator run with --token_file registers: every
-// call must carry the run token (common/auth.h), or it is refused with
-// UNAUTHENTICATED before it reaches the service behind (a CoordinatorService,
-// or a replica's ReplicaFront). Without a token the server registers the
-// service behind directly.
+// The Coordinator service a coordinator run with --token_file or
+// --max_joins_per_minute registers: every call must carry the run token
+// (common/auth.h), or it is refused with UNAUTHENTICATED, and a Join past its
+// host's rate is refused with RESOURCE_EXHAUSTED, before either reaches the
+// service behind (a CoordinatorService, or a replica's ReplicaFront). Without
+// either the server registers the service behind directly.
 #ifndef SHOAL_SERVICES_COORDINATOR_TOKEN_GATE_H_
 #define SHOAL_SERVICES_COORDINATOR_TOKEN_GATE_H_
 
 #include "common/auth.h"
 #include "services/coordinator/coordinator_service.h"
+#include "services/coordinator/core/join_limiter.h"
 
 namespace shoal::coordinator {
 
 // Thread-safe; `inner` must outlive it.
 class GatedCoordinator final : public CoordinatorServiceBase {
  public:
-  GatedCoordinator(CoordinatorServiceBase* inner, TokenGate gate)
-      : inner_(inner), gate_(std::move(gate)) {}
+  // `joins` (optional) limits joins per caller host; it must outlive this.
+  GatedCoordinator(CoordinatorServiceBase* inner, TokenGate gate, JoinLimiter* joins = nullptr)
+      : inner_(inner), gate_(std::move(gate)), joins_(joins) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
@@ -50,6 +53,7 @@ class GatedCoordinator final : public CoordinatorServiceBase {
  private:
   CoordinatorServiceBase* const inner_;
   const TokenGate gate_;
+  JoinLimiter* const joins_;
 };
 
 }  // namespace shoal::coordinator

@@ -63,6 +63,9 @@ absl::Status Exchanger::ReadWithRetry(const std::string& address, shoal::v1::Sli
   policy.max_backoff = options_.max_backoff;
   policy.deadline = deadline - clock_->Now();
   policy.clock = clock_;
+  // A peer refuses a read past its --max_reads_per_peer before sending
+  // anything: come back after a backoff.
+  policy.also_retry = {absl::StatusCode::kResourceExhausted};
   uint64_t next = begin;
   absl::Status s = Retry(
       policy, stop,

@@ -29,6 +29,10 @@ ABSL_FLAG(std::string, dataset, "",
           "(train_images.npy, train_labels.npy, test_images.npy, test_labels.npy: uint8 images "
           "[N, H, W], integer labels [N]). Checked at start.");
 ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
+ABSL_FLAG(uint32_t, max_reads_per_peer, 0,
+          "Reads (ReadSlice streams) one caller address may have running at once on this "
+          "worker's Peer service; past it RESOURCE_EXHAUSTED (the caller retries). 0 = no "
+          "limit. Workers on one machine share an address.");
 ABSL_FLAG(double, upload_rate_mbps, 0,
           "Caps how fast this worker serves its model to peers, in megabits per second, over "
           "all peers together (0 = no cap). For shared links.");
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name);
   options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   options.upload_rate_mbps = absl::GetFlag(FLAGS_upload_rate_mbps);
+  options.max_reads_per_peer = absl::GetFlag(FLAGS_max_reads_per_peer);
   options.probe_timeout = absl::GetFlag(FLAGS_probe_timeout);
   options.eval_limit = absl::GetFlag(FLAGS_eval_limit);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);

@@ -45,8 +45,9 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
  public:
   ReadSliceReactor(const ModelState* state, RateLimiter* limiter, const PeerServiceOptions& options,
                    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
-                   bool corrupt, PeerSentBytes* sent)
-      : sent_(sent),
+                   bool corrupt, PeerSentBytes* sent, std::shared_ptr<void> slot)
+      : slot_(std::move(slot)),
+        sent_(sent),
         state_(state),
         limiter_(limiter),
         ctx_(ctx),
@@ -329,6 +330,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     Finish(std::move(status));
   }
 
+  // This read's place under max_reads_per_peer, released with the reactor.
+  const std::shared_ptr<void> slot_;
   PeerSentBytes* const sent_;
   uint64_t writing_bytes_ = 0;  // of the write in flight (one at a time)
   const ModelState* const state_;
@@ -374,8 +377,8 @@ void ReleaseGossipCopy(void* arg) { delete static_cast<std::shared_ptr<const Gos
 class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GossipReadReactor(const GossipBoard* board, const shoal::v1::ReadSliceRequest& request,
-                    PeerService::GossipFault fault)
-      : request_(request), fault_(fault) {
+                    PeerService::GossipFault fault, std::shared_ptr<void> slot)
+      : slot_(std::move(slot)), request_(request), fault_(fault) {
     if (board == nullptr) {
       FinishOnce(grpc::Status(grpc::StatusCode::NOT_FOUND,
                               "this worker does not gossip (the run is not in gossip mode)"));
@@ -446,6 +449,7 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     Finish(std::move(status));
   }
 
+  const std::shared_ptr<void> slot_;  // as ReadSliceReactor's
   const shoal::v1::ReadSliceRequest request_;
   const PeerService::GossipFault fault_;
   std::shared_ptr<const GossipCopy> copy_;
@@ -468,12 +472,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
   if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
     return new RefusedRead(std::move(allowed));
   }
+  std::shared_ptr<void> slot = read_slots_.Acquire(CallerHost(ctx->peer()));
+  if (slot == nullptr) {
+    return new RefusedRead(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("too many reads from ", CallerHost(ctx->peer()),
+                     " at once (--max_reads_per_peer=", read_slots_.max(), "); retry")));
+  }
   shoal::v1::ReadSliceRequest decoded;
   if (DecodeReadSliceRequest(*request, &decoded).ok() && decoded.kind() == shoal::v1::GOSSIP) {
-    return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load());
+    return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load(),
+                                 std::move(slot));
   }
   return new ReadSliceReactor(state_, limiter_, options_, ctx, request, corrupt_for_testing_.load(),
-                              &sent_);
+                              &sent_, std::move(slot));
 }
 
 grpc::ServerUnaryReactor* PeerService::GetManifest(
@@ -576,6 +588,21 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
   }
   reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
+}
+
+std::shared_ptr<void> ReadSlots::Acquire(const std::string& host) {
+  if (max_ == 0) return std::shared_ptr<void>(this, [](void*) {});
+  absl::MutexLock lock(&mu_);
+  uint32_t& running = running_[host];
+  if (running >= max_) return nullptr;
+  ++running;
+  return std::shared_ptr<void>(this, [this, host](void*) { Release(host); });
+}
+
+void ReadSlots::Release(const std::string& host) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(host);
+  if (it != running_.end() && --it->second == 0) running_.erase(it);
 }
 
 }  // namespace shoal::worker

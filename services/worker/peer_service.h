@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
@@ -41,6 +42,26 @@ struct PeerServiceOptions {
   const Clock* clock = nullptr;
   // Who may read (--token_file, common/auth.h); open by default.
   TokenGate gate;
+  // ReadSlice streams one caller host may have running at once
+  // (--max_reads_per_peer); past it RESOURCE_EXHAUSTED. 0 = no limit.
+  uint32_t max_reads_per_peer = 0;
+};
+
+// Counts the reads running per caller host (max_reads_per_peer).
+// Thread-safe; must outlive every slot it handed out.
+class ReadSlots {
+ public:
+  explicit ReadSlots(uint32_t max) : max_(max) {}
+  // A slot held until the last copy of the pointer goes; null when `host`
+  // already runs `max` reads. Always a slot when max is 0 (no limit).
+  std::shared_ptr<void> Acquire(const std::string& host);
+  uint32_t max() const { return max_; }
+
+ private:
+  void Release(const std::string& host);
+  const uint32_t max_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, uint32_t> running_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bytes this worker's Peer service handed to gRPC and saw written, by what
@@ -115,6 +136,7 @@ class PeerService final
   const ModelState* const state_;
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;
+  ReadSlots read_slots_{options_.max_reads_per_peer};
   std::atomic<bool> corrupt_for_testing_{false};
   const EncodedStore* encoded_ = nullptr;
   PeerSentBytes sent_;

@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   PeerServiceOptions popts;
   popts.clock = w->clock_;
   popts.gate = w->options_.gate;
+  popts.max_reads_per_peer = w->options_.max_reads_per_peer;
   w->peer_service_ =
       std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
   w->encoded_store_ = std::make_unique<EncodedStore>();

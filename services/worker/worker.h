@@ -68,6 +68,8 @@ struct WorkerOptions {
   int torch_threads = 1;
   // Caps the bytes per second this worker serves to peers (0 = no cap).
   double upload_rate_mbps = 0;
+  // Reads one caller host may run at once on the Peer service; 0 = no limit.
+  uint32_t max_reads_per_peer = 0;
   uint32_t eval_limit = 0;
   // Give up when the coordinator cannot be reached at start for this long.
   absl::Duration connect_timeout = absl::Seconds(60);

@@ -1,6 +1,8 @@
-// Run tokens and the checkpoint store's roles (issue 14, docs/SECURITY.md):
-// coordinator, store, workers and shoalctl as real processes with
-// --token_file; strangers get UNAUTHENTICATED, the run token cannot delete.
+// Run tokens, the checkpoint store's roles and the coordinator's limits
+// (issue 14, docs/SECURITY.md): coordinator, store, workers and shoalctl as
+// real processes with --token_file; strangers get UNAUTHENTICATED, the run
+// token cannot delete, joins past --max_members or --max_joins_per_minute get
+// RESOURCE_EXHAUSTED while the run goes on.
 #include <fstream>
 
 #include "common/auth.h"
@@ -44,8 +46,11 @@ TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
   ASSERT_FALSE(store.empty()) << store_->Log();
 
   const std::string addr = StartCoordinator(
-      {"--min_participants=2", "--local_steps=20", "--rounds=4", "--checkpoint_store=" + store,
-       "--checkpoint_every=2", "--run_id=token-run", "--token_file=" + TokenFile("run")});
+      {"--min_participants=2", "--local_steps=50", "--rounds=10", "--checkpoint_store=" + store,
+       "--checkpoint_every=2", "--run_id=token-run", "--token_file=" + TokenFile("run"),
+       // Limits (RESOURCE_EXHAUSTED past them): two members, three joins a
+       // minute from one address (every process here is on 127.0.0.1).
+       "--max_members=2", "--max_joins_per_minute=3"});
   ASSERT_FALSE(addr.empty());
   StartWorker(addr, {"--token_file=" + TokenFile("run")});
   StartWorker(addr, {"--token_file=" + TokenFile("run")});
@@ -53,14 +58,29 @@ TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
   Process* no_token = StartWorker(addr, {"--connect_timeout=5s"});
   Process* wrong =
       StartWorker(addr, {"--connect_timeout=5s", "--token_file=" + TokenFile("wrong")});
+  // With the token but past the limits, while the run goes on: the run is
+  // full, and the fourth join from this address within a minute is one too
+  // many (refused calls above never reached the join limit).
+  ASSERT_EQ(WaitForStatus([](const v1::RunStatus& s) { return s.members() == 2; }, absl::Minutes(1))
+                .members(),
+            2u)
+      << Logs();
+  Process* third = StartWorker(addr, {"--token_file=" + TokenFile("run")});
+  EXPECT_NE(third->Wait(absl::Seconds(60)), 0) << third->Log();
+  EXPECT_NE(third->Log().find("--max_members=2"), std::string::npos) << third->Log();
+  Process* fourth = StartWorker(addr, {"--token_file=" + TokenFile("run")});
+  EXPECT_NE(fourth->Wait(absl::Seconds(60)), 0) << fourth->Log();
+  EXPECT_NE(fourth->Log().find("too many joins"), std::string::npos) << fourth->Log();
 
   const v1::RunStatus status = WaitForStatus(
-      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED && s.checkpoint_round() == 4; },
+      [](const v1::RunStatus& s) {
+        return s.phase() == v1::FINISHED && s.checkpoint_round() == 10;
+      },
       absl::Minutes(3));
   ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
   EXPECT_EQ(status.workers_size(), 2) << status.DebugString();
   for (const auto& w : status.workers()) {
-    EXPECT_EQ(w.model_round(), 4u) << w.id();
+    EXPECT_EQ(w.model_round(), 10u) << w.id();
     EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
   }
   EXPECT_NE(no_token->Wait(absl::Seconds(60)), 0) << no_token->Log();
@@ -84,24 +104,24 @@ TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
   const std::string list =
       Run(BinDir() + "/shoalctl checkpoints list --store=" + store + run_flag, &code);
   EXPECT_EQ(code, 0) << list;
-  ASSERT_NE(list.find("token-run-r4"), std::string::npos) << list;
+  ASSERT_NE(list.find("token-run-r10"), std::string::npos) << list;
 
   // Deleting needs the admin token: the run token is refused and the
   // checkpoint stays; the admin token deletes it.
-  out = Run(BinDir() + "/shoalctl checkpoints delete --store=" + store + " --id=token-run-r4" +
+  out = Run(BinDir() + "/shoalctl checkpoints delete --store=" + store + " --id=token-run-r10" +
                 run_flag + " 2>&1",
             &code);
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("PERMISSION_DENIED"), std::string::npos) << out;
   out = Run(BinDir() + "/shoalctl checkpoints list --store=" + store + run_flag, &code);
-  EXPECT_NE(out.find("token-run-r4"), std::string::npos) << out;
-  out = Run(BinDir() + "/shoalctl checkpoints delete --store=" + store + " --id=token-run-r4" +
+  EXPECT_NE(out.find("token-run-r10"), std::string::npos) << out;
+  out = Run(BinDir() + "/shoalctl checkpoints delete --store=" + store + " --id=token-run-r10" +
                 " --token_file=" + TokenFile("admin") + " 2>&1",
             &code);
   EXPECT_EQ(code, 0) << out;
   out = Run(BinDir() + "/shoalctl checkpoints list --store=" + store + run_flag, &code);
-  EXPECT_EQ(out.find("token-run-r4"), std::string::npos) << out;
-  EXPECT_NE(out.find("token-run-r2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("token-run-r10"), std::string::npos) << out;
+  EXPECT_NE(out.find("token-run-r8"), std::string::npos) << out;
   store_->Signal(SIGTERM);
   store_->Wait(absl::Seconds(20));
 }

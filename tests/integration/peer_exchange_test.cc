@@ -300,6 +300,50 @@ TEST(PeerServiceTokenTest, ReadsNeedTheRunToken) {
   EXPECT_EQ(code, absl::StatusCode::kOk);
 }
 
+// --max_reads_per_peer: a caller host with that many reads running gets
+// RESOURCE_EXHAUSTED for the next one, and is served again once one ends.
+TEST(PeerServiceLimitTest, ReadsPerCallerAreCapped) {
+  constexpr uint64_t kElements = 1000;
+  PeerServiceOptions options;
+  options.max_reads_per_peer = 1;
+  options.averaged_wait = absl::Seconds(3);  // an AVERAGED read parks: it stays running
+  PeerNode node("w1", RandomVector(kElements, 7, 1.0f), options);
+  ASSERT_NE(node.server, nullptr);
+  node.state.BeginTraining(2);
+  node.state.SetReady(2);
+  node.state.SetPlan(2, kAttempt, 0, kElements / 2);
+  GrpcPeerClient client;
+  absl::Status parked;
+  std::thread waiting([&] {
+    std::vector<float> got;
+    parked = Read(&client, node.address(), 2, 0, 10, v1::AVERAGED, &got);
+  });
+  // While the parked read runs, a second one from this host is refused.
+  absl::Status second;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        second = Read(&client, node.address(), 2, 0, 10, v1::CONTRIBUTION);
+        return second.code() == absl::StatusCode::kResourceExhausted;
+      },
+      absl::Seconds(2)))
+      << second;
+  EXPECT_NE(second.message().find("--max_reads_per_peer=1"), std::string::npos) << second;
+  node.state.MarkAveraged(2);  // the parked read is served and ends
+  waiting.join();
+  EXPECT_TRUE(parked.ok()) << parked;
+  std::vector<float> got;
+  absl::Status s;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        got.clear();
+        s = Read(&client, node.address(), 2, 0, kElements, v1::CONTRIBUTION, &got);
+        return s.ok();
+      },
+      absl::Seconds(5)))
+      << s;
+  EXPECT_EQ(got.size(), kElements);
+}
+
 TEST_F(PeerServiceTest, PeerInfoDescribesTheWorker) {
   node_->state.SetModel(1, std::string(64, 'e'));
   auto stub = v1::Peer::NewStub(MakeChannel(node_->address()));

@@ -32,8 +32,10 @@ using namespace test_util;  // NOLINT(build/namespaces): the shared test vocabul
 
 class RoundEngineTest : public ::testing::Test {
  protected:
-  void Start(uint32_t min_participants, uint64_t rounds = 0, size_t max_departed_shown = 50) {
+  void Start(uint32_t min_participants, uint64_t rounds = 0, size_t max_departed_shown = 50,
+             uint32_t max_members = 0) {
     EngineOptions options;
+    options.max_members = max_members;
     options.config.set_model("mlp");
     options.config.set_min_participants(min_participants);
     options.config.set_rounds(rounds);
@@ -249,6 +251,23 @@ TEST_F(RoundEngineTest, RejoinWithPreviousWorkerIdKeepsIdAndRank) {
   const RunStatus status = engine_->Status();
   EXPECT_EQ(status.members(), 2u);
   EXPECT_EQ(FindWorker(status, w1)->address(), Address(9003));
+}
+
+TEST_F(RoundEngineTest, MaxMembersRefusesNewWorkersButNotRejoins) {
+  Start(2, 0, 50, /*max_members=*/2);
+  const std::string w1 = AddMember(9001);
+  AddMember(9002);
+  absl::StatusOr<JoinResult> third = Join(9003);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_NE(third.status().message().find("--max_members=2"), std::string::npos);
+  // A member re-joining under its id is not a new member.
+  absl::StatusOr<JoinResult> again = Join(9004, w1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->response.worker_id(), w1);
+  EXPECT_EQ(engine_->Status().members(), 2u);
+  // Once a member leaves there is room again.
+  Directives out = engine_->Disconnect(w1, "left");
+  EXPECT_TRUE(Join(9005).ok());
 }
 
 // ---------------------------------------------------------------- Round start

@@ -65,6 +65,10 @@ struct EngineOptions {
   // (DecideReadyDeadline); its round_timeout is taken from round_timeout
   // above. enabled = false keeps the fixed round_timeout.
   AdaptiveDeadlineOptions adaptive_deadline;
+  // Largest number of members at once (--max_members); a new worker past it
+  // is refused with RESOURCE_EXHAUSTED (a member re-joining under its id is
+  // not new). 0 = no limit.
+  uint32_t max_members = 0;
   // Removed members stay visible in the status, up to this many.
   size_t max_departed_shown = 50;
   // Workers asked to upload each checkpoint, one after the other until one

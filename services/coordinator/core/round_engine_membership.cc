@@ -74,6 +74,11 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
         break;
       }
     }
+    if (options_.max_members > 0 && members_.size() >= options_.max_members) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("run ", options_.run_id, " is full: ", members_.size(),
+                       " members (--max_members=", options_.max_members, ")"));
+    }
     std::set<uint32_t> used;
     for (const auto& [id, m] : members_) used.insert(m.data_rank);
     Member m;
