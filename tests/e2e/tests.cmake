@@ -50,3 +50,14 @@ add_dependencies(replica_e2e_test shoal-coordinator shoal-worker)
 add_test(NAME WanNetworkSmoke
   COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/bench/wan/wan.py --check_net --skip_code=77)
 set_tests_properties(WanNetworkSmoke PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+
+# Robust aggregation at slice owners against a poisoning peer (issue 14):
+# shoal-poison-worker is a real worker whose contributions are scaled by
+# --scale (WorkerOptions::contribution_transform); a test-only binary, not a
+# flag of shoal-worker.
+add_executable(shoal-poison-worker ${PROJECT_SOURCE_DIR}/tests/support/poison_worker.cc)
+target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::flags_parse
+  absl::flags_usage)
+shoal_warnings(shoal-poison-worker)
+shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)
