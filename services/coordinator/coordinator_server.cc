@@ -146,10 +146,10 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
         absl::StrCat("--aggregation: ", aggregation.status().message()));
   }
   if (MinContributions(*aggregation) > c.min_participants()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--aggregation=", c.aggregation(), " drops ", aggregation->trim,
-        " values at each end, so it needs at least ", MinContributions(*aggregation),
-        " participants per round; --min_participants is ", c.min_participants()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--aggregation=", c.aggregation(), " drops ", aggregation->trim,
+                     " values at each end, so it needs at least ", MinContributions(*aggregation),
+                     " participants per round; --min_participants is ", c.min_participants()));
   }
   if (c.mode() == "gossip" && aggregation->kind != AggregationSpec::Kind::kMean) {
     return absl::InvalidArgumentError(
@@ -230,12 +230,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     SHOAL_LOG(INFO) << "metrics on " << server->metrics_->address();
   }
   if (!options.http_listen.empty()) {
-    server->web_ = std::make_shared<WebPage>(WebPage::Source{
-        [raw] {
-          RoundEngine* e = raw->active_engine();
-          return e != nullptr ? e->status_version() : 0;
-        },
-        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
+    server->web_ = std::make_shared<WebPage>(
+        WebPage::Source{[raw] {
+                          RoundEngine* e = raw->active_engine();
+                          return e != nullptr ? e->status_version() : 0;
+                        },
+                        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
     absl::StatusOr<std::unique_ptr<HttpServer>> http =
         HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
     if (!http.ok()) return http.status();

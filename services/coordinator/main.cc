@@ -20,8 +20,8 @@
 #include "common/signals.h"
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
-#include "services/worker/core/torchscript_model.h"
 #include "services/coordinator/core/gossip_status.h"
+#include "services/worker/core/torchscript_model.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");

@@ -170,7 +170,8 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
               received += c.count * sizeof(float);
               raw_received += c.count * sizeof(float);
               // The receiver checked that the chunk lies in [own.begin, own.end).
-              if (keep_apart) return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
+              if (keep_apart)
+                return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
               std::lock_guard<std::mutex> lock(accumulate_mu);
               return codec_->AccumulateContribution(c, params + c.begin);
             },

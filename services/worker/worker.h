@@ -173,7 +173,7 @@ class Worker {
   std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
   std::unique_ptr<ModelMemory> memory_;  // with the trainer
   std::unique_ptr<Codec> codec_;
-  std::unique_ptr<OuterStep> outer_;     // the run's outer optimizer (encoded exchange)
+  std::unique_ptr<OuterStep> outer_;  // the run's outer optimizer (encoded exchange)
   EncodedExchange encoded_parts_;
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;

@@ -58,11 +58,11 @@ class RobustTest : public ClusterTest {
         continue;
       }
       const int n = static_cast<int>(workers_.size()) + 1;
-      workers_.push_back(Process::Start(
-          {BinDir() + "/shoal-poison-worker", "--coordinator=" + coordinator,
-           "--listen=127.0.0.1:0", "--data_dir=" + DataDir(), "--eval_limit=2000",
-           absl::StrCat("--name=poisoner-", n), "--scale=1000"},
-          absl::StrCat(dir_.path(), "/worker-", n, "-poisoner.log")));
+      workers_.push_back(
+          Process::Start({BinDir() + "/shoal-poison-worker", "--coordinator=" + coordinator,
+                          "--listen=127.0.0.1:0", "--data_dir=" + DataDir(), "--eval_limit=2000",
+                          absl::StrCat("--name=poisoner-", n), "--scale=1000"},
+                         absl::StrCat(dir_.path(), "/worker-", n, "-poisoner.log")));
       poisoner_ = workers_.back().get();
     }
   }
@@ -71,8 +71,8 @@ class RobustTest : public ClusterTest {
   v1::RunStatus RunWith(const std::string& aggregation, int rounds) {
     const std::string addr = StartCoordinator(
         {absl::StrCat("--min_participants=", kWorkers), "--local_steps=60",
-         absl::StrCat("--rounds=", rounds), "--learning_rate=0.05",
-         "--aggregation=" + aggregation, "--adaptive_deadline=false", "--round_timeout=300s"});
+         absl::StrCat("--rounds=", rounds), "--learning_rate=0.05", "--aggregation=" + aggregation,
+         "--adaptive_deadline=false", "--round_timeout=300s"});
     address_ = addr;
     StartWorkersWithPoisoner(addr);
     const v1::RunStatus status = WaitForStatus(

@@ -52,9 +52,9 @@ struct Worker {
 };
 
 // May alter a piece before the reader sees it.
-using PieceFault = std::function<void(const std::string& address,
-                                      const shoal::v1::ReadEncodedRequest& r,
-                                      shoal::v1::EncodedPiece* piece)>;
+using PieceFault =
+    std::function<void(const std::string& address, const shoal::v1::ReadEncodedRequest& r,
+                       shoal::v1::EncodedPiece* piece)>;
 
 class FakeEncodedPeers : public PeerClient {
  public:
@@ -70,8 +70,7 @@ class FakeEncodedPeers : public PeerClient {
   }
   absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(const std::string& address,
                                                       const shoal::v1::ReadEncodedRequest& r,
-                                                      absl::Duration,
-                                                      CancellationToken*) override {
+                                                      absl::Duration, CancellationToken*) override {
     auto it = by_address_.find(address);
     if (it == by_address_.end()) return absl::UnavailableError(absl::StrCat("no peer ", address));
     absl::StatusOr<Blob> blob = it->second->store.Find(r);
@@ -130,8 +129,7 @@ std::vector<std::unique_ptr<Worker>> MakeWorkers(int n, uint64_t total, float lr
   return workers;
 }
 
-shoal::v1::RoundPlan MakePlan(const std::vector<std::unique_ptr<Worker>>& workers,
-                              uint64_t total) {
+shoal::v1::RoundPlan MakePlan(const std::vector<std::unique_ptr<Worker>>& workers, uint64_t total) {
   shoal::v1::RoundPlan plan;
   plan.set_round(kRound);
   plan.set_total_elements(total);
@@ -184,9 +182,8 @@ TEST(EncodedExchangeTest, Int8NesterovWorkersEndBitIdenticalNearTheReference) {
   const std::vector<absl::Status> status = RunAll(workers, *codec, nullptr);
   for (size_t k = 0; k < workers.size(); ++k) ASSERT_TRUE(status[k].ok()) << k << status[k];
   for (size_t k = 1; k < workers.size(); ++k) {
-    EXPECT_EQ(std::memcmp(workers[0]->params.data(), workers[k]->params.data(),
-                          total * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(workers[0]->params.data(), workers[k]->params.data(), total * sizeof(float)), 0)
         << workers[k]->id << " differs from " << workers[0]->id;
   }
   // float64 reference: g = base - mean(trained); m' = mu m + g;
@@ -249,9 +246,9 @@ TEST(EncodedExchangeTest, RobustRulesCombineTheDecodedChanges) {
         RunAll(workers, **fp32, nullptr, absl::Seconds(20), spec);
     for (int k = 0; k < n; ++k) ASSERT_TRUE(status[k].ok()) << k << status[k];
     for (int k = 1; k < n; ++k) {
-      EXPECT_EQ(std::memcmp(workers[0]->params.data(), workers[k]->params.data(),
-                            total * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(workers[0]->params.data(), workers[k]->params.data(), total * sizeof(float)),
+          0)
           << workers[k]->id << " differs from " << workers[0]->id;
     }
     std::vector<std::vector<float>> changes(n, std::vector<float>(total));
