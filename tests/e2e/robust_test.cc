@@ -11,6 +11,7 @@
 // MLP, every worker in every round (--adaptive_deadline=false).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <set>
 #include <string>
@@ -82,6 +83,13 @@ class RobustTest : public ClusterTest {
     for (const auto& r : status.recent_rounds()) {
       EXPECT_EQ(r.participants(), static_cast<uint32_t>(kWorkers)) << "round " << r.round();
     }
+    // The curve, for the record (docs/SECURITY.md quotes it).
+    for (const auto& r : status.recent_rounds()) {
+      if (r.evaluated()) {
+        std::printf("%s round %d test_accuracy %.4f\n", aggregation.c_str(),
+                    static_cast<int>(r.round()), r.test_accuracy());
+      }
+    }
     // The poisoner did poison.
     EXPECT_NE(poisoner_->Log().find("contribution scaled by 1000"), std::string::npos)
         << poisoner_->Log();
@@ -125,7 +133,7 @@ TEST_F(RobustTest, MeanCollapsesUnderAScaledContribution) {
 }
 
 TEST_F(RobustTest, TrimmedMeanReachesTheTargetAndHashesAgree) {
-  constexpr int kRounds = 6;
+  constexpr int kRounds = 10;
   const v1::RunStatus status = RunWith("trimmed_mean:1", kRounds);
   ASSERT_GT(status.recent_rounds_size(), 0) << Logs();
   EXPECT_GE(LastAccuracy(status), 0.85) << Logs();
