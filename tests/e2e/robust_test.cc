@@ -7,6 +7,7 @@
 //  - --aggregation=trimmed_mean:1: the owners drop the largest and smallest
 //    value of every element, the run reaches 0.85 test accuracy and every
 //    worker, the poisoner included, agrees on the model hash every round;
+//  - the same with --codec=int8 (the encoded exchange's owners);
 //  - the coordinator refuses a trimmed mean its rounds are too small for.
 // MLP, every worker in every round (--adaptive_deadline=false).
 #include <gtest/gtest.h>
@@ -69,11 +70,17 @@ class RobustTest : public ClusterTest {
   }
 
   // Runs `rounds` rounds with `aggregation`; returns the final status.
-  v1::RunStatus RunWith(const std::string& aggregation, int rounds) {
-    const std::string addr = StartCoordinator(
-        {absl::StrCat("--min_participants=", kWorkers), "--local_steps=60",
-         absl::StrCat("--rounds=", rounds), "--learning_rate=0.05", "--aggregation=" + aggregation,
-         "--adaptive_deadline=false", "--round_timeout=300s"});
+  v1::RunStatus RunWith(const std::string& aggregation, int rounds,
+                        std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = {absl::StrCat("--min_participants=", kWorkers),
+                                      "--local_steps=60",
+                                      absl::StrCat("--rounds=", rounds),
+                                      "--learning_rate=0.05",
+                                      "--aggregation=" + aggregation,
+                                      "--adaptive_deadline=false",
+                                      "--round_timeout=300s"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    const std::string addr = StartCoordinator(flags);
     address_ = addr;
     StartWorkersWithPoisoner(addr);
     const v1::RunStatus status = WaitForStatus(
@@ -143,6 +150,18 @@ TEST_F(RobustTest, TrimmedMeanReachesTheTargetAndHashesAgree) {
   const std::string table = Run(BinDir() + "/shoalctl status --coordinator=" + address_, &code);
   EXPECT_EQ(code, 0);
   EXPECT_NE(table.find("aggregation trimmed_mean:1"), std::string::npos) << table;
+  ExpectHashesAgreeEveryRound(kRounds);
+}
+
+// The encoded exchange (int8): the owners combine the decoded changes by
+// the same rule; the poisoner's change (its model x 1000 minus the base) is
+// trimmed away just the same.
+TEST_F(RobustTest, TrimmedMeanHoldsInTheEncodedExchange) {
+  constexpr int kRounds = 10;
+  const v1::RunStatus status = RunWith("trimmed_mean:1", kRounds, {"--codec=int8"});
+  ASSERT_GT(status.recent_rounds_size(), 0) << Logs();
+  EXPECT_GE(LastAccuracy(status), 0.85) << Logs();
+  for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
   ExpectHashesAgreeEveryRound(kRounds);
 }
 
