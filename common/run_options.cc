@@ -5,9 +5,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace shoal {
 namespace {
+
+// Far more than any run's participants; keeps 2K + 1 well inside uint32.
+constexpr uint32_t kMaxTrim = 1000;
 
 // The number after "name:" in `text`, in (0, max].
 absl::StatusOr<double> ParseParameter(const std::string& text, size_t prefix, double max,
@@ -74,6 +78,45 @@ absl::StatusOr<DataSplit> ParseDataSplit(const std::string& text) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown data split '", text, "' (iid or label_skew:ALPHA with ALPHA > 0)"));
+}
+
+absl::StatusOr<AggregationSpec> ParseAggregation(const std::string& text) {
+  AggregationSpec spec;
+  if (text.empty() || text == "mean") return spec;
+  if (text == "median") {
+    spec.kind = AggregationSpec::Kind::kMedian;
+    return spec;
+  }
+  constexpr absl::string_view kTrimmed = "trimmed_mean:";
+  if (absl::StartsWith(text, kTrimmed)) {
+    uint32_t k = 0;
+    if (!absl::SimpleAtoi(absl::string_view(text).substr(kTrimmed.size()), &k) || k < 1 ||
+        k > kMaxTrim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", text, "': K of trimmed_mean:K must be an integer in [1, ", kMaxTrim, "]"));
+    }
+    spec.kind = AggregationSpec::Kind::kTrimmedMean;
+    spec.trim = k;
+    return spec;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown aggregation '", text, "' (mean, trimmed_mean:K or median)"));
+}
+
+std::string AggregationName(const AggregationSpec& spec) {
+  switch (spec.kind) {
+    case AggregationSpec::Kind::kMean:
+      return "mean";
+    case AggregationSpec::Kind::kTrimmedMean:
+      return absl::StrCat("trimmed_mean:", spec.trim);
+    case AggregationSpec::Kind::kMedian:
+      return "median";
+  }
+  return "mean";
+}
+
+uint32_t MinContributions(const AggregationSpec& spec) {
+  return spec.kind == AggregationSpec::Kind::kTrimmedMean ? 2 * spec.trim + 1 : 1;
 }
 
 }  // namespace shoal

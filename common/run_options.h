@@ -1,11 +1,14 @@
 // The run-config strings of issue 16 (docs/COMPRESSION.md): how a round's
 // change travels (--codec), what the averaged change does to the model
-// (--outer_optimizer) and how the training data is split (--data_split).
+// (--outer_optimizer) and how the training data is split (--data_split);
+// and of issue 14 (docs/SECURITY.md): how a slice's owner combines the
+// contributions it receives (--aggregation).
 // Parsed in one place so that the coordinator refuses a bad flag at start
 // and every worker reads the run config the same way.
 #ifndef SHOAL_COMMON_RUN_OPTIONS_H_
 #define SHOAL_COMMON_RUN_OPTIONS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -35,6 +38,24 @@ struct DataSplit {
 };
 // "iid" (or empty), "label_skew:ALPHA" with ALPHA > 0.
 absl::StatusOr<DataSplit> ParseDataSplit(const std::string& text);
+
+// How the owner of a slice combines the N contributions of its slice, per
+// element (services/worker/core/aggregation.h; docs/SECURITY.md).
+struct AggregationSpec {
+  enum class Kind { kMean, kTrimmedMean, kMedian };
+  Kind kind = Kind::kMean;
+  // kTrimmedMean: the number of values dropped at each end, >= 1.
+  uint32_t trim = 0;
+};
+// "mean" (or empty), "trimmed_mean:K" with K an integer in [1, 1000],
+// "median". INVALID_ARGUMENT otherwise, naming what is accepted.
+absl::StatusOr<AggregationSpec> ParseAggregation(const std::string& text);
+// The canonical text of `spec` ("mean", "trimmed_mean:2", "median").
+std::string AggregationName(const AggregationSpec& spec);
+// The fewest contributions a round needs for `spec` to run as asked: 2K + 1
+// for trimmed_mean:K, 1 otherwise. With fewer the owner falls back to the
+// median (docs/SECURITY.md).
+uint32_t MinContributions(const AggregationSpec& spec);
 
 }  // namespace shoal
 

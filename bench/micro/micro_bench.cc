@@ -12,7 +12,9 @@
 
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
+#include "common/run_options.h"
 #include "common/sha256.h"
+#include "services/worker/core/aggregation.h"
 #include "shoal/v1/common.pb.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -205,6 +207,42 @@ void BM_AverageScaleVector(benchmark::State& state) {
   SetBytes(state, kChunk);
 }
 BENCHMARK(BM_AverageScaleVector)->Arg(1);
+
+// The owner's combination of N contributions of a 1 MiB slice (issue 14,
+// services/worker/core/aggregation.h): range(0) = rule (0 mean, 1
+// trimmed_mean:1, 2 median), range(1) = N. Bytes: the N inputs read. The
+// exchanges' own mean (AddFloats as chunks arrive, then DivideFloats) is
+// BM_AverageAddVector + BM_AverageScaleVector above.
+void BM_CombineContributions(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(1));
+  const size_t count = kChunk / sizeof(float);
+  std::vector<std::vector<float>> parts;
+  std::vector<const float*> inputs;
+  for (size_t k = 0; k < n; ++k) parts.push_back(Floats(kChunk));
+  for (size_t k = 0; k < n; ++k) {
+    std::rotate(parts[k].begin(), parts[k].begin() + 97 * k, parts[k].end());  // not all equal
+    inputs.push_back(parts[k].data());
+  }
+  shoal::AggregationSpec spec;
+  spec.kind = state.range(0) == 0   ? shoal::AggregationSpec::Kind::kMean
+              : state.range(0) == 1 ? shoal::AggregationSpec::Kind::kTrimmedMean
+                                    : shoal::AggregationSpec::Kind::kMedian;
+  spec.trim = 1;
+  std::vector<float> out(count);
+  for (auto _ : state) {
+    auto applied = shoal::worker::CombineContributions(spec, inputs, count, out.data());
+    benchmark::DoNotOptimize(applied);
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kChunk * n);
+}
+BENCHMARK(BM_CombineContributions)
+    ->ArgNames({"rule", "n"})
+    ->Args({0, 5})
+    ->Args({1, 5})
+    ->Args({2, 5})
+    ->Args({1, 16})
+    ->Args({2, 16});
 
 void BM_Sha256(benchmark::State& state) {
   const size_t bytes = state.range(0);

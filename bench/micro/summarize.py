@@ -45,6 +45,13 @@ def main():
         ("average: add (AddFloats)", "BM_AverageAddVector", "__restrict, vectorized"),
         ("average: scale (loop before, -O2)", "BM_AverageScaleScalar/1", "scalar divss"),
         ("average: scale (DivideFloats)", "BM_AverageScaleVector/1", "divps, same bits"),
+        ("owner: mean of 5 x 1 MiB", "BM_CombineContributions/rule:0/n:5",
+         "CombineContributions, bytes read"),
+        ("owner: trimmed_mean:1 of 5 x 1 MiB", "BM_CombineContributions/rule:1/n:5",
+         "sort 5 per element"),
+        ("owner: median of 5 x 1 MiB", "BM_CombineContributions/rule:2/n:5", ""),
+        ("owner: trimmed_mean:1 of 16 x 1 MiB", "BM_CombineContributions/rule:1/n:16", ""),
+        ("owner: median of 16 x 1 MiB", "BM_CombineContributions/rule:2/n:16", ""),
         ("SHA-256 4 MiB", "BM_Sha256/4194304", "OpenSSL"),
     ]
     width = max(len(r[0]) for r in rows)

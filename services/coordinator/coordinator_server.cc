@@ -141,6 +141,22 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   if (!split.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--data_split: ", split.status().message()));
   }
+  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(c.aggregation());
+  if (!aggregation.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--aggregation: ", aggregation.status().message()));
+  }
+  if (MinContributions(*aggregation) > c.min_participants()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--aggregation=", c.aggregation(), " drops ", aggregation->trim,
+                     " values at each end, so it needs at least ", MinContributions(*aggregation),
+                     " participants per round; --min_participants is ", c.min_participants()));
+  }
+  if (c.mode() == "gossip" && aggregation->kind != AggregationSpec::Kind::kMean) {
+    return absl::InvalidArgumentError(
+        "--aggregation shapes the synchronous exchange's slice owners; --mode=gossip has none "
+        "(use --aggregation=mean)");
+  }
   if (c.mode() == "gossip" && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
     return absl::InvalidArgumentError(
         "--codec and --outer_optimizer shape the synchronous exchange; --mode=gossip fetches "

@@ -126,6 +126,12 @@ ABSL_FLAG(std::string, outer_optimizer, "none",
           "model), sgd or nesterov (DiLoCo's outer step).");
 ABSL_FLAG(double, outer_lr, 0.7, "Outer optimizer step size (sgd, nesterov).");
 ABSL_FLAG(double, outer_momentum, 0.9, "Outer optimizer momentum (nesterov).");
+ABSL_FLAG(std::string, aggregation, "mean",
+          "How the owner of each slice combines the participants' contributions, element by "
+          "element: mean, trimmed_mean:K (drop the K lowest and K highest values, average the "
+          "rest; needs 2K + 1 <= --min_participants, and a round left with fewer participants "
+          "takes the median) or median. The robust rules bound what a misbehaving member can do "
+          "to the model (docs/SECURITY.md); they are unweighted, like the mean.");
 ABSL_FLAG(std::string, data_split, "iid",
           "How training data is split across data ranks: iid or label_skew:ALPHA (Dirichlet).");
 ABSL_FLAG(std::string, mode, "sync",
@@ -272,6 +278,7 @@ int main(int argc, char** argv) {
   c.set_outer_lr(absl::GetFlag(FLAGS_outer_lr));
   c.set_outer_momentum(absl::GetFlag(FLAGS_outer_momentum));
   c.set_data_split(absl::GetFlag(FLAGS_data_split));
+  c.set_aggregation(absl::GetFlag(FLAGS_aggregation));
   c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
 
@@ -304,7 +311,8 @@ int main(int argc, char** argv) {
                   << " min_participants=" << c.min_participants()
                   << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
                   << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
-                  << " data_split=" << c.data_split() << " mode=" << c.mode();
+                  << " data_split=" << c.data_split() << " aggregation=" << c.aggregation()
+                  << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/retry.h"
 #include "common/status_util.h"
+#include "services/worker/core/aggregation.h"
 
 namespace shoal::worker {
 namespace {
@@ -153,20 +154,28 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
           &retries);
     });
   }
-  // Reduce-scatter: sum every other participant's copy of our slice.
+  // Reduce-scatter: sum every other participant's copy of our slice (the
+  // mean), or keep each copy apart for a robust rule.
+  const uint64_t count = own.end() - own.begin();
+  const bool keep_apart = NeedsAllContributions(options_.aggregation);
+  std::vector<std::vector<float>> parts(keep_apart ? n : 0);
   if (own.begin() < own.end()) {
     for (int k = 0; k < n; ++k) {
       if (k == self) continue;
       const auto& s = plan.slices(k);
+      if (keep_apart) parts[k].resize(count);
       reducers.emplace_back([&, k, s] {
         NameThread("shoal-reduce");
         reduce_status[k] = ReadWithRetry(
             s.peer_address(), shoal::v1::CONTRIBUTION, round, plan.attempt(), own.begin(),
             own.end(), self_id, deadline, &stop,
             [&](const ChunkView& c) {
-              std::lock_guard<std::mutex> lock(accumulate_mu);
               received += c.count * sizeof(float);
               raw_received += c.count * sizeof(float);
+              // The receiver checked that the chunk lies in [own.begin, own.end).
+              if (keep_apart)
+                return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
+              std::lock_guard<std::mutex> lock(accumulate_mu);
               return codec_->AccumulateContribution(c, params + c.begin);
             },
             &retries);
@@ -176,14 +185,21 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   }
   for (auto& t : reducers) t.join();
   absl::Status result = FirstError(reduce_status);
+  if (result.ok() && !stop.cancelled() && keep_apart && count > 0) {
+    // Our own contribution is our slice of the parameters, overwritten by
+    // the result (nobody reads it before MarkAveraged).
+    std::vector<const float*> inputs(n);
+    for (int k = 0; k < n; ++k) inputs[k] = k == self ? params + own.begin() : parts[k].data();
+    result = CombineOwnSlice(round, inputs, count, params + own.begin());
+  }
   if (result.ok() && !stop.cancelled()) {
-    const uint64_t count = own.end() - own.begin();
-    DivideFloats(params + own.begin(), count, static_cast<float>(n));
+    if (!keep_apart) DivideFloats(params + own.begin(), count, static_cast<float>(n));
     codec_->RoundTripAverage(params + own.begin(), count);
     state_->MarkAveraged(round);
   } else if (result.ok()) {
     result = absl::AbortedError("round aborted");
   }
+  if (!result.ok()) stop.Cancel();
   for (auto& t : gatherers) t.join();
   if (result.ok()) result = FirstError(gather_status);
   if (stats != nullptr) {
@@ -387,13 +403,22 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   absl::Status result = FirstError(reduce_status);
   if (result.ok() && !stop.cancelled()) {
     if (count > 0) {
-      for (int k = 0; k < n; ++k) {
-        if (k == self) continue;
-        const float* part = parts[k].data();
-        for (uint64_t i = 0; i < count; ++i) sum[i] += part[i];
-        std::vector<float>().swap(parts[k]);
+      if (NeedsAllContributions(options_.aggregation)) {
+        std::vector<const float*> inputs(n);
+        for (int k = 0; k < n; ++k) inputs[k] = k == self ? sum.data() : parts[k].data();
+        result = CombineOwnSlice(round, inputs, count, sum.data());
+        parts.clear();
+      } else {
+        for (int k = 0; k < n; ++k) {
+          if (k == self) continue;
+          const float* part = parts[k].data();
+          for (uint64_t i = 0; i < count; ++i) sum[i] += part[i];
+          std::vector<float>().swap(parts[k]);
+        }
+        DivideFloats(sum.data(), count, static_cast<float>(n));
       }
-      DivideFloats(sum.data(), count, static_cast<float>(n));
+    }
+    if (result.ok() && count > 0) {
       // 2. The average, encoded once with the owner's own error feedback
       // (what this encoding leaves out is added to the slice's next
       // average: without it topk:F would lose most of the averaged change
@@ -428,6 +453,28 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
     stats->retries = retries.load();
   }
   return result;
+}
+
+absl::Status Exchanger::CombineOwnSlice(uint64_t round, const std::vector<const float*>& inputs,
+                                        uint64_t count, float* out) {
+  absl::StatusOr<AggregationSpec> applied =
+      CombineContributions(options_.aggregation, inputs, count, out);
+  if (!applied.ok()) return applied.status();
+  std::string rule = AggregationName(*applied);
+  if (rule != last_rule_) {
+    if (applied->kind != options_.aggregation.kind) {
+      SHOAL_LOG(WARNING) << "round " << round << ": " << inputs.size()
+                         << " contributions are too few for "
+                         << AggregationName(options_.aggregation) << " (needs "
+                         << MinContributions(options_.aggregation)
+                         << "): the owner takes their median";
+    } else {
+      SHOAL_LOG(INFO) << "round " << round << ": the owner combines " << inputs.size()
+                      << " contributions by " << rule;
+    }
+    last_rule_ = std::move(rule);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shoal::worker

@@ -18,7 +18,10 @@
 // token ends every read still running at once: nothing polls.
 //
 // Chunks are applied straight from the receive buffers (ChunkView::CopyTo /
-// AddTo), once checked.
+// AddTo), once checked. With a robust aggregation (trimmed mean, median:
+// ExchangeOptions::aggregation) the reduce copies each contribution into a
+// buffer of its own and the owner combines them element by element once all
+// are in (core/aggregation.h); the mean adds them in place as they arrive.
 //
 // Why peers may read our parameters while we write them (the zero-copy
 // server lends model memory to gRPC, see core/model_state.h): we write a
@@ -37,6 +40,7 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/clock.h"
+#include "common/run_options.h"
 #include "services/worker/core/averager.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
@@ -55,6 +59,11 @@ struct ExchangeOptions {
   absl::Duration max_backoff = absl::Milliseconds(20);
   // Time source of the deadline (the real clock when null).
   const Clock* clock = nullptr;
+  // How the owner combines the contributions of its slice: the run's
+  // RunConfig.aggregation (core/aggregation.h), set by the worker from the
+  // run config, never from its own flags. The mean sums contributions as
+  // they arrive; the robust rules keep each apart until all are in.
+  AggregationSpec aggregation;
 };
 
 using ExchangeStats = AveragingStats;
@@ -107,6 +116,10 @@ class Exchanger final : public Averager {
 
   absl::Status AverageEncoded(const shoal::v1::RoundPlan& plan, int self, float* params,
                               CancellationToken* cancel, AveragingStats* stats);
+  // The robust rules: combines `inputs` (one per participant, plan order)
+  // into `out` (which may be one of them) under the run's aggregation.
+  absl::Status CombineOwnSlice(uint64_t round, const std::vector<const float*>& inputs,
+                               uint64_t count, float* out);
   // Reads the whole encoding of [begin, end) of `kind` from `address`,
   // piece by piece, resuming after failures; checks sizes and CRCs.
   absl::StatusOr<std::string> ReadEncodedWithRetry(const std::string& address,
@@ -133,6 +146,9 @@ class Exchanger final : public Averager {
   // slice it owns (zero elsewhere), with the same per-attempt restart.
   std::vector<float> owner_residual_;
   std::vector<float> owner_residual_start_;
+  // The rule the owner applied last (logged when it changes: a trimmed mean
+  // falling back to the median in a small round, and back).
+  std::string last_rule_;
 };
 
 }  // namespace shoal::worker

@@ -219,6 +219,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   if (!outer_kind.ok()) return outer_kind.status();
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
   if (!split.ok()) return split.status();
+  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(config.aggregation());
+  if (!aggregation.ok()) return aggregation.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
   if (!topts.model_file.empty()) {
@@ -247,14 +249,17 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
     encoded_parts_.base = memory_->snapshot();
     PublishOuterState(0);
   }
-  averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), options_.exchange,
-                                          codec_.get(), encoded ? &encoded_parts_ : nullptr);
+  ExchangeOptions exchange = options_.exchange;
+  exchange.aggregation = *aggregation;
+  averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), exchange, codec_.get(),
+                                          encoded ? &encoded_parts_ : nullptr);
   protocol_.SetInitialModel(hash);
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
                   << " images, model=" << joined.config().model() << " (" << n
                   << " parameters, hash " << hash.substr(0, 12) << "), averaging "
-                  << averager_->name() << "/" << codec_->name()
+                  << averager_->name() << "/" << codec_->name() << " by "
+                  << AggregationName(*aggregation)
                   << (encoded ? absl::StrCat(" encoded, outer optimizer ",
                                              config.outer_optimizer().empty()
                                                  ? "none"
@@ -524,8 +529,13 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kTrain: {
       const absl::Time t0 = clock_->Now();
-      const double loss = memory_->Train(
-          a.round, [&](float*) { return trainer_->TrainSteps(protocol_.config().local_steps()); });
+      const double loss = memory_->Train(a.round, [&](float* params) {
+        const double l = trainer_->TrainSteps(protocol_.config().local_steps());
+        if (options_.contribution_transform) {
+          options_.contribution_transform(a.round, params, trainer_->num_elements());
+        }
+        return l;
+      });
       M().train_seconds.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
       M().train_loss.Set(loss);
       *next = protocol_.OnTrained(a.round, loss, trainer_->num_elements());

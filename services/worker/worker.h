@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,12 @@ struct WorkerOptions {
   // Cancelled to stop Run() gracefully (tests; may be null). The shutdown
   // signal (SIGTERM, SIGINT) stops it too.
   CancellationToken* stop = nullptr;
+  // Test seam, never set by shoal-worker: rewrites this worker's freshly
+  // trained model (all `n` elements) right before it becomes readable as its
+  // contribution of `round`. The misbehaving peer of the poisoning test
+  // (tests/support/poison_worker.cc) scales it; the exchange then overwrites
+  // the model with the round's averages as for any worker.
+  std::function<void(uint64_t round, float* params, uint64_t n)> contribution_transform;
 };
 
 class Worker {
@@ -173,7 +180,7 @@ class Worker {
   std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
   std::unique_ptr<ModelMemory> memory_;  // with the trainer
   std::unique_ptr<Codec> codec_;
-  std::unique_ptr<OuterStep> outer_;     // the run's outer optimizer (encoded exchange)
+  std::unique_ptr<OuterStep> outer_;  // the run's outer optimizer (encoded exchange)
   EncodedExchange encoded_parts_;
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;

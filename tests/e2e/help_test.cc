@@ -51,7 +51,8 @@ INSTANTIATE_TEST_SUITE_P(
     Binaries, HelpTest,
     ::testing::Values(
         HelpCase{"shoal-coordinator",
-                 {"--listen", "--min_participants", "--checkpoint_store", "--tls_cert", "--http_listen"}},
+                 {"--listen", "--min_participants", "--checkpoint_store", "--tls_cert",
+                  "--http_listen", "--aggregation"}},
         HelpCase{"shoal-worker", {"--coordinator", "--listen", "--data_dir", "--tls_ca"}},
         HelpCase{"shoal-checkpoint", {"--listen", "--data_dir", "--retain", "--tls_key"}},
         HelpCase{"shoalctl", {"--coordinator", "--json", "--tls_server_name"}}),

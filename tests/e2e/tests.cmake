@@ -52,3 +52,14 @@ add_test(NAME WanNetworkSmoke
 set_tests_properties(WanNetworkSmoke PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 shoal_test(token_e2e_test e2e e2e/token_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(token_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
+
+# Robust aggregation at slice owners against a poisoning peer (issue 14):
+# shoal-poison-worker is a real worker whose contributions are scaled by
+# --scale (WorkerOptions::contribution_transform); a test-only binary, not a
+# flag of shoal-worker.
+add_executable(shoal-poison-worker ${PROJECT_SOURCE_DIR}/tests/support/poison_worker.cc)
+target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::flags_parse
+  absl::flags_usage)
+shoal_warnings(shoal-poison-worker)
+shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)

@@ -25,6 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
+#include "common/run_options.h"
+#include "services/worker/core/aggregation.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/outer_optimizer.h"
@@ -50,9 +52,9 @@ struct Worker {
 };
 
 // May alter a piece before the reader sees it.
-using PieceFault = std::function<void(const std::string& address,
-                                      const shoal::v1::ReadEncodedRequest& r,
-                                      shoal::v1::EncodedPiece* piece)>;
+using PieceFault =
+    std::function<void(const std::string& address, const shoal::v1::ReadEncodedRequest& r,
+                       shoal::v1::EncodedPiece* piece)>;
 
 class FakeEncodedPeers : public PeerClient {
  public:
@@ -68,8 +70,7 @@ class FakeEncodedPeers : public PeerClient {
   }
   absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(const std::string& address,
                                                       const shoal::v1::ReadEncodedRequest& r,
-                                                      absl::Duration,
-                                                      CancellationToken*) override {
+                                                      absl::Duration, CancellationToken*) override {
     auto it = by_address_.find(address);
     if (it == by_address_.end()) return absl::UnavailableError(absl::StrCat("no peer ", address));
     absl::StatusOr<Blob> blob = it->second->store.Find(r);
@@ -128,8 +129,7 @@ std::vector<std::unique_ptr<Worker>> MakeWorkers(int n, uint64_t total, float lr
   return workers;
 }
 
-shoal::v1::RoundPlan MakePlan(const std::vector<std::unique_ptr<Worker>>& workers,
-                              uint64_t total) {
+shoal::v1::RoundPlan MakePlan(const std::vector<std::unique_ptr<Worker>>& workers, uint64_t total) {
   shoal::v1::RoundPlan plan;
   plan.set_round(kRound);
   plan.set_total_elements(total);
@@ -146,13 +146,15 @@ shoal::v1::RoundPlan MakePlan(const std::vector<std::unique_ptr<Worker>>& worker
 
 std::vector<absl::Status> RunAll(const std::vector<std::unique_ptr<Worker>>& workers,
                                  const Codec& codec, PieceFault fault,
-                                 absl::Duration timeout = absl::Seconds(20)) {
+                                 absl::Duration timeout = absl::Seconds(20),
+                                 AggregationSpec aggregation = {}) {
   std::map<std::string, Worker*> by_address;
   for (const auto& w : workers) by_address[w->address] = w.get();
   FakeEncodedPeers peers(by_address, std::move(fault));
   const shoal::v1::RoundPlan plan = MakePlan(workers, workers[0]->params.size());
   ExchangeOptions options;
   options.timeout = timeout;
+  options.aggregation = aggregation;
   std::vector<absl::Status> status(workers.size());
   std::vector<std::thread> threads;
   for (size_t k = 0; k < workers.size(); ++k) {
@@ -180,9 +182,8 @@ TEST(EncodedExchangeTest, Int8NesterovWorkersEndBitIdenticalNearTheReference) {
   const std::vector<absl::Status> status = RunAll(workers, *codec, nullptr);
   for (size_t k = 0; k < workers.size(); ++k) ASSERT_TRUE(status[k].ok()) << k << status[k];
   for (size_t k = 1; k < workers.size(); ++k) {
-    EXPECT_EQ(std::memcmp(workers[0]->params.data(), workers[k]->params.data(),
-                          total * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(workers[0]->params.data(), workers[k]->params.data(), total * sizeof(float)), 0)
         << workers[k]->id << " differs from " << workers[0]->id;
   }
   // float64 reference: g = base - mean(trained); m' = mu m + g;
@@ -219,6 +220,60 @@ TEST(EncodedExchangeTest, Int8NesterovWorkersEndBitIdenticalNearTheReference) {
   for (auto& w : workers) w->outer->Commit(kRound);
   for (size_t k = 1; k < workers.size(); ++k) {
     EXPECT_EQ(workers[k]->outer->momentum(), workers[0]->outer->momentum());
+  }
+}
+
+// Robust aggregation in the encoded exchange (issue 14): one worker's change
+// scaled by 1000; with trimmed_mean:1 (5 workers) or the median (4) the
+// owners combine the decoded changes by the rule, every worker ends with the
+// same bits, and the new model is base + the rule's change (lr 1, no
+// momentum), far from what the mean would give.
+TEST(EncodedExchangeTest, RobustRulesCombineTheDecodedChanges) {
+  for (const char* rule : {"trimmed_mean:1", "median"}) {
+    SCOPED_TRACE(rule);
+    const int n = std::string(rule) == "median" ? 4 : 5;
+    const uint64_t total = 3001;
+    auto workers = MakeWorkers(n, total, /*lr=*/1.0f, /*mu=*/0.0f);
+    Worker& poisoner = *workers[2];
+    for (uint64_t i = 0; i < total; ++i) {
+      poisoner.params[i] = poisoner.base[i] + 1000 * (poisoner.params[i] - poisoner.base[i]);
+    }
+    poisoner.trained = poisoner.params;
+    auto fp32 = MakeCodec("fp32");
+    ASSERT_TRUE(fp32.ok());
+    const AggregationSpec spec = *ParseAggregation(rule);
+    const std::vector<absl::Status> status =
+        RunAll(workers, **fp32, nullptr, absl::Seconds(20), spec);
+    for (int k = 0; k < n; ++k) ASSERT_TRUE(status[k].ok()) << k << status[k];
+    for (int k = 1; k < n; ++k) {
+      EXPECT_EQ(
+          std::memcmp(workers[0]->params.data(), workers[k]->params.data(), total * sizeof(float)),
+          0)
+          << workers[k]->id << " differs from " << workers[0]->id;
+    }
+    std::vector<std::vector<float>> changes(n, std::vector<float>(total));
+    std::vector<const float*> inputs;
+    for (int k = 0; k < n; ++k) {
+      for (uint64_t i = 0; i < total; ++i) {
+        changes[k][i] = workers[k]->trained[i] - workers[k]->base[i];
+      }
+      inputs.push_back(changes[k].data());
+    }
+    std::vector<float> want(total);
+    ASSERT_TRUE(CombineContributions(spec, inputs, total, want.data()).ok());
+    int bad = 0, far_from_mean = 0;
+    for (uint64_t i = 0; i < total; ++i) {
+      const double got = workers[0]->params[i] - workers[0]->base[i];
+      if (std::fabs(got - want[i]) > 1e-6 && ++bad <= 5) {
+        ADD_FAILURE() << "element " << i << ": change " << got << ", want " << want[i];
+      }
+      double mean = 0;
+      for (int k = 0; k < n; ++k) mean += changes[k][i];
+      mean /= n;
+      far_from_mean += std::fabs(got - mean) > 10 * std::fabs(want[i]);
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_GT(far_from_mean, static_cast<int>(total / 2));
   }
 }
 

@@ -22,7 +22,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/chunk_codec.h"
+#include "common/run_options.h"
 #include "gtest/gtest.h"
+#include "services/worker/core/aggregation.h"
 
 namespace shoal::worker {
 namespace {
@@ -179,7 +181,8 @@ struct RunResult {
 
 // Runs every worker's exchange concurrently, as the participants of a round.
 RunResult RunAll(const std::vector<std::unique_ptr<FakeWorker>>& workers, const RoundPlan& plan,
-                 PeerClient* client, CancellationToken* abort = nullptr) {
+                 PeerClient* client, CancellationToken* abort = nullptr,
+                 const ExchangeOptions& options = TestOptions()) {
   const size_t n = workers.size();
   RunResult r;
   r.status.resize(n);
@@ -187,7 +190,7 @@ RunResult RunAll(const std::vector<std::unique_ptr<FakeWorker>>& workers, const 
   std::vector<std::thread> threads;
   for (size_t k = 0; k < n; ++k) {
     threads.emplace_back([&, k] {
-      Exchanger ex(client, &workers[k]->state, TestOptions());
+      Exchanger ex(client, &workers[k]->state, options);
       r.status[k] = ex.Average(plan, workers[k]->id, workers[k]->params.data(), abort, &r.stats[k]);
     });
   }
@@ -286,6 +289,73 @@ TEST(ExchangerTest, ChunksInPiecesAverageTheSame) {
       EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k)) << workers[k]->id;
     }
     ExpectAveraged(workers);
+  }
+}
+
+// Robust aggregation (issue 14): with one participant's contribution scaled
+// by 1000 every worker ends with the same bits, and they are the rule applied
+// to the participants' models element by element (the owner combines in its
+// own order: the result must not depend on it). A contribution read that
+// breaks half-way resumes into its own buffer without harm.
+TEST(ExchangerTest, RobustRulesEndBitIdenticalOnTheRuleOfTheContributions) {
+  struct Case {
+    const char* rule;
+    int n;
+    AggregationSpec::Kind applied;
+  };
+  for (const Case& c : {Case{"trimmed_mean:1", 5, AggregationSpec::Kind::kTrimmedMean},
+                        Case{"median", 4, AggregationSpec::Kind::kMedian},
+                        // 2K + 1 > N: the owners fall back to the median.
+                        Case{"trimmed_mean:2", 4, AggregationSpec::Kind::kMedian}}) {
+    SCOPED_TRACE(absl::StrCat(c.rule, " N", c.n));
+    constexpr uint64_t kTotal = 600001;  // several chunks per slice
+    auto workers = MakeWorkers(c.n, kTotal, 31);
+    for (float& x : workers[1]->params) x *= 1000;  // the poisoner
+    workers[1]->initial = workers[1]->params;
+    const RoundPlan plan = MakePlan(workers, kTotal);
+    std::atomic<bool> failed{false};
+    Faults faults;
+    faults.on_chunk = [&](const std::string& address, const ReadSliceRequest& r, int index,
+                          TensorChunk*) -> absl::Status {
+      if (r.kind() == CONTRIBUTION && address == "10.0.0.3:7000" && r.reader_id() == "w1" &&
+          index == 1 && !failed.exchange(true)) {
+        return absl::UnavailableError("connection reset");
+      }
+      return absl::OkStatus();
+    };
+    FakePeerClient client(ByAddress(workers), faults);
+    ExchangeOptions options = TestOptions();
+    options.aggregation = *ParseAggregation(c.rule);
+    RunResult r = RunAll(workers, plan, &client, nullptr, options);
+    for (int k = 0; k < c.n; ++k) {
+      ASSERT_TRUE(r.status[k].ok()) << workers[k]->id << ": " << r.status[k];
+      EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k)) << workers[k]->id;
+    }
+    EXPECT_TRUE(failed.load());
+    std::vector<const float*> inputs;
+    // Reverse order: the rule's result does not depend on it.
+    for (int k = c.n - 1; k >= 0; --k) inputs.push_back(workers[k]->initial.data());
+    std::vector<float> want(kTotal);
+    absl::StatusOr<AggregationSpec> applied =
+        CombineContributions(options.aggregation, inputs, kTotal, want.data());
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    EXPECT_EQ(applied->kind, c.applied);
+    for (int k = 0; k < c.n; ++k) {
+      ASSERT_EQ(std::memcmp(workers[k]->params.data(), want.data(), kTotal * sizeof(float)), 0)
+          << workers[k]->id << " does not hold the rule's result";
+    }
+    // The poison is gone: every element lies within the honest values' range.
+    int outside = 0;
+    for (uint64_t i = 0; i < kTotal; ++i) {
+      float lo = INFINITY, hi = -INFINITY;
+      for (int k = 0; k < c.n; ++k) {
+        if (k == 1) continue;
+        lo = std::min(lo, workers[k]->initial[i]);
+        hi = std::max(hi, workers[k]->initial[i]);
+      }
+      outside += want[i] < lo || want[i] > hi;
+    }
+    EXPECT_EQ(outside, 0);
   }
 }
 

@@ -188,6 +188,16 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
 }
 
+// Robust aggregation (issue 14): a line when the rule is not the mean.
+TEST(FormatStatusTableTest, ShowsARobustAggregationOnly) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("aggregation")));
+  s.mutable_config()->set_aggregation("mean");
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("aggregation")));
+  s.mutable_config()->set_aggregation("trimmed_mean:2");
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("aggregation trimmed_mean:2 at slice owners"));
+}
+
 TEST(FormatStatusTableTest, ShowsLateWorkFoldedPerWorker) {
   RunStatus s = FinishedRun();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("late work")));

@@ -48,6 +48,8 @@ shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoa
 # The embedded HTTP server of /metrics and the web page.
 shoal_test(http_server_test unit ${CMAKE_CURRENT_LIST_DIR}/http_server_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
+# The owners' aggregation rules: mean, trimmed mean, median (issue 14).
+shoal_test(aggregation_test unit ${CMAKE_CURRENT_LIST_DIR}/aggregation_test.cc LIBS worker_core)
 shoal_test(outer_optimizer_test unit ${CMAKE_CURRENT_LIST_DIR}/outer_optimizer_test.cc
   LIBS worker_core)
 shoal_test(encoded_store_test unit ${CMAKE_CURRENT_LIST_DIR}/encoded_store_test.cc

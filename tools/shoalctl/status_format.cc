@@ -86,6 +86,10 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
       s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
       s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  // Robust aggregation (issue 14): shown when it is not the plain mean.
+  if (const std::string& agg = s.config().aggregation(); !agg.empty() && agg != "mean") {
+    absl::StrAppend(&out, "  aggregation ", agg, " at slice owners\n");
+  }
   if (!s.replica_role().empty()) {
     absl::StrAppend(&out, "  replica ", s.replica_role(), "  leader ",
                     s.leader().empty() ? "(none)" : s.leader(),

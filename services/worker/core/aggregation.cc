@@ -1,0 +1,98 @@
+#include "services/worker/core/aggregation.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace shoal::worker {
+namespace {
+
+// A float's bits as a signed integer ordered like IEEE 754 totalOrder:
+// negative floats have their magnitude bits flipped so that larger
+// magnitudes compare lower. A bijection, so sorting keys sorts the values
+// and every bit pattern (-0 and +0, each NaN payload) has one place.
+inline int32_t OrderKey(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof(i));
+  return i ^ ((i >> 31) & 0x7FFFFFFF);
+}
+
+inline float FromKey(int32_t key) {
+  const int32_t i = key ^ ((key >> 31) & 0x7FFFFFFF);
+  float f;
+  std::memcpy(&f, &i, sizeof(f));
+  return f;
+}
+
+// Sorts a handful of keys: insertion sort beats std::sort's set-up for the
+// few contributions of a slice (one per participant).
+inline void SortKeys(int32_t* keys, size_t n) {
+  if (n > 32) {
+    std::sort(keys, keys + n);
+    return;
+  }
+  for (size_t i = 1; i < n; ++i) {
+    const int32_t v = keys[i];
+    size_t j = i;
+    for (; j > 0 && keys[j - 1] > v; --j) keys[j] = keys[j - 1];
+    keys[j] = v;
+  }
+}
+
+}  // namespace
+
+AggregationSpec EffectiveAggregation(const AggregationSpec& spec, size_t n) {
+  if (spec.kind == AggregationSpec::Kind::kTrimmedMean && n < 2 * size_t{spec.trim} + 1) {
+    return AggregationSpec{AggregationSpec::Kind::kMedian, 0};
+  }
+  return spec;
+}
+
+absl::StatusOr<AggregationSpec> CombineContributions(const AggregationSpec& spec,
+                                                     absl::Span<const float* const> inputs,
+                                                     size_t count, float* out) {
+  const size_t n = inputs.size();
+  if (n == 0) return absl::InvalidArgumentError("no contribution to combine");
+  for (size_t k = 0; k < n; ++k) {
+    if (inputs[k] == nullptr && count > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("contribution ", k, " is missing"));
+    }
+  }
+  const AggregationSpec rule = EffectiveAggregation(spec, n);
+  if (rule.kind == AggregationSpec::Kind::kMean) {
+    const float divisor = static_cast<float>(n);
+    for (size_t i = 0; i < count; ++i) {
+      float sum = inputs[0][i];
+      for (size_t k = 1; k < n; ++k) sum += inputs[k][i];
+      out[i] = sum / divisor;
+    }
+    return rule;
+  }
+  // Kept values: [lo, hi) of the sorted keys.
+  size_t lo = 0, hi = n;
+  if (rule.kind == AggregationSpec::Kind::kTrimmedMean) {
+    lo = rule.trim;
+    hi = n - rule.trim;
+  } else {  // median
+    lo = (n - 1) / 2;
+    hi = n / 2 + 1;
+  }
+  const double kept = static_cast<double>(hi - lo);
+  std::vector<int32_t> keys(n);
+  for (size_t i = 0; i < count; ++i) {
+    for (size_t k = 0; k < n; ++k) keys[k] = OrderKey(inputs[k][i]);
+    SortKeys(keys.data(), n);
+    if (hi - lo == 1) {
+      out[i] = FromKey(keys[lo]);  // the middle value itself, bit for bit
+      continue;
+    }
+    double sum = 0;
+    for (size_t k = lo; k < hi; ++k) sum += FromKey(keys[k]);
+    out[i] = static_cast<float>(sum / kept);
+  }
+  return rule;
+}
+
+}  // namespace shoal::worker
