@@ -174,6 +174,11 @@ TEST_F(GossipCheckpointTest, CheckpointerTakeoverExportAndResume) {
     }
   }
   EXPECT_GE(from_store, 1) << Logs();
+  printf(
+      "gossip checkpoints e2e: %s uploaded %llu checkpoints, %s took over after the kill; "
+      "resumed from %s (clock %.0f): %d of 3 workers loaded it from the store\n",
+      first.c_str(), static_cast<unsigned long long>(before_kill), second.c_str(), from.c_str(),
+      from_clock, from_store);
   // Their clocks went on from the checkpoint's, not from 0.
   for (const auto& w : s.workers()) EXPECT_GT(w.gossip_clock(), from_clock) << w.id();
   // Uploads went on, numbered after the checkpoint the run resumed from.
