@@ -7,7 +7,8 @@
 //    whose bytes hash to the checkpoint's model hash;
 //  - the run is stopped and started again against the store: the workers
 //    start from the latest checkpoint (its model hash and clock), not from
-//    the seed's model, and uploads go on numbered after it.
+//    the seed's model, and uploads go on numbered after it;
+//  - with --gossip_steps the checkpointer's final model is kept.
 // Waits are hang guards; nothing asserts a speed.
 #include <signal.h>
 
@@ -186,6 +187,25 @@ TEST_F(GossipCheckpointTest, CheckpointerTakeoverExportAndResume) {
   for (size_t i = first_resumed; i < workers_.size(); ++i) {
     EXPECT_EQ(workers_[i]->Stop(), 0) << workers_[i]->Log();
   }
+}
+
+// With --gossip_steps the checkpointer uploads its final model before it
+// leaves, whatever the period: here the period is never reached.
+TEST_F(GossipCheckpointTest, AFiniteRunKeepsTheCheckpointersFinalModel) {
+  const std::string store = StartStore();
+  const std::string addr = StartCoordinator(
+      {"--mode=gossip", "--gossip_every=10", "--eval_every=5", "--gossip_timeout=10s",
+       "--heartbeat_interval=500ms", "--gossip_steps=120", "--checkpoint_store=" + store,
+       "--gossip_checkpoint_every=100000", "--run_id=gossip-final"});
+  for (int i = 0; i < 2; ++i) StartWorker(addr);
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& st) { return st.phase() == v1::FINISHED; }, absl::Minutes(3));
+  ASSERT_GE(s.checkpoint_round(), 1u) << Logs();
+  EXPECT_EQ(s.checkpoint_steps(), 120u);
+  const std::string show = Show(store, s.checkpoint_id());
+  EXPECT_EQ(JsonValue(show, "gossip_steps"), "120") << show;
+  EXPECT_EQ(JsonValue(show, "worker_id"), s.checkpoint_worker()) << show;
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(30)), 0) << w->Log();
 }
 
 }  // namespace
