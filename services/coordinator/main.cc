@@ -110,7 +110,8 @@ ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
 ABSL_FLAG(uint32_t, checkpoint_every, 10,
-          "Upload a checkpoint every N rounds (and after the last round); 0 = never.");
+          "Upload a checkpoint every N rounds (and after the last round); 0 = never. "
+          "Synchronous mode only: --mode=gossip takes --gossip_checkpoint_every.");
 ABSL_FLAG(uint32_t, checkpointers, 1,
           "Workers tried, one after the other, for each checkpoint upload before giving up.");
 ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
@@ -151,6 +152,10 @@ ABSL_FLAG(std::string, interpolation, "constant:0.5",
 ABSL_FLAG(double, divergence_threshold, 0,
           "Gossip: when > 0 and a worker's loss is below it, a is scaled by loss / threshold "
           "(0 = off).");
+ABSL_FLAG(uint32_t, gossip_checkpoint_every, 1000,
+          "Gossip with --checkpoint_store: the checkpointer (one gossiping worker the "
+          "coordinator picks) uploads its current model every N of its local steps, at the "
+          "first publication at or past each multiple of N; 0 = never.");
 ABSL_FLAG(uint64_t, gossip_steps, 0,
           "Gossip: local steps each worker trains before it leaves (0 = until stopped).");
 
@@ -295,6 +300,9 @@ int main(int argc, char** argv) {
     c.set_interpolation(absl::GetFlag(FLAGS_interpolation));
     c.set_divergence_threshold(absl::GetFlag(FLAGS_divergence_threshold));
     c.set_gossip_steps(absl::GetFlag(FLAGS_gossip_steps));
+    // One field, two units: rounds in synchronous mode, the checkpointer's
+    // local steps in gossip mode.
+    c.set_checkpoint_every(absl::GetFlag(FLAGS_gossip_checkpoint_every));
     if (absl::Status s = shoal::coordinator::ValidateGossipConfig(c); !s.ok()) {
       SHOAL_LOG(ERROR) << s.message();
       return 2;

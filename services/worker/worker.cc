@@ -23,6 +23,7 @@
 #include "services/worker/core/data_split.h"
 #include "services/worker/core/dataset.h"
 #include "services/worker/core/gossip_policy.h"
+#include "services/worker/gossip_checkpointer.h"
 #include "services/worker/gossip_fetcher.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
@@ -377,7 +378,10 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
           const bool first_join = trainer_ == nullptr;
           SetLogTag(absl::StrCat("worker ", joined->worker_id()));
           state_->SetWorkerId(joined->worker_id());
-          if (first_join) RETURN_IF_ERROR(BuildModel(*joined));
+          if (first_join) {
+            RETURN_IF_ERROR(BuildModel(*joined));
+            joined_checkpoint_id_ = joined->checkpoint_id();
+          }
           if (!first_join)
             SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as "
                             << joined->worker_id();
@@ -847,14 +851,7 @@ void Worker::Upload(const Action& a) {
     const uint64_t seen = request.round() * config.local_steps() * config.batch_size();
     manifest.set_epoch(trainer_->shard_size() ? seen / trainer_->shard_size() : 0);
     std::vector<checkpoint::ByteSpan> spans;
-    for (const LayerInfo& l : trainer_->layers()) {
-      auto* entry = manifest.add_layers();
-      entry->set_name(l.name);
-      entry->set_dtype("float32");
-      for (int64_t d : l.shape) entry->add_shape(d);
-      spans.push_back({reinterpret_cast<const uint8_t*>(memory_->snapshot() + l.offset),
-                       l.elements * sizeof(float)});
-    }
+    AppendModelLayers(trainer_->layers(), memory_->snapshot(), &manifest, &spans);
     absl::Status s;
     if (outer_->has_state()) {
       // The outer momentum of this model travels with it (a restart from
@@ -961,6 +958,18 @@ absl::Status Worker::RunGossip() {
   const uint64_t seed = config.seed() * 1000003ULL + std::hash<std::string>()(self);
   PeerChooser chooser(clock_, seed);
   GossipFetcher fetcher(peers_.get(), self, clock_, &stop_token_);
+  // Checkpoints (docs/GOSSIP.md, "Checkpoints"): while the coordinator has
+  // made this worker the checkpointer, ckpt_sequence is the sequence number
+  // of its next upload (0 = not the checkpointer) and ckpt_due the local
+  // step at or past which it is due.
+  std::unique_ptr<GossipCheckpointer> checkpointer;
+  if (store_ != nullptr) {
+    checkpointer = std::make_unique<GossipCheckpointer>(store_.get(), coordinator_.get(),
+                                                        trainer_->layers(), clock_);
+  }
+  uint64_t ckpt_sequence = 0;
+  uint64_t ckpt_due = 0;
+  std::string ckpt_run_id;
   std::mt19937_64 rng(seed ^ 0x90551bULL);
   std::bernoulli_distribution fetch_now(g.fetch_probability);
   const double batch = std::max<uint32_t>(1, config.batch_size());
@@ -1015,6 +1024,31 @@ absl::Status Worker::RunGossip() {
         steps, clock, last_loss, m.test_accuracy(), m.test_loss(), report.fetches_done(),
         report.fetches_timed_out(), report.fetches_failed());
   };
+  auto on_uploaded = [&](const GossipUploadResult& r) {
+    // The same metrics as synchronous uploads (OPERATIONS.md's alerts).
+    (r.upload.ok() ? M().uploads_ok : M().uploads_failed).Add();
+    if (r.upload.ok()) M().upload_seconds.Observe(absl::ToDoubleSeconds(r.took));
+    if (r.upload.ok() && ckpt_sequence == r.sequence) ckpt_sequence = r.sequence + 1;
+    if (absl::IsFailedPrecondition(r.report) || absl::IsNotFound(r.report)) {
+      // Another worker is the checkpointer now (this one lost its session
+      // meanwhile), or the coordinator no longer knows this worker.
+      SHOAL_LOG(WARNING) << "gossip checkpoint report refused (" << r.report.message()
+                         << "); no longer the checkpointer";
+      ckpt_sequence = 0;
+    } else if (!r.report.ok()) {
+      SHOAL_LOG(WARNING) << "gossip checkpoint report failed: " << r.report.message();
+    }
+  };
+  auto upload_job = [&](std::shared_ptr<const GossipCopy> copy) {
+    GossipUploadJob job;
+    job.run_id = ckpt_run_id;
+    job.worker_id = self;
+    job.model = config.model();
+    job.sequence = ckpt_sequence;
+    job.steps = steps;
+    job.copy = std::move(copy);
+    return job;
+  };
   auto leave = [&](const std::string& reason) {
     state_->SetShuttingDown();
     coordinator_->Leave(self, reason).IgnoreError();
@@ -1030,6 +1064,8 @@ absl::Status Worker::RunGossip() {
       if (e.kind == Event::kSessionClosed) {
         if (StopRequested()) continue;
         SHOAL_LOG(WARNING) << "session lost (" << e.status.message() << "); re-joining";
+        // The coordinator names the checkpointer again after the re-join.
+        ckpt_sequence = 0;
         if (std::optional<absl::Status> exit = Execute(protocol_.OnSessionClosed(e.status))) {
           return exit;
         }
@@ -1045,6 +1081,22 @@ absl::Status Worker::RunGossip() {
         have_peer_list = true;
         SHOAL_LOG(INFO) << "gossip peers (version " << msg.peer_update().version()
                         << "): " << peers.size();
+      } else if (msg.has_checkpoint_request() && msg.checkpoint_request().gossip()) {
+        const shoal::v1::CheckpointRequest& request = msg.checkpoint_request();
+        if (checkpointer == nullptr) {
+          shoal::v1::ReportCheckpointRequest refused;
+          refused.set_worker_id(self);
+          refused.set_round(request.round());
+          refused.set_error("this worker has no checkpoint store configured");
+          coordinator_->ReportCheckpoint(refused).IgnoreError();
+          continue;
+        }
+        ckpt_sequence = std::max<uint64_t>(1, request.round());
+        ckpt_run_id = request.run_id();
+        ckpt_due = NextCheckpointStep(steps, config.checkpoint_every());
+        SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every "
+                        << config.checkpoint_every() << " local steps (next at step " << ckpt_due
+                        << "), from sequence " << ckpt_sequence;
       } else if (msg.has_run_finished()) {
         SHOAL_LOG(INFO) << "run finished: " << msg.run_finished().reason();
         coordinator_->CloseSession();
@@ -1081,6 +1133,15 @@ absl::Status Worker::RunGossip() {
     }
     break;
   }
+  if (clock == 0 && !joined_checkpoint_id_.empty() && !StopRequested()) {
+    // A resumed run (docs/GOSSIP.md, "Checkpoints"): no peer has trained
+    // yet, so start from the run's latest checkpoint, not the seed's model.
+    absl::Status loaded = LoadGossipCheckpoint(joined_checkpoint_id_, params, n, &clock);
+    if (!loaded.ok()) {
+      leave(absl::StrCat("cannot load checkpoint ", joined_checkpoint_id_, ": ", loaded.message()));
+      return loaded;
+    }
+  }
   publish();
 
   while (true) {
@@ -1093,7 +1154,17 @@ absl::Status Worker::RunGossip() {
     if (g.steps > 0 && steps >= g.steps) {
       evaluate();
       next_projection = absl::InfinitePast();
-      publish();
+      std::shared_ptr<const GossipCopy> last = publish();
+      if (checkpointer != nullptr && ckpt_sequence > 0) {
+        // The checkpointer's final model goes to the store too, as a
+        // synchronous run's last round does.
+        checkpointer->Wait();
+        if (std::optional<GossipUploadResult> r = checkpointer->Take()) on_uploaded(*r);
+        if (ckpt_sequence > 0) {
+          on_uploaded(checkpointer->UploadNow(
+              upload_job(last != nullptr ? std::move(last) : gossip_board_.Current())));
+        }
+      }
       {
         absl::MutexLock lock(&gossip_mu_);
         gossip_report_ = report;
@@ -1135,6 +1206,9 @@ absl::Status Worker::RunGossip() {
         SHOAL_LOG(WARNING) << r->status.message() << " (dropped whole)";
       }
     }
+    if (checkpointer != nullptr) {
+      if (std::optional<GossipUploadResult> r = checkpointer->Take()) on_uploaded(*r);
+    }
     if (steps % g.gossip_every != 0) continue;
     last_loss = loss_sum / std::max<uint32_t>(1, loss_count);
     loss_sum = 0;
@@ -1142,11 +1216,58 @@ absl::Status Worker::RunGossip() {
     M().train_loss.Set(last_loss);
     if ((steps / g.gossip_every) % eval_every == 0) evaluate();
     std::shared_ptr<const GossipCopy> base = publish();
+    if (ckpt_sequence > 0 && CheckpointDue(steps, ckpt_due) && base != nullptr &&
+        checkpointer->idle()) {
+      // The published copy is held for the whole upload: training goes on
+      // in the parameters, peers keep reading the same bytes.
+      checkpointer->Start(upload_job(base));
+      ckpt_due = NextCheckpointStep(steps, config.checkpoint_every());
+    }
     if (base != nullptr && fetcher.idle() && chooser.size() > 0 && fetch_now(rng)) {
       const std::optional<std::string> id = chooser.Choose();
       fetcher.Start(*id, chooser.Address(*id), n, g.timeout, std::move(base));
     }
   }
+}
+
+absl::Status Worker::LoadGossipCheckpoint(const std::string& id, float* params, uint64_t n,
+                                          double* clock) {
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError("the run names a checkpoint but no checkpoint store");
+  }
+  absl::StatusOr<shoal::v1::Manifest> manifest = store_->GetManifest(id);
+  if (!manifest.ok()) return Annotate(manifest.status(), "checkpoint store");
+  const std::vector<LayerInfo>& layers = trainer_->layers();
+  const int count = checkpoint::ModelLayerCount(*manifest);
+  if (count != static_cast<int>(layers.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", id, " has ", count,
+                                                      " model layers, this model ", layers.size()));
+  }
+  std::vector<uint8_t> bytes;
+  for (int i = 0; i < count; ++i) {
+    const shoal::v1::LayerEntry& entry = manifest->layers(i);
+    const LayerInfo& l = layers[i];
+    if (entry.name() != l.name || entry.bytes() != l.elements * sizeof(float) ||
+        l.offset + l.elements > n) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", id, " layer ", i, " is ", entry.name(), " of ", entry.bytes(),
+                       " bytes; this model has ", l.name, " of ", l.elements * sizeof(float)));
+    }
+    RETURN_IF_ERROR(checkpoint::ReadWholeLayer(store_.get(), id, *manifest, i, &bytes));
+    std::memcpy(params + l.offset, bytes.data(), bytes.size());
+  }
+  const std::string hash = HashParameters(params, n);
+  if (!manifest->model_sha256().empty() && hash != manifest->model_sha256()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", id, ": the model hashes to ", hash,
+                                            ", the manifest says ", manifest->model_sha256()));
+  }
+  *clock = manifest->gossip_clock();
+  SHOAL_LOG(INFO) << absl::StrFormat(
+      "started from checkpoint %s (model sha256 %s, clock %.0f; %s)", id, hash, *clock,
+      manifest->gossip() ? absl::StrCat("uploaded by ", manifest->worker_id(), " at ",
+                                        manifest->gossip_steps(), " steps")
+                         : absl::StrCat("round ", manifest->round(), " of a synchronous run"));
+  return absl::OkStatus();
 }
 
 }  // namespace shoal::worker

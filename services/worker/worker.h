@@ -159,6 +159,11 @@ class Worker {
   // model every gossip_every steps, fetches and interpolates peers' models
   // in the background. Returns like Run().
   absl::Status RunGossip();
+  // Gossip mode, a resumed run: loads checkpoint `id`'s model into
+  // params[0, n) (every layer checked against its SHA-256, the whole model
+  // against the manifest's model hash) and sets *clock to its clock.
+  absl::Status LoadGossipCheckpoint(const std::string& id, float* params, uint64_t n,
+                                    double* clock);
 
   Options options_;
   const Clock* const clock_;
@@ -190,6 +195,9 @@ class Worker {
   GossipBoard gossip_board_;
   absl::Mutex gossip_mu_;
   std::optional<shoal::v1::Heartbeat> gossip_report_ ABSL_GUARDED_BY(gossip_mu_);
+  // The latest checkpoint the first Join named (gossip mode: where a
+  // resumed run's workers start from when no peer has trained yet).
+  std::string joined_checkpoint_id_;
 
   // Cancelled on shutdown (signal or options.stop); the parent of every
   // exchange's token.

@@ -200,6 +200,20 @@ TEST_F(CheckpointsCmdTest, ShowTextAndJson) {
   EXPECT_THAT(out_, HasSubstr("\"damage\": \"layer 'fc1.bias': blob is missing\""));
 }
 
+TEST_F(CheckpointsCmdTest, ShowsAGossipCheckpointsMetadata) {
+  v1::Manifest& m = fake_.checkpoints["run-1-r3"].manifest;
+  m.set_gossip(true);
+  m.set_gossip_clock(9600);
+  m.set_gossip_steps(300);
+  m.set_worker_id("w2");
+  ASSERT_EQ(Run({"show", "--store=h:1", "--id=run-1-r3"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("sequence    3 (gossip)"));
+  EXPECT_THAT(out_, HasSubstr("gossip      worker w2, clock 9600, 300 steps"));
+  ASSERT_EQ(Run({"show", "--store=h:1", "--id=run-1-r3", "--json"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("\"gossip\": true, \"worker_id\": \"w2\", \"gossip_clock\": 9600, "
+                              "\"gossip_steps\": 300,\n  \"layers\": ["));
+}
+
 TEST_F(CheckpointsCmdTest, DeleteAndNotFound) {
   ASSERT_EQ(Run({"delete", "--id=run-1-r3"}), 0) << err_;
   EXPECT_EQ(out_, "deleted run-1-r3\n");
@@ -236,7 +250,8 @@ TEST_F(CheckpointsCmdTest, ExportWritesAZipAndChecksHashes) {
   EXPECT_THAT(out_, HasSubstr("exported run-1-r3: 2 layers"));
   // Progress: not a terminal, so a line per layer on stderr, the last at 100%.
   EXPECT_THAT(err_, HasSubstr("export run-1-r3: layer 'fc1.weight' done; 160 B of 192 B (83%)"));
-  EXPECT_THAT(err_, HasSubstr("export run-1-r3: layer 'fc1.bias' done; 192 B of 192 B (100%), done in"));
+  EXPECT_THAT(err_,
+              HasSubstr("export run-1-r3: layer 'fc1.bias' done; 192 B of 192 B (100%), done in"));
   std::ifstream in(path, std::ios::binary);
   char magic[2] = {};
   in.read(magic, 2);

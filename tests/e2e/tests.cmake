@@ -40,6 +40,10 @@ add_dependencies(torchscript_run_test shoal-coordinator shoal-worker shoal-check
 # Gossip mode (issue 11): 4 workers to 0.85 without rounds; kill -9 and a late joiner.
 shoal_test(gossip_test e2e e2e/gossip_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(gossip_test shoal-coordinator shoal-worker shoalctl)
+# Gossip checkpoints (issue 11): uploads, the checkpointer killed, export, resume, final upload.
+shoal_test(gossip_checkpoint_test e2e e2e/gossip_checkpoint_test.cc LIBS shoal_protos shoal_common
+  SERIAL)
+add_dependencies(gossip_checkpoint_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 
 # Coordinator replicas on real etcd members (issue 13).
 shoal_test(replica_e2e_test e2e e2e/replica_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)

@@ -112,8 +112,52 @@ TEST(GossipConfigParse, RejectsBadKnobs) {
   EXPECT_EQ(ParseGossipConfig(c).status().code(), absl::StatusCode::kInvalidArgument);
   c.set_divergence_threshold(0.2);
   EXPECT_TRUE(coordinator::ValidateGossipConfig(c).ok());
+  // Checkpoints are no longer refused in gossip mode.
   c.set_checkpoint_store("127.0.0.1:50052");
-  EXPECT_EQ(coordinator::ValidateGossipConfig(c).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(coordinator::ValidateGossipConfig(c).ok());
+}
+
+TEST(GossipCheckpointPeriod, NextMultipleOfTheLocalSteps) {
+  EXPECT_EQ(NextCheckpointStep(0, 100), 100u);
+  EXPECT_EQ(NextCheckpointStep(99, 100), 100u);
+  EXPECT_EQ(NextCheckpointStep(100, 100), 200u);
+  // A checkpointer named at step 250 first uploads at step 300, not 350.
+  EXPECT_EQ(NextCheckpointStep(250, 100), 300u);
+  EXPECT_EQ(NextCheckpointStep(7, 0), 0u);  // 0 = never
+}
+
+TEST(GossipCheckpointPeriod, DueAtTheFirstPublicationAtOrPastTheStep) {
+  // gossip_every = 30 does not divide every = 100: publications at 90, 120.
+  const uint64_t due = NextCheckpointStep(0, 100);
+  EXPECT_FALSE(CheckpointDue(90, due));
+  EXPECT_TRUE(CheckpointDue(120, due));
+  EXPECT_EQ(NextCheckpointStep(120, 100), 200u);  // the period does not drift
+  EXPECT_FALSE(CheckpointDue(1000000, 0));        // never
+}
+
+TEST(GossipCheckpointer, StaysWhileItGossipsElseTheFirstGossipingMemberTakesOver) {
+  using coordinator::DecideGossipCheckpointer;
+  using C = coordinator::GossipCheckpointerCandidate;
+  // No checkpointer yet: the first gossiping member by id.
+  auto d = DecideGossipCheckpointer("", {C{"w1", false}, C{"w2", true}, C{"w3", true}});
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.worker_id, "w2");
+  // Sticky: a smaller id joining does not move it.
+  d = DecideGossipCheckpointer("w3", {C{"w1", true}, C{"w3", true}});
+  EXPECT_FALSE(d.changed);
+  EXPECT_EQ(d.worker_id, "w3");
+  // It left (or is not gossiping any more): the next takes over.
+  d = DecideGossipCheckpointer("w3", {C{"w1", true}, C{"w2", true}});
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.worker_id, "w1");
+  d = DecideGossipCheckpointer("w1", {C{"w1", false}, C{"w2", true}});
+  EXPECT_EQ(d.worker_id, "w2");
+  // Nobody gossips: none, and that is a change only when there was one.
+  d = DecideGossipCheckpointer("w2", {C{"w1", false}});
+  EXPECT_TRUE(d.changed);
+  EXPECT_TRUE(d.worker_id.empty());
+  d = DecideGossipCheckpointer("", {});
+  EXPECT_FALSE(d.changed);
 }
 
 TEST(PeerChooser, TimeoutsMakeAPeerRareButNeverExcluded) {

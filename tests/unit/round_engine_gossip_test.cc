@@ -2,6 +2,9 @@
 // peer list, every change of the list (join, leave, lease loss) goes to
 // every gossiping member as a PeerUpdate; the status shows each worker's
 // gossip figures and the consensus distance.
+#include <optional>
+
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/core/round_engine.h"
@@ -115,6 +118,132 @@ TEST_F(GossipEngineTest, StatusShowsGossipFiguresAndConsensusDistance) {
   EXPECT_EQ(w->fetches_timed_out(), 1u);
   EXPECT_EQ(w->last_partner(), w2);
   EXPECT_DOUBLE_EQ(w->last_factor(), 0.5);
+}
+
+class GossipCheckpointEngineTest : public GossipEngineTest {
+ protected:
+  static EngineOptions WithStore(std::optional<shoal::v1::RunRecord> resume = std::nullopt) {
+    EngineOptions o = Options();
+    o.config.set_checkpoint_store("127.0.0.1:50052");
+    o.config.set_checkpoint_every(100);
+    o.resume = std::move(resume);
+    return o;
+  }
+  static shoal::v1::ReportCheckpointRequest Report(const std::string& worker, uint64_t sequence) {
+    shoal::v1::ReportCheckpointRequest r;
+    r.set_worker_id(worker);
+    r.set_round(sequence);
+    r.set_checkpoint_id(absl::StrCat("gossip-run-r", sequence));
+    r.set_gossip_clock(3200.0 * sequence);
+    r.set_gossip_steps(100 * sequence);
+    return r;
+  }
+};
+
+TEST_F(GossipCheckpointEngineTest, OneCheckpointerPickedToldAndReplacedWhenItDies) {
+  RoundEngine engine(WithStore(), &clock_);
+  auto join = [&](int port, Directives* out) {
+    shoal::v1::JoinRequest r;
+    r.set_peer_address(Address(port));
+    auto joined = engine.Join(r);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    const std::string id = joined->response.worker_id();
+    EXPECT_TRUE(engine.Connect(id).ok());
+    EXPECT_TRUE(engine.JoinRound(id, 0, out).ok());
+    return id;
+  };
+  Directives out;
+  const std::string w1 = join(1001, &out);
+  ASSERT_EQ(To(out, kCheckpoint), std::vector<std::string>{w1});
+  const CoordinatorMessage told = MessageFor(out, w1, kCheckpoint);
+  const auto& request = told.checkpoint_request();
+  EXPECT_TRUE(request.gossip());
+  EXPECT_EQ(request.round(), 1u);
+  EXPECT_EQ(request.run_id(), "gossip-run");
+  out.clear();
+  const std::string w2 = join(1002, &out);
+  const std::string w3 = join(1003, &out);
+  EXPECT_TRUE(To(out, kCheckpoint).empty());  // sticky
+  EXPECT_EQ(engine.Status().checkpointer(), w1);
+
+  // Only the checkpointer's reports count, and only past the latest.
+  EXPECT_EQ(engine.ReportCheckpoint(Report(w2, 1), &out).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine.ReportCheckpoint(Report(w1, 1), &out).ok());
+  ASSERT_TRUE(engine.ReportCheckpoint(Report(w1, 2), &out).ok());
+  EXPECT_EQ(engine.ReportCheckpoint(Report(w1, 2), &out).code(),
+            absl::StatusCode::kFailedPrecondition);
+  shoal::v1::ReportCheckpointRequest failed = Report(w1, 3);
+  failed.clear_checkpoint_id();
+  failed.set_error("store unavailable");
+  ASSERT_TRUE(engine.ReportCheckpoint(failed, &out).ok());  // kept; it tries again
+  shoal::v1::RunStatus s = engine.Status();
+  EXPECT_EQ(s.checkpoint_id(), "gossip-run-r2");
+  EXPECT_EQ(s.checkpoint_round(), 2u);
+  EXPECT_DOUBLE_EQ(s.checkpoint_clock(), 6400);
+  EXPECT_EQ(s.checkpoint_steps(), 200u);
+  EXPECT_EQ(s.checkpoint_worker(), w1);
+  EXPECT_GT(s.checkpoint_unix_ms(), 0);
+  EXPECT_EQ(engine.Record().checkpoint_id(), "gossip-run-r2");
+
+  // The checkpointer is killed: the next gossiping member takes over and
+  // numbers its uploads after the latest.
+  out = engine.Disconnect(w1, "stream broken");
+  ASSERT_EQ(To(out, kCheckpoint), std::vector<std::string>{w2});
+  EXPECT_EQ(MessageFor(out, w2, kCheckpoint).checkpoint_request().round(), 3u);
+  EXPECT_EQ(engine.Status().checkpointer(), w2);
+  EXPECT_EQ(engine.ReportCheckpoint(Report(w1, 3), &out).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(engine.ReportCheckpoint(Report(w2, 3), &out).ok());
+  EXPECT_EQ(engine.Status().checkpoint_worker(), w2);
+
+  // Heartbeats stop (a frozen process): the lease moves the role too.
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(engine.Heartbeat(w3).ok());
+  clock_.Advance(absl::Seconds(6));
+  out = engine.Tick();
+  EXPECT_EQ(To(out, kCheckpoint), std::vector<std::string>{w3});
+}
+
+TEST_F(GossipCheckpointEngineTest, NoCheckpointerWithoutAStoreOrAPeriod) {
+  Directives out;
+  Join(1001, &out);  // the fixture's engine has no store
+  EXPECT_TRUE(To(out, kCheckpoint).empty());
+  EXPECT_TRUE(engine_.Status().checkpointer().empty());
+  EngineOptions o = WithStore();
+  o.config.set_checkpoint_every(0);
+  RoundEngine never(o, &clock_);
+  shoal::v1::JoinRequest r;
+  r.set_peer_address(Address(1001));
+  auto joined = never.Join(r);
+  ASSERT_TRUE(joined.ok());
+  ASSERT_TRUE(never.Connect(joined->response.worker_id()).ok());
+  out.clear();
+  ASSERT_TRUE(never.JoinRound(joined->response.worker_id(), 0, &out).ok());
+  EXPECT_TRUE(To(out, kCheckpoint).empty());
+}
+
+TEST_F(GossipCheckpointEngineTest, AResumedRunNamesItsCheckpointAndNoModelToCatchUpOn) {
+  shoal::v1::RunRecord record;
+  record.set_run_id("gossip-run");
+  record.set_last_completed_round(7);  // as ResumeFromStore sets it
+  record.set_model_hash("abc");
+  record.set_checkpoint_id("gossip-run-r7");
+  record.set_checkpoint_round(7);
+  RoundEngine engine(WithStore(record), &clock_);
+  shoal::v1::JoinRequest r;
+  r.set_peer_address(Address(1001));
+  auto joined = engine.Join(r);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->response.checkpoint_id(), "gossip-run-r7");
+  EXPECT_EQ(joined->response.model_round(), 0u);
+  EXPECT_TRUE(joined->response.model_hash().empty());
+  EXPECT_EQ(joined->response.holders_size(), 0);
+  const std::string id = joined->response.worker_id();
+  ASSERT_TRUE(engine.Connect(id).ok());
+  Directives out;
+  ASSERT_TRUE(engine.JoinRound(id, 0, &out).ok());
+  // Uploads continue the numbering.
+  EXPECT_EQ(MessageFor(out, id, kCheckpoint).checkpoint_request().round(), 8u);
 }
 
 }  // namespace

@@ -249,6 +249,25 @@ TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {
   EXPECT_THAT(row, ::testing::ContainsRegex("1\\.50s +3\\.13s +[0-9-]+m?s? +7 "));
 }
 
+TEST(FormatStatusTableTest, GossipShowsTheCheckpointerAndTheLatestCheckpoint) {
+  RunStatus s;
+  s.set_run_id("g-1");
+  s.mutable_config()->set_mode("gossip");
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("checkpointer")));  // no store
+  s.mutable_config()->set_checkpoint_store("127.0.0.1:50052");
+  s.mutable_config()->set_checkpoint_every(500);
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("checkpointer - (every 500 local steps)  latest -"));
+  s.set_checkpointer("w2");
+  s.set_checkpoint_id("g-1-r4");
+  s.set_checkpoint_round(4);
+  s.set_checkpoint_worker("w2");
+  s.set_checkpoint_steps(2000);
+  s.set_checkpoint_clock(64000);
+  EXPECT_THAT(FormatStatusTable(s),
+              HasSubstr("checkpointer w2 (every 500 local steps)  latest g-1-r4 by w2 at 2000 "
+                        "steps, clock 64000"));
+}
+
 TEST(PhaseNameTest, NamesWithoutPrefix) {
   EXPECT_EQ(PhaseName(shoal::v1::TRAINING), "TRAINING");
   EXPECT_EQ(PhaseName(shoal::v1::CHECKPOINTING), "CHECKPOINTING");

@@ -232,8 +232,15 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
   std::string out;
   absl::StrAppend(&out, "checkpoint  ", m.id(), "\n");
   absl::StrAppend(&out, "run         ", m.run_id(), "\n");
-  absl::StrAppend(&out, "round       ", m.round(), "\n");
-  absl::StrAppend(&out, "epoch       ", m.epoch(), "\n");
+  if (m.gossip()) {
+    // A gossip run has no rounds: the sequence number, and whose model it is.
+    absl::StrAppend(&out, "sequence    ", m.round(), " (gossip)\n");
+    absl::StrAppendFormat(&out, "gossip      worker %s, clock %.0f, %d steps\n", m.worker_id(),
+                          m.gossip_clock(), m.gossip_steps());
+  } else {
+    absl::StrAppend(&out, "round       ", m.round(), "\n");
+    absl::StrAppend(&out, "epoch       ", m.epoch(), "\n");
+  }
   absl::StrAppend(&out, "model       ", m.model().empty() ? "-" : m.model(), "\n");
   absl::StrAppend(&out, "model hash  ", m.model_sha256().empty() ? "-" : m.model_sha256(), "\n");
   absl::StrAppend(&out, "created     ", Created(m.created_unix_ms()), "\n");
@@ -266,6 +273,13 @@ std::string FormatManifestJson(const Manifest& m, const std::string& damage) {
       ",\n  \"created\": ", Json(Created(m.created_unix_ms())),
       ",\n  \"created_unix_ms\": ", m.created_unix_ms(), ",\n  \"bytes\": ", total,
       ",\n  \"damage\": ", Json(damage), ",\n  \"layers\": [");
+  if (m.gossip()) {
+    // Inserted before the layers so that the layers stay the last member.
+    const size_t at = out.rfind(",\n  \"layers\": [");
+    out.insert(at, absl::StrCat(",\n  \"gossip\": true, \"worker_id\": ", Json(m.worker_id()),
+                                ", \"gossip_clock\": ", m.gossip_clock(),
+                                ", \"gossip_steps\": ", m.gossip_steps()));
+  }
   for (int i = 0; i < m.layers_size(); ++i) {
     const auto& l = m.layers(i);
     absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "    {\"name\": ", Json(l.name()),

@@ -18,6 +18,16 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
                                     PhaseName(s.phase()), s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
   absl::StrAppend(&out, "  ", FormatConsensus(s), "\n");
+  if (!s.config().checkpoint_store().empty()) {
+    absl::StrAppend(&out, "  checkpointer ", s.checkpointer().empty() ? "-" : s.checkpointer(),
+                    " (every ", s.config().checkpoint_every(), " local steps)  latest ",
+                    s.checkpoint_id().empty() ? "-" : s.checkpoint_id());
+    if (!s.checkpoint_worker().empty()) {
+      absl::StrAppend(&out, absl::StrFormat(" by %s at %d steps, clock %.0f", s.checkpoint_worker(),
+                                            s.checkpoint_steps(), s.checkpoint_clock()));
+    }
+    absl::StrAppend(&out, "\n");
+  }
   absl::StrAppend(&out,
                   absl::StrFormat("%-5s %-22s %-9s %-8s %-10s %-8s %-9s %-13s %-8s %-7s "
                                   "%-8s %s\n",

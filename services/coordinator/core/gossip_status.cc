@@ -27,11 +27,6 @@ absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--divergence_threshold=", c.divergence_threshold(), " is negative (0 turns it off)"));
   }
-  if (!c.checkpoint_store().empty()) {
-    return absl::UnimplementedError(
-        "checkpoints in gossip mode are not implemented yet: leave --checkpoint_store empty "
-        "with --mode=gossip");
-  }
   return absl::OkStatus();
 }
 
@@ -63,6 +58,32 @@ double ConsensusDistance(
     }
   }
   return std::sqrt(sum / ok.size());
+}
+
+GossipCheckpointerDecision DecideGossipCheckpointer(
+    const std::string& current, absl::Span<const GossipCheckpointerCandidate> members) {
+  GossipCheckpointerDecision d;
+  const GossipCheckpointerCandidate* first = nullptr;
+  for (const GossipCheckpointerCandidate& m : members) {
+    if (!m.gossiping) continue;
+    if (!current.empty() && m.worker_id == current) {
+      d.worker_id = current;
+      d.reason = absl::StrCat(current, " still gossips");
+      return d;
+    }
+    if (first == nullptr) first = &m;
+  }
+  if (first == nullptr) {
+    d.changed = !current.empty();
+    d.reason = "no member gossips";
+    return d;
+  }
+  d.worker_id = first->worker_id;
+  d.changed = true;
+  d.reason = current.empty()
+                 ? absl::StrCat(d.worker_id, " is the first gossiping member")
+                 : absl::StrCat(current, " left; ", d.worker_id, " is the first gossiping member");
+  return d;
 }
 
 }  // namespace shoal::coordinator

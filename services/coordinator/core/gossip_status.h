@@ -1,21 +1,22 @@
 // Gossip mode on the coordinator (docs/GOSSIP.md): the checks of the gossip
 // knobs of a run config and the run-wide consensus distance computed from
 // the model projections the workers report with their heartbeats. Pure
-// functions, no state.
+// functions, no state; and the choice of the gossip checkpointer.
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
 
 // INVALID_ARGUMENT naming the bad knob: fetch_probability outside [0, 1],
 // interpolation not constant:A (0 < A <= 1) / clock / loss, a negative
-// divergence_threshold; UNIMPLEMENTED for checkpoints in gossip mode (not
-// done yet).
+// divergence_threshold.
 absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& config);
 
 // The root mean square Euclidean distance of `projections` (one per worker,
@@ -23,6 +24,31 @@ absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& config);
 // when fewer than two are usable. Sets *used to the number used.
 double ConsensusDistance(
     const std::vector<const google::protobuf::RepeatedField<float>*>& projections, uint32_t* used);
+
+// A member as the choice of the gossip checkpointer sees it.
+struct GossipCheckpointerCandidate {
+  std::string worker_id;
+  // It called JoinRound and is in the peer lists (its session is open).
+  bool gossiping = false;
+};
+
+struct GossipCheckpointerDecision {
+  // The checkpointer from now on; empty when no member gossips.
+  std::string worker_id;
+  // True when it differs from the current one: tell it (CheckpointRequest
+  // with gossip = true).
+  bool changed = false;
+  std::string reason;
+};
+
+// Who uploads the checkpoints of a gossip run (docs/GOSSIP.md,
+// "Checkpoints"). The current checkpointer stays while it gossips (a
+// change costs the new one a whole period before its first upload);
+// otherwise the gossiping member with the smallest id (in `members`' order,
+// which the caller gives by id) takes over. Sticky and deterministic, so
+// that membership changes elsewhere never move the role.
+GossipCheckpointerDecision DecideGossipCheckpointer(
+    const std::string& current, absl::Span<const GossipCheckpointerCandidate> members);
 
 }  // namespace shoal::coordinator
 

@@ -19,15 +19,26 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
       static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(started_at_))) * 1000;
   if (options_.resume.has_value()) {
     const shoal::v1::RunRecord& r = *options_.resume;
-    last_completed_round_ = r.last_completed_round();
-    agreed_hash_ = r.model_hash();
+    if (!gossip()) {
+      // A gossip run has no rounds nor agreed model: its workers start from
+      // checkpoint_id (docs/GOSSIP.md, "Checkpoints").
+      last_completed_round_ = r.last_completed_round();
+      agreed_hash_ = r.model_hash();
+    }
     round_ = last_completed_round_ + 1;
     next_worker_number_ = std::max<uint64_t>(1, r.next_worker_number());
     checkpoint_id_ = r.checkpoint_id();
     checkpoint_round_ = r.checkpoint_round();
     if (r.finished()) phase_ = shoal::v1::FINISHED;
-    SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
-                    << last_completed_round_ << " (next round " << round_ << ")";
+    if (gossip()) {
+      SHOAL_LOG(INFO) << "resuming gossip run " << options_.run_id
+                      << (checkpoint_id_.empty()
+                              ? std::string(" with no checkpoint")
+                              : absl::StrCat(" from checkpoint ", checkpoint_id_));
+    } else {
+      SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
+                      << last_completed_round_ << " (next round " << round_ << ")";
+    }
   }
 }
 
@@ -215,8 +226,7 @@ Directives RoundEngine::HoldRounds(bool hold) {
   Changes changes(this);
   Directives out;
   if (rounds_held_ != hold) {
-    SHOAL_LOG(INFO) << (hold ? "rounds held: no round starts until released"
-                             : "rounds released");
+    SHOAL_LOG(INFO) << (hold ? "rounds held: no round starts until released" : "rounds released");
   }
   rounds_held_ = hold;
   // Also when it was not held: a start refused by before_round_start.

@@ -341,6 +341,14 @@ class RoundEngine {
   // member as a PeerUpdate.
   bool gossip() const { return options_.config.mode() == "gossip"; }
   void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gossip mode with a checkpoint store: keeps one gossiping member as the
+  // checkpointer (DecideGossipCheckpointer) and tells a new one with a
+  // CheckpointRequest (gossip = true). Called on every peer-list change.
+  void AssignGossipCheckpointer(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReportCheckpoint in gossip mode: a report from the checkpointer of a
+  // sequence number past the latest.
+  absl::Status ReportGossipCheckpoint(const shoal::v1::ReportCheckpointRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineOptions options_;
   const Clock* const clock_;
@@ -413,6 +421,13 @@ class RoundEngine {
   std::string pending_checkpoint_worker_ ABSL_GUARDED_BY(mu_);
   absl::Time pending_checkpoint_since_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> checkpoint_tried_ ABSL_GUARDED_BY(mu_);
+  // Gossip mode: the checkpointer (empty = none), and of the latest
+  // checkpoint the uploader's clock, steps, id and when it was recorded.
+  std::string gossip_checkpointer_ ABSL_GUARDED_BY(mu_);
+  double checkpoint_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoint_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string checkpoint_worker_ ABSL_GUARDED_BY(mu_);
+  absl::Time checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time started_at_;
 };
 

@@ -1,10 +1,12 @@
 // RoundEngine, checkpoints: who uploads a round's model
 // (DecideCheckpointUploader), its report, and moving an upload that stalls
-// or loses its worker (DecideCheckpointWatch).
+// or loses its worker (DecideCheckpointWatch); in gossip mode the
+// checkpointer (DecideGossipCheckpointer) and its reports.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "services/coordinator/core/gossip_status.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_engine_internal.h"
@@ -56,6 +58,7 @@ absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequ
   auto found = FindActive(request.worker_id());
   if (!found.ok()) return found.status();
   MarkStatusChanged();
+  if (gossip()) return ReportGossipCheckpoint(request);
   if (pending_checkpoint_round_ == 0 || request.round() != pending_checkpoint_round_ ||
       request.worker_id() != pending_checkpoint_worker_) {
     return absl::FailedPreconditionError(absl::StrCat("no checkpoint of round ", request.round(),
@@ -90,6 +93,62 @@ void RoundEngine::WatchCheckpoint(absl::Time now, Directives* out) {
   MarkStatusChanged();
   SHOAL_LOG(WARNING) << "checkpoint: " << decision.reason << "; reassigning";
   AssignCheckpoint(pending_checkpoint_round_, out);
+}
+
+void RoundEngine::AssignGossipCheckpointer(Directives* out) {
+  if (options_.config.checkpoint_store().empty() || options_.config.checkpoint_every() == 0) {
+    return;
+  }
+  std::vector<GossipCheckpointerCandidate> candidates;
+  candidates.reserve(members_.size());
+  for (const auto& [id, m] : members_) candidates.push_back({id, m.gossiping});
+  const GossipCheckpointerDecision d = DecideGossipCheckpointer(gossip_checkpointer_, candidates);
+  if (!d.changed) return;
+  MarkStatusChanged();
+  gossip_checkpointer_ = d.worker_id;
+  if (d.worker_id.empty()) {
+    SHOAL_LOG(INFO) << "gossip checkpointer: none (" << d.reason << ")";
+    return;
+  }
+  CoordinatorMessage msg;
+  auto* request = msg.mutable_checkpoint_request();
+  request->set_gossip(true);
+  request->set_round(checkpoint_round_ + 1);
+  request->set_run_id(options_.run_id);
+  out->push_back({d.worker_id, Share(std::move(msg))});
+  SHOAL_LOG(INFO) << "gossip checkpointer: " << d.worker_id << " (" << d.reason
+                  << "), uploads every " << options_.config.checkpoint_every()
+                  << " local steps from sequence " << checkpoint_round_ + 1;
+}
+
+absl::Status RoundEngine::ReportGossipCheckpoint(
+    const shoal::v1::ReportCheckpointRequest& request) {
+  if (request.worker_id() != gossip_checkpointer_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(request.worker_id(), " is not the checkpointer of this gossip run (",
+                     gossip_checkpointer_.empty() ? "none" : gossip_checkpointer_, " is)"));
+  }
+  if (!request.error().empty() || request.checkpoint_id().empty()) {
+    // The checkpointer keeps the role and tries again after its next period.
+    SHOAL_LOG(WARNING) << "gossip checkpoint " << request.round() << " by " << request.worker_id()
+                       << " failed: " << request.error();
+    return absl::OkStatus();
+  }
+  if (request.round() <= checkpoint_round_) {
+    return absl::FailedPreconditionError(absl::StrCat("gossip checkpoint sequence ",
+                                                      request.round(), " is not past the latest, ",
+                                                      checkpoint_round_));
+  }
+  checkpoint_id_ = request.checkpoint_id();
+  checkpoint_round_ = request.round();
+  checkpoint_clock_ = request.gossip_clock();
+  checkpoint_steps_ = request.gossip_steps();
+  checkpoint_worker_ = request.worker_id();
+  checkpoint_time_ = clock_->Now();
+  MarkRecordChanged();
+  SHOAL_LOG(INFO) << "gossip checkpoint " << checkpoint_id_ << " stored by " << request.worker_id()
+                  << " (clock " << checkpoint_clock_ << ", " << checkpoint_steps_ << " steps)";
+  return absl::OkStatus();
 }
 
 }  // namespace shoal::coordinator

@@ -140,10 +140,14 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   *r.mutable_config() = options_.config;
   r.set_run_id(options_.run_id);
   r.set_next_round(NextOpenRound(phase_, round_, any_ready_));
-  r.set_model_round(last_completed_round_);
-  r.set_model_hash(agreed_hash_);
-  for (const std::string& h : Holders()) {
-    if (h != member->address) r.add_holders(h);
+  if (!gossip()) {
+    // Gossip mode has no agreed model to catch up on: a joiner starts from
+    // a peer's model, or from checkpoint_id below (a resumed run).
+    r.set_model_round(last_completed_round_);
+    r.set_model_hash(agreed_hash_);
+    for (const std::string& h : Holders()) {
+      if (h != member->address) r.add_holders(h);
+    }
   }
   r.set_checkpoint_id(checkpoint_id_);
   r.set_checkpoint_round(checkpoint_round_);
@@ -380,6 +384,7 @@ void RoundEngine::SendPeerUpdate(Directives* out) {
   for (const auto& [id, m] : members_) {
     if (m.gossiping) out->push_back({id, shared});
   }
+  AssignGossipCheckpointer(out);
 }
 
 }  // namespace shoal::coordinator

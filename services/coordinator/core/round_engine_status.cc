@@ -180,6 +180,13 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     uint32_t used = 0;
     s.set_consensus_distance(ConsensusDistance(projections, &used));
     s.set_consensus_workers(used);
+    s.set_checkpointer(gossip_checkpointer_);
+    s.set_checkpoint_clock(checkpoint_clock_);
+    s.set_checkpoint_steps(checkpoint_steps_);
+    s.set_checkpoint_worker(checkpoint_worker_);
+    if (checkpoint_time_ != absl::InfinitePast()) {
+      s.set_checkpoint_unix_ms(absl::ToUnixMillis(checkpoint_time_));
+    }
   }
   return s;
 }

@@ -186,4 +186,9 @@ std::vector<float> ProjectModel(const float* params, uint64_t n, uint64_t seed, 
   return out;
 }
 
+uint64_t NextCheckpointStep(uint64_t steps, uint32_t every) {
+  if (every == 0) return 0;
+  return (steps / every + 1) * every;
+}
+
 }  // namespace shoal::worker

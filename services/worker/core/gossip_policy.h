@@ -124,6 +124,17 @@ class PeerChooser {
 // models (Johnson-Lindenstrauss). O(n * dims).
 std::vector<float> ProjectModel(const float* params, uint64_t n, uint64_t seed, int dims = 32);
 
+// Gossip checkpoints (docs/GOSSIP.md, "Checkpoints"): the checkpointer
+// uploads at the first publication at or past each multiple of `every` of
+// its local steps. Given the steps trained at the latest upload (or when it
+// became the checkpointer), the step at or past which the next upload is
+// due: the next multiple of `every` after `steps`. 0 when `every` is 0
+// (never).
+uint64_t NextCheckpointStep(uint64_t steps, uint32_t every);
+// True when an upload is due after `steps` local steps (`due` from
+// NextCheckpointStep; 0 = never).
+inline bool CheckpointDue(uint64_t steps, uint64_t due) { return due > 0 && steps >= due; }
+
 }  // namespace shoal::worker
 
 #endif  // SHOAL_SERVICES_WORKER_CORE_GOSSIP_POLICY_H_
