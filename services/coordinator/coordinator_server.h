@@ -9,14 +9,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/etcd_client.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "services/coordinator/coordinator_service.h"
-#include "services/coordinator/web_page.h"
-#include "services/coordinator/core/round_engine.h"
-#include "common/etcd_client.h"
 #include "services/coordinator/core/replica.h"
+#include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
+#include "services/coordinator/web_page.h"
 
 namespace shoal::coordinator {
 
@@ -103,6 +103,9 @@ class CoordinatorServer {
   // --etcd: the replica's loop (renewal, campaign, hold/release of rounds).
   absl::Status StartReplica(CoordinatorOptions options);
   void ReplicaLoop(absl::Duration period);
+  // Waits until the next replica step is due (`period`), or less while a
+  // standby sees the leader key gone. True when the server is stopping.
+  bool WaitForNextStep(absl::Duration period);
   void Promote();
   void Demote();
   // Writes `engine`'s record to etcd when it changed and `engine` leads;

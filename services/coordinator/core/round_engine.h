@@ -113,8 +113,11 @@ class RoundEngine {
   Directives Disconnect(const std::string& worker_id, const std::string& reason);
 
   // Admits the worker to `round` or, when that round already has a ready
-  // participant, to the next one. Returns the admitted round.
-  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out);
+  // participant, to the next one. Returns the admitted round. `carried`:
+  // the round the worker already trained before its session broke
+  // (JoinRoundRequest.carried_round, 0 = none).
+  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out,
+                                     uint64_t carried = 0);
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request, Directives* out);
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
