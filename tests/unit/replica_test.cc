@@ -217,6 +217,7 @@ TEST(ReplicaFailoverTest, NewLeaderReopensTheInterruptedRoundAndTakesTheCarriedW
   // The re-joined workers report ready at once; the third one, late, still
   // joins the round because it carries its work too.
   out.clear();
+  clock.Advance(absl::Milliseconds(900));
   Ready(new_leader, ids[0], 2, &out);
   absl::StatusOr<JoinResult> late = new_leader.Join(JoinAs(7003, ids[2], 1, test_util::Hash('1')));
   ASSERT_TRUE(late.ok());
@@ -237,6 +238,11 @@ TEST(ReplicaFailoverTest, NewLeaderReopensTheInterruptedRoundAndTakesTheCarriedW
   ASSERT_EQ(status.recent_rounds_size(), 1);
   EXPECT_EQ(status.recent_rounds(0).round(), 2u);
   EXPECT_EQ(status.recent_rounds(0).participants(), 3u);
+  // Carried ready reports were not trained under this leader: they are no
+  // ready-time samples (the adaptive deadline would shrink to nothing).
+  for (const std::string& id : ids) {
+    EXPECT_EQ(test_util::FindWorker(status, id)->ready_seconds_median(), 0.0) << id;
+  }
   // Round 3's start writes round 2 under the new term; the old leader's
   // write is refused.
   ASSERT_EQ(new_leader.Status().round(), 3u);

@@ -232,6 +232,10 @@ class RoundEngine {
     uint64_t plan_list_known = 0;
     // Gossip mode: it called JoinRound and is in the peer lists.
     bool gossiping = false;
+    // The round whose training it finished before its session broke, as
+    // its JoinRound said (0 = none): its ready report for that round comes
+    // at once and says nothing of its speed.
+    uint64_t carried_round = 0;
   };
 
   static const char* StateName(MemberState s);

@@ -233,6 +233,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   MarkStatusChanged();
   if (admission.action == Action::kAlreadyIn) return admission.round;  // a retried call
   member->last_seen = clock_->Now();
+  member->carried_round = carried;
   switch (admission.action) {
     case Action::kQueueForThisRound:
       Enqueue(worker_id);

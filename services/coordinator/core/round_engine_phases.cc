@@ -139,8 +139,9 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   const absl::Time now = clock_->Now();
   member->last_seen = now;
   // A retried report is measured once; a fold did not train in this round,
-  // so it says nothing of the worker's speed.
-  if (!member->ready && !fold.has_value()) {
+  // nor did work carried across a failover (trained under the old leader),
+  // so neither says anything of the worker's speed.
+  if (!member->ready && !fold.has_value() && member->carried_round != round_) {
     AddSample(member->ready_times, now - member->training_since, SampleWindow());
   }
   if (fold.has_value()) {
