@@ -202,6 +202,28 @@ def measure_rounds(args, out, mode, rounds):
         procs.stop_all()
 
 
+def overhead_pairs(args, out):
+    etcd, state, ratios = [], [], []
+    for p in range(args.overhead_pairs):
+        pair_out = os.path.join(out, "pair-%d" % p)
+        os.makedirs(pair_out, exist_ok=True)
+        e, _ = measure_rounds(args, pair_out, "etcd", args.overhead_rounds)
+        d, _ = measure_rounds(args, pair_out, "state_dir", args.overhead_rounds)
+        etcd.append(e)
+        state.append(d)
+        ratios.append(e / d)
+        print("pair %d: round etcd %.3f s, state_dir %.3f s, ratio %.3f" % (p + 1, e, d, e / d),
+              file=sys.stderr)
+    print("%-40s %s" % ("pairs (--etcd run, then --state_dir run)", len(ratios)))
+    print("%-40s %s" % ("round time --etcd (median per run)", " ".join("%.3f" % x for x in etcd)))
+    print("%-40s %s" % ("round time --state_dir (median per run)",
+                        " ".join("%.3f" % x for x in state)))
+    print("%-40s %s" % ("ratio per pair", " ".join("%.3f" % x for x in ratios)))
+    print("failover-overhead: pairs=%d round_etcd=%.3fs round_state_dir=%.3fs ratio=%.3f" %
+          (len(ratios), statistics.median(etcd), statistics.median(state),
+           statistics.median(ratios)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -211,10 +233,17 @@ def main():
     ap.add_argument("--overhead_rounds", type=int, default=15)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--overhead_pairs", type=int, default=0,
+                    help="only the round-time comparison: this many alternating runs of "
+                         "--etcd then --state_dir (a loaded machine drifts between two "
+                         "sequential runs; the ratio is the median of the pairs' ratios)")
     args = ap.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="shoal-failover-")
     os.makedirs(out, exist_ok=True)
     rng = random.Random(args.seed)
+    if args.overhead_pairs > 0:
+        overhead_pairs(args, out)
+        return
 
     procs = Procs(out)
     failovers, lost, resumed_log, by_log, carried = [], 0, [], [], []
