@@ -9,12 +9,21 @@ round (seen through shoalctl status on both replicas), and the rounds lost
 (a completed round the new leader did not resume after). Then the per-round
 time of the same run with --etcd and with --state_dir (no kills).
 
+Two clocks for each failover: the poll (the kill to the first `shoalctl status`
+showing the round, so it includes the poll's own latency: a shoalctl process
+per poll, slow on a loaded machine) and the log (the kill to the new leader's
+"round N complete" line, same machine clock, millisecond stamps). Also, per
+kill, whether every worker reported the interrupted round's ready from the
+work it trained before the kill ("round not trained again" in its log).
+
 Prints a table and ends with one line
-  failover: median=..s max=..s ttl=..s rounds_lost=.. round_etcd=..s round_state_dir=..s
-  overhead=.. ratio=<median failover / lease TTL>
+  failover: median=..s max=..s median_log=..s max_log=..s ttl=..s rounds_lost=..
+  not_retrained=K/N round_etcd=..s round_state_dir=..s overhead=..
+  ratio=<median failover (poll) / lease TTL> ratio_log=<median failover (log) / lease TTL>
 Every process is started and stopped by PID. Nothing asserts on time.
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -86,6 +95,35 @@ def status(bin_dir, addresses):
         return json.loads(r.stdout)
     except ValueError:
         return None
+
+
+def log_epoch(stamp, ref):
+    """Seconds since the epoch of a log stamp HH:MM:SS.mmm (local time of
+    the machine, as common/logging.cc writes it) on the day of `ref`."""
+    h, m, s = stamp.split(":")
+    day = datetime.datetime.fromtimestamp(ref)
+    t = day.replace(hour=int(h), minute=int(m), second=0, microsecond=0).timestamp() + float(s)
+    if t < ref - 43200:  # past midnight
+        t += 86400
+    return t
+
+
+def completed_at(path, rnd, ref):
+    """When the coordinator logging to `path` completed round `rnd`."""
+    with open(path, "rb") as f:
+        m = re.search(rb"^I([0-9:.]+) .*round %d complete:" % rnd, f.read(), re.M)
+    return log_epoch(m.group(1).decode(), ref) if m else None
+
+
+def not_retrained(out, rnd):
+    """How many workers report round `rnd`'s ready from work carried across
+    the failover (the line worker.cc logs)."""
+    n = 0
+    needle = b"round %d: ready report accepted for the work trained before" % rnd
+    for i in range(3):
+        with open(os.path.join(out, "failover-worker-%d.log" % i), "rb") as f:
+            n += needle in f.read()
+    return n
 
 
 def last_round(st):
@@ -164,6 +202,28 @@ def measure_rounds(args, out, mode, rounds):
         procs.stop_all()
 
 
+def overhead_pairs(args, out):
+    etcd, state, ratios = [], [], []
+    for p in range(args.overhead_pairs):
+        pair_out = os.path.join(out, "pair-%d" % p)
+        os.makedirs(pair_out, exist_ok=True)
+        e, _ = measure_rounds(args, pair_out, "etcd", args.overhead_rounds)
+        d, _ = measure_rounds(args, pair_out, "state_dir", args.overhead_rounds)
+        etcd.append(e)
+        state.append(d)
+        ratios.append(e / d)
+        print("pair %d: round etcd %.3f s, state_dir %.3f s, ratio %.3f" % (p + 1, e, d, e / d),
+              file=sys.stderr)
+    print("%-40s %s" % ("pairs (--etcd run, then --state_dir run)", len(ratios)))
+    print("%-40s %s" % ("round time --etcd (median per run)", " ".join("%.3f" % x for x in etcd)))
+    print("%-40s %s" % ("round time --state_dir (median per run)",
+                        " ".join("%.3f" % x for x in state)))
+    print("%-40s %s" % ("ratio per pair", " ".join("%.3f" % x for x in ratios)))
+    print("failover-overhead: pairs=%d round_etcd=%.3fs round_state_dir=%.3fs ratio=%.3f" %
+          (len(ratios), statistics.median(etcd), statistics.median(state),
+           statistics.median(ratios)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -173,13 +233,20 @@ def main():
     ap.add_argument("--overhead_rounds", type=int, default=15)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--overhead_pairs", type=int, default=0,
+                    help="only the round-time comparison: this many alternating runs of "
+                         "--etcd then --state_dir (a loaded machine drifts between two "
+                         "sequential runs; the ratio is the median of the pairs' ratios)")
     args = ap.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="shoal-failover-")
     os.makedirs(out, exist_ok=True)
     rng = random.Random(args.seed)
+    if args.overhead_pairs > 0:
+        overhead_pairs(args, out)
+        return
 
     procs = Procs(out)
-    failovers, lost, resumed_log = [], 0, []
+    failovers, lost, resumed_log, by_log, carried = [], 0, [], [], []
     try:
         endpoint = start_etcd(procs, out)
         ports = [free_port(), free_port()]
@@ -219,6 +286,10 @@ def main():
             # The new leader's resume point: rounds lost = completed rounds it
             # did not resume after.
             other = reps[1 - i]
+            done = completed_at(other.log_path, before + 1, killed)
+            if done is not None:
+                by_log.append(done - killed)
+            carried.append(not_retrained(out, before + 1))
             with open(other.log_path, "rb") as f:
                 found = re.findall(rb"leader: resuming run \S+ after round ([0-9]+)", f.read())
             if found:
@@ -229,26 +300,38 @@ def main():
             reps[i] = procs.start(coordinator_argv(args, listens[i], extra),
                                   "replica-%d-%d" % (i, k + 1))
             wait_listen(reps[i].log_path)
-            print("kill %2d: leader %s after round %d -> next round in %.2f s" %
-                  (k + 1, leader, before, failovers[-1]), file=sys.stderr)
+            print("kill %2d: leader %s after round %d -> next round in %.2f s (poll), %s (log); "
+                  "%d/3 workers reported it without retraining" %
+                  (k + 1, leader, before, failovers[-1],
+                   "%.2f s" % by_log[-1] if done is not None else "-", carried[-1]),
+                  file=sys.stderr)
     finally:
         procs.stop_all()
 
     round_etcd, n_etcd = measure_rounds(args, out, "etcd", args.overhead_rounds)
     round_dir, n_dir = measure_rounds(args, out, "state_dir", args.overhead_rounds)
     med, worst = statistics.median(failovers), max(failovers)
+    med_log = statistics.median(by_log) if by_log else float("nan")
+    worst_log = max(by_log) if by_log else float("nan")
+    all_carried = sum(1 for c in carried if c == 3)
     print("%-40s %s" % ("kills (3 workers, 2 replicas, 1 etcd)", len(failovers)))
     print("%-40s %d s" % ("lease TTL", args.ttl))
     print("%-40s %.2f s / %.2f s" % ("kill -> next completed round median/max", med, worst))
     print("%-40s %.2f" % ("median failover / lease TTL", med / args.ttl))
+    print("%-40s %.2f s / %.2f s (%d kills)" % ("kill -> round complete (log) median/max",
+                                                med_log, worst_log, len(by_log)))
+    print("%-40s %.2f" % ("median failover (log) / lease TTL", med_log / args.ttl))
+    print("%-40s %d of %d" % ("kills whose round no worker retrained", all_carried,
+                              len(carried)))
     print("%-40s %d" % ("rounds lost (all kills)", lost))
     print("%-40s %.3f s (%d rounds)" % ("round time --etcd (median)", round_etcd, n_etcd))
     print("%-40s %.3f s (%d rounds)" % ("round time --state_dir (median)", round_dir, n_dir))
     print("%-40s %.3f" % ("round time etcd / state_dir", round_etcd / round_dir))
-    print("failover: median=%.2fs max=%.2fs ttl=%ds rounds_lost=%d round_etcd=%.3fs "
-          "round_state_dir=%.3fs overhead=%.3f ratio=%.2f" %
-          (med, worst, args.ttl, lost, round_etcd, round_dir, round_etcd / round_dir,
-           med / args.ttl))
+    print("failover: median=%.2fs max=%.2fs median_log=%.2fs max_log=%.2fs ttl=%ds "
+          "rounds_lost=%d not_retrained=%d/%d round_etcd=%.3fs round_state_dir=%.3fs "
+          "overhead=%.3f ratio=%.2f ratio_log=%.2f" %
+          (med, worst, med_log, worst_log, args.ttl, lost, all_carried, len(carried),
+           round_etcd, round_dir, round_etcd / round_dir, med / args.ttl, med_log / args.ttl))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 // CoordinatorServer as a replica on etcd (--etcd; docs/REPLICAS.md): the
 // replica loop, promotion to leader (the run record is loaded from etcd and a
 // fresh engine resumes it, as after a restart on --state_dir) and demotion.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/coordinator/replica_front.h"
@@ -113,7 +116,23 @@ void CoordinatorServer::ReplicaLoop(absl::Duration period) {
                                           : absl::StrCat("standby; the leader is ", state.leader));
       }
     }
-  } while (!stop_.WaitForNotificationWithTimeout(period));
+  } while (!WaitForNextStep(period));
+}
+
+bool CoordinatorServer::WaitForNextStep(absl::Duration period) {
+  // A standby looks at the leader key every `poll` (a read) and campaigns
+  // as soon as it is gone, instead of up to a whole period after the old
+  // leader's lease expired: that wait is part of every failover.
+  const absl::Duration poll = std::clamp(period / 5, absl::Milliseconds(50), period);
+  const absl::Time step_at = absl::Now() + period;
+  while (true) {
+    const absl::Duration left = step_at - absl::Now();
+    if (left <= absl::ZeroDuration()) return stop_.HasBeenNotified();
+    if (stop_.WaitForNotificationWithTimeout(std::min(poll, left))) return true;
+    if (active_engine() != nullptr) continue;  // a leader steps on its period
+    absl::MutexLock lock(&replica_mu_);
+    if (replica_->LeaderGone()) return false;
+  }
 }
 
 void CoordinatorServer::Promote() {

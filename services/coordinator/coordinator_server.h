@@ -110,6 +110,9 @@ class CoordinatorServer {
   // --etcd: the replica's loop (renewal, campaign, hold/release of rounds).
   absl::Status StartReplica(CoordinatorOptions options);
   void ReplicaLoop(absl::Duration period);
+  // Waits until the next replica step is due (`period`), or less while a
+  // standby sees the leader key gone. True when the server is stopping.
+  bool WaitForNextStep(absl::Duration period);
   void Promote();
   void Demote();
   // Writes `engine`'s record to etcd when it changed and `engine` leads;

@@ -332,7 +332,7 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinRound(grpc::CallbackServerCont
   auto* reactor = ctx->DefaultReactor();
   Directives out;
   absl::StatusOr<uint64_t> admitted =
-      engine_->JoinRound(request->worker_id(), request->round(), &out);
+      engine_->JoinRound(request->worker_id(), request->round(), &out, request->carried_round());
   Deliver(out);
   if (admitted.ok()) response->set_admitted_round(*admitted);
   reactor->Finish(ToGrpcStatus(admitted.status()));

@@ -70,10 +70,13 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
     const std::function<grpc::Status(shoal::v1::Coordinator::Stub*, grpc::ClientContext*)>& call,
     absl::Duration window) {
   // Idempotent calls only; UNAVAILABLE only (a DEADLINE_EXCEEDED report may
-  // have been applied, and its caller decides).
+  // have been applied, and its caller decides). The backoff stays short: an
+  // UNAVAILABLE comes from a standby (a cheap refusal) or a dead address
+  // (refused at once), and during a failover every wait here adds to the
+  // time the run stands still once the new leader is up.
   RetryPolicy policy;
-  policy.initial_backoff = absl::Milliseconds(100);
-  policy.max_backoff = absl::Seconds(2);
+  policy.initial_backoff = absl::Milliseconds(50);
+  policy.max_backoff = options_.max_backoff;
   policy.deadline = window;
   policy.unavailable_only = true;
   return Retry(
@@ -97,20 +100,24 @@ absl::StatusOr<shoal::v1::JoinResponse> GrpcCoordinatorClient::Join(
     const shoal::v1::JoinRequest& request) {
   shoal::v1::JoinResponse response;
   absl::Status s =
-      CallWithRetry([&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->Join(ctx, request, &response); },
+      CallWithRetry([&](shoal::v1::Coordinator::Stub* stub,
+                        grpc::ClientContext* ctx) { return stub->Join(ctx, request, &response); },
                     options_.retry_window);
   if (!s.ok()) return s;
   return response;
 }
 
 absl::StatusOr<uint64_t> GrpcCoordinatorClient::JoinRound(const std::string& worker_id,
-                                                          uint64_t round) {
+                                                          uint64_t round, uint64_t carried_round) {
   shoal::v1::JoinRoundRequest request;
   request.set_worker_id(worker_id);
   request.set_round(round);
+  request.set_carried_round(carried_round);
   shoal::v1::JoinRoundResponse response;
   absl::Status s = CallWithRetry(
-      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->JoinRound(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->JoinRound(ctx, request, &response);
+      },
       options_.retry_window);
   if (!s.ok()) return s;
   return response.admitted_round();
@@ -119,7 +126,9 @@ absl::StatusOr<uint64_t> GrpcCoordinatorClient::JoinRound(const std::string& wor
 absl::Status GrpcCoordinatorClient::ReportReady(const shoal::v1::ReportReadyRequest& request) {
   shoal::v1::ReportReadyResponse response;
   return CallWithRetry(
-      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportReady(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportReady(ctx, request, &response);
+      },
       options_.retry_window);
 }
 
@@ -127,7 +136,9 @@ absl::Status GrpcCoordinatorClient::ConnectionsReady(
     const shoal::v1::ConnectionsReadyRequest& request) {
   shoal::v1::ConnectionsReadyResponse response;
   return CallWithRetry(
-      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ConnectionsReady(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ConnectionsReady(ctx, request, &response);
+      },
       options_.retry_window);
 }
 
@@ -135,7 +146,9 @@ absl::Status GrpcCoordinatorClient::ReportCheckpoint(
     const shoal::v1::ReportCheckpointRequest& request) {
   shoal::v1::ReportCheckpointResponse response;
   return CallWithRetry(
-      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportCheckpoint(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportCheckpoint(ctx, request, &response);
+      },
       options_.retry_window);
 }
 
@@ -143,7 +156,9 @@ absl::Status GrpcCoordinatorClient::ReportRoundDone(
     const shoal::v1::ReportRoundDoneRequest& request) {
   shoal::v1::ReportRoundDoneResponse response;
   return CallWithRetry(
-      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) { return stub->ReportRoundDone(ctx, request, &response); },
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportRoundDone(ctx, request, &response);
+      },
       options_.retry_window);
 }
 

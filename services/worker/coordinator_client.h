@@ -26,7 +26,10 @@ class CoordinatorClient {
 
   virtual ~CoordinatorClient() = default;
   virtual absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) = 0;
-  virtual absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) = 0;
+  // `carried_round`: the round whose training this worker finished before
+  // its session broke (JoinRoundRequest.carried_round; 0 = none).
+  virtual absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round,
+                                             uint64_t carried_round = 0) = 0;
   virtual absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) = 0;
   virtual absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) = 0;
   virtual absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) = 0;
@@ -55,6 +58,10 @@ struct CoordinatorClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Retries of UNAVAILABLE calls stop after this long.
   absl::Duration retry_window = absl::Seconds(30);
+  // Longest pause between two retries of an UNAVAILABLE call (jittered,
+  // growing from 50 ms): bounds how long a worker keeps missing a new
+  // leader after a failover.
+  absl::Duration max_backoff = absl::Milliseconds(250);
 };
 
 // Thread-safe.
@@ -64,7 +71,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   ~GrpcCoordinatorClient() override;
 
   absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) override;
-  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round) override;
+  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round,
+                                     uint64_t carried_round = 0) override;
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) override;
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) override;

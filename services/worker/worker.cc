@@ -394,10 +394,15 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
             if (a.kind == Action::kOpenSession) {
               absl::Status opened = OpenSession();
               if (opened.ok()) {
+                const uint64_t carried = protocol_.carried_round();
                 absl::StatusOr<uint64_t> admitted =
-                    coordinator_->JoinRound(protocol_.worker_id(), 0);
+                    coordinator_->JoinRound(protocol_.worker_id(), 0, carried);
                 if (admitted.ok()) {
-                  SHOAL_LOG(INFO) << "admitted to round " << *admitted;
+                  SHOAL_LOG(INFO) << "admitted to round " << *admitted
+                                  << (carried != 0
+                                          ? absl::StrCat(" (carrying the trained work of round ",
+                                                         carried, ")")
+                                          : std::string());
                 } else {
                   opened = admitted.status();
                 }
@@ -548,6 +553,11 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     case Action::kReportReady: {
       absl::Status s = coordinator_->ReportReady(a.ready);
       if (s.ok()) SHOAL_VLOG(1) << "round " << a.round << " ready, loss " << a.ready.train_loss();
+      if (s.ok() && a.resumed) {
+        SHOAL_LOG(INFO) << "round " << a.round
+                        << ": ready report accepted for the work trained before the coordinator "
+                           "session was lost (round not trained again)";
+      }
       *next = protocol_.OnReadyReported(a.round, s);
       return std::nullopt;
     }

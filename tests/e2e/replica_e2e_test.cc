@@ -102,16 +102,11 @@ class ReplicaTest : public ClusterTest {
 
   // Starts replica `i` of the coordinator; returns its address.
   std::string StartReplica(int i, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/shoal-coordinator",
-                                     "--listen=127.0.0.1:0",
-                                     "--etcd=" + EtcdEndpoints(),
-                                     "--etcd_prefix=/shoal/e2e/",
-                                     "--lease_ttl=2s",
-                                     "--run_id=replica-e2e",
-                                     "--min_participants=3",
-                                     "--local_steps=20",
-                                     "--eval_every=1000",
-                                     "--heartbeat_lease=5s"};
+    std::vector<std::string> argv = {
+        BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", "--etcd=" + EtcdEndpoints(),
+        "--etcd_prefix=/shoal/e2e/",     "--lease_ttl=2s",       "--run_id=replica-e2e",
+        "--min_participants=3",          "--local_steps=20",     "--eval_every=1000",
+        "--heartbeat_lease=5s"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (static_cast<int>(replicas_.size()) <= i) replicas_.resize(i + 1);
     replicas_[i] = testing::Process::Start(
@@ -214,8 +209,10 @@ class ReplicaTest : public ClusterTest {
 
 TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   ASSERT_NO_FATAL_FAILURE(StartEtcd(1));
-  StartReplica(0);
-  StartReplica(1);
+  // Rounds long enough that the kill below lands in the training of the
+  // round under way.
+  StartReplica(0, {"--local_steps=200"});
+  StartReplica(1, {"--local_steps=200"});
   ASSERT_TRUE(WaitUntil([&] { return Leader() >= 0; }, absl::Seconds(30))) << ReplicaLogs();
   int leaders = 0;
   const int first = Leader(&leaders);
@@ -249,11 +246,11 @@ TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   std::set<std::string> ids;
   for (const auto& w : before.workers()) ids.insert(w.id());
   ASSERT_EQ(ids.size(), 3u) << before.DebugString();
-  // Mid-round: wait for the next round to be under way, then kill -9.
+  // Mid-round: wait for the next round to be training, then kill -9.
   v1::RunStatus now;
   ASSERT_TRUE(WaitUntil(
       [&] {
-        return StatusOf(first, &now) && now.phase() != v1::WAITING_FOR_MEMBERS &&
+        return StatusOf(first, &now) && now.phase() == v1::TRAINING &&
                now.round() > now.last_completed_round();
       },
       absl::Seconds(60)));
@@ -266,13 +263,31 @@ TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   // Round numbering continues with no gap or repeat: the new leader resumed
   // after the last round the record holds, and its rounds follow on.
   const int64_t resumed = ResumedAfter(replicas_[second]->Log());
-  ASSERT_GE(resumed, static_cast<int64_t>(killed_at)) << ReplicaLogs();
-  ASSERT_LE(resumed, static_cast<int64_t>(killed_at) + 1) << ReplicaLogs();
+  ASSERT_EQ(resumed, static_cast<int64_t>(killed_at)) << ReplicaLogs();
   ASSERT_FALSE(after.recent_rounds().empty());
   uint64_t expect = static_cast<uint64_t>(resumed) + 1;
   for (const auto& r : after.recent_rounds()) {
     EXPECT_EQ(r.round(), expect) << after.DebugString();
     expect = r.round() + 1;
+  }
+  // The interrupted round was completed by the new leader with every
+  // worker, from the work trained before the kill: each worker re-joined
+  // carrying it and its ready report was accepted without training again.
+  const uint64_t interrupted = killed_at + 1;
+  EXPECT_EQ(after.recent_rounds(0).round(), interrupted);
+  EXPECT_EQ(after.recent_rounds(0).participants(), 3u) << after.DebugString();
+  const std::string accepted =
+      absl::StrCat("round ", interrupted,
+                   ": ready report accepted for the work trained before the coordinator "
+                   "session was lost");
+  const std::string retrained = absl::StrCat("local work of round ", interrupted, " dropped");
+  for (auto& w : workers_) {
+    const std::string log = w->Log();
+    EXPECT_NE(log.find(accepted), std::string::npos) << w->log_path() << ReplicaLogs();
+    EXPECT_NE(log.find(absl::StrCat("carrying the trained work of round ", interrupted)),
+              std::string::npos)
+        << w->log_path();
+    EXPECT_EQ(log.find(retrained), std::string::npos) << w->log_path() << ReplicaLogs();
   }
   // Same workers (ids), all holding the agreed model.
   std::set<std::string> ids_after;
@@ -347,7 +362,8 @@ TEST_F(ReplicaTest, EtcdStoppedTenSecondsStopsRoundsThenTheRunContinues) {
   EXPECT_EQ(leaders, 1);
   // Held at election (until the record is written) and again without etcd.
   const std::string log = replicas_[leader]->Log();
-  EXPECT_NE(log.find("rounds held", log.find("rounds released")), std::string::npos) << ReplicaLogs();
+  EXPECT_NE(log.find("rounds held", log.find("rounds released")), std::string::npos)
+      << ReplicaLogs();
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   std::vector<shoal::v1::ReportRoundDoneRequest> done;
   std::vector<shoal::v1::ReportCheckpointRequest> checkpoints;
   std::vector<std::string> leaves;
+  std::vector<uint64_t> carried_rounds;
   int sessions_opened = 0;
   int sessions_closed = 0;
 
@@ -32,8 +33,10 @@ class FakeCoordinatorClient : public CoordinatorClient {
     if (!join_status.ok()) return join_status;
     return join_response;
   }
-  absl::StatusOr<uint64_t> JoinRound(const std::string&, uint64_t round) override {
+  absl::StatusOr<uint64_t> JoinRound(const std::string&, uint64_t round,
+                                     uint64_t carried_round = 0) override {
     join_rounds.push_back(round);
+    carried_rounds.push_back(carried_round);
     return round;
   }
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "services/coordinator/core/round_engine.h"
 #include "tests/unit/fake_etcd.h"
+#include "tests/unit/round_engine_test_util.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -73,6 +75,183 @@ TEST(ReplicaTest, StandbyTakesOverWhenTheLeadersLeaseExpires) {
   EXPECT_EQ(a.state().leader, "");
   a.Step();
   EXPECT_EQ(a.state().leader, "b:1");
+}
+
+TEST(ReplicaTest, StandbySeesTheLeaderKeyGoneBeforeItsNextStep) {
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  Replica b(&etcd, Opts("b:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+  EXPECT_FALSE(a.LeaderGone());  // a leader never campaigns
+  EXPECT_FALSE(b.LeaderGone());
+  // a dies; its lease (4 s) runs out while b only looks (b's own lease,
+  // renewed at its steps, outlives a's).
+  clock.Advance(absl::Seconds(2));
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_FALSE(b.LeaderGone());
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(b.LeaderGone());
+  EXPECT_EQ(b.Step(), ReplicaEvent::kElected);
+  EXPECT_FALSE(b.LeaderGone());
+  // etcd unreachable: nothing is concluded.
+  Replica c(&etcd, Opts("c:1"), &clock);
+  etcd.SetDown(true);
+  EXPECT_FALSE(c.LeaderGone());
+}
+
+// The round engine of each leader as coordinator_replica.cc wires it: a
+// round starts only once the record is written under the leader's term.
+EngineOptions LeaderEngine(Replica* replica, std::optional<shoal::v1::RunRecord> resume) {
+  EngineOptions eo;
+  eo.run_id = "run-1";
+  eo.config.set_min_participants(2);
+  eo.config.set_local_steps(10);
+  eo.resume = std::move(resume);
+  eo.before_round_start = [replica](const shoal::v1::RunRecord& record, uint64_t version) {
+    return replica->CanStartRounds() && replica->SaveRecord(record, version).ok();
+  };
+  return eo;
+}
+
+shoal::v1::JoinRequest JoinAs(int port, const std::string& previous = "", uint64_t model_round = 0,
+                              const std::string& hash = "") {
+  shoal::v1::JoinRequest j;
+  j.set_peer_address(test_util::Address(port));
+  j.set_previous_worker_id(previous);
+  j.set_model_round(model_round);
+  j.set_model_hash(hash);
+  return j;
+}
+
+void Ready(RoundEngine& e, const std::string& id, uint64_t round, Directives* out) {
+  shoal::v1::ReportReadyRequest r;
+  r.set_worker_id(id);
+  r.set_round(round);
+  r.set_total_elements(test_util::kTotal);
+  ASSERT_TRUE(e.ReportReady(r, out).ok()) << id << " round " << round;
+}
+
+// Connections and the exchange of `round` (plan attempt 1) for `ids`, all
+// ending with `hash`.
+void Exchange(RoundEngine& e, const std::vector<std::string>& ids, uint64_t round,
+              const std::string& hash, Directives* out) {
+  for (const std::string& id : ids) {
+    shoal::v1::ConnectionsReadyRequest c;
+    c.set_worker_id(id);
+    c.set_round(round);
+    c.set_attempt(1);
+    ASSERT_TRUE(e.ConnectionsReady(c, out).ok()) << id;
+  }
+  for (const std::string& id : ids) {
+    shoal::v1::ReportRoundDoneRequest d;
+    d.set_worker_id(id);
+    d.set_round(round);
+    d.set_attempt(1);
+    d.set_model_hash(hash);
+    ASSERT_TRUE(e.ReportRoundDone(d, out).ok()) << id;
+  }
+}
+
+TEST(ReplicaFailoverTest, NewLeaderReopensTheInterruptedRoundAndTakesTheCarriedWork) {
+  using test_util::kPlan;
+  using test_util::kStart;
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  Replica b(&etcd, Opts("b:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+  RoundEngine old_leader(LeaderEngine(&a, std::nullopt), &clock);
+  std::vector<std::string> ids;
+  Directives out;
+  for (int port : {7001, 7002, 7003}) {
+    absl::StatusOr<JoinResult> joined = old_leader.Join(JoinAs(port));
+    ASSERT_TRUE(joined.ok());
+    ids.push_back(joined->response.worker_id());
+    ASSERT_TRUE(old_leader.Connect(ids.back()).ok());
+  }
+  for (const std::string& id : ids) ASSERT_TRUE(old_leader.JoinRound(id, 0, &out).ok());
+  for (const std::string& id : ids) Ready(old_leader, id, 1, &out);
+  Exchange(old_leader, ids, 1, test_util::Hash('1'), &out);
+  ASSERT_EQ(old_leader.last_completed_round(), 1u);
+  // Round 2 is under way (its start wrote the record: round 1, hash 1);
+  // w1 even reported ready to the old leader. Then the old leader dies.
+  Ready(old_leader, ids[0], 2, &out);
+  bool gone = false;
+  for (int i = 0; i < 6 && !gone; ++i) {
+    clock.Advance(absl::Seconds(1));
+    gone = b.LeaderGone();
+    if (!gone) {
+      ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+    }
+  }
+  ASSERT_TRUE(gone);
+  ASSERT_EQ(b.Step(), ReplicaEvent::kElected);
+  absl::StatusOr<std::optional<shoal::v1::RunRecord>> record = b.LoadRecord();
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ((*record)->last_completed_round(), 1u);
+  RoundEngine new_leader(LeaderEngine(&b, **record), &clock);
+
+  // The workers re-join with their ids and model, carrying round 2's work.
+  out.clear();
+  for (int k = 0; k < 2; ++k) {
+    absl::StatusOr<JoinResult> joined =
+        new_leader.Join(JoinAs(7001 + k, ids[k], 1, test_util::Hash('1')));
+    ASSERT_TRUE(joined.ok());
+    EXPECT_EQ(joined->response.worker_id(), ids[k]);
+    EXPECT_EQ(joined->response.model_round(), 1u);
+    ASSERT_TRUE(new_leader.Connect(ids[k]).ok());
+    absl::StatusOr<uint64_t> admitted = new_leader.JoinRound(ids[k], 0, &out, /*carried=*/2);
+    ASSERT_TRUE(admitted.ok());
+    EXPECT_EQ(*admitted, 2u);
+  }
+  // Round 2 is reopened from round 1's model: no gap, no repeat.
+  ASSERT_EQ(test_util::To(out, kStart).size(), 2u);
+  const shoal::v1::RoundStart start = test_util::MessageFor(out, ids[0], kStart).round_start();
+  EXPECT_EQ(start.round(), 2u);
+  EXPECT_EQ(start.base_model_round(), 1u);
+  EXPECT_EQ(start.base_model_hash(), test_util::Hash('1'));
+  // The re-joined workers report ready at once; the third one, late, still
+  // joins the round because it carries its work too.
+  out.clear();
+  clock.Advance(absl::Milliseconds(900));
+  Ready(new_leader, ids[0], 2, &out);
+  absl::StatusOr<JoinResult> late = new_leader.Join(JoinAs(7003, ids[2], 1, test_util::Hash('1')));
+  ASSERT_TRUE(late.ok());
+  ASSERT_TRUE(new_leader.Connect(ids[2]).ok());
+  absl::StatusOr<uint64_t> admitted = new_leader.JoinRound(ids[2], 0, &out, /*carried=*/2);
+  ASSERT_TRUE(admitted.ok());
+  EXPECT_EQ(*admitted, 2u);
+  EXPECT_EQ(test_util::To(out, kStart), std::vector<std::string>{ids[2]});
+  Ready(new_leader, ids[1], 2, &out);
+  EXPECT_TRUE(test_util::To(out, kPlan).empty());
+  Ready(new_leader, ids[2], 2, &out);
+  const shoal::v1::RoundPlan plan = test_util::MessageFor(out, ids[2], kPlan).round_plan();
+  EXPECT_EQ(plan.round(), 2u);
+  EXPECT_EQ(plan.slices_size(), 3);
+  Exchange(new_leader, ids, 2, test_util::Hash('2'), &out);
+  EXPECT_EQ(new_leader.last_completed_round(), 2u);
+  const shoal::v1::RunStatus status = new_leader.Status();
+  ASSERT_EQ(status.recent_rounds_size(), 1);
+  EXPECT_EQ(status.recent_rounds(0).round(), 2u);
+  EXPECT_EQ(status.recent_rounds(0).participants(), 3u);
+  // Carried ready reports were not trained under this leader: they are no
+  // ready-time samples (the adaptive deadline would shrink to nothing).
+  for (const std::string& id : ids) {
+    EXPECT_EQ(test_util::FindWorker(status, id)->ready_seconds_median(), 0.0) << id;
+  }
+  // Round 3's start writes round 2 under the new term; the old leader's
+  // write is refused.
+  ASSERT_EQ(new_leader.Status().round(), 3u);
+  ASSERT_TRUE(b.SaveRecord(new_leader.Record(), new_leader.record_version()).ok());
+  record = b.LoadRecord();
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ((*record)->last_completed_round(), 2u);
+  EXPECT_EQ((*record)->model_hash(), test_util::Hash('2'));
+  EXPECT_FALSE(a.SaveRecord(old_leader.Record(), old_leader.record_version() + 100).ok());
 }
 
 TEST(ReplicaTest, RecordWritesCheckTheRevisionTheyRead) {

@@ -115,6 +115,26 @@ TEST(DecideAdmissionTest, ClosedJoinWindowQueuesForTheNextRound) {
   EXPECT_EQ(d.reason, "round 4 is SHARING: queued for round 5");
 }
 
+TEST(DecideAdmissionTest, CarriedWorkOfTheRunningRoundJoinsItAfterTheWindowClosed) {
+  // A worker that trained round 4 before its coordinator failed over
+  // reports ready at once: it joins even though others are ready.
+  AdmissionInput in = Admission(v1::TRAINING, 0);
+  in.any_ready = true;
+  in.carried = 4;
+  AdmissionDecision d = DecideAdmission(in);
+  EXPECT_EQ(d.action, AdmissionDecision::Action::kJoinRunningRound);
+  EXPECT_EQ(d.round, 4u);
+  // Work of another round, or a round already sharing, does not.
+  in.carried = 3;
+  EXPECT_EQ(DecideAdmission(in).action, AdmissionDecision::Action::kQueueForNextRound);
+  in.carried = 4;
+  in.phase = v1::SHARING;
+  EXPECT_EQ(DecideAdmission(in).action, AdmissionDecision::Action::kQueueForNextRound);
+  // While the round waits for members it is queued as anyone.
+  in.phase = v1::WAITING_FOR_MEMBERS;
+  EXPECT_EQ(DecideAdmission(in).action, AdmissionDecision::Action::kQueueForThisRound);
+}
+
 TEST(DecideAdmissionTest, AskingForTheNextRoundWhileTrainingQueuesForIt) {
   const AdmissionDecision d = DecideAdmission(Admission(v1::TRAINING, 5));
   EXPECT_EQ(d.action, AdmissionDecision::Action::kQueueForNextRound);

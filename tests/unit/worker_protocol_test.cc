@@ -169,7 +169,7 @@ class Harness {
         case Action::kOpenSession:
           EXPECT_TRUE(
               coordinator.OpenSession(kSelf, absl::Seconds(1), nullptr, nullptr, nullptr).ok());
-          EXPECT_TRUE(coordinator.JoinRound(kSelf, 0).ok());
+          EXPECT_TRUE(coordinator.JoinRound(kSelf, 0, protocol_.carried_round()).ok());
           break;
         case Action::kCatchUp:
           catch_ups.push_back(a);
@@ -372,22 +372,104 @@ TEST(WorkerProtocolTest, JoinResponseNamingThePendingRoundCommitsIt) {
   EXPECT_EQ(h.protocol().model_round(), 1u);
 }
 
-TEST(WorkerProtocolTest, JoinResponseNamingTheOlderRoundVoidsThePendingOne) {
+TEST(WorkerProtocolTest, JoinResponseNamingTheOlderRoundVoidsThePendingOneKeepingTheTraining) {
   Harness h;
   h.RoundUntilPending(1, "h0");
   h.coordinator.join_response.set_model_round(0);
   h.coordinator.join_response.set_model_hash("h0");
-  EXPECT_THAT(h.SessionClosed(),
-              ElementsAre("rejoin:0", "join:0", "void:0", "drop-work:1", "open-session:0"));
+  // The average is void; the trained model (in the contribution buffer)
+  // is carried for the round the new coordinator reopens.
+  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "void:0", "open-session:0"));
   EXPECT_EQ(h.protocol().model_round(), 0u);
+  EXPECT_EQ(h.protocol().carried_round(), 1u);
+  EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
   EXPECT_TRUE(h.catch_ups.empty());
+  // Reopened from the same base: the trained model comes back, no training.
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+              ElementsAre("restore-contribution:1", "report-ready:1"));
+  EXPECT_EQ(h.protocol().carried_round(), 0u);
+  EXPECT_EQ(h.protocol().resumed_rounds(), 1u);
+  // The round then runs as any other.
+  h.Directive(PlanMsg(1, 1));
+  h.Directive(Sharing(1, 1));
+  EXPECT_TRUE(h.protocol().pending());
+  EXPECT_EQ(h.coordinator.ready.size(), 2u);
 }
 
-TEST(WorkerProtocolTest, SessionLostDuringTrainingDropsTheWork) {
+TEST(WorkerProtocolTest, SessionLostAfterTrainingCarriesTheWorkIntoTheReopenedRound) {
   Harness h;
   h.Directive(Start(1, 0, "h0"));
-  EXPECT_THAT(h.SessionClosed(),
-              ElementsAre("rejoin:0", "drop-work:1", "join:0", "open-session:0"));
+  h.Directive(Complete(0, "h0"));  // nothing pending: no effect
+  h.Directive(PlanMsg(1, 1));      // no sharing yet
+  h.coordinator.join_response.set_model_hash("h0");
+  // The old leader dies: nothing is dropped, JoinRound names the work.
+  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
+              ElementsAre("restore-contribution:1", "report-ready:1"));
+  ASSERT_EQ(h.coordinator.ready.size(), 2u);
+  EXPECT_EQ(h.coordinator.ready[1].round(), 1u);
+  EXPECT_EQ(h.coordinator.ready[1].total_elements(), 300u);
+}
+
+TEST(WorkerProtocolTest, UndeliveredReadyKeepsTheWorkForTheRejoin) {
+  Harness h;
+  // A new leader that does not know this worker yet, then the session's end.
+  h.coordinator.ready_status = absl::NotFoundError("unknown worker id 'w1'");
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("train:1", "report-ready:1"));
+  h.coordinator.ready_status = absl::OkStatus();
+  h.coordinator.join_response.set_model_hash("h0");
+  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  // The trained model sits in the parameters: no restore needed.
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("report-ready:1"));
+  EXPECT_EQ(h.protocol().resumed_rounds(), 1u);
+}
+
+TEST(WorkerProtocolTest, CarriedWorkOfARoundTheRunDidNotReopenIsDropped) {
+  {
+    // The new leader completed the round: its model is caught up instead.
+    Harness h;
+    h.Directive(Start(1, 0, "h0"));
+    h.coordinator.join_response.set_model_round(1);
+    h.coordinator.join_response.set_model_hash("h1");
+    h.coordinator.join_response.add_holders("10.0.0.2:7000");
+    EXPECT_THAT(h.SessionClosed(),
+                ElementsAre("rejoin:0", "join:0", "drop-work:1", "catch-up:1", "open-session:0"));
+    EXPECT_EQ(h.protocol().carried_round(), 0u);
+    EXPECT_THAT(h.Directive(Start(2, 1, "h1")), ElementsAre("train:2", "report-ready:2"));
+  }
+  {
+    // Admitted to a later round (the reopened one went on without it).
+    Harness h;
+    h.Directive(Start(1, 0, "h0"));
+    h.coordinator.join_response.set_model_hash("h0");
+    h.SessionClosed();
+    EXPECT_EQ(h.protocol().carried_round(), 1u);
+    EXPECT_THAT(h.Directive(Start(2, 1, "h1")),
+                ElementsAre("drop-work:1", "catch-up:1", "train:2", "report-ready:2"));
+  }
+  {
+    // The same round from another base (a run that went back).
+    Harness h;
+    h.Directive(Start(1, 0, "h0"));
+    h.coordinator.join_response.set_model_hash("h0");
+    h.SessionClosed();
+    EXPECT_THAT(h.Directive(Start(1, 0, "other")),
+                ElementsAre("drop-work:1", "catch-up:0", "train:1", "report-ready:1"));
+  }
+}
+
+TEST(WorkerProtocolTest, SessionLostBeforeTrainingHasNothingToCarry) {
+  Harness h;
+  h.coordinator.join_response.set_model_round(1);
+  h.coordinator.join_response.set_model_hash("h1");
+  h.coordinator.join_response.add_holders("10.0.0.2:7000");
+  h.catch_up_result = absl::UnavailableError("no holder answers");
+  h.SessionClosed();
+  h.coordinator.join_response.set_model_round(0);
+  h.coordinator.join_response.set_model_hash("h0");
+  EXPECT_EQ(h.protocol().carried_round(), 0u);
+  EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 0u));
 }
 
 TEST(WorkerProtocolTest, DuplicateStartWeightSharingIsIgnored) {
@@ -483,7 +565,10 @@ TEST(WorkerProtocolTest, PlanNamingAnUnknownParticipantListRejoins) {
   m.mutable_round_plan()->set_attempt(1);
   m.mutable_round_plan()->set_total_elements(300);
   m.mutable_round_plan()->set_participants_version(77);  // never received
-  EXPECT_THAT(h.Directive(m), ElementsAre("rejoin:0", "drop-work:1", "join:0", "open-session:0"));
+  h.coordinator.join_response.set_model_hash("h0");
+  // The trained model is kept for the round the fresh session names.
+  EXPECT_THAT(h.Directive(m), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  EXPECT_EQ(h.protocol().carried_round(), 1u);
 }
 
 TEST(WorkerProtocolTest, PlanByVersionExpandsFromTheKeptList) {
@@ -645,11 +730,14 @@ TEST(WorkerProtocolTest, FoldingOffOrAnotherRefusalDropsTheWork) {
   }
   {
     Harness h(FoldConfig());
-    // Not "too late": the coordinator does not know this worker.
+    // Not "too late": the coordinator does not know this worker (a new
+    // leader): the trained model waits for the re-join, not as late work.
     h.coordinator.ready_status = absl::NotFoundError("unknown worker");
-    EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
-                ElementsAre("train:1", "report-ready:1", "drop-work:1"));
+    EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("train:1", "report-ready:1"));
     EXPECT_FALSE(h.protocol().late_work().held);
+    h.coordinator.join_response.set_model_hash("h0");
+    h.SessionClosed();
+    EXPECT_EQ(h.protocol().carried_round(), 1u);
   }
 }
 

@@ -76,9 +76,8 @@ ReplicaEvent Replica::Step() {
   }
   if (lease_ == 0 && !RenewLease(now)) return ReplicaEvent::kNone;
   // Campaign: create the leader key if nobody holds it.
-  absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn({EtcdCompare::Absent(leader_key())},
-                                                 {{leader_key(), options_.self, lease_}},
-                                                 {leader_key()});
+  absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
+      {EtcdCompare::Absent(leader_key())}, {{leader_key(), options_.self, lease_}}, {leader_key()});
   if (!txn.ok()) {
     state_.etcd_error = std::string(txn.status().message());
     return ReplicaEvent::kNone;
@@ -104,6 +103,15 @@ ReplicaEvent Replica::Step() {
   SHOAL_LOG(INFO) << "replica: elected leader (term " << state_.term << ", lease " << lease_
                   << ", ttl " << options_.lease_ttl << ")";
   return ReplicaEvent::kElected;
+}
+
+bool Replica::LeaderGone() {
+  if (state_.role == ReplicaRole::kLeader) return false;
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(leader_key());
+  if (!kv.ok()) return false;
+  if (!kv->has_value()) return true;
+  state_.leader = (*kv)->value;
+  return false;
 }
 
 absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
@@ -138,10 +146,10 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t ve
   int64_t record_rev = 0;
   // At most two tries: the second after recognising our own earlier write.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
-        {EtcdCompare::ModifiedAt(record_key(), record_revision_),
-         EtcdCompare::CreatedAt(leader_key(), state_.term)},
-        {{record_key(), bytes, 0}}, {leader_key(), record_key()});
+    absl::StatusOr<EtcdTxnResult> txn =
+        etcd_->Txn({EtcdCompare::ModifiedAt(record_key(), record_revision_),
+                    EtcdCompare::CreatedAt(leader_key(), state_.term)},
+                   {{record_key(), bytes, 0}}, {leader_key(), record_key()});
     if (!txn.ok()) {
       // Deadline passed or the member went away mid-call: etcd may still
       // apply it (a member that lost its raft leader commits it later).
@@ -181,10 +189,9 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t ve
       return absl::OkStatus();
     }
   }
-  const std::string why =
-      absl::StrCat("refused to write the run record: leader key held by ", holder,
-                   ", record at revision ", record_rev, " (this replica read ", record_revision_,
-                   ", term ", state_.term, ")");
+  const std::string why = absl::StrCat(
+      "refused to write the run record: leader key held by ", holder, ", record at revision ",
+      record_rev, " (this replica read ", record_revision_, ", term ", state_.term, ")");
   StepDown(why);
   return absl::FailedPreconditionError(why);
 }

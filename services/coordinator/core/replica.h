@@ -66,8 +66,8 @@ struct ReplicaState {
 // What a Step changed, for the server to act on.
 enum class ReplicaEvent {
   kNone,
-  kElected,   // this replica just became the leader
-  kDeposed,   // it was the leader and is not any more
+  kElected,  // this replica just became the leader
+  kDeposed,  // it was the leader and is not any more
 };
 
 class Replica {
@@ -76,6 +76,11 @@ class Replica {
 
   // One round of lease renewal and campaigning; call every lease_ttl / 4.
   ReplicaEvent Step();
+  // A standby's cheap look at the leader key between Steps (one read, no
+  // write): true when no leader holds it (its lease expired or it
+  // resigned), so that the caller campaigns (Step) at once instead of at
+  // its next period. False for a leader and when etcd cannot be reached.
+  bool LeaderGone();
   ReplicaState state() const;
   // True while this replica is the leader and its lease certainly alive.
   bool CanStartRounds() const;

@@ -56,6 +56,14 @@ AdmissionDecision DecideAdmission(const AdmissionInput& in) {
     return {Action::kJoinRunningRound, in.round,
             absl::StrCat("round ", in.round, " is training and nobody is ready yet: joins it")};
   }
+  // A worker that trained this round before its session broke (a
+  // coordinator failover) reports ready at once: it cannot slow the round
+  // down, so the join window does not apply to it.
+  if (in.phase == shoal::v1::TRAINING && requested == in.round && in.carried == in.round) {
+    return {Action::kJoinRunningRound, in.round,
+            absl::StrCat("round ", in.round, " is training and the worker carries its work",
+                         " from before its session broke: joins it")};
+  }
   std::string why;
   if (requested > in.round) {
     why = absl::StrCat("asked for round ", requested);

@@ -47,6 +47,9 @@ struct AdmissionInput {
   uint64_t requested = 0;
   bool participant = false;  // already takes part in `round`
   bool queued = false;       // already queued
+  // The round whose training the worker already finished before its
+  // session broke (JoinRoundRequest.carried_round); 0 = none.
+  uint64_t carried = 0;
 };
 
 struct AdmissionDecision {
@@ -54,7 +57,8 @@ struct AdmissionDecision {
     kReject,             // finished run, stale or future round: FAILED_PRECONDITION
     kAlreadyIn,          // a retried call: nothing changes
     kQueueForThisRound,  // queued; the round starts once min_participants are queued
-    kJoinRunningRound,   // joins the round that is training (RoundStart now)
+    kJoinRunningRound,   // joins the round that is training (RoundStart now); also
+                         // after a ready report when it carries that round's work
     kQueueForNextRound,  // queued for round + 1
   };
   Action action = Action::kReject;

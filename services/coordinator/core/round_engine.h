@@ -117,8 +117,11 @@ class RoundEngine {
   Directives Disconnect(const std::string& worker_id, const std::string& reason);
 
   // Admits the worker to `round` or, when that round already has a ready
-  // participant, to the next one. Returns the admitted round.
-  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out);
+  // participant, to the next one. Returns the admitted round. `carried`:
+  // the round the worker already trained before its session broke
+  // (JoinRoundRequest.carried_round, 0 = none).
+  absl::StatusOr<uint64_t> JoinRound(const std::string& worker_id, uint64_t round, Directives* out,
+                                     uint64_t carried = 0);
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request, Directives* out);
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
@@ -233,6 +236,10 @@ class RoundEngine {
     uint64_t plan_list_known = 0;
     // Gossip mode: it called JoinRound and is in the peer lists.
     bool gossiping = false;
+    // The round whose training it finished before its session broke, as
+    // its JoinRound said (0 = none): its ready report for that round comes
+    // at once and says nothing of its speed.
+    uint64_t carried_round = 0;
   };
 
   static const char* StateName(MemberState s);

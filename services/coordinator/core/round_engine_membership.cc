@@ -207,7 +207,7 @@ Directives RoundEngine::Disconnect(const std::string& worker_id, const std::stri
 }
 
 absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, uint64_t round,
-                                                Directives* out) {
+                                                Directives* out, uint64_t carried) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   auto found = FindActive(worker_id);
@@ -233,6 +233,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   in.requested = round;
   in.participant = IsParticipant(worker_id);
   in.queued = IsQueued(worker_id);
+  in.carried = carried;
   const AdmissionDecision admission = DecideAdmission(in);
   using Action = AdmissionDecision::Action;
   if (admission.action == Action::kReject) {
@@ -241,6 +242,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   MarkStatusChanged();
   if (admission.action == Action::kAlreadyIn) return admission.round;  // a retried call
   member->last_seen = clock_->Now();
+  member->carried_round = carried;
   switch (admission.action) {
     case Action::kQueueForThisRound:
       Enqueue(worker_id);
@@ -255,7 +257,8 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
       member->state = MemberState::kTraining;
       out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(*member)))});
       SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
-                      << " participants=" << participants_.size();
+                      << " participants=" << participants_.size()
+                      << (carried == round_ ? " (carries its trained work)" : "");
       break;
     default:
       Enqueue(worker_id);

@@ -52,8 +52,18 @@ void RoundEngine::MaybeStartRound(Directives* out) {
   const RoundStartDecision decision =
       DecideRoundStart(phase_, round_, queued_.size(), options_.config.min_participants());
   if (!decision.start) return;
-  if (options_.before_round_start && !options_.before_round_start(RecordLocked(), record_version_)) {
-    return;
+  if (options_.before_round_start) {
+    // A change made earlier in this call (the round that just completed)
+    // gets its version now, so that the record handed out is known by its
+    // own version: with the version of the state before it, a writer that
+    // already saved that version would skip the write, and the RoundStart
+    // would go out before the completed round is in the record.
+    if (record_changed_) {
+      ++record_version_;
+      record_changed_ = false;
+      status_changed_ = true;
+    }
+    if (!options_.before_round_start(RecordLocked(), record_version_)) return;
   }
   TakeParticipants();  // none while waiting; the queue becomes the round
   const std::vector<std::string> starting = TakeQueue();
@@ -129,8 +139,9 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   const absl::Time now = clock_->Now();
   member->last_seen = now;
   // A retried report is measured once; a fold did not train in this round,
-  // so it says nothing of the worker's speed.
-  if (!member->ready && !fold.has_value()) {
+  // nor did work carried across a failover (trained under the old leader),
+  // so neither says anything of the worker's speed.
+  if (!member->ready && !fold.has_value() && member->carried_round != round_) {
     AddSample(member->ready_times, now - member->training_since, SampleWindow());
   }
   if (fold.has_value()) {

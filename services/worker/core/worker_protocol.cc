@@ -107,6 +107,11 @@ Actions WorkerProtocol::OnJoined(const shoal::v1::JoinResponse& joined) {
   Actions out;
   // A run in progress: take its current model before anything else.
   Settle(joined.model_round(), joined.model_hash(), &out);
+  if (carried_.round != 0 &&
+      (carried_.round <= model_round_ || joined.model_round() != carried_.base_round ||
+       joined.model_hash() != carried_.base_hash)) {
+    DiscardCarried(absl::StrCat("the run's model is round ", joined.model_round()), &out);
+  }
   CatchUp(joined.model_round(), joined.model_hash(),
           {joined.holders().begin(), joined.holders().end()}, joined.checkpoint_id(),
           joined.checkpoint_round(), &out);
@@ -202,8 +207,35 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
 Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
   Actions out;
   Settle(start.base_model_round(), start.base_model_hash(), &out);
+  if (carried_.round != 0) {
+    if (start.round() == carried_.round && start.base_model_round() == carried_.base_round &&
+        start.base_model_hash() == carried_.base_hash && model_round_ == carried_.base_round &&
+        !pending_) {
+      // The round this worker trained before its session broke, reopened
+      // from the same base (a new leader resuming after the round before):
+      // its trained model is this round's contribution.
+      round_ = start.round();
+      round_base_ = start.base_model_round();
+      round_base_hash_ = start.base_model_hash();
+      contribution_round_ = 0;
+      plan_.Clear();
+      if (carried_.in_contribution) out.push_back(Make(Action::kRestoreContribution, round_));
+      trained_round_ = round_;
+      carried_ = {};
+      ++resumed_rounds_;
+      SHOAL_LOG(INFO) << "round " << round_ << ": reporting ready with the model trained before "
+                      << "the coordinator session was lost (not trained again)";
+      out.push_back(ReadyAction(/*resumed=*/true));
+      return out;
+    }
+    DiscardCarried(
+        absl::StrCat("round ", start.round(), " starts from round ", start.base_model_round()),
+        &out);
+  }
   round_ = start.round();
   round_base_ = start.base_model_round();
+  round_base_hash_ = start.base_model_hash();
+  trained_round_ = 0;
   contribution_round_ = 0;
   plan_.Clear();
   train_started_ = clock_->Now();
@@ -286,16 +318,31 @@ Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t to
   train_loss_ = train_loss;
   total_elements_ = total_elements;
   train_seconds_ = absl::ToDoubleSeconds(clock_->Now() - train_started_);
-  Action a = Make(Action::kReportReady, round);
+  trained_round_ = round;
+  return {ReadyAction(/*resumed=*/false)};
+}
+
+Action WorkerProtocol::ReadyAction(bool resumed) const {
+  Action a = Make(Action::kReportReady, round_);
   a.ready.set_worker_id(worker_id_);
-  a.ready.set_round(round);
-  a.ready.set_train_loss(train_loss);
-  a.ready.set_total_elements(total_elements);
-  return {std::move(a)};
+  a.ready.set_round(round_);
+  a.ready.set_train_loss(train_loss_);
+  a.ready.set_total_elements(total_elements_);
+  a.resumed = resumed;
+  return a;
 }
 
 Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& result) {
   if (result.ok() || round != round_) return {};
+  if (absl::IsNotFound(result) || absl::IsUnavailable(result) || absl::IsDeadlineExceeded(result)) {
+    // No coordinator took the report (it died, or this is a new leader that
+    // does not know this worker yet): the session is lost too, and its end
+    // re-joins carrying this work. Should the session live on, the round's
+    // deadline settles it (RoundMissed).
+    SHOAL_LOG(WARNING) << "ready for round " << round << " not delivered (" << result.message()
+                       << "); keeping the trained model for the re-join";
+    return {};
+  }
   SHOAL_LOG(WARNING) << "ready for round " << round << " refused: " << result.message();
   // The session tells us what comes next.
   Actions out;
@@ -315,6 +362,7 @@ Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& resu
     late_.base_round = model_round_;
     late_.train_seconds = train_seconds_;
     ++late_kept_;
+    trained_round_ = 0;  // the work is the late update now
     out.push_back(Make(Action::kKeepLateWork, round_));
     contribution_round_ = 0;
     plan_.Clear();
@@ -485,10 +533,43 @@ Actions WorkerProtocol::Rejoin(const std::string& why) {
   Action rejoin = Make(Action::kRejoin);
   rejoin.reason = why;
   out.push_back(std::move(rejoin));
-  DropRound("session lost", &out);
+  CarryOrDrop(&out);
   Actions join = Start();
   out.insert(out.end(), join.begin(), join.end());
   return out;
+}
+
+void WorkerProtocol::CarryOrDrop(Actions* out) {
+  if (carried_.round != 0 && carried_.round == round_) return;  // carried already
+  const bool fold = late_.held && late_.folded_into == round_;
+  const bool trained = round_ != 0 && trained_round_ == round_ && !fold &&
+                       (round_ > model_round_ || (pending_ && model_round_ == round_));
+  if (!trained) {
+    DropRound("session lost", out);
+    return;
+  }
+  carried_.round = round_;
+  carried_.base_round = round_base_;
+  carried_.base_hash = round_base_hash_;
+  carried_.in_contribution = contribution_round_ == round_;
+  contribution_round_ = 0;
+  plan_.Clear();
+  SHOAL_LOG(INFO) << "round " << round_ << ": keeping the model trained from round " << round_base_
+                  << " for the re-join"
+                  << (pending_ ? " (the average computed here is pending)" : "");
+}
+
+void WorkerProtocol::DiscardCarried(const std::string& why, Actions* out) {
+  if (carried_.round == 0) return;
+  if (carried_.round > model_round_) {
+    Action a = Make(Action::kDropWork, carried_.round);
+    a.reason = why;
+    out->push_back(std::move(a));
+  }
+  SHOAL_LOG(INFO) << "the work of round " << carried_.round << " kept for the re-join is dropped ("
+                  << why << ")";
+  if (trained_round_ == carried_.round) trained_round_ = 0;
+  carried_ = {};
 }
 
 void WorkerProtocol::Settle(uint64_t agreed_round, const std::string& agreed_hash, Actions* out) {
@@ -534,6 +615,14 @@ void WorkerProtocol::Void(const std::string& why, Actions* out) {
 }
 
 void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
+  if (carried_.round != 0 && carried_.round == round_) {
+    // The round's trained model stays for the re-join (a voided pending
+    // average is replaced by kRestoreContribution or kDropWork later).
+    contribution_round_ = 0;
+    plan_.Clear();
+    return;
+  }
+  trained_round_ = 0;
   const bool fold_round = late_.held && late_.folded_into == round_;
   if (fold_round) {
     // The round the late work was folded into is not agreed here: it

@@ -32,6 +32,17 @@
 //    the round is voided, aborted or missed again it stays and is folded
 //    into the next round with its staleness grown; staler than
 //    max_staleness it is dropped and the worker trains.
+//  - carried work: when the session breaks (or the ready report finds a
+//    coordinator that does not know this worker) after the worker trained
+//    round_, the trained model is kept across the re-join instead of being
+//    dropped: in the parameters, or in the contribution buffer once a plan
+//    came (the parameters may then hold a partial or pending average, voided
+//    on the re-join unless the coordinator completed the round). JoinRound
+//    names it (carried_round); a RoundStart of that round from the same
+//    base (a new leader reopening the round its record did not complete)
+//    is answered with the ready report at once, after kRestoreContribution
+//    when needed, so the round is not trained twice. Any other outcome
+//    (another base, a later round) drops it (kDropWork) first.
 //
 // Memory actions (kCommit, kVoid, kDropWork, kKeepContribution,
 // kRestoreContribution, kHoldPending, kCatchUp, kTrain, kKeepLateWork,
@@ -136,6 +147,8 @@ struct Action {
   shoal::v1::ReportRoundDoneRequest done;   // kReportDone (metrics added by the worker)
   shoal::v1::JoinRequest join;              // kJoin
   absl::Status status;                      // kExit
+  // kReportReady of work carried across a re-join (not trained again).
+  bool resumed = false;
 };
 using Actions = std::vector<Action>;
 
@@ -188,6 +201,11 @@ class WorkerProtocol {
   double train_seconds() const { return train_seconds_; }
   double train_loss() const { return train_loss_; }
   bool joined() const { return !worker_id_.empty(); }
+  // The round whose trained work is carried across a re-join (0 = none):
+  // JoinRoundRequest.carried_round.
+  uint64_t carried_round() const { return carried_.round; }
+  // Rounds whose ready report was sent from carried work (not retrained).
+  uint64_t resumed_rounds() const { return resumed_rounds_; }
 
   // Late work (see the class comment).
   struct LateWork {
@@ -230,6 +248,15 @@ class WorkerProtocol {
   bool CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
                const std::string& checkpoint_id, uint64_t checkpoint_round, Actions* out);
   Actions Rejoin(const std::string& why);
+  // The ready report of round_ from its trained model (OnTrained, or
+  // carried work when `resumed`).
+  Action ReadyAction(bool resumed) const;
+  // The session is lost: keep round_'s trained work for the re-join
+  // (carried_) when there is some, else drop the round's work.
+  void CarryOrDrop(Actions* out);
+  // The carried work cannot be used: the parameters go back to the agreed
+  // model (kDropWork) unless a settled round replaced them already.
+  void DiscardCarried(const std::string& why, Actions* out);
   // At a RoundStart with late work held: fold it (true, actions added) or
   // drop it when too stale (false: the worker trains).
   bool FoldLateWork(uint64_t base_round, Actions* out);
@@ -268,6 +295,22 @@ class WorkerProtocol {
   uint64_t late_folded_ = 0;
   uint64_t late_dropped_ = 0;
   bool leaving_ = false;
+  // Hash of round_base_ (RoundStart.base_model_hash).
+  std::string round_base_hash_;
+  // round_ when its local training finished here (0 = not trained, or the
+  // work was dropped).
+  uint64_t trained_round_ = 0;
+  // Work carried across a re-join (see the class comment).
+  struct Carried {
+    uint64_t round = 0;  // 0 = none
+    uint64_t base_round = 0;
+    std::string base_hash;
+    // The trained model is in the contribution buffer (a plan came), not
+    // in the parameters.
+    bool in_contribution = false;
+  };
+  Carried carried_;
+  uint64_t resumed_rounds_ = 0;
 };
 
 }  // namespace shoal::worker
