@@ -432,17 +432,25 @@ ROUNDS_NS=$(date +%s%N)
 [[ $(health_at "$OTHER_PORT") == SERVING ]] || fail "the new leader does not report shoal.v1.Coordinator SERVING"
 # Every worker still in the run holds the run's model of the last completed
 # round: the same hash everywhere (the replicas' promise: no repeat, no fork).
+# AGREED keeps the one status that showed it, for the log.
 RUNNING_WORKERS=$(worker_ids | wc -l)
 hashes_agree() {
-  [[ "$(field "(lambda act: len(act) == $RUNNING_WORKERS and all(
-      int(w['model_round']) == int(s['last_completed_round']) and w['model_hash'] == s['model_hash']
-      for w in act))([w for w in s['workers'] if w['state'] not in ('left', 'evicted')])")" == True ]]
+  AGREED=$(status_json | "$PY" -c '
+import json, sys
+s = json.load(sys.stdin)
+act = [w for w in s["workers"] if w["state"] not in ("left", "evicted")]
+last = int(s["last_completed_round"])
+if len(act) == int(sys.argv[1]) and all(
+        int(w["model_round"]) == last and w["model_hash"] == s["model_hash"] for w in act):
+    print("round %d, %s" % (last, " ".join("%s=%s" % (w["id"], w["model_hash"][:12]) for w in act)))
+' "$RUNNING_WORKERS" 2>/dev/null || true)
+  [[ -n "$AGREED" ]]
 }
 wait_for "the $RUNNING_WORKERS workers to hold the run's model after the failover" hashes_agree
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
 TIMES[failover]=$(secs "$KILL_NS" "$LEAD_NS")
 TIMES[failover_rounds]=$(secs "$KILL_NS" "$ROUNDS_NS")
-log "the workers agree: $(field "' '.join('%s=r%s/%s' % (w['id'], w['model_round'], w['model_hash'][:12]) for w in s['workers'] if w['state'] not in ('left', 'evicted'))")"
+log "the workers agree (one status): $AGREED"
 log "failover: $OTHER_SVC leads ${TIMES[failover]}s after the leader was killed (lease ttl $SHOAL_LEASE_TTL); round $((R + 2)) completed ${TIMES[failover_rounds]}s after the kill (now $(last_round))"
 
 RESULT=0
