@@ -84,7 +84,8 @@ def etcd_flags():
     text = proc.stdout.decode("utf-8", "replace")
     names = set(re.findall(r"^\s+--([a-z0-9-]+)", text, re.M))
     if "initial-cluster" not in names:
-        raise SystemExit(f"error: `{path} --help` printed no --initial-cluster flag; output:\n{text}")
+        raise SystemExit(f"error: `{path} --help` printed no --initial-cluster flag; "
+                         f"output:\n{text}")
     _ETCD_FLAGS = names
     return names
 

@@ -52,7 +52,8 @@ CASES = [
      "--initial-cluster="),
     ("k8s", "k8s/etcd.yaml", "- --logger=zap", "- --loger=zap", "--loger is not a flag of etcd"),
     ("compose", "docker-compose.replicas.yml",
-     "--coordinator=127.0.0.1:${SHOAL_COORDINATOR_PORT:-50051},127.0.0.1:${SHOAL_COORDINATOR_B_PORT:-50053}",
+     "--coordinator=127.0.0.1:${SHOAL_COORDINATOR_PORT:-50051},"
+     "127.0.0.1:${SHOAL_COORDINATOR_B_PORT:-50053}",
      "--coordinator=127.0.0.1:${SHOAL_COORDINATOR_PORT:-50051}", "expected the 2 replicas"),
     ("compose", "docker-compose.replicas.yml",
      "      - --listen=127.0.0.1:${SHOAL_COORDINATOR_B_PORT:-50053}\n"
@@ -71,10 +72,13 @@ CASES = [
      "      - --data-dir=/var/lib/shoal/etcd\n", "      - --data-dir=/var/lib/etcd-elsewhere\n",
      "is not on a named volume or a tmpfs"),
     ("compose", "docker-compose.replicas.yml",
-     "      - --etcd=127.0.0.1:${SHOAL_ETCD_PORT:-2379}\n      - --lease_ttl=${SHOAL_LEASE_TTL:-3s}\n"
+     "      - --etcd=127.0.0.1:${SHOAL_ETCD_PORT:-2379}\n"
+     "      - --lease_ttl=${SHOAL_LEASE_TTL:-3s}\n"
      "      - --run_id=${SHOAL_RUN_ID:-shoal-compose}\n",
-     "      - --etcd=127.0.0.1:${SHOAL_ETCD_PORT:-2379}\n      - --lease_ttl=${SHOAL_LEASE_TTL:-3s}\n"
-     "      - --run_id=${SHOAL_RUN_ID:-shoal-compose}\n      - --state_dir=/var/lib/shoal/coordinator\n",
+     "      - --etcd=127.0.0.1:${SHOAL_ETCD_PORT:-2379}\n"
+     "      - --lease_ttl=${SHOAL_LEASE_TTL:-3s}\n"
+     "      - --run_id=${SHOAL_RUN_ID:-shoal-compose}\n"
+     "      - --state_dir=/var/lib/shoal/coordinator\n",
      "--state_dir and --etcd exclude each other"),
 ]
 
