@@ -1,6 +1,8 @@
 # Shoal: one image with shoal-coordinator, shoal-worker, shoal-checkpoint and
-# shoalctl (deploy/README.md). Classic-builder compatible (no BuildKit-only
-# syntax), so docker 20.10 and docker-compose 1.29 build it as well.
+# shoalctl, plus Debian's etcd (the store of coordinator replicas,
+# docs/REPLICAS.md), so that no other image is needed (deploy/README.md).
+# Classic-builder compatible (no BuildKit-only syntax), so docker 20.10 and
+# docker-compose 1.29 build it as well.
 #
 #   docker build -t shoal:latest .
 #   docker run --rm -p 50051:50051 shoal:latest            # a coordinator
@@ -38,39 +40,45 @@ RUN apt-get update -qq \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libtorch1.13 zlib1g libssl3 \
       libprometheus-cpp-core1.0 \
       dataset-fashion-mnist \
+      etcd-server \
  && update-alternatives --set libblas.so.3-x86_64-linux-gnu \
       /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
  && update-alternatives --set liblapack.so.3-x86_64-linux-gnu \
       /usr/lib/x86_64-linux-gnu/openblas-pthread/liblapack.so.3 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log
 
-# Non-root. /var/lib/shoal/{coordinator,checkpoints} belong to it so that a
-# named volume mounted there starts out writable.
+# Non-root. /var/lib/shoal/{coordinator,checkpoints,etcd} belong to it so that
+# a named volume mounted there starts out writable (etcd wants its data
+# directory private: 0700).
 RUN groupadd --system --gid 10001 shoal \
  && useradd --system --uid 10001 --gid shoal --home-dir /var/lib/shoal \
       --no-create-home --shell /usr/sbin/nologin shoal \
  && install -d -o shoal -g shoal -m 0750 /var/lib/shoal /var/lib/shoal/coordinator \
-      /var/lib/shoal/checkpoints
+      /var/lib/shoal/checkpoints \
+ && install -d -o shoal -g shoal -m 0700 /var/lib/shoal/etcd
 
 COPY --from=build /out/ /usr/local/bin/
 # Fails the build when a runtime library is missing.
 RUN ! ldd /usr/local/bin/shoal-coordinator /usr/local/bin/shoal-worker \
         /usr/local/bin/shoal-checkpoint /usr/local/bin/shoalctl | grep 'not found' \
  && shoal-coordinator --version >/dev/null && shoal-worker --version >/dev/null \
+ && etcd --version >/dev/null \
  && test -s /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 USER 10001:10001
 WORKDIR /var/lib/shoal
-# coordinator, checkpoint store, worker peer service
-EXPOSE 50051 50052 50060
+# coordinator, checkpoint store, worker peer service, etcd client and peer
+EXPOSE 50051 50052 50060 2379 2380
 
-# Checks whichever Shoal server is PID 1 on its default port (override with
+# Checks whichever server is PID 1 on its default port (override with
 # SHOAL_HEALTH_PORT): the coordinator and the store through shoalctl (a real
-# gRPC call), a worker by connecting to its peer port.
+# gRPC call; a standby coordinator answers too, it is alive), a worker by
+# connecting to its peer port, etcd by its /health (true only with a quorum).
 HEALTHCHECK --interval=10s --timeout=6s --start-period=60s --retries=3 \
   CMD case "$(cat /proc/1/comm)" in \
         shoal-worker) exec bash -c "exec 3<>/dev/tcp/127.0.0.1/${SHOAL_HEALTH_PORT:-50060}" ;; \
         shoal-checkpoi*) exec shoalctl checkpoints list --store=127.0.0.1:${SHOAL_HEALTH_PORT:-50052} --timeout=5s >/dev/null ;; \
+        etcd) exec bash -c "exec 3<>/dev/tcp/127.0.0.1/${SHOAL_HEALTH_PORT:-2379} && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && grep -q '\"health\":\"true\"' <&3" ;; \
         *) exec shoalctl status --coordinator=127.0.0.1:${SHOAL_HEALTH_PORT:-50051} --rpc_timeout=5s >/dev/null ;; \
       esac
 

@@ -37,8 +37,8 @@ test-integration: build
 test-e2e: build
 	@cd $(BUILD) && ctest --output-on-failure -L e2e
 
-# The image, docker-compose on host networking, a killed and an added worker
-# (scripts/test-deploy.sh). Needs root; starts and stops its own Docker engine;
+# The image, docker-compose on host networking with two coordinator replicas on
+# etcd, a killed and an added worker, a killed leader (scripts/test-deploy.sh). Needs root; starts and stops its own Docker engine;
 # 5-10 minutes (base image + image build): not part of `make test`; .ci/run
 # runs it after `make test`.
 test-deploy:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make test-deploy: the Docker image and docker-compose, live, on host networking.
+# make test-deploy: the Docker image and docker-compose, live, on host networking,
+# with the coordinator replicated on etcd (deploy/docker-compose.replicas.yml).
 #
 #  1. installs docker.io, docker-compose and debootstrap when missing;
 #  2. uses the running Docker engine, or starts one (data root in a temp dir,
@@ -10,11 +11,14 @@
 #  5. bad input: containers with a wrong coordinator address, no volume on a
 #     read-only root, a bad run configuration must exit non-zero with a clear message;
 #  6. docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.hostnet.yml
-#     up (unique project name, free ports);
+#     -f deploy/docker-compose.replicas.yml up (unique project name, free ports):
+#     one etcd member, two coordinator replicas, the store, 3 workers;
 #     waits for 3 completed rounds, checks the image's health checks; kills a
 #     worker (SIGKILL) and sees rounds go on; scales the workers up by one and
 #     sees the new one take part with the run's model hash; exports a
 #     checkpoint through the store's port; stops a worker (SIGTERM: Leave, exit 0);
+#     finds the leading coordinator, kills its container (SIGKILL) and sees the
+#     other replica lead, 2 more rounds complete and the workers' hashes agree;
 #  7. tears everything down (always), stops the engine if it started one.
 #
 # Needs root (apt, dockerd, debootstrap) unless an engine is already usable.
@@ -31,8 +35,10 @@ BASE_IMAGE=debian:bookworm
 BUILD_TIMEOUT="${SHOAL_DEPLOY_BUILD_TIMEOUT:-3600}"
 WAIT="${SHOAL_DEPLOY_WAIT:-300}"
 PY=/usr/bin/python3
-# The base file with the host-network override, exactly as the README shows it.
-COMPOSE_FILES=(-f "$ROOT/deploy/docker-compose.yml" -f "$ROOT/deploy/docker-compose.hostnet.yml")
+# The base file with the host-network and replica overrides, exactly as the
+# README shows them.
+COMPOSE_FILES=(-f "$ROOT/deploy/docker-compose.yml" -f "$ROOT/deploy/docker-compose.hostnet.yml"
+  -f "$ROOT/deploy/docker-compose.replicas.yml")
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 
 START=$(date +%s)
@@ -215,19 +221,31 @@ expect_exit 1 "Illegal value 'three' specified for flag 'min_participants'" "$IM
   shoal-coordinator --listen=127.0.0.1:0 --min_participants=three
 
 # ----------------------------------------------------------------- cluster --
-free_port() {
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# free_ports N: N distinct ports free on 127.0.0.1 (all bound at once, then released).
+free_ports() {
+  "$PY" -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
-CPORT=$(free_port)
-KPORT=$(free_port)
-while [[ "$KPORT" == "$CPORT" ]]; do KPORT=$(free_port); done
+# Every server is on the host's network: every port is chosen here, so that
+# nothing else on the machine (another run of this script) collides with it.
+read -r CPORT CPORT_B KPORT ETCD_PORT ETCD_PEER_PORT CMPORT CMPORT_B KMPORT <<<"$(free_ports 8)"
 PROJECT="shoal-test-deploy-$$-$(date +%s)"
-export SHOAL_IMAGE="$IMAGE" SHOAL_COORDINATOR_PORT="$CPORT" SHOAL_CHECKPOINT_PORT="$KPORT" \
+export SHOAL_IMAGE="$IMAGE" SHOAL_COORDINATOR_PORT="$CPORT" SHOAL_COORDINATOR_B_PORT="$CPORT_B" \
+  SHOAL_CHECKPOINT_PORT="$KPORT" SHOAL_ETCD_PORT="$ETCD_PORT" SHOAL_ETCD_PEER_PORT="$ETCD_PEER_PORT" \
+  SHOAL_COORDINATOR_METRICS_PORT="$CMPORT" SHOAL_COORDINATOR_B_METRICS_PORT="$CMPORT_B" \
+  SHOAL_CHECKPOINT_METRICS_PORT="$KMPORT" SHOAL_LEASE_TTL=3s \
   SHOAL_RUN_ID="$PROJECT" SHOAL_MIN_PARTICIPANTS=2 SHOAL_LOCAL_STEPS=50 SHOAL_ROUNDS=0 \
   SHOAL_CHECKPOINT_EVERY=5 SHOAL_CHECKPOINT_RETAIN=3
 COMPOSE_P=($COMPOSE -p "$PROJECT" "${COMPOSE_FILES[@]}")
+COORDINATORS="127.0.0.1:$CPORT,127.0.0.1:$CPORT_B"
 
-status_json() { "$SHOALCTL" status --coordinator="127.0.0.1:$CPORT" --json --rpc_timeout=5s 2>/dev/null; }
+# The leader's status (shoalctl asks both replicas and prefers the leader's
+# answer; a standby's view from the run record when none leads).
+status_json() { "$SHOALCTL" status --coordinator="$COORDINATORS" --json --rpc_timeout=5s 2>/dev/null; }
 # field EXPR: a Python expression over the status `s` (None when unreachable).
 field() {
   status_json | "$PY" -c '
@@ -257,7 +275,7 @@ service_container() { "${COMPOSE_P[@]}" ps -q "$1" 2>/dev/null | head -n1; }
 joined_as() { "$DOCKER" logs "$1" 2>&1 | sed -n 's/.* as \(w[0-9][0-9]*\) data_rank=.*/\1/p' | tail -n1; }
 
 t=$(date +%s)
-log "compose up: project $PROJECT, coordinator 127.0.0.1:$CPORT, store 127.0.0.1:$KPORT, 3 workers"
+log "compose up: project $PROJECT, etcd 127.0.0.1:$ETCD_PORT, coordinators $COORDINATORS, store 127.0.0.1:$KPORT, 3 workers"
 timeout 300 "${COMPOSE_P[@]}" up -d --no-build >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; fail "compose up"; }
 wait_for "3 completed rounds" rounds_at_least 3
 elapsed rounds3 "$t"
@@ -278,12 +296,19 @@ if command -v grpcurl >/dev/null 2>&1; then
   log "grpcurl GetRunStatus: ok"
 fi
 
-# The image's HEALTHCHECK (shoalctl against the coordinator and the store).
+# The image's HEALTHCHECK (shoalctl against the coordinators and the store,
+# etcd's /health): a standby is alive, so healthy too.
 COORD_C=$(service_container coordinator)
+COORD_B_C=$(service_container coordinator-b)
 STORE_C=$(service_container checkpoint)
-healthy() { [[ $(health_of "$COORD_C") == healthy && $(health_of "$STORE_C") == healthy ]]; }
-wait_for "coordinator and store healthy" healthy
-log "health checks: coordinator $(health_of "$COORD_C"), store $(health_of "$STORE_C")"
+ETCD_C=$(service_container etcd)
+[[ -n "$COORD_C" && -n "$COORD_B_C" && -n "$ETCD_C" ]] || fail "expected containers for etcd, coordinator and coordinator-b"
+healthy() {
+  local c
+  for c in "$COORD_C" "$COORD_B_C" "$STORE_C" "$ETCD_C"; do [[ $(health_of "$c") == healthy ]] || return 1; done
+}
+wait_for "etcd, both coordinators and the store healthy" healthy
+log "health checks: etcd $(health_of "$ETCD_C"), coordinator $(health_of "$COORD_C"), coordinator-b $(health_of "$COORD_B_C"), store $(health_of "$STORE_C")"
 
 # ------------------------------------------------------ kill one worker -9 --
 VICTIM=$(worker_ids | head -n1)
@@ -357,5 +382,76 @@ left() { [[ "$(field "[w['state'] for w in s['workers'] if w['id'] == '$LEAVER_I
 wait_for "$LEAVER_ID to show as left" left
 log "SIGTERM: $LEAVER_ID left the run and exited 0"
 
+# ------------------------------------------- kill the leading coordinator --
+# role_at PORT: the replica_role ("leader" or "standby") the coordinator on
+# 127.0.0.1:PORT reports for itself; empty when it does not answer.
+role_at() {
+  "$SHOALCTL" status --coordinator="127.0.0.1:$1" --json --rpc_timeout=3s 2>/dev/null | "$PY" -c '
+import json, sys
+try:
+    print(json.load(sys.stdin).get("replica_role", ""))
+except Exception:
+    print("")' 2>/dev/null || true
+}
+one_leader() {
+  ROLE_A=$(role_at "$CPORT")
+  ROLE_B=$(role_at "$CPORT_B")
+  [[ "$ROLE_A $ROLE_B" == "leader standby" || "$ROLE_A $ROLE_B" == "standby leader" ]]
+}
+wait_for "one leader and one standby among the coordinators" one_leader
+if [[ $ROLE_A == leader ]]; then
+  LEADER_C=$COORD_C LEADER_SVC=coordinator LEADER_PORT=$CPORT OTHER_SVC=coordinator-b OTHER_PORT=$CPORT_B
+else
+  LEADER_C=$COORD_B_C LEADER_SVC=coordinator-b LEADER_PORT=$CPORT_B OTHER_SVC=coordinator OTHER_PORT=$CPORT
+fi
+# The grpc.health.v1 answer Kubernetes' readiness probe relies on: SERVING
+# for shoal.v1.Coordinator on the leader only.
+HEALTH_REQ='{"service": "shoal.v1.Coordinator"}'
+health_at() {
+  timeout 15 "$REFLECT" "127.0.0.1:$1" grpc.health.v1.Health/Check "$HEALTH_REQ" 2>&1 |
+    grep -o 'NOT_SERVING\|SERVING' | head -n1
+}
+[[ $(health_at "$LEADER_PORT") == SERVING && $(health_at "$OTHER_PORT") == NOT_SERVING ]] ||
+  fail "health of shoal.v1.Coordinator: leader $(health_at "$LEADER_PORT"), standby $(health_at "$OTHER_PORT") (want SERVING, NOT_SERVING)"
+R=$(last_round)
+log "leader: $LEADER_SVC (127.0.0.1:$LEADER_PORT, ${LEADER_C:0:12}), standby: $OTHER_SVC; health SERVING / NOT_SERVING; round $R"
+KILL_NS=$(date +%s%N)
+"$DOCKER" kill "$LEADER_C" >/dev/null
+log "docker kill (SIGKILL) the leading coordinator $LEADER_SVC at round $R"
+# Polled every 0.2 s (a shoalctl call each), so the failover time is this
+# coarse: the first answer "leader" after the kill.
+deadline=$(($(date +%s) + WAIT))
+until [[ $(role_at "$OTHER_PORT") == leader ]]; do
+  [[ $(date +%s) -lt $deadline ]] || fail "timed out after ${WAIT}s: $OTHER_SVC did not take over as leader"
+  sleep 0.2
+done
+LEAD_NS=$(date +%s%N)
+wait_for "2 more rounds after the leader was killed" rounds_at_least $((R + 2))
+ROUNDS_NS=$(date +%s%N)
+[[ "$("$DOCKER" inspect -f '{{.State.Running}}' "$LEADER_C")" == false ]] || fail "the killed coordinator runs again"
+[[ $(health_at "$OTHER_PORT") == SERVING ]] || fail "the new leader does not report shoal.v1.Coordinator SERVING"
+# Every worker still in the run holds the run's model of the last completed
+# round: the same hash everywhere (the replicas' promise: no repeat, no fork).
+# AGREED keeps the one status that showed it, for the log.
+RUNNING_WORKERS=$(worker_ids | wc -l)
+hashes_agree() {
+  AGREED=$(status_json | "$PY" -c '
+import json, sys
+s = json.load(sys.stdin)
+act = [w for w in s["workers"] if w["state"] not in ("left", "evicted")]
+last = int(s["last_completed_round"])
+if len(act) == int(sys.argv[1]) and all(
+        int(w["model_round"]) == last and w["model_hash"] == s["model_hash"] for w in act):
+    print("round %d, %s" % (last, " ".join("%s=%s" % (w["id"], w["model_hash"][:12]) for w in act)))
+' "$RUNNING_WORKERS" 2>/dev/null || true)
+  [[ -n "$AGREED" ]]
+}
+wait_for "the $RUNNING_WORKERS workers to hold the run's model after the failover" hashes_agree
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
+TIMES[failover]=$(secs "$KILL_NS" "$LEAD_NS")
+TIMES[failover_rounds]=$(secs "$KILL_NS" "$ROUNDS_NS")
+log "the workers agree (one status): $AGREED"
+log "failover: $OTHER_SVC leads ${TIMES[failover]}s after the leader was killed (lease ttl $SHOAL_LEASE_TTL); round $((R + 2)) completed ${TIMES[failover_rounds]}s after the kill (now $(last_round))"
+
 RESULT=0
-log "summary: base image (${BASE_HOW}) ${TIMES[base]}s, image build ${TIMES[build]}s, image $((IMAGE_BYTES / 1000000)) MB, up to round 3 ${TIMES[rounds3]}s, 3 rounds after kill ${TIMES[after_kill]}s, scale-up to in-step ${TIMES[scale]}s, total $(($(date +%s) - START))s"
+log "summary: base image (${BASE_HOW}) ${TIMES[base]}s, image build ${TIMES[build]}s, image $((IMAGE_BYTES / 1000000)) MB, up to round 3 ${TIMES[rounds3]}s, 3 rounds after kill ${TIMES[after_kill]}s, scale-up to in-step ${TIMES[scale]}s, leader failover ${TIMES[failover]}s (2 rounds ${TIMES[failover_rounds]}s), total $(($(date +%s) - START))s"

@@ -5,10 +5,14 @@ Plain Python 3 plus Debian's python3-yaml; run with /usr/bin/python3.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 SERVERS = ("shoal-coordinator", "shoal-worker", "shoal-checkpoint")
+
+# The coordinator's readiness on the leader alone (docs/REPLICAS.md, "Health").
+COORDINATOR_HEALTH_NAME = "shoal.v1.Coordinator"
 
 # absl flags every binary has, whether or not --helpfull lists them.
 ABSL_BUILTIN = {"help", "helpfull", "helpshort", "helppackage", "version", "only_check_args",
@@ -62,12 +66,42 @@ def binary_flags(bin_dir, binary):
     return _HELP_CACHE[binary]
 
 
+_ETCD_FLAGS = None
+
+
+def etcd_flags():
+    """Names of the flags `etcd --help` lists (Debian's etcd-server)."""
+    global _ETCD_FLAGS
+    if _ETCD_FLAGS is not None:
+        return _ETCD_FLAGS
+    path = shutil.which("etcd") or "/usr/bin/etcd"
+    if not os.access(path, os.X_OK):
+        raise SystemExit("error: etcd not found: the etcd members' flags are checked against "
+                         "`etcd --help`. Install Debian's etcd-server (scripts/install-deps.sh "
+                         "installs it).")
+    proc = subprocess.run([path, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=60, check=False)
+    text = proc.stdout.decode("utf-8", "replace")
+    names = set(re.findall(r"^\s+--([a-z0-9-]+)", text, re.M))
+    if "initial-cluster" not in names:
+        raise SystemExit(f"error: `{path} --help` printed no --initial-cluster flag; "
+                         f"output:\n{text}")
+    _ETCD_FLAGS = names
+    return names
+
+
+def url_hostport(url):
+    """('host', port) of http://host:port (no path); None otherwise."""
+    m = re.fullmatch(r"http://([^/:]+):(\d+)/?", url or "")
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def flag_tokens(tokens):
     """[(name, value or None)] of `--name=value` / `--name` tokens; others are returned as
     (None, token) so the caller can report them."""
     out = []
     for t in tokens:
-        m = re.fullmatch(r"--?([A-Za-z0-9_]+)(?:=(.*))?", t, re.S)
+        m = re.fullmatch(r"--?([A-Za-z0-9_][A-Za-z0-9_-]*)(?:=(.*))?", t, re.S)
         if not m:
             out.append((None, t))
         else:

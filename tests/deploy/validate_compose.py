@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Offline checks of the compose files, with no Docker engine:
-deploy/docker-compose.yml alone (the project network) and with the
-deploy/docker-compose.hostnet.yml override layered on it (host networking).
+deploy/docker-compose.yml alone (the project network), with the
+deploy/docker-compose.hostnet.yml override layered on it (host networking),
+and with deploy/docker-compose.replicas.yml on top of both (one etcd member,
+two coordinator replicas on it: --etcd names that member, the replicas share
+one run configuration, workers name both replicas).
 
 Merges the override the way compose does for the keys the files use,
 interpolates ${VAR:-default} with the defaults (as with an empty
@@ -36,7 +39,11 @@ except ImportError:  # pragma: no cover
     dc.die("python3-yaml is missing: apt-get install python3-yaml (scripts/install-deps.sh)")
 
 # The image's HEALTHCHECK probes these ports unless SHOAL_HEALTH_PORT says otherwise.
-HEALTH_DEFAULT_PORT = {"shoal-coordinator": 50051, "shoal-checkpoint": 50052, "shoal-worker": 50060}
+HEALTH_DEFAULT_PORT = {"shoal-coordinator": 50051, "shoal-checkpoint": 50052, "shoal-worker": 50060,
+                       "etcd": 2379}
+# Flags that differ between coordinator replicas by nature (addresses); every
+# other flag is the run's configuration and must be the same on all of them.
+PER_REPLICA_FLAGS = {"listen", "metrics_listen", "http_listen", "advertise"}
 ADDR_PLACEHOLDER = "CONTAINER_ADDRESS"
 
 
@@ -134,9 +141,85 @@ def merge_override(base, override):
     return out
 
 
-def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
+def service_env(svc):
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) for e in env if "=" in e)
+    return env
+
+
+def service_mounts(svc):
+    """mount path -> source (a named volume) of a service's volumes."""
+    mounts = {}
+    for v in svc.get("volumes") or []:
+        if isinstance(v, str):
+            src, _, rest = v.partition(":")
+            mounts[rest.split(":")[0]] = src
+        else:
+            mounts[v.get("target")] = v.get("source")
+    return mounts
+
+
+def check_etcd(where, svc, argv, host_mode, declared_volumes, c):
+    """An etcd member of the compose file. Returns (name, client (host, port),
+    peer (host, port), initial cluster {name: peer URL}) or None."""
+    known = dc.etcd_flags()
+    flags = []
+    for fname, fvalue in dc.flag_tokens(argv):
+        if not c.ok(fname is not None, f"{where}: argument '{fvalue}' is not a --flag"):
+            continue
+        c.ok(fname in known, f"{where}: --{fname} is not a flag of etcd (see etcd --help)")
+        flags.append((fname, fvalue))
+    vals = dc.last_values(flags)
+    member = vals.get("name")
+    c.ok(member, f"{where}: no --name (the member's name in --initial-cluster)")
+    client = dc.url_hostport(vals.get("listen-client-urls"))
+    peer = dc.url_hostport(vals.get("listen-peer-urls"))
+    if not c.ok(client and peer, f"{where}: --listen-client-urls and --listen-peer-urls must each "
+                                 f"be one http://host:port"):
+        return None
+    if host_mode:
+        c.ok(client[0] == "127.0.0.1" and peer[0] == "127.0.0.1",
+             f"{where}: etcd should listen on 127.0.0.1 on the host's network")
+    c.ok(client[1] != peer[1], f"{where}: client and peer ports are both {client[1]}")
+    c.ok(dc.url_hostport(vals.get("advertise-client-urls")) == client,
+         f"{where}: --advertise-client-urls={vals.get('advertise-client-urls')} is not the "
+         f"client address {client}")
+    c.ok(dc.url_hostport(vals.get("initial-advertise-peer-urls")) == peer,
+         f"{where}: --initial-advertise-peer-urls={vals.get('initial-advertise-peer-urls')} is "
+         f"not the peer address {peer}")
+    cluster = {}
+    for entry in (vals.get("initial-cluster") or "").split(","):
+        k, _, url = entry.partition("=")
+        cluster[k] = url
+    c.ok(cluster.get(member) == vals.get("initial-advertise-peer-urls"),
+         f"{where}: --initial-cluster={vals.get('initial-cluster')} does not give member "
+         f"{member} its --initial-advertise-peer-urls")
+    # Its data: a named volume (kept across `down`) or a tmpfs (a throwaway run).
+    data = (vals.get("data-dir") or "").rstrip("/")
+    mounts = service_mounts(svc)
+    tmpfs = [t.split(":")[0] for t in svc.get("tmpfs") or []]
+    on_volume = any(data == m or data.startswith(m.rstrip("/") + "/")
+                    for m, src in mounts.items() if src in declared_volumes)
+    on_tmpfs = any(data == t or data.startswith(t.rstrip("/") + "/") for t in tmpfs)
+    c.ok(data and (on_volume or on_tmpfs),
+         f"{where}: --data-dir={vals.get('data-dir')} is not on a named volume or a tmpfs")
+    c.ok(svc.get("restart") in ("unless-stopped", "always"),
+         f"{where}: etcd should restart unless-stopped")
+    if svc.get("read_only"):
+        c.ok("/tmp" in tmpfs or "/tmp" in mounts, f"{where}: read_only without a writable /tmp")
+    hc = svc.get("healthcheck") or {}
+    if not hc.get("disable") and hc.get("test") != ["NONE"] and "test" not in hc:
+        health_port = int(service_env(svc).get("SHOAL_HEALTH_PORT", HEALTH_DEFAULT_PORT["etcd"]))
+        c.ok(health_port == client[1], f"{where}: the image's health check probes port "
+                                       f"{health_port}, etcd serves clients on {client[1]}")
+    return member, client, peer, cluster
+
+
+def check_doc(name, raw, host_mode, base_dir, bin_dir, c, replicas=1):
     """name: what to call it in messages; raw: the (merged) file as parsed;
-    base_dir: the directory build contexts are relative to."""
+    base_dir: the directory build contexts are relative to; replicas: how
+    many coordinators it must run (more than one: on one etcd member)."""
     doc = interpolate(raw, name, c)
     c.ok(str(doc.get("version", "")).startswith("3."),
          f"{name}: version should be 3.x (docker-compose 1.29 and docker compose)")
@@ -158,6 +241,7 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
                                      f"which is not started")
 
     info = {}  # service -> (binary, flags dict, listen (host, port))
+    etcd = {}  # service -> check_etcd's answer
     for svc_name, svc in services.items():
         where = f"{name}: {svc_name}"
         c.ok(raw["services"][svc_name].get("image") == "${SHOAL_IMAGE:-shoal:latest}",
@@ -184,7 +268,13 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
                  f"{where}: as PID 1 the shell ignores SIGTERM unless it traps it")
             continue
         binary, argv, via_shell = command_of(svc, where, c)
-        if not c.ok(binary in dc.SERVERS, f"{where}: runs {binary}, not one of {dc.SERVERS}"):
+        if binary == "etcd":
+            member = check_etcd(where, svc, argv, host_mode, declared_volumes, c)
+            if member:
+                etcd[svc_name] = member
+            continue
+        if not c.ok(binary in dc.SERVERS,
+                    f"{where}: runs {binary}, not one of {dc.SERVERS} or etcd"):
             continue
         known = dc.binary_flags(bin_dir, binary)
         flags = []
@@ -201,9 +291,7 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
         info[svc_name] = (binary, vals, hp)
         host, port = hp
         ports = [parse_port(p) for p in svc.get("ports") or []]
-        env = svc.get("environment") or {}
-        if isinstance(env, list):
-            env = dict(e.split("=", 1) for e in env if "=" in e)
+        env = service_env(svc)
 
         if host_mode:
             c.ok(host == "127.0.0.1", f"{where}: --listen should be on 127.0.0.1, is {host}")
@@ -235,13 +323,7 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
                                       f"SHOAL_HEALTH_PORT or disable the check)")
 
         # Directories the server writes must be named volumes (read_only root).
-        mounts = {}
-        for v in svc.get("volumes") or []:
-            if isinstance(v, str):
-                src, _, rest = v.partition(":")
-                mounts[rest.split(":")[0]] = src
-            else:
-                mounts[v.get("target")] = v.get("source")
+        mounts = service_mounts(svc)
         for flag in ("state_dir", "data_dir"):
             if flag in vals and binary != "shoal-worker":
                 src = mounts.get(vals[flag].rstrip("/"))
@@ -273,6 +355,14 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
 
     if not all(s in info for s in ("coordinator", "checkpoint", "worker")):
         return
+    coordinators = sorted(s for s, (b, _, _) in info.items() if b == "shoal-coordinator")
+    c.ok(len(coordinators) == replicas,
+         f"{name}: {len(coordinators)} coordinators ({coordinators}), expected {replicas}")
+    c.ok(len(etcd) == (1 if replicas > 1 else 0),
+         f"{name}: {len(etcd)} etcd members ({sorted(etcd)}), expected "
+         f"{1 if replicas > 1 else 0}")
+    if replicas > 1:
+        check_replicas(name, services, info, coordinators, etcd, c)
 
     def published(svc_name):
         """Container ports published for a service (by itself or its holder)."""
@@ -296,7 +386,6 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
     coord_port = info["coordinator"][2][1]
     ckpt_port = info["checkpoint"][2][1]
     worker_vals = info["worker"][1]
-    coord_vals = info["coordinator"][1]
     if host_mode:
         want_coord = f"127.0.0.1:{coord_port}"
         want_ckpt = f"127.0.0.1:{ckpt_port}"
@@ -323,22 +412,66 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c):
                      f"{name}: the {svc_name}'s metrics port {mhp[1]} is not published")
     # The coordinator and the store share a network (namespace or the host's):
     # all four of their ports must differ.
-    fixed = [info[s][2][1] for s in ("coordinator", "checkpoint")]
-    for svc_name in ("coordinator", "checkpoint"):
+    # (With etcd, on the host's network, its ports too.)
+    fixed = [info[s][2][1] for s in coordinators + ["checkpoint"]]
+    for svc_name in coordinators + ["checkpoint"]:
         mhp = dc.split_hostport(info[svc_name][1].get("metrics_listen"))
         if mhp is not None:
             fixed.append(mhp[1])
+    for _, client, peer, _ in etcd.values():
+        fixed += [client[1], peer[1]]
     c.ok(len(set(fixed)) == len(fixed) and 0 not in fixed,
-         f"{name}: the coordinator's and the store's gRPC and metrics ports {fixed} must be "
+         f"{name}: the coordinators', the store's and etcd's ports {fixed} must be "
          f"fixed and distinct")
-    c.ok(worker_vals.get("coordinator") == want_coord,
-         f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected {want_coord}")
-    c.ok(coord_vals.get("checkpoint_store") == want_ckpt,
-         f"{name}: coordinator --checkpoint_store={coord_vals.get('checkpoint_store')}, "
-         f"expected {want_ckpt}")
-    c.ok("checkpoint_every" in coord_vals, f"{name}: coordinator has no --checkpoint_every")
+    if replicas > 1:
+        # Workers (and operators) name every replica: a dead first one is skipped.
+        want = {f"127.0.0.1:{info[s][2][1]}" if host_mode else f"{s}:{info[s][2][1]}"
+                for s in coordinators}
+        got = (worker_vals.get("coordinator") or "").split(",")
+        c.ok(set(got) == want and len(got) == len(want),
+             f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected the "
+             f"{len(want)} replicas {sorted(want)}")
+    else:
+        c.ok(worker_vals.get("coordinator") == want_coord,
+             f"{name}: worker --coordinator={worker_vals.get('coordinator')}, expected "
+             f"{want_coord}")
     deps = services["worker"].get("depends_on") or []
-    c.ok("coordinator" in deps, f"{name}: worker should depend on the coordinator")
+    for svc_name in coordinators:
+        vals = info[svc_name][1]
+        c.ok(vals.get("checkpoint_store") == want_ckpt,
+             f"{name}: {svc_name} --checkpoint_store={vals.get('checkpoint_store')}, "
+             f"expected {want_ckpt}")
+        c.ok("checkpoint_every" in vals, f"{name}: {svc_name} has no --checkpoint_every")
+        c.ok(svc_name in deps, f"{name}: worker should depend on {svc_name}")
+
+
+def check_replicas(name, services, info, coordinators, etcd, c):
+    """Coordinator replicas: on the etcd member(s) of the file, with no
+    --state_dir, one run configuration."""
+    clients = {f"{h}:{p}" for _, (h, p), _, _ in etcd.values()}
+    members = {m for m, _, _, _ in etcd.values()}
+    for _, _, _, cluster in etcd.values():
+        c.ok(set(cluster) == members, f"{name}: etcd --initial-cluster names {sorted(cluster)}, "
+                                      f"the file runs {sorted(members)}")
+    for svc_name in coordinators:
+        vals = info[svc_name][1]
+        where = f"{name}: {svc_name}"
+        endpoints = (vals.get("etcd") or "").split(",")
+        c.ok(vals.get("etcd") and set(endpoints) == clients,
+             f"{where}: --etcd={vals.get('etcd')}, expected the etcd members' client "
+             f"addresses {sorted(clients)}")
+        c.ok("state_dir" not in vals, f"{where}: --state_dir and --etcd exclude each other")
+        c.ok(services[svc_name].get("restart") in ("unless-stopped", "always"),
+             f"{where}: a replica should restart unless-stopped")
+        deps = services[svc_name].get("depends_on") or []
+        c.ok(all(e in deps for e in etcd), f"{where}: should depend on {sorted(etcd)}")
+    first = coordinators[0]
+    config = {k: v for k, v in info[first][1].items() if k not in PER_REPLICA_FLAGS}
+    for svc_name in coordinators[1:]:
+        other = {k: v for k, v in info[svc_name][1].items() if k not in PER_REPLICA_FLAGS}
+        diff = sorted(k for k in set(config) | set(other) if config.get(k) != other.get(k))
+        c.ok(not diff, f"{name}: {first} and {svc_name} run different configurations: "
+                       + ", ".join(f"--{k}={config.get(k)} vs {other.get(k)}" for k in diff))
 
 
 
@@ -369,9 +502,12 @@ def main():
     deploy = os.path.join(args.repo, "deploy")
     base_path = os.path.join(deploy, "docker-compose.yml")
     host_path = os.path.join(deploy, "docker-compose.hostnet.yml")
+    replicas_path = os.path.join(deploy, "docker-compose.replicas.yml")
     base, override = load(base_path, c), load(host_path, c)
+    replicas = load(replicas_path, c)
     base_name = "deploy/docker-compose.yml"
     pair_name = base_name + " + deploy/docker-compose.hostnet.yml"
+    triple_name = pair_name + " + deploy/docker-compose.replicas.yml"
     if base:
         check_doc(base_name, base, False, deploy, args.bin_dir, c)
         compose_config([base_path], base_name, c)
@@ -380,6 +516,12 @@ def main():
              "deploy/docker-compose.hostnet.yml: an override cannot remove ports, only add")
         check_doc(pair_name, merge_override(base, override), True, deploy, args.bin_dir, c)
         compose_config([base_path, host_path], pair_name, c)
+    if base and override and replicas:
+        c.ok(not any(svc.get("ports") for svc in replicas["services"].values()),
+             "deploy/docker-compose.replicas.yml: an override cannot remove ports, only add")
+        check_doc(triple_name, merge_override(merge_override(base, override), replicas), True,
+                  deploy, args.bin_dir, c, replicas=2)
+        compose_config([base_path, host_path, replicas_path], triple_name, c)
     return c.finish()
 
 

@@ -9,6 +9,15 @@ metrics ports with --metrics_listen and the prometheus.io annotations), and that
 workers advertise their headless-Service DNS names and find the coordinator
 and the checkpoint store at their Services.
 
+Coordinator replicas (docs/REPLICAS.md): an etcd StatefulSet of 3 members
+(flags from `etcd --help`, peer and client URLs by pod DNS name through its
+headless Service, an --initial-cluster naming every member, data on a
+volumeClaimTemplate), a coordinator Deployment of 2 replicas whose --etcd
+names every member, that advertise their pod IP, whose readiness asks for the
+health of shoal.v1.Coordinator (the leader only) and whose liveness and
+startup probes ask for the overall health (a standby is alive), with a
+rollout strategy that can end although only one pod is ever Ready.
+
   /usr/bin/python3 tests/deploy/validate_k8s.py --repo=. --bin_dir=build/bin
 """
 
@@ -99,11 +108,15 @@ def main():
 
     # ---- which workload runs which binary ----
     role = {}  # binary -> (workload, container)
+    etcd_ws = []  # (workload, container) running etcd
     for w in workloads:
         c.ok(len(w.containers) == 1, f"{w}: expected one container, has {len(w.containers)}")
         for ct in w.containers:
             cmd = ct.get("command") or []
             binary = os.path.basename(cmd[0]) if cmd else ""
+            if binary == "etcd" and len(cmd) == 1:
+                etcd_ws.append((w, ct))
+                continue
             # The binary itself is PID 1: SIGTERM reaches it (the worker's Leave path).
             if not c.ok(binary in dc.SERVERS and len(cmd) == 1,
                         f"{w}: command must be exactly one of {dc.SERVERS} (PID 1, gets SIGTERM), "
@@ -121,9 +134,18 @@ def main():
     ckpt_w, ckpt_c = role["shoal-checkpoint"]
     work_w, work_c = role["shoal-worker"]
     c.ok(coord_w.kind == "Deployment", f"the coordinator must be a Deployment, is {coord_w.kind}")
-    c.ok(coord_w.spec.get("replicas", 1) == 1, f"{coord_w}: replicas must be 1")
-    c.ok((coord_w.spec.get("strategy") or {}).get("type") == "Recreate",
-         f"{coord_w}: strategy must be Recreate (never two coordinators at once)")
+    coord_replicas = coord_w.spec.get("replicas", 1)
+    c.ok(coord_replicas == 2,
+         f"{coord_w}: replicas must be 2 (a leader and a standby on etcd), is {coord_replicas}")
+    # Only the leader is ever Ready: a RollingUpdate must be allowed to take
+    # every old pod down, or the rollout waits forever for a second Ready pod.
+    strategy = coord_w.spec.get("strategy") or {}
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+        mu = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", "25%")
+        can_end = (mu == "100%" if isinstance(mu, str) else mu >= coord_replicas)
+        c.ok(can_end, f"{coord_w}: rollingUpdate.maxUnavailable {mu}: with the leader the only "
+                      f"Ready pod a rollout would never end; use 100% (or Recreate)")
+    c.ok(len(etcd_ws) == 1, f"expected one etcd workload, found {[str(w) for w, _ in etcd_ws]}")
     c.ok(ckpt_w.kind == "StatefulSet", f"the checkpoint store must be a StatefulSet, is {ckpt_w.kind}")
     c.ok(work_w.kind == "StatefulSet", f"the workers must be a StatefulSet, is {work_w.kind}")
     c.ok(ckpt_w.spec.get("volumeClaimTemplates"), f"{ckpt_w}: no volumeClaimTemplates")
@@ -231,9 +253,17 @@ def main():
                     c.ok(probe["grpc"].get("port") == port,
                          f"{where}: {kind} probes port {probe['grpc'].get('port')}, the server "
                          f"listens on {port}")
-                    c.ok(not probe["grpc"].get("service"),
-                         f"{where}: {kind} asks for service '{probe['grpc'].get('service')}'; "
-                         f"the servers report health for the empty service name")
+                    asked = probe["grpc"].get("service") or ""
+                    if binary == "shoal-coordinator" and kind == "readinessProbe":
+                        # Ready = leads: the Service routes to the leader alone.
+                        c.ok(asked == dc.COORDINATOR_HEALTH_NAME,
+                             f"{where}: readinessProbe asks for service '{asked}'; it must ask "
+                             f"for '{dc.COORDINATOR_HEALTH_NAME}' (SERVING on the leader only)")
+                    else:
+                        # Liveness on the leader's name would restart every standby.
+                        c.ok(not asked,
+                             f"{where}: {kind} asks for service '{asked}'; it must ask for the "
+                             f"overall health (empty service name)")
 
         # --metrics_listen: served to other pods on the port named "metrics",
         # which the pod's prometheus.io annotations point the scraper at.
@@ -357,7 +387,161 @@ def main():
     cv = values["shoal-coordinator"]
     if c.ok("checkpoint_store" in cv, f"{coord_w}: no --checkpoint_store"):
         names_service(cv["checkpoint_store"], ckpt_svcs, f"{coord_w}: --checkpoint_store")
+
+    # ---- coordinator replicas on etcd ----
+    c.ok("state_dir" not in cv, f"{coord_w}: --state_dir and --etcd exclude each other")
+    cenv = {e["name"]: e for e in coord_c.get("env") or []}
+    adv = cv.get("advertise") or ""
+    m = re.fullmatch(r"\$\((\w+)\):(\d+)", adv)
+    if c.ok(m, f"{coord_w}: --advertise={adv} should be $(POD_IP):<port> (the leader hint "
+               f"standbys give; the --listen address 0.0.0.0 reaches nobody)"):
+        field = ((cenv.get(m.group(1)) or {}).get("valueFrom") or {}).get("fieldRef", {})
+        c.ok(field.get("fieldPath") == "status.podIP",
+             f"{coord_w}: $({m.group(1)}) must come from the downward API (status.podIP)")
+        c.ok(int(m.group(2)) == listen.get("shoal-coordinator"),
+             f"{coord_w}: --advertise port {m.group(2)} != --listen port "
+             f"{listen.get('shoal-coordinator')}")
+    if etcd_ws:
+        members = check_etcd(etcd_ws[0], services, c)
+        if members is not None:
+            check_etcd_flag(coord_w, cv.get("etcd"), members, c)
     return c.finish()
+
+
+def check_etcd(workload, services, c):
+    """The etcd StatefulSet. Returns (client port, [(pod name, headless Service)]) or None."""
+    w, ct = workload
+    where = f"{w} container {ct.get('name')}"
+    c.ok(w.kind == "StatefulSet", f"{w}: etcd must be a StatefulSet (stable names, own volumes)")
+    replicas = w.spec.get("replicas", 1)
+    c.ok(replicas == 3, f"{w}: replicas must be 3 (a quorum that survives one lost member), "
+                        f"is {replicas}")
+    c.ok(w.spec.get("podManagementPolicy") == "Parallel",
+         f"{w}: podManagementPolicy must be Parallel (an ordered start waits for member 0 to be "
+         f"Ready, which it cannot be without a quorum)")
+    known = dc.etcd_flags()
+    env = {e["name"]: e for e in ct.get("env") or []}
+    flags = []
+    for name, value in dc.flag_tokens(ct.get("args") or []):
+        if not c.ok(name is not None, f"{where}: argument '{value}' is not a --flag"):
+            continue
+        c.ok(name in known, f"{where}: --{name} is not a flag of etcd (see etcd --help)")
+        flags.append((name, value))
+    vals = dc.last_values(flags)
+    for a in ct.get("args") or []:
+        for var in re.findall(r"\$\((\w+)\)", a):
+            c.ok(var in env, f"{where}: {a} uses $({var}), which is not in env")
+
+    def field_of(var):
+        return ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+
+    named = {p.get("name"): p["containerPort"] for p in ct.get("ports") or []}
+    client, peer = named.get("client"), named.get("peer")
+    if not c.ok(client and peer, f"{where}: needs container ports named client and peer"):
+        return None
+    for flag, port in (("listen-client-urls", client), ("listen-peer-urls", peer)):
+        c.ok(dc.url_hostport(vals.get(flag)) == ("0.0.0.0", port),
+             f"{where}: --{flag}={vals.get(flag)}, expected http://0.0.0.0:{port}")
+
+    # The governing Service: headless, published before Ready, both ports.
+    svc_name = w.spec.get("serviceName")
+    svc = [s for s in services if s["metadata"]["name"] == svc_name]
+    if not c.ok(svc, f"{w}: serviceName {svc_name} is not a Service"):
+        return None
+    spec = svc[0].get("spec") or {}
+    c.ok(labels_match(spec.get("selector"), w.labels), f"Service/{svc_name} does not select {w}")
+    c.ok(spec.get("clusterIP") == "None",
+         f"Service/{svc_name} must be headless (clusterIP: None) for per-member DNS names")
+    c.ok(spec.get("publishNotReadyAddresses") is True,
+         f"Service/{svc_name}: publishNotReadyAddresses must be true (the members find each "
+         f"other before any is Ready)")
+    targets = {named.get(p.get("targetPort"), p.get("targetPort", p.get("port")))
+               for p in spec.get("ports") or []}
+    c.ok({client, peer} <= targets, f"Service/{svc_name} does not reach ports {client} and {peer}")
+
+    # Each member's name and URLs come from its pod's name, through the headless Service.
+    name_var = re.fullmatch(r"\$\((\w+)\)", vals.get("name") or "")
+    if not c.ok(name_var and field_of(name_var.group(1)) == "metadata.name",
+                f"{where}: --name={vals.get('name')} must be $(POD_NAME) from the downward API"):
+        return None
+    pod_var = name_var.group(1)
+    url_re = (r"http://\$\(" + pod_var + r"\)\." + re.escape(svc_name)
+              + r"(\.\$\((\w+)\)\.svc\.cluster\.local|\.\$\((\w+)\)\.svc|\.\$\((\w+)\))?:(\d+)")
+    templates = {}
+    for flag, port in (("advertise-client-urls", client), ("initial-advertise-peer-urls", peer)):
+        value = vals.get(flag) or ""
+        m = re.fullmatch(url_re, value)
+        if c.ok(m, f"{where}: --{flag}={value} is not http://$({pod_var}).{svc_name}"
+                   f"[.$(POD_NAMESPACE).svc.cluster.local]:{port}"):
+            ns_var = m.group(2) or m.group(3) or m.group(4)
+            if ns_var:
+                c.ok(field_of(ns_var) == "metadata.namespace",
+                     f"{where}: $({ns_var}) must come from the downward API (metadata.namespace)")
+            c.ok(int(m.group(5)) == port, f"{where}: --{flag} port {m.group(5)} != {port}")
+            templates[flag] = value
+    members = [f"{w.name}-{i}" for i in range(replicas)]
+    peer_tpl = templates.get("initial-advertise-peer-urls")
+    if peer_tpl:
+        want = {mem: peer_tpl.replace(f"$({pod_var})", mem) for mem in members}
+        got = {}
+        for entry in (vals.get("initial-cluster") or "").split(","):
+            k, _, url = entry.partition("=")
+            got[k] = url
+        c.ok(got == want, f"{where}: --initial-cluster={vals.get('initial-cluster')} should name "
+                          f"the {replicas} members with their peer URLs: "
+                          + ",".join(f"{k}={v}" for k, v in want.items()))
+    c.ok(vals.get("initial-cluster-state", "new") == "new",
+         f"{where}: --initial-cluster-state should be new (a member with data ignores it)")
+
+    # Data on the member's own claim.
+    data = (vals.get("data-dir") or "").rstrip("/")
+    vct = {t["metadata"]["name"] for t in w.spec.get("volumeClaimTemplates") or []}
+    mounted = [mt for mt in ct.get("volumeMounts") or []
+               if data == mt["mountPath"].rstrip("/")
+               or data.startswith(mt["mountPath"].rstrip("/") + "/")]
+    c.ok(data and any(mt["name"] in vct for mt in mounted),
+         f"{where}: --data-dir={vals.get('data-dir')} is not on a volumeClaimTemplate "
+         f"({sorted(vct)}): a member that loses its data cannot rejoin")
+
+    # Probes: Ready with a quorum; alive whether or not it has one.
+    c.ok(ct.get("readinessProbe"), f"{where}: no readinessProbe")
+    live = ct.get("livenessProbe") or {}
+    c.ok(live, f"{where}: no livenessProbe")
+    c.ok("httpGet" not in live or "/health" not in live["httpGet"].get("path", ""),
+         f"{where}: a liveness probe on /health restarts every member that lost the quorum, "
+         f"which does not bring it back")
+    res = ct.get("resources") or {}
+    for part in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            c.ok((res.get(part) or {}).get(r), f"{where}: no resources.{part}.{r}")
+    sc_pod = w.pod.get("securityContext") or {}
+    sc = ct.get("securityContext") or {}
+    c.ok(sc.get("runAsNonRoot", sc_pod.get("runAsNonRoot")) is True,
+         f"{where}: runAsNonRoot is not set")
+    c.ok(sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem is not set")
+    return client, [(mem, svc_name) for mem in members]
+
+
+def check_etcd_flag(coord_w, value, etcd, c):
+    """The coordinators' --etcd names every member by its DNS name and client port."""
+    client, members = etcd
+    endpoints = (value or "").split(",")
+    if not c.ok(value, f"{coord_w}: no --etcd (the replicas' run record and election)"):
+        return
+    found = set()
+    for ep in endpoints:
+        hp = dc.split_hostport(ep)
+        ok = False
+        for mem, svc in members:
+            dns = (re.escape(mem) + r"\." + re.escape(svc)
+                   + r"(\.[a-z0-9-]+|\.\$\(\w+\))?(\.svc(\.cluster\.local)?)?")
+            if hp and re.fullmatch(dns, hp[0]) and hp[1] == client:
+                ok = True
+                found.add(mem)
+        c.ok(ok, f"{coord_w}: --etcd entry {ep} is not an etcd member's name and client port "
+                 f"({', '.join(f'{m}.{s}:{client}' for m, s in members)})")
+    c.ok(len(endpoints) == len(members) and found == {m for m, _ in members},
+         f"{coord_w}: --etcd={value} should name each of the {len(members)} members once")
 
 
 if __name__ == "__main__":
