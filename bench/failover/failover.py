@@ -19,7 +19,9 @@ work it trained before the kill ("round not trained again" in its log).
 Prints a table and ends with one line
   failover: median=..s max=..s median_log=..s max_log=..s ttl=..s rounds_lost=..
   not_retrained=K/N round_etcd=..s round_state_dir=..s overhead=..
-  ratio=<median failover (poll) / lease TTL> ratio_log=<median failover (log) / lease TTL>
+  ratio_poll=<median failover (poll) / lease TTL> ratio=<median failover (log) / lease TTL>
+(ratio: the issue's "time from the kill to the next completed round", which
+the new leader's log stamps; the poll adds the status client's own latency).
 Every process is started and stopped by PID. Nothing asserts on time.
 """
 import argparse
@@ -329,7 +331,7 @@ def main():
     print("%-40s %.3f" % ("round time etcd / state_dir", round_etcd / round_dir))
     print("failover: median=%.2fs max=%.2fs median_log=%.2fs max_log=%.2fs ttl=%ds "
           "rounds_lost=%d not_retrained=%d/%d round_etcd=%.3fs round_state_dir=%.3fs "
-          "overhead=%.3f ratio=%.2f ratio_log=%.2f" %
+          "overhead=%.3f ratio_poll=%.2f ratio=%.2f" %
           (med, worst, med_log, worst_log, args.ttl, lost, all_carried, len(carried),
            round_etcd, round_dir, round_etcd / round_dir, med / args.ttl, med_log / args.ttl))
 
