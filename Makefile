@@ -2,6 +2,12 @@
 BUILD      ?= build
 BUILD_TYPE ?= RelWithDebInfo
 SANITIZE   ?= OFF
+# Sanitizer builds (SANITIZE=ON): no leak report at exit, where Debian's
+# uninstrumented gRPC and LibTorch keep process-lifetime allocations
+# (docs/SECURITY.md, "Sanitizers").
+ifneq ($(SANITIZE),OFF)
+export ASAN_OPTIONS ?= detect_leaks=0
+endif
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos bench fuzz format clean

@@ -328,11 +328,13 @@ class RoundEngine {
   // How many recent samples a member keeps (at least after_rounds).
   size_t SampleWindow() const;
   // Moves the member to departed_ and out of the queue and the round;
-  // returns true when it was a participant. No round consequences.
-  bool Depart(const std::string& worker_id, MemberState why, const std::string& reason)
+  // returns true when it was a participant. No round consequences. The id is
+  // taken by value: callers pass the members_ key itself, which this erases.
+  bool Depart(std::string worker_id, MemberState why, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Depart plus what it means for the round (plan, re-plan, wait).
-  void RemoveMember(const std::string& worker_id, MemberState why, const std::string& reason,
+  // Depart plus what it means for the round (plan, re-plan, wait); the id by
+  // value for the same reason.
+  void RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
                     Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A participant was lost after the plan: the survivors exchange again
   // with a new plan (attempt + 1), from their trained models.

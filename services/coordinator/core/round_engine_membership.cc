@@ -308,7 +308,7 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
   Enqueue(worker_id);  // takes part again from the next round
 }
 
-bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason) {
+bool RoundEngine::Depart(std::string worker_id, MemberState why, const std::string& reason) {
   auto it = members_.find(worker_id);
   if (it == members_.end()) return false;
   // Out of the round first: its flags leave the counters with it.
@@ -329,8 +329,8 @@ bool RoundEngine::Depart(const std::string& worker_id, MemberState why, const st
   return was_participant;
 }
 
-void RoundEngine::RemoveMember(const std::string& worker_id, MemberState why,
-                               const std::string& reason, Directives* out) {
+void RoundEngine::RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
+                               Directives* out) {
   if (gossip()) {
     auto it = index_.find(worker_id);
     const bool was_gossiping = it != index_.end() && it->second->gossiping;
