@@ -7,6 +7,7 @@
 #include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
+#include "common/zone.h"
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
 
@@ -29,6 +30,10 @@ ABSL_FLAG(std::string, dataset, "",
           "(train_images.npy, train_labels.npy, test_images.npy, test_labels.npy: uint8 images "
           "[N, H, W], integer labels [N]). Checked at start.");
 ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
+ABSL_FLAG(std::string, zone, "",
+          "Where this worker sits, as a path such as eu/paris/rack1 (segments of a-z 0-9 . _ -; "
+          "nested zones nest the hierarchy of --hierarchy=on runs). Empty = the root zone. "
+          "docs/SUPERNODES.md.");
 ABSL_FLAG(uint32_t, max_reads_per_peer, 0,
           "Reads (ReadSlice streams) one caller address may have running at once on this "
           "worker's Peer service; past it RESOURCE_EXHAUSTED (the caller retries). 0 = no "
@@ -80,6 +85,11 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.dataset = absl::GetFlag(FLAGS_dataset);
   options.name = absl::GetFlag(FLAGS_name);
+  options.zone = absl::GetFlag(FLAGS_zone);
+  if (absl::Status s = shoal::ParseZone(options.zone).status(); !s.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: --zone: " << s.message();
+    return 2;
+  }
   options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   options.upload_rate_mbps = absl::GetFlag(FLAGS_upload_rate_mbps);
   options.max_reads_per_peer = absl::GetFlag(FLAGS_max_reads_per_peer);

@@ -41,6 +41,7 @@ WorkerProtocol::Options ProtocolOptions(const WorkerOptions& options, const std:
   WorkerProtocol::Options p;
   p.advertise = advertise;
   p.name = options.name;
+  p.zone = options.zone;
   p.clock = clock;
   return p;
 }

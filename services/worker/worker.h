@@ -66,6 +66,8 @@ struct WorkerOptions {
   // --dataset: "" (Fashion-MNIST in data_dir), "idx:DIR" or "npy:DIR" (core/dataset.h).
   std::string dataset;
   std::string name;
+  // --zone: where this worker sits (common/zone.h); empty = the root.
+  std::string zone;
   int torch_threads = 1;
   // Caps the bytes per second this worker serves to peers (0 = no cap).
   double upload_rate_mbps = 0;

@@ -4,6 +4,7 @@
 // the durable record. No sockets, no sleeps: time only moves when the test
 // advances the FakeClock.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +57,7 @@ struct JoinArgs {
   uint64_t model_round = 0;
   std::string model_hash = "";
   std::optional<uint32_t> previous_data_rank = std::nullopt;
+  std::string zone = "";
 };
 
 class MembershipTest : public ::testing::Test {
@@ -103,6 +105,7 @@ class MembershipTest : public ::testing::Test {
     request.set_previous_worker_id(args.previous_worker_id);
     request.set_model_round(args.model_round);
     request.set_model_hash(args.model_hash);
+    request.set_zone(args.zone);
     if (args.previous_data_rank.has_value()) {
       request.set_previous_data_rank(*args.previous_data_rank);
     }
@@ -1187,6 +1190,22 @@ TEST_F(MembershipTest, DepartedIdIsNotReclaimedAfterResume) {
   EXPECT_EQ(AddMember(9001, {.previous_worker_id = "w1"}), "w1");
   engine_->Disconnect("w1", "stopped");
   EXPECT_EQ(AddMember(9002, {.previous_worker_id = "w1"}), "w4");
+}
+
+TEST_F(MembershipTest, ZoneIsCheckedKeptAndShown) {
+  Start();
+  const std::string w = AddMember(9001, {.zone = "eu/paris"});
+  const std::string root = AddMember(9002);
+  for (const char* bad : {"eu//paris", "/eu", "EU", "eu/..", "eu/paris/"}) {
+    absl::StatusOr<JoinResult> joined = Join(9003, {.zone = bad});
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  std::map<std::string, std::string> zones;
+  const v1::RunStatus status = engine_->Status();
+  for (const v1::WorkerStatus& s : status.workers()) zones[s.id()] = s.zone();
+  EXPECT_EQ(zones[w], "eu/paris");
+  EXPECT_EQ(zones[root], "");
+  EXPECT_EQ(zones.size(), 2u);
 }
 
 TEST_F(MembershipTest, ResumedFinishedRunRefusesJoins) {

@@ -68,4 +68,5 @@ shoal_test(round_engine_gossip_test unit ${CMAKE_CURRENT_LIST_DIR}/round_engine_
 shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
   LIBS coordinator_core shoal_etcd)
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
+shoal_test(zone_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_test.cc LIBS shoal_common)
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)

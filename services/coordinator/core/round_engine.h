@@ -181,6 +181,8 @@ class RoundEngine {
     std::string id;
     std::string address;
     std::string name;
+    // Its zone (JoinRequest.zone, common/zone.h); empty = the root.
+    std::string zone;
     uint32_t data_rank = 0;
     MemberState state = MemberState::kWaiting;
     bool connected = false;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/zone.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_engine_internal.h"
@@ -46,6 +47,7 @@ bool ValidWorkerId(const std::string& id) {
 
 absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request) {
   if (absl::Status s = ValidatePeerAddress(request.peer_address()); !s.ok()) return s;
+  if (absl::Status s = ParseZone(request.zone()).status(); !s.ok()) return s;
   if (!request.model_hash().empty() && !IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
   }
@@ -114,6 +116,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   }
   member->address = request.peer_address();
   member->name = request.name();
+  member->zone = request.zone();
   member->connected = false;
   member->plan_list_known = 0;
   member->last_seen = now;

@@ -112,6 +112,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     auto* w = s.add_workers();
     w->set_id(m.id);
     w->set_address(m.address);
+    w->set_zone(m.zone);
     w->set_state(active && m.progress.syncing() ? "syncing" : StateName(m.state));
     w->set_model_hash(m.model_hash);
     w->set_model_round(m.model_round);

@@ -82,6 +82,7 @@ Actions WorkerProtocol::Start() {
   shoal::v1::JoinRequest& request = a.join;
   request.set_peer_address(options_.advertise);
   request.set_name(options_.name);
+  request.set_zone(options_.zone);
   request.set_previous_worker_id(worker_id_);
   // A pending round is not claimed: the coordinator may have voided it
   // (Settle learns which from the response).

@@ -159,6 +159,8 @@ class WorkerProtocol {
   struct Options {
     std::string advertise;  // this worker's peer address (not a catch-up source)
     std::string name;
+    // Sent in JoinRequest.zone (common/zone.h).
+    std::string zone;
     const Clock* clock = nullptr;  // the real clock when null
   };
   explicit WorkerProtocol(Options options);
