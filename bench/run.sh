@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -208,6 +208,17 @@ run_failover() {
 # int8 + Nesterov, and one fp32 exchange against the line-rate bound
 # (bench/wan/wan.py). Needs root, ip and tc. Each arm capped (10 min;
 # BENCH_QUICK: 3 min). WAN_ARGS: extra wan.py flags.
+# Flat against hierarchical averaging over two sites joined by a 20 Mbit/s
+# link (issue 12): namespaces from tests/support/two_sites.sh, a 4 MiB model.
+run_hier() {
+  header hier
+  local rounds=8
+  [[ "$QUICK" == 1 ]] && rounds=5
+  mkdir -p "$OUT/hier"
+  /usr/bin/python3 bench/hier/hier.py --bin="$BIN" --out="$OUT/hier" --rounds=$rounds \
+    ${HIER_ARGS:-} 2>>"$OUT/hier.log" | tee "$OUT/hier.txt"
+}
+
 run_wan() {
   header wan
   local cap=600
@@ -218,7 +229,7 @@ run_wan() {
 }
 
 case "$NAME" in
-  failover | wan)
+  failover | wan | hier)
     if [[ ! -x "$BIN/shoal-coordinator" ]]; then
       echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2
       exit 2
