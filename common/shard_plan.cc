@@ -14,4 +14,23 @@ std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants)
   return slices;
 }
 
+std::vector<SliceRange> PlanSlicesAmong(uint64_t total_elements,
+                                        const std::vector<bool>& outbound_only) {
+  size_t owners = 0;
+  for (bool o : outbound_only) owners += !o;
+  const std::vector<SliceRange> owned =
+      owners > 0 ? PlanSlices(total_elements, owners) : std::vector<SliceRange>();
+  std::vector<SliceRange> slices(outbound_only.size());
+  size_t next = 0;
+  for (size_t k = 0; k < slices.size(); ++k) {
+    if (outbound_only[k]) {
+      const uint64_t at = next < owned.size() ? owned[next].begin : total_elements;
+      slices[k] = {at, at};
+    } else {
+      slices[k] = owned[next++];
+    }
+  }
+  return slices;
+}
+
 }  // namespace shoal

@@ -21,6 +21,14 @@ struct SliceRange {
 // Requires participants > 0.
 std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants);
 
+// The same among the participants that own a slice: those with
+// outbound_only[k] (behind NAT: docs/SUPERNODES.md) get an empty slice
+// [b, b) where b is where the next owner's slice begins (or T), so slices
+// stay in participant order. The owners' slices are PlanSlices(T, owners).
+// When nobody owns (all outbound-only), every slice is empty.
+std::vector<SliceRange> PlanSlicesAmong(uint64_t total_elements,
+                                        const std::vector<bool>& outbound_only);
+
 }  // namespace shoal
 
 #endif  // SHOAL_COMMON_SHARD_PLAN_H_

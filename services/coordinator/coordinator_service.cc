@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/model_file.h"
 #include "common/status_util.h"
+#include "common/tcp_probe.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -315,7 +316,16 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
                                                    const shoal::v1::JoinRequest* request,
                                                    shoal::v1::JoinResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<JoinResult> result = engine_->Join(*request);
+  // Can the others reach it? A worker behind NAT cannot accept connections
+  // (docs/SUPERNODES.md "NAT"): it takes part with outbound ones only. A
+  // refused or unreachable address answers at once; only a silently
+  // dropped one takes the whole timeout.
+  std::string unreachable;
+  if (engine_->join_probe_timeout() > absl::ZeroDuration() && !request->outbound_only()) {
+    absl::Status probe = ProbeTcp(request->peer_address(), engine_->join_probe_timeout());
+    if (!probe.ok()) unreachable = std::string(probe.message());
+  }
+  absl::StatusOr<JoinResult> result = engine_->Join(*request, unreachable);
   if (!result.ok()) {
     reactor->Finish(ToGrpcStatus(result.status()));
     return reactor;

@@ -78,6 +78,10 @@ ABSL_FLAG(absl::Duration, connection_timeout, absl::Seconds(10),
           "Time for every participant to reach its peers after a plan.");
 ABSL_FLAG(uint32_t, max_connection_retry, 3,
           "Peer-connection retries of a plan before failing peers are evicted.");
+ABSL_FLAG(absl::Duration, probe_joiners_timeout, absl::Seconds(1),
+          "Each joining worker's Peer address is probed with a TCP connect this long; a worker "
+          "that cannot be reached takes part with outbound connections only (behind NAT: owns "
+          "no slice, pushes its contributions; docs/SUPERNODES.md). 0 = no probe.");
 ABSL_FLAG(uint32_t, max_members, 0,
           "Largest number of members at once; a new worker past it gets RESOURCE_EXHAUSTED "
           "(members re-joining under their id are not new). 0 = no limit.");
@@ -210,6 +214,7 @@ int main(int argc, char** argv) {
   engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
   engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
   engine.max_members = absl::GetFlag(FLAGS_max_members);
+  engine.join_probe_timeout = absl::GetFlag(FLAGS_probe_joiners_timeout);
   options.max_joins_per_minute = absl::GetFlag(FLAGS_max_joins_per_minute);
   engine.adaptive_deadline.enabled = absl::GetFlag(FLAGS_adaptive_deadline);
   engine.adaptive_deadline.after_rounds = absl::GetFlag(FLAGS_adaptive_deadline_rounds);

@@ -119,6 +119,14 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   }
   const auto& own = plan.slices(self);
   state_->SetPlan(round, plan.attempt(), own.begin(), own.end());
+  for (const auto& s : plan.slices()) {
+    if (s.outbound_only() && options_.push_box == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(s.worker_id(), " is behind NAT and this exchanger takes no pushes"));
+    }
+  }
+  // Pushes of earlier rounds will never be taken.
+  if (options_.push_box != nullptr) options_.push_box->DropBefore(round);
   if (use_encoded_) return AverageEncoded(plan, self, params, cancel, stats);
   if (!codec_->raw()) {
     return absl::FailedPreconditionError(
@@ -154,6 +162,28 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
           &retries);
     });
   }
+  // Behind NAT: nobody can read our contributions, so we push each owner
+  // its slice of our parameters (its reduce waits for it). Our slice is
+  // empty, so we average nothing; our gathers above fill in the model. A
+  // gather of slice k writes params[k] only after k's owner averaged, which
+  // is after it received our whole push of params[k]: no overlap.
+  std::vector<std::thread> pushers;
+  std::vector<absl::Status> push_status(n);
+  if (own.outbound_only()) {
+    for (int k = 0; k < n; ++k) {
+      const auto& s = plan.slices(k);
+      if (k == self || s.begin() == s.end()) continue;
+      pushers.emplace_back([&, k, s] {
+        NameThread("shoal-push");
+        push_status[k] =
+            PushWithRetry(s, round, plan.attempt(), self_id, /*encoded=*/false,
+                          absl::string_view(reinterpret_cast<const char*>(params + s.begin()),
+                                            (s.end() - s.begin()) * sizeof(float)),
+                          deadline, &stop, &retries);
+        if (!push_status[k].ok()) stop.Cancel();
+      });
+    }
+  }
   // Reduce-scatter: sum every other participant's copy of our slice (the
   // mean), or keep each copy apart for a robust rule.
   const uint64_t count = own.end() - own.begin();
@@ -166,25 +196,40 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
       if (keep_apart) parts[k].resize(count);
       reducers.emplace_back([&, k, s] {
         NameThread("shoal-reduce");
-        reduce_status[k] = ReadWithRetry(
-            s.peer_address(), shoal::v1::CONTRIBUTION, round, plan.attempt(), own.begin(),
-            own.end(), self_id, deadline, &stop,
-            [&](const ChunkView& c) {
-              received += c.count * sizeof(float);
-              raw_received += c.count * sizeof(float);
-              // The receiver checked that the chunk lies in [own.begin, own.end).
-              if (keep_apart)
-                return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
-              std::lock_guard<std::mutex> lock(accumulate_mu);
-              return codec_->AccumulateContribution(c, params + c.begin);
-            },
-            &retries);
+        auto apply = [&](const ChunkView& c) {
+          received += c.count * sizeof(float);
+          raw_received += c.count * sizeof(float);
+          // The receiver checked that the chunk lies in [own.begin, own.end).
+          if (keep_apart) return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
+          std::lock_guard<std::mutex> lock(accumulate_mu);
+          return codec_->AccumulateContribution(c, params + c.begin);
+        };
+        if (s.outbound_only()) {
+          // Behind NAT: its contribution was pushed to us (checked whole).
+          absl::StatusOr<std::string> pushed =
+              TakePushed(s.worker_id(), round, plan.attempt(), own.begin(), own.end(),
+                         /*encoded=*/false, deadline, &stop);
+          reduce_status[k] = pushed.status();
+          if (pushed.ok()) {
+            ChunkView view;
+            view.begin = own.begin();
+            view.data = reinterpret_cast<const float*>(pushed->data());
+            view.count = count;
+            reduce_status[k] = apply(view);
+          }
+        } else {
+          reduce_status[k] =
+              ReadWithRetry(s.peer_address(), shoal::v1::CONTRIBUTION, round, plan.attempt(),
+                            own.begin(), own.end(), self_id, deadline, &stop, apply, &retries);
+        }
         if (!reduce_status[k].ok()) stop.Cancel();
       });
     }
   }
   for (auto& t : reducers) t.join();
+  for (auto& t : pushers) t.join();
   absl::Status result = FirstError(reduce_status);
+  if (result.ok()) result = FirstError(push_status);
   if (result.ok() && !stop.cancelled() && keep_apart && count > 0) {
     // Our own contribution is our slice of the parameters, overwritten by
     // the result (nobody reads it before MarkAveraged).
@@ -206,7 +251,8 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
     stats->bytes_received = received.load();
     stats->raw_bytes_received = raw_received.load();
     stats->retries = retries.load();
-    // Our contribution to every other owner, our slice to every other.
+    // Our contribution to every other owner (read, or pushed from behind
+    // NAT), our slice to every other.
     stats->bytes_published =
         (state_->total_elements() - (own.end() - own.begin())) * sizeof(float) +
         (own.end() - own.begin()) * sizeof(float) * (n - 1);
@@ -321,6 +367,7 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   std::vector<float> change(total);
   for (uint64_t i = 0; i < total; ++i) change[i] = params[i] - encoded_.base[i];
   Blob own_blob;
+  std::vector<Blob> blobs(n);  // kept for the pushes from behind NAT
   uint64_t published = 0;
   for (int k = 0; k < n; ++k) {
     const auto& s = plan.slices(k);
@@ -333,6 +380,7 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
     } else {
       published += blob->size();
     }
+    blobs[k] = blob;
     encoded_.store->Publish(round, attempt, shoal::v1::CONTRIBUTION, s.begin(), s.end(),
                             std::move(blob));
   }
@@ -364,6 +412,21 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
       }
     });
   }
+  // Behind NAT: push each owner our encoded contribution of its slice.
+  std::vector<std::thread> pushers;
+  std::vector<absl::Status> push_status(n);
+  if (own.outbound_only()) {
+    for (int k = 0; k < n; ++k) {
+      const auto& s = plan.slices(k);
+      if (k == self || s.begin() == s.end()) continue;
+      pushers.emplace_back([&, k, s] {
+        NameThread("shoal-push");
+        push_status[k] = PushWithRetry(s, round, attempt, self_id, /*encoded=*/true, *blobs[k],
+                                       deadline, &stop, &retries);
+        if (!push_status[k].ok()) stop.Cancel();
+      });
+    }
+  }
   const uint64_t count = own.end() - own.begin();
   std::vector<float> sum(count, 0.0f);
   // Each contribution is decoded into its own buffer and summed in plan
@@ -383,8 +446,16 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
       reducers.emplace_back([&, k, s] {
         NameThread("shoal-reduce");
         absl::StatusOr<std::string> bytes =
-            ReadEncodedWithRetry(s.peer_address(), shoal::v1::CONTRIBUTION, round, attempt,
-                                 own.begin(), own.end(), self_id, deadline, &stop, &retries);
+            s.outbound_only()
+                ? TakePushed(s.worker_id(), round, attempt, own.begin(), own.end(),
+                             /*encoded=*/true, deadline, &stop)
+                : ReadEncodedWithRetry(s.peer_address(), shoal::v1::CONTRIBUTION, round, attempt,
+                                       own.begin(), own.end(), self_id, deadline, &stop, &retries);
+        if (bytes.ok() && bytes->size() > codec_->MaxEncodedBytes(count)) {
+          bytes = absl::InvalidArgumentError(absl::StrCat("contribution of ", s.worker_id(), " is ",
+                                                          bytes->size(), " bytes, at most ",
+                                                          codec_->MaxEncodedBytes(count)));
+        }
         if (bytes.ok()) {
           received += bytes->size();
           raw_received += count * sizeof(float);
@@ -400,7 +471,9 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
     }
   }
   for (auto& t : reducers) t.join();
+  for (auto& t : pushers) t.join();
   absl::Status result = FirstError(reduce_status);
+  if (result.ok()) result = FirstError(push_status);
   if (result.ok() && !stop.cancelled()) {
     if (count > 0) {
       if (NeedsAllContributions(options_.aggregation)) {
@@ -453,6 +526,57 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
     stats->retries = retries.load();
   }
   return result;
+}
+
+absl::Status Exchanger::PushWithRetry(const shoal::v1::SliceAssignment& owner, uint64_t round,
+                                      uint32_t attempt, const std::string& self_id, bool encoded,
+                                      absl::string_view bytes, absl::Time deadline,
+                                      CancellationToken* stop, std::atomic<int>* retries) {
+  shoal::v1::PushHeader header;
+  header.set_round(round);
+  header.set_attempt(attempt);
+  header.set_begin(owner.begin());
+  header.set_end(owner.end());
+  header.set_pusher_id(self_id);
+  header.set_encoded(encoded);
+  header.set_total_bytes(bytes.size());
+  RetryPolicy policy;
+  policy.initial_backoff = options_.initial_backoff;
+  policy.max_backoff = options_.max_backoff;
+  policy.deadline = deadline - clock_->Now();
+  policy.clock = clock_;
+  policy.also_retry = {absl::StatusCode::kResourceExhausted};
+  absl::Status s = Retry(
+      policy, stop,
+      [&](absl::Duration left) {
+        return peers_->Push(owner.peer_address(), header, bytes, left, stop);
+      },
+      [&](const absl::Status&, int) { ++*retries; });
+  if (stop->cancelled()) return absl::AbortedError("round aborted");
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("round ", round, ": pushing [", owner.begin(), ", ",
+                                    owner.end(), ") to ", owner.worker_id()));
+  }
+  return s;
+}
+
+absl::StatusOr<std::string> Exchanger::TakePushed(const std::string& pusher, uint64_t round,
+                                                  uint32_t attempt, uint64_t begin, uint64_t end,
+                                                  bool encoded, absl::Time deadline,
+                                                  CancellationToken* stop) {
+  PushKey key{.round = round,
+              .attempt = attempt,
+              .pusher = pusher,
+              .begin = begin,
+              .end = end,
+              .encoded = encoded};
+  absl::StatusOr<std::string> bytes = options_.push_box->Take(key, deadline, stop);
+  if (!bytes.ok() && stop->cancelled()) return absl::AbortedError("round aborted");
+  if (bytes.ok() && !encoded && bytes->size() != (end - begin) * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("push of ", pusher, " has ", bytes->size(),
+                                                   " bytes for ", end - begin, " elements"));
+  }
+  return bytes;
 }
 
 absl::Status Exchanger::CombineOwnSlice(uint64_t round, const std::vector<const float*>& inputs,

@@ -46,6 +46,7 @@
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/core/outer_optimizer.h"
+#include "services/worker/core/push_box.h"
 #include "services/worker/peer_client.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -64,6 +65,10 @@ struct ExchangeOptions {
   // run config, never from its own flags. The mean sums contributions as
   // they arrive; the robust rules keep each apart until all are in.
   AggregationSpec aggregation;
+  // Contributions pushed by participants behind NAT (SliceAssignment.
+  // outbound_only): the reduce takes them from here instead of reading
+  // them. Null: a plan with such a participant fails FAILED_PRECONDITION.
+  PushBox* push_box = nullptr;
 };
 
 using ExchangeStats = AveragingStats;
@@ -113,6 +118,19 @@ class Exchanger final : public Averager {
                              CancellationToken* stop,
                              const std::function<absl::Status(const ChunkView&)>& apply,
                              std::atomic<int>* retries);
+
+  // A participant behind NAT pushes its contribution of every other
+  // owner's slice to that owner (raw: its parameters; encoded: the blob it
+  // published), retrying until `deadline`.
+  absl::Status PushWithRetry(const shoal::v1::SliceAssignment& owner, uint64_t round,
+                             uint32_t attempt, const std::string& self_id, bool encoded,
+                             absl::string_view bytes, absl::Time deadline, CancellationToken* stop,
+                             std::atomic<int>* retries);
+  // The owner's side: the contribution `pusher` pushed for our slice.
+  absl::StatusOr<std::string> TakePushed(const std::string& pusher, uint64_t round,
+                                         uint32_t attempt, uint64_t begin, uint64_t end,
+                                         bool encoded, absl::Time deadline,
+                                         CancellationToken* stop);
 
   absl::Status AverageEncoded(const shoal::v1::RoundPlan& plan, int self, float* params,
                               CancellationToken* cancel, AveragingStats* stats);

@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, dataset, "",
           "(train_images.npy, train_labels.npy, test_images.npy, test_labels.npy: uint8 images "
           "[N, H, W], integer labels [N]). Checked at start.");
 ABSL_FLAG(std::string, name, "", "Name shown in logs and status.");
+ABSL_FLAG(bool, outbound_only, false,
+          "This worker cannot accept connections (behind NAT): it pushes its contributions to "
+          "the slice owners and reads the averages, owns no slice and serves no late joiner. "
+          "Without it the coordinator finds out by probing --advertise. docs/SUPERNODES.md.");
 ABSL_FLAG(std::string, zone, "",
           "Where this worker sits, as a path such as eu/paris/rack1 (segments of a-z 0-9 . _ -; "
           "nested zones nest the hierarchy of --hierarchy=on runs). Empty = the root zone. "
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
   options.dataset = absl::GetFlag(FLAGS_dataset);
   options.name = absl::GetFlag(FLAGS_name);
   options.zone = absl::GetFlag(FLAGS_zone);
+  options.outbound_only = absl::GetFlag(FLAGS_outbound_only);
   if (absl::Status s = shoal::ParseZone(options.zone).status(); !s.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: --zone: " << s.message();
     return 2;

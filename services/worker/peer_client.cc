@@ -1,6 +1,7 @@
 #include "services/worker/peer_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
@@ -32,6 +33,43 @@ absl::StatusOr<shoal::v1::EncodedPiece> PeerClient::ReadEncoded(
     const std::string&, const shoal::v1::ReadEncodedRequest&, absl::Duration,
     shoal::CancellationToken*) {
   return absl::UnimplementedError("this PeerClient cannot read encoded slices");
+}
+
+absl::Status PeerClient::Push(const std::string&, const shoal::v1::PushHeader&, absl::string_view,
+                              absl::Duration, shoal::CancellationToken*) {
+  return absl::UnimplementedError("this PeerClient cannot push");
+}
+
+absl::Status GrpcPeerClient::Push(const std::string& address, const shoal::v1::PushHeader& header,
+                                  absl::string_view bytes, absl::Duration timeout,
+                                  shoal::CancellationToken* canceller) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(timeout));
+  ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
+  shoal::v1::PushResponse response;
+  std::unique_ptr<grpc::ClientWriter<shoal::v1::PushMessage>> writer =
+      PeerFor(address).stub->Push(&ctx, &response);
+  shoal::v1::PushMessage message;
+  *message.mutable_header() = header;
+  bool ok = writer->Write(message);
+  constexpr size_t kPiece = size_t{1} << 20;
+  for (size_t at = 0; ok && at < bytes.size(); at += kPiece) {
+    const absl::string_view data = bytes.substr(at, kPiece);
+    shoal::v1::EncodedPiece* piece = message.mutable_piece();
+    piece->set_round(header.round());
+    piece->set_total_bytes(bytes.size());
+    piece->set_offset(at);
+    piece->set_data(data.data(), data.size());
+    piece->set_crc32c(Crc32c(data.data(), data.size()));
+    ok = writer->Write(message);
+  }
+  if (ok) writer->WritesDone();
+  absl::Status s = FromGrpcStatus(writer->Finish());
+  if (Cancelled(canceller)) {
+    return absl::CancelledError(absl::StrCat("push to peer ", address, " cancelled"));
+  }
+  if (!s.ok()) return Annotate(s, absl::StrCat("push to peer ", address));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<shoal::v1::EncodedPiece> GrpcPeerClient::ReadEncoded(

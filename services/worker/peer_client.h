@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
@@ -54,6 +55,13 @@ class PeerClient {
   virtual absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(
       const std::string& address, const shoal::v1::ReadEncodedRequest& request,
       absl::Duration timeout, shoal::CancellationToken* canceller);
+  // Sends `bytes` to the peer at `address` as one Peer.Push stream
+  // (`header` first, then 1 MiB pieces with their CRC-32C), within
+  // `timeout`; `canceller` (may be null) ends it early. Default:
+  // UNIMPLEMENTED.
+  virtual absl::Status Push(const std::string& address, const shoal::v1::PushHeader& header,
+                            absl::string_view bytes, absl::Duration timeout,
+                            shoal::CancellationToken* canceller);
   // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
@@ -80,6 +88,9 @@ class GrpcPeerClient : public PeerClient {
                                                       const shoal::v1::ReadEncodedRequest& request,
                                                       absl::Duration timeout,
                                                       shoal::CancellationToken* canceller) override;
+  absl::Status Push(const std::string& address, const shoal::v1::PushHeader& header,
+                    absl::string_view bytes, absl::Duration timeout,
+                    shoal::CancellationToken* canceller) override;
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override;
 

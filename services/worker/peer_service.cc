@@ -546,6 +546,116 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
   return reactor;
 }
 
+namespace {
+
+// Receives one Push stream: a header, then pieces in order, each checked
+// (offset, size, CRC-32C); the whole goes into the box at the end or not at
+// all.
+class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
+ public:
+  explicit PushReactor(PushBox* box) : box_(box) { StartRead(&message_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client's end of the stream
+      Done();
+      return;
+    }
+    absl::Status s = Take();
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&message_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Take() {
+    if (message_.has_header()) {
+      if (have_header_) return absl::InvalidArgumentError("a second push header");
+      const shoal::v1::PushHeader& h = message_.header();
+      if (h.begin() >= h.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("empty or reversed slice [", h.begin(), ", ", h.end(), ")"));
+      }
+      if (h.pusher_id().empty() || h.pusher_id().size() > 64) {
+        return absl::InvalidArgumentError("pusher_id must be 1-64 bytes");
+      }
+      // Raw: exactly the slice's float32 bytes. Encoded: no codec's
+      // encoding exceeds 8 bytes per element (topk's index + value) plus a
+      // small header.
+      const uint64_t count = h.end() - h.begin();
+      const uint64_t limit = h.encoded() ? count * 8 + 4096 : count * sizeof(float);
+      if (count > (uint64_t{1} << 40) || h.total_bytes() > limit ||
+          (!h.encoded() && h.total_bytes() != limit)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("push of ", h.total_bytes(), " bytes for ", count, " elements (",
+                         h.encoded() ? "at most " : "exactly ", limit, ")"));
+      }
+      header_ = h;
+      have_header_ = true;
+      bytes_.reserve(h.total_bytes());
+      return absl::OkStatus();
+    }
+    if (!have_header_) return absl::InvalidArgumentError("push without a header first");
+    const shoal::v1::EncodedPiece& p = message_.piece();
+    if (p.offset() != bytes_.size() || p.data().size() > header_.total_bytes() - bytes_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("piece of ", p.data().size(), " bytes at offset ", p.offset(),
+                       ", expected offset ", bytes_.size(), " of ", header_.total_bytes()));
+    }
+    if (Crc32c(p.data().data(), p.data().size()) != p.crc32c()) {
+      return absl::InvalidArgumentError(absl::StrCat("CRC-32C mismatch at byte ", p.offset()));
+    }
+    bytes_ += p.data();
+    return absl::OkStatus();
+  }
+
+  void Done() {
+    if (!have_header_) {
+      Finish(ToGrpcStatus(absl::InvalidArgumentError("empty push")));
+      return;
+    }
+    if (bytes_.size() != header_.total_bytes()) {
+      Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "push ended after ", bytes_.size(), " of ", header_.total_bytes(), " bytes"))));
+      return;
+    }
+    PushKey key{.round = header_.round(),
+                .attempt = header_.attempt(),
+                .pusher = header_.pusher_id(),
+                .begin = header_.begin(),
+                .end = header_.end(),
+                .encoded = header_.encoded()};
+    Finish(ToGrpcStatus(box_->Put(key, std::move(bytes_))));
+  }
+
+  PushBox* const box_;
+  shoal::v1::PushMessage message_;
+  shoal::v1::PushHeader header_;
+  bool have_header_ = false;
+  std::string bytes_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<shoal::v1::PushMessage>* PeerService::Push(
+    grpc::CallbackServerContext* ctx, shoal::v1::PushResponse* /*response*/) {
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember);
+      !allowed.ok() || push_box_ == nullptr) {
+    // A reactor that refuses at once.
+    class Refuse : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
+     public:
+      explicit Refuse(grpc::Status s) { Finish(s); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(!allowed.ok() ? allowed
+                                    : grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                                   "this worker takes no pushes"));
+  }
+  return new PushReactor(push_box_);
+}
+
 grpc::ServerUnaryReactor* PeerService::GetPeerInfo(grpc::CallbackServerContext* ctx,
                                                    const shoal::v1::GetPeerInfoRequest* request,
                                                    shoal::v1::PeerInfo* response) {

@@ -29,6 +29,7 @@
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/core/model_state.h"
+#include "services/worker/core/push_box.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
 namespace shoal::worker {
@@ -84,6 +85,13 @@ class PeerService final
   // `encoded` (may be null: ReadEncoded is UNIMPLEMENTED) serves the
   // encoded exchange's slices; it outlives the service.
   void set_encoded_store(const EncodedStore* encoded) { encoded_ = encoded; }
+  // Where pushes of participants behind NAT go (null: Push is
+  // UNIMPLEMENTED); it outlives the service.
+  void set_push_box(PushBox* box) { push_box_ = box; }
+  // A contribution pushed by a participant behind NAT (docs/SUPERNODES.md
+  // "NAT"): checked piece by piece, put in the box only when whole.
+  grpc::ServerReadReactor<shoal::v1::PushMessage>* Push(grpc::CallbackServerContext* ctx,
+                                                         shoal::v1::PushResponse* response) override;
 
   // A piece of an encoded slice from the EncodedStore (a copy of at most
   // 1 MiB; the store's blobs are immutable).
@@ -139,6 +147,7 @@ class PeerService final
   ReadSlots read_slots_{options_.max_reads_per_peer};
   std::atomic<bool> corrupt_for_testing_{false};
   const EncodedStore* encoded_ = nullptr;
+  PushBox* push_box_ = nullptr;
   PeerSentBytes sent_;
   struct ModelFileCopy {
     std::string bytes;

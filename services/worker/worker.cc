@@ -42,6 +42,7 @@ WorkerProtocol::Options ProtocolOptions(const WorkerOptions& options, const std:
   p.advertise = advertise;
   p.name = options.name;
   p.zone = options.zone;
+  p.outbound_only = options.outbound_only;
   p.clock = clock;
   return p;
 }
@@ -133,6 +134,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   w->encoded_store_ = std::make_unique<EncodedStore>();
   w->peer_service_->set_encoded_store(w->encoded_store_.get());
   w->peer_service_->set_gossip_board(&w->gossip_board_);
+  // Until the model's size is known, room for a small model's pushes.
+  w->push_box_ = std::make_unique<PushBox>(uint64_t{64} << 20, w->clock_);
+  w->peer_service_->set_push_box(w->push_box_.get());
   auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
@@ -253,6 +257,10 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   }
   ExchangeOptions exchange = options_.exchange;
   exchange.aggregation = *aggregation;
+  // Pushes from behind NAT: at most the current and the next round's, each
+  // at most the whole model (8 bytes an element for encodings).
+  push_box_->SetMaxBytes(2 * 8 * n + (uint64_t{16} << 20));
+  exchange.push_box = push_box_.get();
   averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), exchange, codec_.get(),
                                           encoded ? &encoded_parts_ : nullptr);
   protocol_.SetInitialModel(hash);
@@ -680,7 +688,10 @@ std::vector<std::string> Worker::UnreachablePeers(const shoal::v1::RoundPlan& pl
   std::vector<std::thread> probes;
   std::vector<absl::Status> results(plan.slices_size());
   for (int k = 0; k < plan.slices_size(); ++k) {
-    if (plan.slices(k).worker_id() == protocol_.worker_id()) continue;
+    // Nobody connects to a participant behind NAT: it pushes to the owners.
+    if (plan.slices(k).worker_id() == protocol_.worker_id() || plan.slices(k).outbound_only()) {
+      continue;
+    }
     probes.emplace_back(
         [&, k] { results[k] = peers_->Probe(plan.slices(k).peer_address(), budget).status(); });
   }

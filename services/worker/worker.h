@@ -68,6 +68,8 @@ struct WorkerOptions {
   std::string name;
   // --zone: where this worker sits (common/zone.h); empty = the root.
   std::string zone;
+  // --outbound_only: this worker cannot accept connections (behind NAT).
+  bool outbound_only = false;
   int torch_threads = 1;
   // Caps the bytes per second this worker serves to peers (0 = no cap).
   double upload_rate_mbps = 0;
@@ -175,6 +177,8 @@ class Worker {
   // Serves the encoded exchange's slices (declared before the service that
   // reads it).
   std::unique_ptr<EncodedStore> encoded_store_;
+  // Contributions pushed by participants behind NAT (core/push_box.h).
+  std::unique_ptr<PushBox> push_box_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set

@@ -67,3 +67,11 @@ target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::f
 shoal_warnings(shoal-poison-worker)
 shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)
+
+# Supernodes over a real slow link (issue 12): two sites in network
+# namespaces (tests/support/two_sites.sh) joined by a 20 Mbit/s tc tbf link.
+# Skipped with a message where namespaces cannot be created.
+shoal_test(supernode_netns_test e2e e2e/supernode_netns_test.cc LIBS shoal_protos shoal_common
+  SERIAL)
+target_compile_definitions(supernode_netns_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(supernode_netns_test shoal-coordinator shoal-worker shoalctl)

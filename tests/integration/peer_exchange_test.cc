@@ -22,6 +22,7 @@
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/shard_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/core/model_state.h"
@@ -61,8 +62,10 @@ struct PeerNode {
     auto started = GrpcServer::Start("127.0.0.1:0", {&service});
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) server = std::move(*started);
+    service.set_push_box(&push_box);
     ExchangeOptions options;
     options.timeout = absl::Seconds(30);
+    options.push_box = &push_box;
     exchanger = std::make_unique<Exchanger>(&client, &state, options);
   }
   ~PeerNode() {
@@ -74,6 +77,7 @@ struct PeerNode {
   std::string id;
   std::vector<float> params;
   ModelState state;
+  PushBox push_box{uint64_t{64} << 20};
   PeerService service;
   std::unique_ptr<GrpcServer> server;
   GrpcPeerClient client;
@@ -178,6 +182,99 @@ TEST(PeerExchangeTest, ThreeWorkersAverageToTheMean) {
     }
   }
   EXPECT_EQ(bad, 0u);
+}
+
+// A participant behind NAT (outbound_only): its plan address leads nowhere
+// (port 1 on loopback refuses), so the round completes only if it pushes its
+// contributions and nobody tries to read it; everyone ends with the mean.
+TEST(PeerExchangeTest, ParticipantBehindNatPushesAndEveryoneGetsTheMean) {
+  constexpr size_t kElements = 300'000;
+  constexpr uint64_t kRound = 4;
+  std::vector<std::unique_ptr<PeerNode>> nodes;
+  for (int k = 0; k < 3; ++k) {
+    nodes.push_back(std::make_unique<PeerNode>(absl::StrCat("w", k + 1),
+                                               RandomVector(kElements, 300 + k, k + 1.0f)));
+    ASSERT_NE(nodes.back()->server, nullptr);
+  }
+  std::vector<double> mean(kElements);
+  for (size_t i = 0; i < kElements; ++i) {
+    double sum = 0;
+    for (const auto& n : nodes) sum += n->params[i];
+    mean[i] = sum / nodes.size();
+  }
+  for (auto& n : nodes) {
+    n->state.BeginTraining(kRound);
+    n->state.SetReady(kRound);
+  }
+  v1::RoundPlan plan;
+  plan.set_round(kRound);
+  plan.set_total_elements(kElements);
+  plan.set_attempt(kAttempt);
+  // w2 is behind NAT: the owners are w1 and w3 (PlanSlicesAmong).
+  const std::vector<SliceRange> ranges = PlanSlicesAmong(kElements, {false, true, false});
+  for (int k = 0; k < 3; ++k) {
+    auto* s = plan.add_slices();
+    s->set_worker_id(nodes[k]->id);
+    s->set_peer_address(k == 1 ? "127.0.0.1:1" : nodes[k]->address());
+    s->set_begin(ranges[k].begin);
+    s->set_end(ranges[k].end);
+    s->set_outbound_only(k == 1);
+  }
+  std::vector<absl::Status> results(3);
+  {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 3; ++k) {
+      threads.emplace_back([&, k] {
+        results[k] = nodes[k]->exchanger->Average(plan, nodes[k]->id, nodes[k]->params.data(),
+                                                  nullptr, nullptr);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(results[k].ok()) << nodes[k]->id << ": " << results[k];
+  for (int k = 1; k < 3; ++k) {
+    EXPECT_EQ(std::memcmp(nodes[0]->params.data(), nodes[k]->params.data(), kElements * 4), 0)
+        << "w1 and " << nodes[k]->id << " differ";
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < kElements; ++i) {
+    if (std::abs(nodes[0]->params[i] - mean[i]) > 1e-6 * std::abs(mean[i]) && ++bad <= 5) {
+      ADD_FAILURE() << "element " << i << ": " << nodes[0]->params[i] << " vs " << mean[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  for (const auto& n : nodes) EXPECT_EQ(n->push_box.bytes(), 0u) << n->id;
+}
+
+// Malformed pushes are refused with INVALID_ARGUMENT and leave nothing behind.
+TEST(PeerExchangeTest, MalformedPushesAreRefused) {
+  PeerNode node("w1", RandomVector(100, 1, 1.0f));
+  ASSERT_NE(node.server, nullptr);
+  GrpcPeerClient client;
+  v1::PushHeader header;
+  header.set_round(1);
+  header.set_attempt(1);
+  header.set_begin(0);
+  header.set_end(10);
+  header.set_pusher_id("w9");
+  header.set_total_bytes(40);
+  // Fewer bytes than the header announced.
+  EXPECT_EQ(client.Push(node.address(), header, std::string(20, 'x'), kTimeout, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A raw push must be exactly the slice's float32 bytes.
+  header.set_total_bytes(44);
+  EXPECT_EQ(client.Push(node.address(), header, std::string(44, 'x'), kTimeout, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  header.set_begin(10);  // reversed
+  header.set_total_bytes(0);
+  EXPECT_EQ(client.Push(node.address(), header, "", kTimeout, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(node.push_box.bytes(), 0u);
+  // And a good one is kept.
+  header.set_begin(0);
+  header.set_total_bytes(40);
+  EXPECT_TRUE(client.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr).ok());
+  EXPECT_EQ(node.push_box.bytes(), 40u);
 }
 
 class PeerServiceTest : public ::testing::Test {

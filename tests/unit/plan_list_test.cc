@@ -63,6 +63,24 @@ TEST(PlanListTest, CompactPlanGetsTheSlicesOfTheKeptList) {
   EXPECT_EQ(bigger.slices(2).end(), 1000u);
 }
 
+TEST(PlanListTest, OutboundOnlyParticipantsKeepEmptySlicesInCompactPlans) {
+  PlanList list;
+  v1::RoundPlan full = FullPlan(8);
+  // w2 is behind NAT: the coordinator cut [0, 10) between w1 and w3.
+  full.mutable_slices(0)->set_end(5);
+  full.mutable_slices(1)->set_begin(5);
+  full.mutable_slices(1)->set_end(5);
+  full.mutable_slices(1)->set_outbound_only(true);
+  full.mutable_slices(2)->set_begin(5);
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan plan = CompactPlan(8, 10);
+  ASSERT_TRUE(list.Expand(&plan).ok());
+  ASSERT_EQ(plan.slices_size(), 3);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(plan.slices(k).SerializeAsString(), full.slices(k).SerializeAsString()) << k;
+  }
+}
+
 TEST(PlanListTest, UnknownListIsFailedPrecondition) {
   PlanList list;
   v1::RoundPlan none = CompactPlan(7, 10);

@@ -97,5 +97,26 @@ TEST(ShardPlannerTest, LargeTotalsDoNotOverflow) {
   ExpectValidPlan(slices, max - 3, 1000);
 }
 
+TEST(ShardPlannerTest, OutboundOnlyParticipantsOwnEmptySlicesInOrder) {
+  const std::vector<SliceRange> s = PlanSlicesAmong(10, {false, true, false, true});
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].begin, 0u);
+  EXPECT_EQ(s[0].end, 5u);
+  EXPECT_EQ(s[1].begin, 5u);  // empty, where the next owner begins
+  EXPECT_EQ(s[1].end, 5u);
+  EXPECT_EQ(s[2].begin, 5u);
+  EXPECT_EQ(s[2].end, 10u);
+  EXPECT_EQ(s[3].begin, 10u);  // after the last owner: at T
+  EXPECT_EQ(s[3].end, 10u);
+  // Without outbound-only participants it is PlanSlices.
+  const std::vector<SliceRange> flat = PlanSlicesAmong(1001, {false, false, false});
+  const std::vector<SliceRange> ref = PlanSlices(1001, 3);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(flat[k].begin, ref[k].begin);
+    EXPECT_EQ(flat[k].end, ref[k].end);
+  }
+  for (const SliceRange& r : PlanSlicesAmong(7, {true, true})) EXPECT_EQ(r.begin, r.end);
+}
+
 }  // namespace
 }  // namespace shoal

@@ -13,6 +13,7 @@ shoal_test(serving_rule_test unit ${CMAKE_CURRENT_LIST_DIR}/serving_rule_test.cc
   LIBS worker_core)
 shoal_test(tensor_wire_test unit ${CMAKE_CURRENT_LIST_DIR}/tensor_wire_test.cc
   LIBS shoal_common)
+shoal_test(push_box_test unit ${CMAKE_CURRENT_LIST_DIR}/push_box_test.cc LIBS worker_core)
 shoal_test(plan_list_test unit ${CMAKE_CURRENT_LIST_DIR}/plan_list_test.cc
   LIBS worker_core)
 shoal_test(exchanger_test unit ${CMAKE_CURRENT_LIST_DIR}/exchanger_test.cc

@@ -203,7 +203,7 @@ bool RoundEngine::HoldsAgreedModel(const Member& m) const {
 std::vector<std::string> RoundEngine::Holders() const {
   std::vector<std::string> holders;
   for (const auto& [id, m] : members_) {
-    if (HoldsAgreedModel(m)) holders.push_back(m.address);
+    if (HoldsAgreedModel(m) && !m.outbound_only) holders.push_back(m.address);
   }
   return holders;
 }

@@ -69,6 +69,11 @@ struct EngineOptions {
   // is refused with RESOURCE_EXHAUSTED (a member re-joining under its id is
   // not new). 0 = no limit.
   uint32_t max_members = 0;
+  // The service probes each joining worker's Peer address with a TCP
+  // connect this long (--probe_joiners_timeout); a worker it cannot reach
+  // is outbound-only (behind NAT: docs/SUPERNODES.md). 0 = no probe (only
+  // workers that declare --outbound_only are).
+  absl::Duration join_probe_timeout = absl::ZeroDuration();
   // Removed members stay visible in the status, up to this many.
   size_t max_departed_shown = 50;
   // Workers asked to upload each checkpoint, one after the other until one
@@ -107,7 +112,12 @@ class RoundEngine {
  public:
   RoundEngine(EngineOptions options, const Clock* clock);
 
-  absl::StatusOr<JoinResult> Join(const shoal::v1::JoinRequest& request);
+  // `unreachable` (from the service's probe of request.peer_address, not
+  // from the worker): why the worker cannot be reached; non-empty makes it
+  // outbound-only.
+  absl::StatusOr<JoinResult> Join(const shoal::v1::JoinRequest& request,
+                                  const std::string& unreachable = "");
+  absl::Duration join_probe_timeout() const { return options_.join_probe_timeout; }
   // The worker opened its session stream. NOT_FOUND for an unknown id.
   absl::Status Connect(const std::string& worker_id);
   // A heartbeat arrived. NOT_FOUND for an unknown id.
@@ -183,6 +193,10 @@ class RoundEngine {
     std::string name;
     // Its zone (JoinRequest.zone, common/zone.h); empty = the root.
     std::string zone;
+    // Behind NAT: owns no slice, pushes its contributions, is never read,
+    // probed or offered as a source (docs/SUPERNODES.md "NAT"); and why.
+    bool outbound_only = false;
+    std::string outbound_reason;
     uint32_t data_rank = 0;
     MemberState state = MemberState::kWaiting;
     bool connected = false;
@@ -410,6 +424,8 @@ class RoundEngine {
   // version (RoundPlan.participants_version): one version names one list
   // within a coordinator's lifetime, and versions are unique across starts.
   std::vector<std::pair<std::string, std::string>> plan_list_ ABSL_GUARDED_BY(mu_);
+  // Which of plan_list_ are outbound-only (part of the list's identity).
+  std::vector<bool> plan_list_outbound_ ABSL_GUARDED_BY(mu_);
   uint64_t plan_list_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Gossip mode: version of the latest PeerUpdate.
   uint64_t peer_list_version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -45,7 +45,8 @@ bool ValidWorkerId(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request) {
+absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request,
+                                             const std::string& unreachable) {
   if (absl::Status s = ValidatePeerAddress(request.peer_address()); !s.ok()) return s;
   if (absl::Status s = ParseZone(request.zone()).status(); !s.ok()) return s;
   if (!request.model_hash().empty() && !IsHexSha256(request.model_hash())) {
@@ -117,6 +118,14 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   member->address = request.peer_address();
   member->name = request.name();
   member->zone = request.zone();
+  member->outbound_only = request.outbound_only() || !unreachable.empty();
+  member->outbound_reason = request.outbound_only() ? "declared (--outbound_only)"
+                            : unreachable.empty()   ? ""
+                                                    : absl::StrCat("probe: ", unreachable);
+  if (member->outbound_only) {
+    SHOAL_LOG(INFO) << member->id
+                    << " takes part with outbound connections only: " << member->outbound_reason;
+  }
   member->connected = false;
   member->plan_list_known = 0;
   member->last_seen = now;
@@ -159,7 +168,9 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     // a place that moves with every join.
     std::vector<const std::string*> open;
     for (const auto& [id, m] : members_) {
-      if (m.connected && m.address != member->address) open.push_back(&m.address);
+      if (m.connected && !m.outbound_only && m.address != member->address) {
+        open.push_back(&m.address);
+      }
     }
     const size_t n = std::min<size_t>(open.size(), 8);
     for (size_t i = 0; i < n; ++i) {
@@ -379,7 +390,8 @@ void RoundEngine::SendPeerUpdate(Directives* out) {
   auto* update = msg.mutable_peer_update();
   update->set_version(++peer_list_version_);
   for (const auto& [id, m] : members_) {
-    if (!m.gossiping) continue;
+    // Nobody can fetch from a worker behind NAT; it fetches from the others.
+    if (!m.gossiping || m.outbound_only) continue;
     auto* p = update->add_peers();
     p->set_worker_id(id);
     p->set_peer_address(m.address);

@@ -176,9 +176,13 @@ void RoundEngine::SendPlan(Directives* out) {
   connection_retries_ = 0;
   sharing_started_ = false;
   deadline_ = clock_->Now() + options_.connection_timeout;
-  const std::vector<SliceRange> slices = PlanSlices(total_elements_, participants_.size());
-  // A new version whenever the list (ids, addresses, order) changed.
-  bool same_list = plan_list_.size() == participants_.size();
+  std::vector<bool> outbound(participants_.size());
+  for (size_t k = 0; k < participants_.size(); ++k)
+    outbound[k] = At(participants_[k]).outbound_only;
+  const std::vector<SliceRange> slices = PlanSlicesAmong(total_elements_, outbound);
+  // A new version whenever the list (ids, addresses, outbound-only, order)
+  // changed.
+  bool same_list = plan_list_.size() == participants_.size() && plan_list_outbound_ == outbound;
   for (size_t k = 0; same_list && k < participants_.size(); ++k) {
     const Member& m = At(participants_[k]);
     same_list = plan_list_[k].first == m.id && plan_list_[k].second == m.address;
@@ -188,6 +192,7 @@ void RoundEngine::SendPlan(Directives* out) {
     plan_list_.clear();
     plan_list_.reserve(participants_.size());
     for (const std::string& id : participants_) plan_list_.emplace_back(id, At(id).address);
+    plan_list_outbound_ = outbound;
   }
   CoordinatorMessage msg;
   shoal::v1::RoundPlan* plan = msg.mutable_round_plan();
@@ -214,6 +219,7 @@ void RoundEngine::SendPlan(Directives* out) {
     s->set_peer_address(m.address);
     s->set_begin(slices[k].begin);
     s->set_end(slices[k].end);
+    s->set_outbound_only(outbound[k]);
   }
   // The full plan names every participant (O(N) bytes): it goes, as one
   // shared copy, only to sessions that do not hold this list yet.

@@ -113,6 +113,8 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     w->set_id(m.id);
     w->set_address(m.address);
     w->set_zone(m.zone);
+    w->set_outbound_only(m.outbound_only);
+    w->set_outbound_reason(m.outbound_reason);
     w->set_state(active && m.progress.syncing() ? "syncing" : StateName(m.state));
     w->set_model_hash(m.model_hash);
     w->set_model_round(m.model_round);

@@ -10,7 +10,11 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
     if (plan->participants_version() != 0) {
       version_ = plan->participants_version();
       members_.clear();
-      for (const auto& s : plan->slices()) members_.emplace_back(s.worker_id(), s.peer_address());
+      outbound_.clear();
+      for (const auto& s : plan->slices()) {
+        members_.emplace_back(s.worker_id(), s.peer_address());
+        outbound_.push_back(s.outbound_only());
+      }
     }
     return absl::OkStatus();
   }
@@ -19,7 +23,7 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
         absl::StrCat("the plan of round ", plan->round(), " uses participant list ",
                      plan->participants_version(), ", this worker holds list ", version_));
   }
-  const std::vector<SliceRange> ranges = PlanSlices(plan->total_elements(), members_.size());
+  const std::vector<SliceRange> ranges = PlanSlicesAmong(plan->total_elements(), outbound_);
   plan->mutable_slices()->Reserve(static_cast<int>(members_.size()));
   for (size_t k = 0; k < members_.size(); ++k) {
     auto* s = plan->add_slices();
@@ -27,6 +31,7 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
     s->set_peer_address(members_[k].second);
     s->set_begin(ranges[k].begin);
     s->set_end(ranges[k].end);
+    s->set_outbound_only(outbound_[k]);
   }
   return absl::OkStatus();
 }

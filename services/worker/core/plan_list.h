@@ -27,6 +27,7 @@ class PlanList {
  private:
   uint64_t version_ = 0;
   std::vector<std::pair<std::string, std::string>> members_;  // id, address
+  std::vector<bool> outbound_;  // SliceAssignment.outbound_only, the same order
 };
 
 }  // namespace shoal::worker

@@ -83,6 +83,7 @@ Actions WorkerProtocol::Start() {
   request.set_peer_address(options_.advertise);
   request.set_name(options_.name);
   request.set_zone(options_.zone);
+  request.set_outbound_only(options_.outbound_only);
   request.set_previous_worker_id(worker_id_);
   // A pending round is not claimed: the coordinator may have voided it
   // (Settle learns which from the response).

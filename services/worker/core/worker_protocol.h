@@ -161,6 +161,8 @@ class WorkerProtocol {
     std::string name;
     // Sent in JoinRequest.zone (common/zone.h).
     std::string zone;
+    // Sent in JoinRequest.outbound_only.
+    bool outbound_only = false;
     const Clock* clock = nullptr;  // the real clock when null
   };
   explicit WorkerProtocol(Options options);
