@@ -29,8 +29,29 @@ bool GossipFetcher::Start(const std::string& peer_id, const std::string& address
   Join();
   running_ = true;
   thread_ = std::thread([this, peer_id, address, elements, timeout, base = std::move(base)] {
+    const absl::Time deadline = clock_->Now() + timeout;
     GossipFetchResult r = Fetch(peer_id, address, elements, timeout);
     r.base = base;
+    // Behind NAT nobody fetches from us: the partner gets our model in the
+    // same outbound exchange, within what is left of the deadline. Its
+    // failure does not undo the fetch.
+    if (push_own_ && r.status.ok() && base != nullptr) {
+      shoal::v1::PushHeader header;
+      header.set_gossip(true);
+      header.set_round(base->publication);
+      header.set_begin(0);
+      header.set_end(elements);
+      header.set_pusher_id(reader_id_);
+      header.set_total_bytes(elements * sizeof(float));
+      header.set_gossip_clock(base->clock);
+      header.set_gossip_loss(base->loss);
+      r.push_status =
+          peers_->Push(address, header,
+                       absl::string_view(reinterpret_cast<const char*>(base->params.data()),
+                                         elements * sizeof(float)),
+                       std::max(deadline - clock_->Now(), absl::Milliseconds(1)), &token_);
+      r.pushed = r.push_status.ok();
+    }
     result_ = std::move(r);
     has_result_ = true;
     running_ = false;

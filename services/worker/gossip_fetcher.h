@@ -46,6 +46,10 @@ struct GossipFetchResult {
   const float* peer_params = nullptr;
   uint64_t elements = 0;
   absl::Duration took;
+  // Behind NAT (set_push_own): whether our base model was pushed to the
+  // partner after the fetch, and why not.
+  bool pushed = false;
+  absl::Status push_status;
 };
 
 class GossipFetcher {
@@ -67,6 +71,10 @@ class GossipFetcher {
   GossipFetchResult FetchNow(const std::string& peer_id, const std::string& address,
                              uint64_t elements, absl::Duration timeout);
   bool idle() const { return !running_.load() && !has_result_.load(); }
+  // Behind NAT: after each successful background fetch, push the base copy
+  // (our published model) to the same partner (Peer.Push, gossip). Set
+  // before the first Start().
+  void set_push_own(bool push) { push_own_ = push; }
 
  private:
   GossipFetchResult Fetch(const std::string& peer_id, const std::string& address, uint64_t elements,
@@ -77,6 +85,7 @@ class GossipFetcher {
   const std::string reader_id_;
   const Clock* const clock_;
   CancellationToken token_;
+  bool push_own_ = false;
   std::vector<float> incoming_;
   std::thread thread_;
   std::atomic<bool> running_{false};

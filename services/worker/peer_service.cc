@@ -574,7 +574,7 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
     if (message_.has_header()) {
       if (have_header_) return absl::InvalidArgumentError("a second push header");
       const shoal::v1::PushHeader& h = message_.header();
-      if (h.begin() >= h.end()) {
+      if (h.begin() >= h.end() || (h.gossip() && (h.begin() != 0 || h.encoded()))) {
         return absl::InvalidArgumentError(
             absl::StrCat("empty or reversed slice [", h.begin(), ", ", h.end(), ")"));
       }
@@ -619,6 +619,14 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
     if (bytes_.size() != header_.total_bytes()) {
       Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
           "push ended after ", bytes_.size(), " of ", header_.total_bytes(), " bytes"))));
+      return;
+    }
+    if (header_.gossip()) {
+      Finish(ToGrpcStatus(box_->PutGossip({.pusher = header_.pusher_id(),
+                                           .publication = header_.round(),
+                                           .clock = header_.gossip_clock(),
+                                           .loss = header_.gossip_loss(),
+                                           .bytes = std::move(bytes_)})));
       return;
     }
     PushKey key{.round = header_.round(),

@@ -386,6 +386,11 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
           }
           const bool first_join = trainer_ == nullptr;
           SetLogTag(absl::StrCat("worker ", joined->worker_id()));
+          outbound_only_ = joined->outbound_only();
+          if (outbound_only_) {
+            SHOAL_LOG(INFO) << "outbound connections only (" << joined->outbound_reason()
+                            << "): this worker pushes its contributions";
+          }
           state_->SetWorkerId(joined->worker_id());
           if (first_join) {
             RETURN_IF_ERROR(BuildModel(*joined));
@@ -980,6 +985,7 @@ absl::Status Worker::RunGossip() {
   const uint64_t seed = config.seed() * 1000003ULL + std::hash<std::string>()(self);
   PeerChooser chooser(clock_, seed);
   GossipFetcher fetcher(peers_.get(), self, clock_, &stop_token_);
+  fetcher.set_push_own(outbound_only_);
   // Checkpoints (docs/GOSSIP.md, "Checkpoints"): while the coordinator has
   // made this worker the checkpointer, ckpt_sequence is the sequence number
   // of its next upload (0 = not the checkpointer) and ckpt_due the local
@@ -1218,6 +1224,10 @@ absl::Status Worker::RunGossip() {
         SHOAL_VLOG(1) << absl::StrFormat("gossip: merged %s's model (clock %.0f) a=%.3f in %.3fs",
                                          r->peer_id, r->peer_clock, a,
                                          absl::ToDoubleSeconds(r->took));
+        if (outbound_only_ && !r->pushed) {
+          SHOAL_LOG(WARNING) << "gossip: pushing our model to " << r->peer_id
+                             << " failed: " << r->push_status.message();
+        }
       } else {
         if (r->not_answering) {
           chooser.OnTimeout(r->peer_id);
@@ -1226,6 +1236,25 @@ absl::Status Worker::RunGossip() {
           report.set_fetches_failed(report.fetches_failed() + 1);
         }
         SHOAL_LOG(WARNING) << r->status.message() << " (dropped whole)";
+      }
+    }
+    // A partner behind NAT pushed us its model (it cannot be fetched):
+    // merged like a fetched one, against our current parameters.
+    if (std::optional<GossipPush> p = push_box_->TakeGossip()) {
+      if (p->bytes.size() == n * sizeof(float)) {
+        const double a = InterpolationFactor(g, {clock, last_loss}, {p->clock, p->loss});
+        ApplyInterpolation(params, params, reinterpret_cast<const float*>(p->bytes.data()), n, a);
+        clock = InterpolateClock(clock, clock, p->clock, a);
+        report.set_last_partner(p->pusher);
+        report.set_last_factor(a);
+        report.set_pushes_merged(report.pushes_merged() + 1);
+        M().received_bytes.Add(static_cast<double>(p->bytes.size()));
+        SHOAL_VLOG(1) << absl::StrFormat("gossip: merged %s's pushed model (clock %.0f) a=%.3f",
+                                         p->pusher, p->clock, a);
+      } else {
+        SHOAL_LOG(WARNING) << "gossip: dropped a model of " << p->bytes.size()
+                           << " bytes pushed by " << p->pusher << " (the model has "
+                           << n * sizeof(float) << ")";
       }
     }
     if (checkpointer != nullptr) {

@@ -179,6 +179,8 @@ class Worker {
   std::unique_ptr<EncodedStore> encoded_store_;
   // Contributions pushed by participants behind NAT (core/push_box.h).
   std::unique_ptr<PushBox> push_box_;
+  // The coordinator says we are outbound-only (JoinResponse).
+  bool outbound_only_ = false;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set

@@ -148,6 +148,8 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
 
   auto& r = result.response;
   r.set_worker_id(member->id);
+  r.set_outbound_only(member->outbound_only);
+  r.set_outbound_reason(member->outbound_reason);
   r.set_data_rank(member->data_rank);
   *r.mutable_config() = options_.config;
   r.set_run_id(options_.run_id);

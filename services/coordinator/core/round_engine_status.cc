@@ -163,6 +163,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
       w->set_fetches_done(h.fetches_done());
       w->set_fetches_timed_out(h.fetches_timed_out());
       w->set_fetches_failed(h.fetches_failed());
+      w->set_pushes_merged(h.pushes_merged());
       w->set_last_partner(h.last_partner());
       w->set_last_factor(h.last_factor());
       w->set_gossip_steps(h.gossip_steps());

@@ -59,6 +59,35 @@ absl::StatusOr<std::string> PushBox::Take(const PushKey& key, absl::Time deadlin
   }
 }
 
+absl::Status PushBox::PutGossip(GossipPush push) {
+  absl::MutexLock lock(&mu_);
+  uint64_t replaced = 0;
+  auto same = gossip_.end();
+  for (auto it = gossip_.begin(); it != gossip_.end(); ++it) {
+    if (it->pusher == push.pusher) {
+      same = it;
+      replaced = it->bytes.size();
+    }
+  }
+  if (bytes_ - replaced + push.bytes.size() > max_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("this worker keeps at most ", max_bytes_,
+                                                     " bytes of pushed models; ", bytes_, " wait"));
+  }
+  if (same != gossip_.end()) gossip_.erase(same);
+  bytes_ = bytes_ - replaced + push.bytes.size();
+  gossip_.push_back(std::move(push));
+  return absl::OkStatus();
+}
+
+std::optional<GossipPush> PushBox::TakeGossip() {
+  absl::MutexLock lock(&mu_);
+  if (gossip_.empty()) return std::nullopt;
+  GossipPush out = std::move(gossip_.front());
+  gossip_.pop_front();
+  bytes_ -= out.bytes.size();
+  return out;
+}
+
 void PushBox::DropBefore(uint64_t round) {
   absl::MutexLock lock(&mu_);
   if (round <= oldest_round_) return;

@@ -9,7 +9,9 @@
 #define SHOAL_SERVICES_WORKER_CORE_PUSH_BOX_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -35,6 +37,15 @@ struct PushKey {
   }
 };
 
+// A whole model pushed in gossip mode by a partner behind NAT.
+struct GossipPush {
+  std::string pusher;
+  uint64_t publication = 0;
+  double clock = 0;
+  double loss = 0;
+  std::string bytes;  // float32, the whole model
+};
+
 class PushBox {
  public:
   // `max_bytes`: the most kept at once; `clock` (the real one when null)
@@ -51,6 +62,12 @@ class PushBox {
   absl::StatusOr<std::string> Take(const PushKey& key, absl::Time deadline,
                                    CancellationToken* cancel);
 
+  // Gossip: keeps the newest model each pusher sent (one per pusher, within
+  // the same byte cap); TakeGossip hands over one of them (the oldest
+  // arrival first), or nullopt.
+  absl::Status PutGossip(GossipPush push);
+  std::optional<GossipPush> TakeGossip();
+
   // Forgets every push of a round before `round`, and refuses them from now.
   void DropBefore(uint64_t round);
 
@@ -63,6 +80,7 @@ class PushBox {
   const Clock* const clock_;
   mutable absl::Mutex mu_;
   std::map<PushKey, std::string> pushes_ ABSL_GUARDED_BY(mu_);
+  std::deque<GossipPush> gossip_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t oldest_round_ ABSL_GUARDED_BY(mu_) = 0;
   absl::CondVar arrived_;  // a Put, or a Take's cancel fired
