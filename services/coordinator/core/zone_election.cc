@@ -92,6 +92,14 @@ const ZoneElection* ElectionResult::Find(absl::string_view path) const {
   return nullptr;
 }
 
+bool SameShown(const ZoneElection& a, const ZoneElection& b) {
+  return a.path == b.path && a.supernode == b.supernode && a.standby == b.standby &&
+         a.reason == b.reason && a.standby_reason == b.standby_reason && a.cause == b.cause &&
+         a.elected_at == b.elected_at && a.direct_members == b.direct_members &&
+         a.workers == b.workers && a.changes == b.changes && a.challenger == b.challenger &&
+         a.challenger_streak == b.challenger_streak;
+}
+
 bool IdLess(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return a.size() < b.size();
   return a < b;

@@ -103,6 +103,9 @@ struct ZoneElection {
   double supernode_score = 0;
 };
 
+// Whether two zones show the same (everything but the scores' inputs).
+bool SameShown(const ZoneElection& a, const ZoneElection& b);
+
 struct ElectionResult {
   // Zones in pre-order (a parent before its children, siblings by name).
   std::vector<ZoneElection> zones;
