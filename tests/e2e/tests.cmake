@@ -67,3 +67,6 @@ target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::f
 shoal_warnings(shoal-poison-worker)
 shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)
+# Zones (issue 12): the zone tree, elected supernodes and a standby's takeover.
+shoal_test(zones_test e2e e2e/zones_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(zones_test shoal-coordinator shoal-worker shoalctl)
