@@ -1240,10 +1240,12 @@ TEST_F(MembershipTest, ZoneTreeAndElectionInStatus) {
   EXPECT_EQ(FindWorker(status, b)->role(), "standby");
   EXPECT_EQ(FindWorker(status, c)->role(), "supernode");
 
-  // Rounds where b measures 8x a's bandwidth: b takes over paris (and eu)
-  // after three completed rounds, not before.
+  // Round 1 measures everyone alike (a stays: the first measurements
+  // re-choose freely, and a ties for first); then b measures 8x a's
+  // bandwidth: b takes over paris (and eu) after three more completed
+  // rounds, not before.
   for (const std::string& id : {a, b, c}) JoinRoundOk(id, 1, 1);
-  for (uint64_t round = 1; round <= 3; ++round) {
+  for (uint64_t round = 1; round <= 4; ++round) {
     AllReady({a, b, c}, round);
     for (const std::string& id : {a, b, c}) {
       v1::ReportRoundDoneRequest done;
@@ -1251,14 +1253,14 @@ TEST_F(MembershipTest, ZoneTreeAndElectionInStatus) {
       done.set_round(round);
       done.set_model_hash(Hash('a'));
       done.set_step_seconds(0.01);
-      done.set_bandwidth_bytes_per_second(id == b ? 800e6 : 100e6);
+      done.set_bandwidth_bytes_per_second(id == b && round > 1 ? 800e6 : 100e6);
       Directives out;
       ASSERT_TRUE(engine_->ReportRoundDone(done, &out).ok());
     }
     status = engine_->Status();
     ASSERT_EQ(status.last_completed_round(), round);
-    EXPECT_EQ(status.zones(2).supernode(), round < 3 ? a : b) << round;
-    EXPECT_EQ(status.zones(2).challenger_rounds(), round < 3 ? round : 0u) << round;
+    EXPECT_EQ(status.zones(2).supernode(), round < 4 ? a : b) << round;
+    EXPECT_EQ(status.zones(2).challenger_rounds(), round < 4 ? round - 1 : 0u) << round;
   }
   EXPECT_EQ(status.zones(1).supernode(), b);  // eu follows paris
   EXPECT_THAT(status.zones(2).cause(), HasSubstr("beat " + a));

@@ -229,6 +229,30 @@ TEST_F(ZoneElectionTest, UnmeasuredHeadKeepsItsSeat) {
   EXPECT_EQ(Z("eu").standby, "w2");
 }
 
+TEST_F(ZoneElectionTest, FirstMeasurementsElectFreelyOnce) {
+  std::vector<ElectionMember> members = {M("w1", "eu"), M("w2", "eu"), M("w3", "eu")};
+  Elect(members);
+  ASSERT_EQ(Z("eu").supernode, "w1");  // by id: nothing measured
+  EXPECT_FALSE(Z("eu").measured_choice);
+  // Membership evaluations do not re-choose.
+  members = {M("w1", "eu", 0.01, 100 * kMB), M("w2", "eu", 0.01, 120 * kMB),
+             M("w3", "eu", 0.01, 110 * kMB)};
+  Elect(members, ElectionTrigger::kMembership);
+  EXPECT_EQ(Z("eu").supernode, "w1");
+  // The first measurement evaluation does, even for 1.2x (under the factor).
+  clock_.Advance(absl::Seconds(1));
+  Elect(members, ElectionTrigger::kMeasurements);
+  EXPECT_EQ(Z("eu").supernode, "w2");
+  EXPECT_EQ(Z("eu").standby, "w3");
+  EXPECT_EQ(Z("eu").cause, "first measurements: w2 ranks first (w1 was chosen by id)");
+  EXPECT_EQ(Z("eu").elected_at, clock_.Now());
+  EXPECT_TRUE(Z("eu").measured_choice);
+  // From then on, only the hysteresis moves it.
+  members[2].bandwidth_bps = 160 * kMB;
+  for (int i = 0; i < 5; ++i) Elect(members, ElectionTrigger::kMeasurements);
+  EXPECT_EQ(Z("eu").supernode, "w2");
+}
+
 TEST_F(ZoneElectionTest, StandbyTakesOverAtOnceWhenTheHeadDies) {
   std::vector<ElectionMember> members = {M("w1", "eu", 0.01, 300 * kMB),
                                          M("w2", "eu", 0.01, 100 * kMB),

@@ -202,10 +202,22 @@ ElectionResult ElectZones(const std::vector<ElectionMember>& members,
       zone.cause = prev->cause;
       zone.elected_at = prev->elected_at;
       zone.changes = prev->changes;
+      zone.measured_choice = prev->measured_choice;
       const Candidate& best = candidates[0];
       const bool beaten = &best != kept && best.measured && kept->measured &&
                           best.score > options.switch_factor * kept->score;
-      if (trigger == ElectionTrigger::kMeasurements) {
+      if (trigger == ElectionTrigger::kMeasurements && !prev->measured_choice && kept->measured) {
+        // Chosen by id before anyone was measured: the first measurements
+        // elect freely, once.
+        zone.measured_choice = true;
+        if (&best != kept) {
+          zone.cause = absl::StrCat("first measurements: ", best.member->id, " ranks first (",
+                                    incumbent, " was chosen by id)");
+          head = &best;
+          zone.elected_at = now;
+          ++zone.changes;
+        }
+      } else if (trigger == ElectionTrigger::kMeasurements) {
         if (beaten) {
           zone.challenger = best.member->id;
           zone.challenger_streak =
@@ -244,10 +256,12 @@ ElectionResult ElectZones(const std::vector<ElectionMember>& members,
       }
       zone.elected_at = now;
       zone.changes = prev->changes + 1;
+      zone.measured_choice = head->measured;
     } else {
       zone.cause = "first election";
       zone.elected_at = now;
       zone.changes = prev != nullptr ? prev->changes : 0;
+      zone.measured_choice = head->measured;
     }
     zone.supernode = head->member->id;
     zone.supernode_score = head->score;

@@ -28,7 +28,11 @@
 // - Stickiness: a supernode stays while it is a candidate. A challenger
 //   replaces it only after beating its score by more than switch_factor in
 //   switch_evaluations consecutive measurement evaluations (both measured).
-//   Membership evaluations neither count nor break such a streak.
+//   Membership evaluations neither count nor break such a streak. One
+//   exception: a supernode chosen before anyone was measured (by id) is
+//   re-chosen freely, once, at the first measurement evaluation where it
+//   is measured itself (the id had nothing to go on); until it is
+//   measured it keeps its seat.
 // - Takeover: when the supernode is no longer a candidate (it left, died,
 //   or stopped heading the child zone it came from), the standby takes over
 //   at once if it is a candidate; otherwise the best candidate.
@@ -101,6 +105,8 @@ struct ZoneElection {
   uint32_t challenger_streak = 0;
   ZoneMedians medians;
   double supernode_score = 0;
+  // Whether the supernode was chosen with measurements (false: by id).
+  bool measured_choice = false;
 };
 
 // Whether two zones show the same (everything but the scores' inputs).
