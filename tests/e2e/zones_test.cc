@@ -20,8 +20,11 @@ std::map<std::string, v1::ZoneStatus> Zones(const v1::RunStatus& s) {
 }
 
 TEST_F(ClusterTest, ZoneTreeElectsSupernodesAndTheStandbyTakesOver) {
-  const std::string addr = StartCoordinator(
-      {"--min_participants=3", "--local_steps=20", "--learning_rate=0.05", "--eval_every=100"});
+  // No challenger may move a head while the test looks (the hysteresis is
+  // unit-tested): a loaded machine's step times differ by several times.
+  const std::string addr =
+      StartCoordinator({"--min_participants=3", "--local_steps=20", "--learning_rate=0.05",
+                        "--eval_every=100", "--supernode_switch_factor=1000"});
   StartWorker(addr, {"--zone=eu/paris"});
   StartWorker(addr, {"--zone=eu/paris"});
   StartWorker(addr, {"--zone=us"});
@@ -43,6 +46,7 @@ TEST_F(ClusterTest, ZoneTreeElectsSupernodesAndTheStandbyTakesOver) {
   EXPECT_EQ(zones[""].workers(), 3u);
   const std::string head = zones["eu/paris"].supernode();
   const std::string standby = zones["eu/paris"].standby();
+  const uint64_t changes = zones["eu/paris"].changes();  // 1 if the first measurements moved it
   ASSERT_FALSE(head.empty());
   ASSERT_FALSE(standby.empty());
   EXPECT_NE(head, standby);
@@ -81,7 +85,7 @@ TEST_F(ClusterTest, ZoneTreeElectsSupernodesAndTheStandbyTakesOver) {
   EXPECT_EQ(zones["eu/paris"].cause(), head + " left: standby " + standby + " took over")
       << status.DebugString();
   EXPECT_EQ(zones["eu/paris"].standby(), "");
-  EXPECT_EQ(zones["eu/paris"].changes(), 1u);
+  EXPECT_EQ(zones["eu/paris"].changes(), changes + 1);
 }
 
 }  // namespace
