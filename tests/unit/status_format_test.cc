@@ -276,6 +276,15 @@ TEST(FormatZoneTreeTest, FlatRunShowsNoTree) {
   root->set_reason("no child zones: a flat run has no supernode");
   EXPECT_EQ(FormatZoneTree(s), "");
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("zones")));
+  // Measurements of workers that left are not listed either (a finished run).
+  s.mutable_workers(2)->set_step_seconds(0.01);
+  EXPECT_EQ(FormatZoneTree(s), "");
+  // An active flat worker's measurements are.
+  s.mutable_workers(0)->set_role("member");
+  s.mutable_workers(0)->set_step_seconds(0.02);
+  EXPECT_THAT(FormatZoneTree(s),
+              HasSubstr("w1    (root)                   member    20.00ms    -"));
+  EXPECT_THAT(FormatZoneTree(s), Not(HasSubstr("zones")));
 }
 
 TEST(FormatZoneTreeTest, PrintsTheTreeIndentedWithRolesAndMeasurements) {

@@ -180,9 +180,14 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
 }
 
 std::string FormatZoneTree(const shoal::v1::RunStatus& s) {
+  // Active workers (a role) with their zone and measurements; those that
+  // left have no role and are not listed.
   bool zoned = false, measured = false;
+  int active = 0;
   for (const auto& z : s.zones()) zoned |= !z.path().empty() || !z.supernode().empty();
   for (const auto& w : s.workers()) {
+    if (w.role().empty()) continue;
+    ++active;
     measured |= w.step_seconds() > 0 || w.bandwidth_bytes_per_second() > 0;
   }
   if (!zoned && !measured) return "";
@@ -218,6 +223,7 @@ std::string FormatZoneTree(const shoal::v1::RunStatus& s) {
       }
     }
   }
+  if (active == 0) return out;
   absl::StrAppend(&out, absl::StrFormat("%-5s %-24s %-9s %-10s %s\n", "ID", "ZONE", "ROLE", "STEP",
                                         "BANDWIDTH"));
   for (const auto& w : s.workers()) {
