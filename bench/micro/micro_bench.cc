@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "common/chunk_codec.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
+#include "services/coordinator/core/zone_election.h"
 #include "services/worker/core/aggregation.h"
 #include "shoal/v1/common.pb.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -293,6 +295,33 @@ void BM_PlanSerialize(benchmark::State& state) {
   state.counters["plan_bytes"] = static_cast<double>(msg.ByteSizeLong());
 }
 BENCHMARK(BM_PlanSerialize)->Arg(10)->Arg(1000);
+
+// The supernode election over N members in 10 regions x 10 zones (and 10
+// members at the root), measured, from the previous result: what the
+// coordinator runs once per completed round, per burst of joins, and at
+// once when a supernode leaves (docs/SUPERNODES.md).
+void BM_ElectZones(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<coordinator::ElectionMember> members(n);
+  for (int i = 0; i < n; ++i) {
+    auto& m = members[i];
+    m.id = "w" + std::to_string(i + 1);
+    m.zone = i < 10 ? "" : "r" + std::to_string(i % 10) + "/z" + std::to_string(i / 10 % 10);
+    m.step_seconds = 0.01 + 0.001 * (i % 7);
+    m.bandwidth_bps = 1e8 + 1e6 * (i % 13);
+  }
+  const FakeClock clock;
+  const coordinator::ElectionOptions options;
+  coordinator::ElectionResult previous = coordinator::ElectZones(
+      members, {}, options, coordinator::ElectionTrigger::kMembership, clock);
+  for (auto _ : state) {
+    coordinator::ElectionResult next = coordinator::ElectZones(
+        members, previous, options, coordinator::ElectionTrigger::kMeasurements, clock);
+    benchmark::DoNotOptimize(next.zones.data());
+  }
+  state.counters["zones"] = static_cast<double>(previous.zones.size());
+}
+BENCHMARK(BM_ElectZones)->Arg(1000)->Arg(10000)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace shoal::bench

@@ -1,5 +1,6 @@
 // shoal-coordinator: membership, rounds, shard plans and run status.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -110,6 +111,14 @@ ABSL_FLAG(bool, fold_late_work, true,
 ABSL_FLAG(uint32_t, max_staleness, 4,
           "Late work staler than this many rounds is dropped instead of folded (0 = fold only "
           "into a re-run of the same base).");
+ABSL_FLAG(double, supernode_switch_factor, 1.5,
+          "Supernode election (docs/SUPERNODES.md): a worker replaces its zone's supernode only "
+          "when its score beats the supernode's by more than this factor (> 1) in "
+          "--supernode_switch_rounds consecutive completed rounds; a supernode that leaves or "
+          "dies is replaced by its standby at once.");
+ABSL_FLAG(uint32_t, supernode_switch_rounds, 3,
+          "Supernode election: consecutive completed rounds a challenger must beat the "
+          "supernode by --supernode_switch_factor (at least 1).");
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
@@ -222,6 +231,14 @@ int main(int argc, char** argv) {
   engine.adaptive_deadline.floor = absl::GetFlag(FLAGS_deadline_floor);
   engine.checkpointers = absl::GetFlag(FLAGS_checkpointers);
   engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
+  engine.election.switch_factor = absl::GetFlag(FLAGS_supernode_switch_factor);
+  engine.election.switch_evaluations = absl::GetFlag(FLAGS_supernode_switch_rounds);
+  if (!(engine.election.switch_factor > 1) || !std::isfinite(engine.election.switch_factor) ||
+      engine.election.switch_evaluations < 1) {
+    SHOAL_LOG(ERROR) << "--supernode_switch_factor must be a number > 1 and "
+                        "--supernode_switch_rounds at least 1";
+    return 2;
+  }
   auto& c = engine.config;
   c.set_model(absl::GetFlag(FLAGS_model));
   c.set_optimizer(absl::GetFlag(FLAGS_optimizer));

@@ -188,6 +188,8 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   // mean), or keep each copy apart for a robust rule.
   const uint64_t count = own.end() - own.begin();
   const bool keep_apart = NeedsAllContributions(options_.aggregation);
+  std::atomic<uint64_t> reduce_bytes{0};
+  const absl::Time reduce_start = clock_->Now();
   std::vector<std::vector<float>> parts(keep_apart ? n : 0);
   if (own.begin() < own.end()) {
     for (int k = 0; k < n; ++k) {
@@ -199,6 +201,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
         auto apply = [&](const ChunkView& c) {
           received += c.count * sizeof(float);
           raw_received += c.count * sizeof(float);
+          reduce_bytes += c.count * sizeof(float);
           // The receiver checked that the chunk lies in [own.begin, own.end).
           if (keep_apart) return codec_->ApplyAverage(c, parts[k].data() + (c.begin - own.begin()));
           std::lock_guard<std::mutex> lock(accumulate_mu);
@@ -228,6 +231,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   }
   for (auto& t : reducers) t.join();
   for (auto& t : pushers) t.join();
+  const double reduce_seconds = absl::ToDoubleSeconds(clock_->Now() - reduce_start);
   absl::Status result = FirstError(reduce_status);
   if (result.ok()) result = FirstError(push_status);
   if (result.ok() && !stop.cancelled() && keep_apart && count > 0) {
@@ -251,6 +255,8 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
     stats->bytes_received = received.load();
     stats->raw_bytes_received = raw_received.load();
     stats->retries = retries.load();
+    stats->reduce_bytes = reduce_bytes.load();
+    stats->reduce_seconds = reduce_seconds;
     // Our contribution to every other owner (read, or pushed from behind
     // NAT), our slice to every other.
     stats->bytes_published =
@@ -434,6 +440,8 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   // order the reads finish in must not change the average's bits (the same
   // round gives the same encoded average, run after run).
   std::vector<std::vector<float>> parts(n);
+  std::atomic<uint64_t> reduce_bytes{0};
+  const absl::Time reduce_start = clock_->Now();
   if (count > 0) {
     // Our own contribution, as the others would decode it.
     absl::Status mine = codec_->DecodeSlice(
@@ -459,6 +467,7 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
         if (bytes.ok()) {
           received += bytes->size();
           raw_received += count * sizeof(float);
+          reduce_bytes += bytes->size();
           parts[k].resize(count);
           reduce_status[k] = codec_->DecodeSlice(
               absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
@@ -472,6 +481,7 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
   }
   for (auto& t : reducers) t.join();
   for (auto& t : pushers) t.join();
+  const double reduce_seconds = absl::ToDoubleSeconds(clock_->Now() - reduce_start);
   absl::Status result = FirstError(reduce_status);
   if (result.ok()) result = FirstError(push_status);
   if (result.ok() && !stop.cancelled()) {
@@ -524,6 +534,8 @@ absl::Status Exchanger::AverageEncoded(const shoal::v1::RoundPlan& plan, int sel
     stats->raw_bytes_received = raw_received.load();
     stats->bytes_published = published;
     stats->retries = retries.load();
+    stats->reduce_bytes = reduce_bytes.load();
+    stats->reduce_seconds = reduce_seconds;
   }
   return result;
 }

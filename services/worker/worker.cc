@@ -651,6 +651,10 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       done.set_bytes_received(last_stats_.bytes_received);
       done.set_bytes_sent(last_stats_.bytes_published);
       done.set_compression_ratio(ratio);
+      zone_measurements_.AddTraining(done.train_seconds(), protocol_.config().local_steps());
+      zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
+      done.set_step_seconds(zone_measurements_.step_seconds());
+      done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
       SHOAL_LOG(INFO) << absl::StrFormat(
           "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
           "wire_in=%d wire_out=%d ratio=%.4f codec=%s hash=%s",

@@ -46,6 +46,7 @@
 #include "services/worker/core/model_state.h"
 #include "services/worker/core/trainer.h"
 #include "services/worker/core/worker_protocol.h"
+#include "services/worker/core/zone_measurements.h"
 #include "services/worker/exchanger.h"
 #include "services/worker/model_syncer.h"
 #include "services/worker/peer_client.h"
@@ -212,6 +213,8 @@ class Worker {
   CancellationToken stop_token_{ShutdownSignal::Token()};
   uint64_t stop_registration_ = 0;
   AveragingStats last_stats_;  // of the latest exchange
+  // Step time and bandwidth for the supernode election (ReportRoundDone).
+  ZoneMeasurements zone_measurements_;
   absl::Mutex mu_;
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   // Interrupting directives received and not yet handled by Run(): an

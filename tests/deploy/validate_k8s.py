@@ -368,6 +368,27 @@ def main():
              f"{work_w}: --advertise port {m.group(4)} != --listen port "
              f"{listen.get('shoal-worker')}")
 
+    # ---- workers: the zone from the pod's topology label (docs/SUPERNODES.md) ----
+    # A Pod cannot read its node's labels with fieldRef; its own labels it
+    # can, and topology.kubernetes.io/zone is put on the pod by the
+    # PodTopologyLabels admission plugin (Kubernetes 1.33+), a per-zone
+    # StatefulSet or a webhook. A missing label reads as "" (the root zone).
+    zone = wv.get("zone")
+    if zone is not None:
+        zm = re.fullmatch(r"\$\((\w+)\)", zone)
+        if zm:
+            var = zm.group(1)
+            path = ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get(
+                "fieldPath")
+            c.ok(path in ("metadata.labels['topology.kubernetes.io/zone']",
+                          "metadata.labels['topology.kubernetes.io/region']"),
+                 f"{work_w}: --zone=$({var}): $({var}) must come from the pod's label "
+                 f"topology.kubernetes.io/zone (or /region) through the downward API, is {path}")
+        else:
+            c.ok(re.fullmatch(r"[a-z0-9._-]{1,63}(/[a-z0-9._-]{1,63}){0,7}", zone)
+                 and ".." not in zone.split("/") and "." not in zone.split("/"),
+                 f"{work_w}: --zone={zone} is not a zone path (common/zone.h)")
+
     def names_service(value, svcs, what):
         hp = dc.split_hostport(value)
         if not c.ok(hp is not None, f"{what}={value} is not host:port"):

@@ -75,3 +75,6 @@ shoal_test(supernode_netns_test e2e e2e/supernode_netns_test.cc LIBS shoal_proto
   SERIAL)
 target_compile_definitions(supernode_netns_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(supernode_netns_test shoal-coordinator shoal-worker shoalctl)
+# Zones (issue 12): the zone tree, elected supernodes and a standby's takeover.
+shoal_test(zones_test e2e e2e/zones_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(zones_test shoal-coordinator shoal-worker shoalctl)

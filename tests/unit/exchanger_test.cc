@@ -252,6 +252,11 @@ TEST_P(ExchangerAverageTest, EveryWorkerEndsWithTheReferenceMean) {
   for (int k = 0; k < shape.n; ++k) {
     ASSERT_TRUE(r.status[k].ok()) << workers[k]->id << ": " << r.status[k];
     EXPECT_EQ(r.stats[k].bytes_received, ExpectedBytes(plan, k)) << workers[k]->id;
+    // The reduce-scatter's share (the supernode election's bandwidth): the
+    // other participants' copies of its own slice.
+    const uint64_t own = plan.slices(k).end() - plan.slices(k).begin();
+    EXPECT_EQ(r.stats[k].reduce_bytes, (shape.n - 1) * own * sizeof(float)) << workers[k]->id;
+    EXPECT_GE(r.stats[k].reduce_seconds, 0);
   }
   ExpectAveraged(workers);
   // Every worker now serves its averaged slice.

@@ -4,6 +4,7 @@
 // the durable record. No sockets, no sleeps: time only moves when the test
 // advances the FakeClock.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -1208,6 +1209,100 @@ TEST_F(MembershipTest, ZoneIsCheckedKeptAndShown) {
   EXPECT_EQ(zones.size(), 2u);
 }
 
+// The zone tree and the supernode election in status (docs/SUPERNODES.md):
+// membership re-elects at the next Tick, measurements once per completed
+// round with hysteresis, a lost supernode's standby takes over at once.
+TEST_F(MembershipTest, ZoneTreeAndElectionInStatus) {
+  Start({.min_participants = 3});
+  const std::string a = AddMember(9001, {.zone = "eu/paris"});
+  const std::string b = AddMember(9002, {.zone = "eu/paris"});
+  const std::string c = AddMember(9003, {.zone = "us"});
+  // Joins only mark the election stale: the next Tick elects.
+  EXPECT_EQ(engine_->Status().zones_size(), 0);
+  Pass(absl::Milliseconds(250), {a, b, c});
+  RunStatus status = engine_->Status();
+  ASSERT_EQ(status.zones_size(), 4) << status.DebugString();
+  EXPECT_EQ(status.zones(0).path(), "");
+  EXPECT_EQ(status.zones(0).supernode(), "");
+  EXPECT_EQ(status.zones(0).workers(), 3u);
+  EXPECT_EQ(status.zones(1).path(), "eu");
+  EXPECT_EQ(status.zones(1).supernode(), a);
+  EXPECT_EQ(status.zones(1).direct_members(), 0u);
+  EXPECT_EQ(status.zones(2).path(), "eu/paris");
+  EXPECT_EQ(status.zones(2).supernode(), a);
+  EXPECT_EQ(status.zones(2).standby(), b);
+  EXPECT_EQ(status.zones(2).direct_members(), 2u);
+  EXPECT_EQ(status.zones(2).cause(), "first election");
+  EXPECT_EQ(status.zones(2).elected_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_EQ(status.zones(3).path(), "us");
+  EXPECT_EQ(status.zones(3).supernode(), c);
+  EXPECT_EQ(FindWorker(status, a)->role(), "supernode");
+  EXPECT_EQ(FindWorker(status, b)->role(), "standby");
+  EXPECT_EQ(FindWorker(status, c)->role(), "supernode");
+
+  // Round 1 measures everyone alike (a stays: the first measurements
+  // re-choose freely, and a ties for first); then b measures 8x a's
+  // bandwidth: b takes over paris (and eu) after three more completed
+  // rounds, not before.
+  for (const std::string& id : {a, b, c}) JoinRoundOk(id, 1, 1);
+  for (uint64_t round = 1; round <= 4; ++round) {
+    AllReady({a, b, c}, round);
+    for (const std::string& id : {a, b, c}) {
+      v1::ReportRoundDoneRequest done;
+      done.set_worker_id(id);
+      done.set_round(round);
+      done.set_model_hash(Hash('a'));
+      done.set_step_seconds(0.01);
+      done.set_bandwidth_bytes_per_second(id == b && round > 1 ? 800e6 : 100e6);
+      Directives out;
+      ASSERT_TRUE(engine_->ReportRoundDone(done, &out).ok());
+    }
+    status = engine_->Status();
+    ASSERT_EQ(status.last_completed_round(), round);
+    EXPECT_EQ(status.zones(2).supernode(), round < 4 ? a : b) << round;
+    EXPECT_EQ(status.zones(2).challenger_rounds(), round < 4 ? round - 1 : 0u) << round;
+  }
+  EXPECT_EQ(status.zones(1).supernode(), b);  // eu follows paris
+  EXPECT_THAT(status.zones(2).cause(), HasSubstr("beat " + a));
+  EXPECT_THAT(status.zones(2).reason(), HasSubstr("the zone's median bandwidth"));
+  EXPECT_EQ(FindWorker(status, b)->bandwidth_bytes_per_second(), 800e6);
+  EXPECT_EQ(FindWorker(status, b)->step_seconds(), 0.01);
+  EXPECT_EQ(FindWorker(status, a)->role(), "standby");
+
+  // The supernode's session breaks: its standby takes over at once, before
+  // any Tick.
+  engine_->Disconnect(b, "session closed");
+  status = engine_->Status();
+  EXPECT_EQ(status.zones(2).supernode(), a);
+  EXPECT_EQ(status.zones(2).cause(), b + " left: standby " + a + " took over");
+  EXPECT_EQ(status.zones(1).supernode(), a);
+  EXPECT_EQ(FindWorker(status, b)->role(), "");
+  EXPECT_EQ(engine_->Election().Find("eu/paris")->supernode, a);
+}
+
+TEST_F(MembershipTest, BadMeasurementsAreRefused) {
+  Start();
+  const std::vector<std::string> ids = StartRoundOne(2);
+  AllReady(ids, 1);
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    v1::ReportRoundDoneRequest done;
+    done.set_worker_id(ids[0]);
+    done.set_round(1);
+    done.set_model_hash(Hash('a'));
+    done.set_step_seconds(bad);
+    Directives out;
+    EXPECT_EQ(engine_->ReportRoundDone(done, &out).code(), absl::StatusCode::kInvalidArgument);
+    done.set_step_seconds(0);
+    done.set_bandwidth_bytes_per_second(bad);
+    const absl::Status s = engine_->ReportRoundDone(done, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("bandwidth_bytes_per_second"));
+  }
+  // The round goes on with good reports.
+  AllDone(ids, 1, Hash('a'));
+  EXPECT_EQ(engine_->Status().last_completed_round(), 1u);
+}
+
 TEST_F(MembershipTest, ResumedFinishedRunRefusesJoins) {
   v1::RunRecord record = Record(5, Hash('c'), 3);
   record.set_finished(true);
@@ -1545,6 +1640,10 @@ TEST_F(MembershipTest, StatusVersionMovesWithTheStatusButNotWithPlainHeartbeats)
   const std::string w1 = AddMember(9001);
   EXPECT_GT(engine_->status_version(), v);
   const std::string w2 = AddMember(9002);
+  // The next Tick elects the new members' zones: a change of the status.
+  v = engine_->status_version();
+  Pass(absl::Milliseconds(250), {w1, w2});
+  EXPECT_GT(engine_->status_version(), v);
 
   // A heartbeat that only refreshes last_seen leaves the version.
   v = engine_->status_version();

@@ -268,6 +268,73 @@ TEST(FormatStatusTableTest, GossipShowsTheCheckpointerAndTheLatestCheckpoint) {
                         "steps, clock 64000"));
 }
 
+TEST(FormatZoneTreeTest, FlatRunShowsNoTree) {
+  RunStatus s = FinishedRun();
+  auto* root = s.add_zones();
+  root->set_workers(3);
+  root->set_direct_members(3);
+  root->set_reason("no child zones: a flat run has no supernode");
+  EXPECT_EQ(FormatZoneTree(s), "");
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("zones")));
+  // Measurements of workers that left are not listed either (a finished run).
+  s.mutable_workers(2)->set_step_seconds(0.01);
+  EXPECT_EQ(FormatZoneTree(s), "");
+  // An active flat worker's measurements are.
+  s.mutable_workers(0)->set_role("member");
+  s.mutable_workers(0)->set_step_seconds(0.02);
+  EXPECT_THAT(FormatZoneTree(s),
+              HasSubstr("w1    (root)                   member    20.00ms    -"));
+  EXPECT_THAT(FormatZoneTree(s), Not(HasSubstr("zones")));
+}
+
+TEST(FormatZoneTreeTest, PrintsTheTreeIndentedWithRolesAndMeasurements) {
+  RunStatus s = FinishedRun();  // w1, w2 active, w3 left
+  s.mutable_workers(0)->set_zone("eu/paris");
+  s.mutable_workers(0)->set_role("supernode");
+  s.mutable_workers(0)->set_step_seconds(0.0125);
+  s.mutable_workers(0)->set_bandwidth_bytes_per_second(210e6);
+  s.mutable_workers(1)->set_zone("eu/paris");
+  s.mutable_workers(1)->set_role("standby");
+  auto add = [&](const std::string& path, const std::string& head, const std::string& standby,
+                 uint32_t workers) {
+    auto* z = s.add_zones();
+    z->set_path(path);
+    z->set_supernode(head);
+    z->set_standby(standby);
+    z->set_workers(workers);
+    z->set_direct_members(path == "eu/paris" ? workers : 0);
+    if (!head.empty()) {
+      z->set_reason(head + ": 2.1x the zone's median bandwidth, 0.9x its median step time");
+      z->set_cause("first election");
+      z->set_elected_unix_ms(1'700'000'000'000);
+    } else {
+      z->set_reason("no direct members: the child zones' supernodes meet as peers");
+    }
+    return z;
+  };
+  add("", "", "", 2);
+  add("eu", "w1", "w2", 2)->set_challenger("w2");
+  s.mutable_zones(1)->set_challenger_rounds(2);
+  add("eu/paris", "w1", "w2", 2);
+  const std::string tree = FormatZoneTree(s);
+  const std::vector<std::string> lines = absl::StrSplit(tree, '\n');
+  ASSERT_GE(lines.size(), 9u) << tree;
+  EXPECT_EQ(lines[1],
+            "  (root)  2 workers (0 direct)  no supernode: no direct members: the child zones' "
+            "supernodes meet as peers");
+  EXPECT_EQ(lines[2],
+            "    eu  2 workers (0 direct)  supernode w1  standby w2  since 22:13:20 UTC (first "
+            "election)");
+  EXPECT_EQ(lines[3],
+            "        why w1: 2.1x the zone's median bandwidth, 0.9x its median step time");
+  EXPECT_EQ(lines[4], "        challenger w2 ahead for 2 round(s)");
+  EXPECT_THAT(lines[5], ::testing::StartsWith("      paris  2 workers (2 direct)  supernode w1"));
+  EXPECT_THAT(tree, HasSubstr("w1    eu/paris                 supernode 12.50ms    210.0 MB/s"));
+  EXPECT_THAT(tree, HasSubstr("w2    eu/paris                 standby   -          -"));
+  EXPECT_THAT(tree, Not(HasSubstr("w3 ")));  // left: no role
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr(tree));
+}
+
 TEST(PhaseNameTest, NamesWithoutPrefix) {
   EXPECT_EQ(PhaseName(shoal::v1::TRAINING), "TRAINING");
   EXPECT_EQ(PhaseName(shoal::v1::CHECKPOINTING), "CHECKPOINTING");

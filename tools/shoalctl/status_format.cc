@@ -2,9 +2,12 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 
 namespace shoal::ctl {
 
@@ -171,6 +174,68 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                                             seconds(w.deadline_seconds()), w.rounds_late(),
                                             w.folded_updates(), last));
     }
+  }
+  absl::StrAppend(&out, FormatZoneTree(s));
+  return out;
+}
+
+std::string FormatZoneTree(const shoal::v1::RunStatus& s) {
+  // Active workers (a role) with their zone and measurements; those that
+  // left have no role and are not listed.
+  bool zoned = false, measured = false;
+  int active = 0;
+  for (const auto& z : s.zones()) zoned |= !z.path().empty() || !z.supernode().empty();
+  for (const auto& w : s.workers()) {
+    if (w.role().empty()) continue;
+    ++active;
+    measured |= w.step_seconds() > 0 || w.bandwidth_bytes_per_second() > 0;
+  }
+  if (!zoned && !measured) return "";
+  std::string out;
+  if (zoned) {
+    absl::StrAppend(&out, "zones (supernode, standby; --supernode_switch_factor/_rounds):\n");
+    for (const auto& z : s.zones()) {
+      const size_t depth =
+          z.path().empty() ? 0 : 1 + std::count(z.path().begin(), z.path().end(), '/');
+      const std::string indent(2 + 2 * depth, ' ');
+      const std::string name =
+          z.path().empty() ? "(root)" : z.path().substr(z.path().rfind('/') + 1);
+      absl::StrAppend(&out, indent, name, "  ", z.workers(),
+                      z.workers() == 1 ? " worker" : " workers", " (", z.direct_members(),
+                      " direct)");
+      if (z.supernode().empty()) {
+        absl::StrAppend(&out, "  no supernode: ", z.reason(), "\n");
+        continue;
+      }
+      absl::StrAppend(&out, "  supernode ", z.supernode(), "  standby ",
+                      z.standby().empty() ? "-" : z.standby());
+      if (z.elected_unix_ms() > 0) {
+        absl::StrAppend(&out, "  since ",
+                        absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(z.elected_unix_ms()),
+                                         absl::UTCTimeZone()),
+                        " UTC");
+      }
+      absl::StrAppend(&out, " (", z.cause(), ")\n");
+      absl::StrAppend(&out, indent, "    why ", z.reason(), "\n");
+      if (!z.challenger().empty()) {
+        absl::StrAppend(&out, indent, "    challenger ", z.challenger(), " ahead for ",
+                        z.challenger_rounds(), " round(s)\n");
+      }
+    }
+  }
+  if (active == 0) return out;
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-24s %-9s %-10s %s\n", "ID", "ZONE", "ROLE", "STEP",
+                                        "BANDWIDTH"));
+  for (const auto& w : s.workers()) {
+    if (w.role().empty()) continue;  // left or evicted
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "%-5s %-24s %-9s %-10s %s\n", w.id(), w.zone().empty() ? "(root)" : w.zone(), w.role(),
+            w.step_seconds() > 0 ? absl::StrFormat("%.2fms", w.step_seconds() * 1e3) : "-",
+            w.bandwidth_bytes_per_second() > 0
+                ? absl::StrFormat("%.1f MB/s", w.bandwidth_bytes_per_second() / 1e6)
+                : "-"));
   }
   return out;
 }

@@ -12,6 +12,12 @@ namespace shoal::ctl {
 // Phase name without prefix, e.g. "TRAINING".
 std::string PhaseName(shoal::v1::Phase phase);
 std::string FormatStatusTable(const shoal::v1::RunStatus& status);
+// The zone tree (docs/SUPERNODES.md), indented by depth: per zone its
+// workers, supernode, standby, why and since when; then each active
+// active worker's zone, role and measurements. No tree for a flat run
+// (every worker in the root zone), and nothing at all until an active
+// worker measured something. Part of FormatStatusTable.
+std::string FormatZoneTree(const shoal::v1::RunStatus& status);
 std::string FormatStatusJson(const shoal::v1::RunStatus& status);
 // One line per completed round, e.g. "round 3/20 ... test_accuracy=0.8312".
 std::string FormatRoundLine(const shoal::v1::RoundSummary& round, uint64_t total_rounds);

@@ -218,6 +218,7 @@ Directives RoundEngine::Tick() {
   ExpireLeases(now, &out);
   WatchCheckpoint(now, &out);
   if (!gossip()) ApplyRoundDeadline(now, &out);
+  if (election_stale_) Reelect(ElectionTrigger::kMembership);
   return out;
 }
 

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "services/coordinator/core/round_decisions.h"
+#include "services/coordinator/core/zone_election.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
@@ -89,6 +90,9 @@ struct EngineOptions {
   // leader's term, or its lease is uncertain). The round starts on a later
   // event or HoldRounds(false). Unset = rounds start freely.
   std::function<bool(const shoal::v1::RunRecord&, uint64_t version)> before_round_start;
+  // The supernode election (docs/SUPERNODES.md): hysteresis factor and
+  // rounds (--supernode_switch_factor, --supernode_switch_rounds).
+  ElectionOptions election;
 };
 
 // A message for one worker's session stream. Immutable and shared: a
@@ -145,6 +149,9 @@ class RoundEngine {
   Directives HoldRounds(bool hold);
 
   shoal::v1::RunStatus Status() const;
+  // The latest supernode election (brought up to date first when
+  // membership changed since): what the hierarchical plan builds on.
+  ElectionResult Election();
   // The record to persist (run id, config, counters).
   shoal::v1::RunRecord Record() const;
   // Increments whenever Record() changes (once per call that changed it);
@@ -252,6 +259,11 @@ class RoundEngine {
     uint64_t plan_list_known = 0;
     // Gossip mode: it called JoinRound and is in the peer lists.
     bool gossiping = false;
+    // What the supernode election uses (ReportRoundDone fields 110-111):
+    // median step time, seconds, and median inbound bandwidth, bytes per
+    // second; 0 = not measured.
+    double step_seconds = 0;
+    double bandwidth_bps = 0;
     // The round whose training it finished before its session broke, as
     // its JoinRound said (0 = none): its ready report for that round comes
     // at once and says nothing of its speed.
@@ -370,6 +382,16 @@ class RoundEngine {
   // checkpointer (DecideGossipCheckpointer) and tells a new one with a
   // CheckpointRequest (gossip = true). Called on every peer-list change.
   void AssignGossipCheckpointer(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The supernode election (zone_election.h). Membership changes mark it
+  // stale and the next Tick re-elects (so a burst of joins costs one
+  // O(N log N) election, not one per join); the loss of a supernode or a
+  // standby re-elects at once, so that the standby takes over before any
+  // plan is built; a completed round re-elects with its new measurements
+  // (the only evaluations that count for the hysteresis).
+  void MarkElectionStale() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { election_stale_ = true; }
+  void Reelect(ElectionTrigger trigger) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A departure: re-elects at once when `worker_id` held a role.
+  void ReelectAfterDeparture(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportCheckpoint in gossip mode: a report from the checkpointer of a
   // sequence number past the latest.
   absl::Status ReportGossipCheckpoint(const shoal::v1::ReportCheckpointRequest& request)
@@ -455,6 +477,11 @@ class RoundEngine {
   uint64_t checkpoint_steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::string checkpoint_worker_ ABSL_GUARDED_BY(mu_);
   absl::Time checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The latest election, whether membership changed since, and the roles it
+  // gives (id -> "supernode" / "standby"; absent = "member").
+  ElectionResult election_ ABSL_GUARDED_BY(mu_);
+  bool election_stale_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, const char*> roles_ ABSL_GUARDED_BY(mu_);
   absl::Time started_at_;
 };
 

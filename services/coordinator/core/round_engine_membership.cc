@@ -126,6 +126,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     SHOAL_LOG(INFO) << member->id
                     << " takes part with outbound connections only: " << member->outbound_reason;
   }
+  MarkElectionStale();  // a new member or maybe a new zone: the next Tick re-elects
   member->connected = false;
   member->plan_list_known = 0;
   member->last_seen = now;
@@ -342,6 +343,7 @@ bool RoundEngine::Depart(std::string worker_id, MemberState why, const std::stri
                   << "\" members=" << members_.size();
   departed_.push_back(std::move(gone));
   while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
+  ReelectAfterDeparture(worker_id);
   return was_participant;
 }
 

@@ -3,6 +3,7 @@
 // FindFailingPeers), sharing and completion (DecideHashVote), re-plans,
 // aborts, the end of the run and the round deadlines (DecideRoundDeadline).
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -386,6 +387,14 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   if (!IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
   }
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"step_seconds", request.step_seconds()},
+        {"bandwidth_bytes_per_second", request.bandwidth_bytes_per_second()}}) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be a finite number >= 0 (0 = not measured), got ", value));
+    }
+  }
   MarkStatusChanged();
   member->last_seen = clock_->Now();
   UpdateFlags(*member, [](Member& m) { m.done = true; });
@@ -396,6 +405,11 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   member->bytes_sent = request.bytes_sent();
   member->compression_ratio = request.compression_ratio();
   member->wire_round = request.round();
+  // What the supernode election uses; 0 = not measured (keeps the last).
+  if (request.step_seconds() > 0) member->step_seconds = request.step_seconds();
+  if (request.bandwidth_bytes_per_second() > 0) {
+    member->bandwidth_bps = request.bandwidth_bytes_per_second();
+  }
   if (request.train_seconds() > 0) {
     AddSample(member->train_seconds, request.train_seconds(), SampleWindow());
   }
@@ -479,6 +493,9 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   MarkRecordChanged();
   SHOAL_LOG(INFO) << "round " << round_ << " complete: participants=" << participants_.size()
                   << " hash=" << hash.substr(0, 16) << " seconds=" << summary.seconds();
+  // The round's measurements are in: the one evaluation per round that
+  // may move a supernode (after several rounds of a clear advantage).
+  Reelect(ElectionTrigger::kMeasurements);
 
   CoordinatorMessage done;
   done.mutable_round_complete()->set_round(round_);

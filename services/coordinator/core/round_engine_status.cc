@@ -1,9 +1,12 @@
-// RoundEngine, what it reports: Status() (with its phase detail), the
-// durable Record() and the plain accessors.
+// RoundEngine, what it reports: Status() (with its phase detail and the
+// zone tree), the durable Record(), the plain accessors, and keeping the
+// supernode election up to date.
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "services/coordinator/core/gossip_status.h"
 #include "services/coordinator/core/round_engine.h"
 
@@ -115,6 +118,12 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     w->set_zone(m.zone);
     w->set_outbound_only(m.outbound_only);
     w->set_outbound_reason(m.outbound_reason);
+    w->set_step_seconds(m.step_seconds);
+    w->set_bandwidth_bytes_per_second(m.bandwidth_bps);
+    if (active) {
+      auto role = roles_.find(m.id);
+      w->set_role(role == roles_.end() ? "member" : role->second);
+    }
     w->set_state(active && m.progress.syncing() ? "syncing" : StateName(m.state));
     w->set_model_hash(m.model_hash);
     w->set_model_round(m.model_round);
@@ -176,6 +185,25 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   };
   for (const auto& [id, m] : members_) add(m, true);
   for (const auto& m : departed_) add(m, false);
+  for (const ZoneElection& z : election_.zones) {
+    shoal::v1::ZoneStatus* zs = s.add_zones();
+    zs->set_path(z.path);
+    zs->set_supernode(z.supernode);
+    zs->set_standby(z.standby);
+    zs->set_reason(z.reason);
+    zs->set_standby_reason(z.standby_reason);
+    zs->set_cause(z.cause);
+    if (z.elected_at != absl::InfinitePast()) {
+      zs->set_elected_unix_ms(absl::ToUnixMillis(z.elected_at));
+    }
+    zs->set_direct_members(z.direct_members);
+    zs->set_workers(z.workers);
+    zs->set_changes(z.changes);
+    zs->set_challenger(z.challenger);
+    zs->set_challenger_rounds(z.challenger_streak);
+    zs->set_median_step_seconds(z.medians.step_seconds);
+    zs->set_median_bandwidth_bytes_per_second(z.medians.bandwidth_bps);
+  }
   if (gossip()) {
     std::vector<const google::protobuf::RepeatedField<float>*> projections;
     for (const auto& [id, m] : members_) {
@@ -201,6 +229,59 @@ double RoundEngine::ReadyDeadlineSeconds() const {
     return 0;
   }
   return absl::ToDoubleSeconds(ready_deadline_.deadline - round_started_at_);
+}
+
+// ------------------------------------------------------- Supernode election
+
+ElectionResult RoundEngine::Election() {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  if (election_stale_) Reelect(ElectionTrigger::kMembership);
+  return election_;
+}
+
+void RoundEngine::ReelectAfterDeparture(const std::string& worker_id) {
+  if (roles_.contains(worker_id)) {
+    Reelect(ElectionTrigger::kMembership);  // the standby takes over now
+  } else {
+    MarkElectionStale();
+  }
+}
+
+void RoundEngine::Reelect(ElectionTrigger trigger) {
+  std::vector<ElectionMember> input;
+  input.reserve(members_.size());
+  for (const auto& [id, m] : members_) {
+    input.push_back({m.id, m.zone, m.step_seconds, m.bandwidth_bps, /*alive=*/true});
+  }
+  ElectionResult next = ElectZones(input, election_, options_.election, trigger, *clock_);
+  election_stale_ = false;
+  // Log changes, not evaluations.
+  absl::flat_hash_map<std::string, const ZoneElection*> before;
+  for (const ZoneElection& z : election_.zones) before[z.path] = &z;
+  bool changed = next.zones.size() != election_.zones.size();
+  for (size_t i = 0; i < next.zones.size() && !changed; ++i) {
+    changed = !SameShown(next.zones[i], election_.zones[i]);
+  }
+  for (const ZoneElection& z : next.zones) {
+    auto it = before.find(z.path);
+    const bool same = it != before.end() && it->second->supernode == z.supernode &&
+                      it->second->standby == z.standby;
+    if (same || (z.supernode.empty() && it == before.end())) continue;
+    SHOAL_LOG(INFO) << "zone \"" << z.path << "\": supernode "
+                    << (z.supernode.empty() ? "(none)" : z.supernode) << " standby "
+                    << (z.standby.empty() ? "(none)" : z.standby) << " round=" << round_ << " ("
+                    << z.cause << "; " << z.reason << ")";
+  }
+  roles_.clear();
+  for (const ZoneElection& z : next.zones) {
+    if (!z.standby.empty()) roles_.emplace(z.standby, "standby");
+  }
+  for (const ZoneElection& z : next.zones) {
+    if (!z.supernode.empty()) roles_[z.supernode] = "supernode";
+  }
+  election_ = std::move(next);
+  if (changed) MarkStatusChanged();
 }
 
 shoal::v1::RunRecord RoundEngine::Record() const {

@@ -101,6 +101,20 @@ function render(s) {
   $('workers').tBodies[0].innerHTML = rows.join('');
   $('bytes').textContent = `${workers.length} known · latest rounds' exchange: ${bytes(recv)} received, ${bytes(sent)} sent`;
 
+  // The zone tree (RunStatus.zones, pre-order), shown unless the run is flat.
+  const zones = s.zones || [];
+  const zoned = zones.some((z) => z.path || z.supernode);
+  $('zones-section').hidden = !zoned;
+  $('zones').tBodies[0].innerHTML = !zoned ? '' : zones.map((z) => {
+    const depth = z.path ? z.path.split('/').length : 0;
+    const name = z.path ? z.path.split('/').pop() : '(root)';
+    const since = num(z.elected_unix_ms) ? new Date(num(z.elected_unix_ms)).toLocaleTimeString() : '';
+    return `<tr data-zone="${esc(z.path)}"><td style="padding-left:${8 + 16 * depth}px">${esc(name)}</td>` +
+      `<td class="num">${num(z.workers)} (${num(z.direct_members)} direct)</td><td>${esc(z.supernode || '-')}</td>` +
+      `<td>${esc(z.standby || '-')}</td><td class="muted">${esc(z.reason)}</td>` +
+      `<td class="muted">${esc(since)}${z.cause ? ' · ' + esc(z.cause) : ''}</td></tr>`;
+  }).join('');
+
   $('store').textContent = (cfg.checkpoint_store ? `store ${cfg.checkpoint_store}` : 'no --checkpoint_store') +
     (s.checkpoint_pending ? ` · uploading ${s.checkpoint_pending}` : '');
   const cps = st.checkpoints.slice().reverse();

@@ -32,6 +32,13 @@ struct AveragingStats {
   // other owners and its own slice's average once per reader.
   uint64_t bytes_published = 0;
   int retries = 0;
+  // The reduce-scatter's reads of the contributions to this worker's slice
+  // (all in parallel, and ready to read when the plan comes, so no waiting
+  // is counted): bytes received and their wall time, seconds. The worker's
+  // bandwidth for the supernode election (core/zone_measurements.h); 0 =
+  // nothing read (a round alone, an empty slice).
+  uint64_t reduce_bytes = 0;
+  double reduce_seconds = 0;
 };
 
 class Averager {
