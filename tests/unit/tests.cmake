@@ -70,3 +70,5 @@ shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
 shoal_test(zone_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_test.cc LIBS shoal_common)
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)
+shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_test.cc
+  LIBS coordinator_core)
