@@ -67,3 +67,6 @@ target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::f
 shoal_warnings(shoal-poison-worker)
 shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)
+# The hierarchical round over two zones, one zone, refused flags (issue 12).
+shoal_test(hierarchy_test e2e e2e/hierarchy_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(hierarchy_test shoal-coordinator shoal-worker)

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/shard_plan.h"
+#include "services/coordinator/core/hierarchy_plan.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_engine_internal.h"
@@ -195,6 +196,17 @@ void RoundEngine::SendPlan(Directives* out) {
   plan->set_total_elements(total_elements_);
   plan->set_attempt(attempt_);
   plan->set_participants_version(plan_list_version_);
+  size_t stages = 0;
+  if (options_.config.hierarchy()) {
+    // The stages name participants by plan index, so they travel with the
+    // compact plan too (a few bytes per participant).
+    std::vector<HierarchyParticipant> hp;
+    hp.reserve(participants_.size());
+    for (const std::string& id : participants_) hp.push_back({id, At(id).zone});
+    HierarchyPlan h = BuildHierarchyPlan(hp, ZoneHeads{});
+    stages = static_cast<size_t>(h.hierarchy.stages_size());
+    if (stages > 0) *plan->mutable_hierarchy() = std::move(h.hierarchy);
+  }
   CoordinatorMessage compact = msg;  // the same plan without the list
   plan->mutable_slices()->Reserve(static_cast<int>(participants_.size()));
   for (size_t k = 0; k < participants_.size(); ++k) {
@@ -225,7 +237,8 @@ void RoundEngine::SendPlan(Directives* out) {
     m.plan_list_known = plan_list_version_;
   }
   SHOAL_LOG(INFO) << "round " << round_ << " plan attempt " << attempt_ << ": "
-                  << participants_.size() << " participants, " << total_elements_ << " elements";
+                  << participants_.size() << " participants, " << total_elements_ << " elements"
+                  << (stages > 0 ? absl::StrCat(", ", stages, " hierarchical stages") : "");
 }
 
 // ------------------------------------------------------ Connection barrier
