@@ -72,3 +72,5 @@ shoal_test(zone_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_test.cc LIBS shoal_comm
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)
 shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_test.cc
   LIBS coordinator_core)
+shoal_test(hierarchical_averager_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchical_averager_test.cc
+  LIBS worker_lib)
