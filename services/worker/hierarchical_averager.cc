@@ -8,10 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/retry.h"
 #include "common/shard_plan.h"
 #include "common/status_util.h"
-#include "common/tensor_wire.h"
+#include "services/worker/blob_reader.h"
 
 namespace shoal::worker {
 namespace {
@@ -283,58 +282,20 @@ absl::Status HierarchicalAverager::ReadBlob(const shoal::v1::RoundPlan& plan,
   RetryPolicy policy;
   policy.initial_backoff = options_.initial_backoff;
   policy.max_backoff = options_.max_backoff;
-  policy.deadline = deadline - clock_->Now();
-  policy.clock = clock_;
-  const uint64_t want = (read.end - read.begin) * sizeof(float);
-  char* bytes = reinterpret_cast<char*>(out);
-  uint64_t have = 0;  // a retried read resumes here
-  const std::string what =
-      absl::StrCat(shoal::v1::SliceKind_Name(read.kind), " [", read.begin, ", ", read.end,
-                   ") of stage ", read.stage, " from ", read.address);
-  absl::Status s = Retry(
-      policy, stop,
-      [&](absl::Duration left) -> absl::Status {
-        while (have < want) {
-          if (stop->cancelled()) return absl::AbortedError("round aborted");
-          shoal::v1::ReadEncodedRequest request;
-          request.set_round(plan.round());
-          request.set_attempt(plan.attempt());
-          request.set_stage(read.stage);
-          request.set_kind(read.kind);
-          request.set_begin(read.begin);
-          request.set_end(read.end);
-          request.set_offset(have);
-          request.set_reader_id(self_id);
-          absl::StatusOr<shoal::v1::EncodedPiece> piece =
-              peers_->ReadEncoded(read.address, request, left, stop);
-          if (!piece.ok()) return piece.status();
-          if (piece->round() != plan.round()) {
-            return absl::FailedPreconditionError(
-                absl::StrCat(what, ": piece of round ", piece->round(), ", asked ", plan.round()));
-          }
-          if (piece->total_bytes() != want) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                what, ": announces ", piece->total_bytes(), " bytes, expected ", want));
-          }
-          if (piece->offset() != have || piece->data().empty() ||
-              piece->data().size() > want - have) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(what, ": piece of ", piece->data().size(), " bytes at offset ",
-                             piece->offset(), ", expected ", have));
-          }
-          RETURN_IF_ERROR(CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
-                                        absl::StrCat(what, " at byte ", piece->offset())));
-          std::memcpy(bytes + have, piece->data().data(), piece->data().size());
-          have += piece->data().size();
-        }
-        return absl::OkStatus();
-      },
-      [&](const absl::Status&, int) { ++*retries; });
-  if (stop->cancelled()) return absl::AbortedError("round aborted");
-  if (absl::IsDeadlineExceeded(s) || (!s.ok() && clock_->Now() >= deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("timed out reading ", what, ": ", s.message()));
-  }
-  return s;
+  shoal::v1::ReadEncodedRequest request;
+  request.set_round(plan.round());
+  request.set_attempt(plan.attempt());
+  request.set_stage(read.stage);
+  request.set_kind(read.kind);
+  request.set_begin(read.begin);
+  request.set_end(read.end);
+  request.set_reader_id(self_id);
+  const size_t want = (read.end - read.begin) * sizeof(float);
+  absl::StatusOr<std::string> bytes = ReadBlobWithRetry(peers_, read.address, request, {want, true},
+                                                        policy, deadline, clock_, stop, retries);
+  if (!bytes.ok()) return bytes.status();
+  std::memcpy(out, bytes->data(), want);
+  return absl::OkStatus();
 }
 
 }  // namespace shoal::worker
