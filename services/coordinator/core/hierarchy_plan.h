@@ -39,7 +39,8 @@ struct HierarchyParticipant {
 // Who leads each zone: zone path -> participant id. The supernode election
 // (zone_election.*) fills it; a zone that is missing, or whose named head is
 // not one of the zone's candidates (it left, or is not a candidate by the
-// bottom-up rule), gets the default: the smallest id among its candidates.
+// bottom-up rule), gets the default: the smallest id (in string order: "w10" < "w2") among its
+// candidates.
 using ZoneHeads = std::map<std::string, std::string>;
 
 struct HierarchyPlan {
