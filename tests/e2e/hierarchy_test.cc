@@ -5,12 +5,15 @@
 //    the same model hash every round, the non-heads read their zone's
 //    model from their head (BROADCAST), and the final accuracy is within a
 //    few points of the same run flat (--hierarchy=off);
+//  - a zone's head killed mid-round: the round is re-planned among the
+//    survivors, still hierarchical, and completes with agreeing hashes;
 //  - --hierarchy=on with every worker in one zone: flat plans;
 //  - the coordinator refuses --hierarchy=on with the encoded exchange.
 // MLP, every worker in every round (--adaptive_deadline=false).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -145,6 +148,54 @@ TEST_F(HierarchyTest, TwoZonesAgreeEveryRoundAndTrainLikeFlat) {
   std::printf("final test_accuracy flat %.4f hierarchical %.4f\n", flat_accuracy, hier_accuracy);
   EXPECT_GE(hier_accuracy, 0.7);
   EXPECT_LT(std::fabs(hier_accuracy - flat_accuracy), 0.03);
+}
+
+// A zone's head is killed while the round shares: the coordinator re-plans
+// the round (a new attempt, as in the flat exchange) among the survivors,
+// and the zone's standby (its next smallest id) leads the zone; the round
+// completes with three participants and the hashes agree. The partial
+// re-plan of only that zone and the level above is not done (docs).
+TEST_F(HierarchyTest, HeadKilledMidRoundTheStandbyLeadsTheReplan) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=3", "--local_steps=20", "--hierarchy=on", "--heartbeat_lease=4s",
+       "--connection_timeout=2s", "--max_connection_retry=2", "--round_timeout=4s"});
+  const std::vector<std::string> zones = {"a", "b", "a", "b"};
+  // Upload caps stretch the exchange to about a second.
+  for (const std::string& zone : zones) {
+    StartWorker(addr, {"--zone=" + zone, "--upload_rate_mbps=6"});
+  }
+  for (auto& w : workers_) {
+    ASSERT_TRUE(WaitUntil([&] { return !WorkerId(w.get()).empty(); }, absl::Seconds(30)))
+        << w->Log();
+  }
+  const std::string id1 = WorkerId(workers_[0].get());
+  const std::string id3 = WorkerId(workers_[2].get());
+  Process* head = id1 < id3 ? workers_[0].get() : workers_[2].get();
+  WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.last_completed_round() >= 1 && s.participants_size() == 4;
+      },
+      absl::Seconds(90));
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        return s.phase() == v1::SHARING && s.participants_size() == 4 &&
+               s.detail().find("done sharing") != std::string::npos;
+      },
+      absl::Seconds(60));
+  head->Signal(SIGKILL);
+  const v1::RunStatus after = ExpectRoundsGoOn(s.last_completed_round(), 2, 3);
+  bool replanned = false;
+  for (const auto& r : after.recent_rounds()) {
+    if (r.round() == s.round()) replanned = r.participants() == 3;
+  }
+  EXPECT_TRUE(replanned) << after.DebugString() << Logs();
+  // The re-plan is still hierarchical (zones a and b both have survivors).
+  const std::string log = coordinator_->Log();
+  const size_t replan = log.find(absl::StrCat("round ", s.round(), " plan attempt 2"));
+  ASSERT_NE(replan, std::string::npos) << log;
+  const std::string line = log.substr(replan, log.find('\n', replan) - replan);
+  EXPECT_NE(line.find("3 participants"), std::string::npos) << line;
+  EXPECT_NE(line.find("hierarchical stages"), std::string::npos) << line;
 }
 
 TEST_F(HierarchyTest, OneZoneIsFlat) {
