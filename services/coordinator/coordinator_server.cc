@@ -157,6 +157,20 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
         "--aggregation shapes the synchronous exchange's slice owners; --mode=gossip has none "
         "(use --aggregation=mean)");
   }
+  if (c.hierarchy() && c.mode() == "gossip") {
+    return absl::InvalidArgumentError(
+        "--hierarchy=on shapes the rounds of --mode=sync; gossip has no rounds");
+  }
+  if (c.hierarchy() && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
+    return absl::InvalidArgumentError(
+        "--hierarchy=on runs the raw fp32 exchange only: use --codec=fp32 and "
+        "--outer_optimizer=none (docs/SUPERNODES.md, \"The hierarchical round\")");
+  }
+  if (c.hierarchy() && aggregation->kind != AggregationSpec::Kind::kMean) {
+    return absl::InvalidArgumentError(
+        "--hierarchy=on averages zone means weighted by zone size; the robust rules are "
+        "unweighted: use --aggregation=mean");
+  }
   if (c.mode() == "gossip" && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
     return absl::InvalidArgumentError(
         "--codec and --outer_optimizer shape the synchronous exchange; --mode=gossip fetches "

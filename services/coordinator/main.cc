@@ -146,6 +146,11 @@ ABSL_FLAG(std::string, aggregation, "mean",
           "rest; needs 2K + 1 <= --min_participants, and a round left with fewer participants "
           "takes the median) or median. The robust rules bound what a misbehaving member can do "
           "to the model (docs/SECURITY.md); they are unweighted, like the mean.");
+ABSL_FLAG(std::string, hierarchy, "off",
+          "on: a round whose participants sit in more than one zone (the workers' --zone) "
+          "averages inside each zone first, then among the zones' heads only, then copies the "
+          "result back down, so long links carry one model per zone (docs/SUPERNODES.md). Needs "
+          "--codec=fp32, --outer_optimizer=none and --aggregation=mean. off: every round is flat.");
 ABSL_FLAG(std::string, data_split, "iid",
           "How training data is split across data ranks: iid or label_skew:ALPHA (Dirichlet).");
 ABSL_FLAG(std::string, mode, "sync",
@@ -306,6 +311,12 @@ int main(int argc, char** argv) {
   c.set_outer_momentum(absl::GetFlag(FLAGS_outer_momentum));
   c.set_data_split(absl::GetFlag(FLAGS_data_split));
   c.set_aggregation(absl::GetFlag(FLAGS_aggregation));
+  const std::string hierarchy = absl::GetFlag(FLAGS_hierarchy);
+  if (hierarchy != "on" && hierarchy != "off") {
+    SHOAL_LOG(ERROR) << "--hierarchy=" << hierarchy << " is not one of on, off";
+    return 2;
+  }
+  c.set_hierarchy(hierarchy == "on");
   c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
 
@@ -342,7 +353,7 @@ int main(int argc, char** argv) {
                   << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
                   << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
                   << " data_split=" << c.data_split() << " aggregation=" << c.aggregation()
-                  << " mode=" << c.mode();
+                  << " hierarchy=" << (c.hierarchy() ? "on" : "off") << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

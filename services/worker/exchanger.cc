@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/retry.h"
 #include "common/status_util.h"
+#include "services/worker/blob_reader.h"
 #include "services/worker/core/aggregation.h"
 
 namespace shoal::worker {
@@ -273,64 +274,15 @@ absl::StatusOr<std::string> Exchanger::ReadEncodedWithRetry(
   RetryPolicy policy;
   policy.initial_backoff = options_.initial_backoff;
   policy.max_backoff = options_.max_backoff;
-  policy.deadline = deadline - clock_->Now();
-  policy.clock = clock_;
-  const size_t max_bytes = codec_->MaxEncodedBytes(end - begin);
-  std::string bytes;
-  uint64_t total = 0;
-  bool known = false;
-  absl::Status s = Retry(
-      policy, stop,
-      [&](absl::Duration left) -> absl::Status {
-        while (!known || bytes.size() < total) {
-          if (stop->cancelled()) return absl::AbortedError("round aborted");
-          shoal::v1::ReadEncodedRequest request;
-          request.set_round(round);
-          request.set_attempt(attempt);
-          request.set_kind(kind);
-          request.set_begin(begin);
-          request.set_end(end);
-          request.set_offset(bytes.size());
-          request.set_reader_id(self_id);
-          absl::StatusOr<shoal::v1::EncodedPiece> piece =
-              peers_->ReadEncoded(address, request, left, stop);
-          if (!piece.ok()) return piece.status();
-          const std::string what = absl::StrCat("encoded ", shoal::v1::SliceKind_Name(kind), " [",
-                                                begin, ", ", end, ") from ", address);
-          if (piece->round() != round) {
-            return absl::FailedPreconditionError(
-                absl::StrCat(what, ": piece of round ", piece->round(), ", asked ", round));
-          }
-          if (piece->total_bytes() > max_bytes || (known && piece->total_bytes() != total)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                what, ": announces ", piece->total_bytes(), " bytes (at most ", max_bytes,
-                known ? absl::StrCat(", earlier ", total) : std::string(), ")"));
-          }
-          if (piece->offset() != bytes.size() ||
-              piece->data().size() > piece->total_bytes() - bytes.size() ||
-              (piece->data().empty() && bytes.size() < piece->total_bytes())) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(what, ": piece of ", piece->data().size(), " bytes at offset ",
-                             piece->offset(), ", expected offset ", bytes.size()));
-          }
-          RETURN_IF_ERROR(CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
-                                        absl::StrCat(what, " at byte ", piece->offset())));
-          total = piece->total_bytes();
-          known = true;
-          bytes += piece->data();
-        }
-        return absl::OkStatus();
-      },
-      [&](const absl::Status&, int) { ++*retries; });
-  if (stop->cancelled()) return absl::AbortedError("round aborted");
-  if (absl::IsDeadlineExceeded(s) || (!s.ok() && clock_->Now() >= deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("exchange of round ", round, " timed out reading the encoded ",
-                     shoal::v1::SliceKind_Name(kind), " [", begin, ", ", end, ") from ", address,
-                     ": ", s.message()));
-  }
-  if (!s.ok()) return s;
-  return bytes;
+  shoal::v1::ReadEncodedRequest request;
+  request.set_round(round);
+  request.set_attempt(attempt);
+  request.set_kind(kind);
+  request.set_begin(begin);
+  request.set_end(end);
+  request.set_reader_id(self_id);
+  return ReadBlobWithRetry(peers_, address, request, {codec_->MaxEncodedBytes(end - begin), false},
+                           policy, deadline, clock_, stop, retries);
 }
 
 namespace {

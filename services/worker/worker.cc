@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/model_file.h"
@@ -25,6 +26,7 @@
 #include "services/worker/core/gossip_policy.h"
 #include "services/worker/gossip_checkpointer.h"
 #include "services/worker/gossip_fetcher.h"
+#include "services/worker/hierarchical_averager.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -175,6 +177,7 @@ Worker::~Worker() {
   if (state_) state_->SetShuttingDown();
   if (server_) server_->Shutdown(absl::Seconds(1));
   averager_.reset();
+  flat_averager_.reset();
   memory_.reset();  // waits for (or leaks) the snapshot's lent chunks
   // The parameters belong to the trainer; gRPC may still hold slices
   // pointing into them for a moment after the shutdown.
@@ -263,6 +266,13 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   exchange.push_box = push_box_.get();
   averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), exchange, codec_.get(),
                                           encoded ? &encoded_parts_ : nullptr);
+  if (config.hierarchy() && !encoded) {
+    // Plans with RoundPlan.hierarchy run its stages; the others stay flat.
+    // (The coordinator refuses the hierarchy with the encoded exchange.)
+    flat_averager_ = std::move(averager_);
+    averager_ = std::make_unique<HierarchicalAverager>(
+        peers_.get(), state_.get(), encoded_store_.get(), exchange, flat_averager_.get());
+  }
   protocol_.SetInitialModel(hash);
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
@@ -657,7 +667,7 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
       SHOAL_LOG(INFO) << absl::StrFormat(
           "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
-          "wire_in=%d wire_out=%d ratio=%.4f codec=%s hash=%s",
+          "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s hash=%s",
           a.round, protocol_.train_loss(),
           done.metrics().evaluated()
               ? absl::StrFormat(" test_accuracy=%.4f test_loss=%.4f",
@@ -665,7 +675,11 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
               : "",
           done.train_seconds(), done.exchange_seconds(), last_stats_.bytes_received / 1024,
           last_stats_.retries, last_stats_.bytes_received, last_stats_.bytes_published, ratio,
-          codec_->name(), a.hash.substr(0, 12));
+          codec_->name(),
+          last_stats_.stage_bytes_received.empty()
+              ? std::string()
+              : " stage_in=" + absl::StrJoin(last_stats_.stage_bytes_received, "/"),
+          a.hash.substr(0, 12));
       absl::Status r = coordinator_->ReportRoundDone(done);
       if (!r.ok())
         SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();

@@ -196,6 +196,9 @@ class Worker {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<OuterStep> outer_;  // the run's outer optimizer (encoded exchange)
   EncodedExchange encoded_parts_;
+  // The flat sharded exchange, which `averager_` wraps when the run has
+  // --hierarchy=on (declared first: destroyed after it).
+  std::unique_ptr<Averager> flat_averager_;
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;
   // Gossip mode: the published copies the Peer service serves, and what

@@ -78,3 +78,6 @@ add_dependencies(supernode_netns_test shoal-coordinator shoal-worker shoalctl)
 # Zones (issue 12): the zone tree, elected supernodes and a standby's takeover.
 shoal_test(zones_test e2e e2e/zones_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(zones_test shoal-coordinator shoal-worker shoalctl)
+# The hierarchical round over two zones, one zone, refused flags (issue 12).
+shoal_test(hierarchy_test e2e e2e/hierarchy_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(hierarchy_test shoal-coordinator shoal-worker)

@@ -110,3 +110,68 @@ TEST(EncodedStoreTest, OuterStateIsServedForItsRoundOnly) {
 
 }  // namespace
 }  // namespace shoal::worker
+
+namespace shoal::worker {
+namespace {
+
+// Stages of a hierarchical round (ReadEncodedRequest.stage): a stage the
+// worker has not reached waits (UNAVAILABLE, like a slice not averaged
+// yet); what a stage published stays served after the worker moved on (a
+// slower member of the group may still read it); what a passed stage never
+// published is refused for good (FAILED_PRECONDITION).
+shoal::v1::ReadEncodedRequest StageReq(uint32_t stage, shoal::v1::SliceKind kind,
+                                       uint64_t begin = 0, uint64_t end = 10) {
+  shoal::v1::ReadEncodedRequest r = Req(7, 2, kind, begin, end);
+  r.set_stage(stage);
+  return r;
+}
+
+TEST(EncodedStoreStageTest, ALaterStageWaitsUntilReached) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  s.ReachStage(7, 2, 1);
+  s.Publish(7, 2, CONTRIBUTION, 0, 10, B("stage1"), 1);
+  EXPECT_TRUE(s.Find(StageReq(1, CONTRIBUTION)).ok());
+  // Stage 2 is not reached: ask again.
+  EXPECT_EQ(Code(s, StageReq(2, shoal::v1::STAGE_MODEL)), absl::StatusCode::kUnavailable);
+  // Stage 1's average is not there yet either, and the stage is current.
+  EXPECT_EQ(Code(s, StageReq(1, AVERAGED)), absl::StatusCode::kUnavailable);
+  // The flat exchange's key (stage 0) is another blob.
+  EXPECT_EQ(Code(s, Req(7, 2, CONTRIBUTION)), absl::StatusCode::kFailedPrecondition);
+  s.ReachStage(7, 2, 2);
+  const Blob model = B("model");
+  s.Publish(7, 2, shoal::v1::STAGE_MODEL, 0, 10, model, 2);
+  absl::StatusOr<Blob> got = s.Find(StageReq(2, shoal::v1::STAGE_MODEL));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, model);
+  // The same range of another stage is another blob.
+  EXPECT_EQ(Code(s, StageReq(3, shoal::v1::STAGE_MODEL)), absl::StatusCode::kUnavailable);
+}
+
+TEST(EncodedStoreStageTest, APassedStageServesWhatItPublishedAndRefusesTheRest) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  s.ReachStage(7, 2, 1);
+  s.Publish(7, 2, CONTRIBUTION, 0, 10, B("c"), 1);
+  s.ReachStage(7, 2, 3);
+  s.ReachStage(7, 2, 2);  // stages only go up
+  // A slow reader of stage 1 still gets its slice.
+  EXPECT_TRUE(s.Find(StageReq(1, CONTRIBUTION)).ok());
+  // What stage 1 and 2 never published will never come.
+  EXPECT_EQ(Code(s, StageReq(1, AVERAGED)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(s, StageReq(2, shoal::v1::STAGE_MODEL)), absl::StatusCode::kFailedPrecondition);
+  // The current stage still waits.
+  EXPECT_EQ(Code(s, StageReq(3, AVERAGED)), absl::StatusCode::kUnavailable);
+  // Another attempt's stages: ignored when reached or published.
+  s.ReachStage(7, 1, 9);
+  EXPECT_EQ(Code(s, StageReq(4, AVERAGED)), absl::StatusCode::kUnavailable);
+  // A new attempt starts from stage 0 and drops the old stages.
+  s.BeginRound(7, 3);
+  shoal::v1::ReadEncodedRequest old = StageReq(1, CONTRIBUTION);
+  EXPECT_EQ(Code(s, old), absl::StatusCode::kFailedPrecondition);
+  old.set_attempt(3);
+  EXPECT_EQ(Code(s, old), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace shoal::worker

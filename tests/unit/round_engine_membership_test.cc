@@ -51,6 +51,7 @@ struct Options {
   uint32_t adaptive_deadline_rounds = 3;
   bool fold_late_work = true;
   uint32_t max_staleness = 4;
+  bool hierarchy = false;
 };
 
 struct JoinArgs {
@@ -95,6 +96,7 @@ class MembershipTest : public ::testing::Test {
     options.config.set_checkpoint_every(o.checkpoint_every);
     options.config.set_fold_late_work(o.fold_late_work);
     options.config.set_max_staleness(o.max_staleness);
+    options.config.set_hierarchy(o.hierarchy);
     options.checkpoint_timeout = absl::Seconds(30);
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
@@ -1301,6 +1303,46 @@ TEST_F(MembershipTest, BadMeasurementsAreRefused) {
   // The round goes on with good reports.
   AllDone(ids, 1, Hash('a'));
   EXPECT_EQ(engine_->Status().last_completed_round(), 1u);
+}
+
+// --hierarchy=on: a round over two zones carries the stages, in the full
+// plan and in the compact one that names the list by version; one zone
+// stays flat.
+TEST_F(MembershipTest, HierarchyTravelsWithFullAndCompactPlans) {
+  Start({.min_participants = 4, .hierarchy = true});
+  std::vector<std::string> ids;
+  const char* zones[] = {"eu", "us", "eu", "us"};
+  for (int i = 0; i < 4; ++i) ids.push_back(AddMember(9001 + i, {.zone = zones[i]}));
+  for (const std::string& id : ids) JoinRoundOk(id, 1, 1);
+  const Directives p1 = AllReadyNoBarrier(ids, 1);
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(p1, id, kPlan).round_plan();
+    EXPECT_EQ(plan.slices_size(), 4) << id;
+    ASSERT_EQ(plan.hierarchy().stages_size(), 3) << id;
+    const auto& leaf = plan.hierarchy().stages(0);
+    ASSERT_EQ(leaf.groups_size(), 2);
+    EXPECT_THAT(leaf.groups(0).members(), ::testing::ElementsAre(0, 2));  // eu
+    EXPECT_THAT(leaf.groups(1).members(), ::testing::ElementsAre(1, 3));  // us
+    EXPECT_THAT(plan.hierarchy().stages(1).groups(0).weights(), ::testing::ElementsAre(2, 2));
+  }
+  AllConnected(1);
+  AllDone(ids, 1, Hash('a'));
+  const Directives p2 = AllReadyNoBarrier(ids, 2);
+  for (const std::string& id : ids) {
+    const v1::RoundPlan plan = MessageFor(p2, id, kPlan).round_plan();
+    EXPECT_EQ(plan.slices_size(), 0) << id;
+    EXPECT_EQ(plan.hierarchy().stages_size(), 3) << id;
+  }
+}
+
+TEST_F(MembershipTest, HierarchyOverOneZoneIsFlat) {
+  Start({.min_participants = 2, .hierarchy = true});
+  std::vector<std::string> ids = {AddMember(9001, {.zone = "eu"}), AddMember(9002, {.zone = "eu"})};
+  for (const std::string& id : ids) JoinRoundOk(id, 1, 1);
+  const Directives p1 = AllReadyNoBarrier(ids, 1);
+  for (const std::string& id : ids) {
+    EXPECT_FALSE(MessageFor(p1, id, kPlan).round_plan().has_hierarchy()) << id;
+  }
 }
 
 TEST_F(MembershipTest, ResumedFinishedRunRefusesJoins) {

@@ -72,6 +72,19 @@ TEST(ServingRuleTest, MalformedRequestsAreFinal) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ServingRuleTest, StagesOfAHierarchicalRoundAreNotLentMemory) {
+  // Stages are immutable copies read with ReadEncoded; model memory is
+  // never lent for them.
+  ReadSliceRequest r = Request(3, 0, 100, CONTRIBUTION, 1);
+  r.set_stage(1);
+  const ServingDecision d = DecideRead(Serving(), r);
+  EXPECT_EQ(d.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(d.may_wait);
+  r.set_kind(shoal::v1::STAGE_MODEL);
+  r.set_stage(0);
+  EXPECT_EQ(Code(Serving(), r), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ServingRuleTest, UnboundOrShuttingDownIsUnavailable) {
   ServingState s = Serving();
   s.bound = false;

@@ -75,3 +75,7 @@ shoal_test(zone_election_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_election_test.
   LIBS coordinator_core)
 shoal_test(zone_measurements_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_measurements_test.cc
   LIBS worker_core)
+shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_test.cc
+  LIBS coordinator_core)
+shoal_test(hierarchical_averager_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchical_averager_test.cc
+  LIBS worker_lib)

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/shard_plan.h"
+#include "services/coordinator/core/hierarchy_plan.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_engine_internal.h"
@@ -201,6 +202,28 @@ void RoundEngine::SendPlan(Directives* out) {
   plan->set_total_elements(total_elements_);
   plan->set_attempt(attempt_);
   plan->set_participants_version(plan_list_version_);
+  size_t stages = 0;
+  // A participant behind NAT cannot serve a stage's copies: such rounds
+  // stay flat (docs/SUPERNODES.md, "NAT").
+  const bool any_outbound = std::find(outbound.begin(), outbound.end(), true) != outbound.end();
+  if (options_.config.hierarchy() && !any_outbound) {
+    // The stages name participants by plan index, so they travel with the
+    // compact plan too (a few bytes per participant).
+    std::vector<HierarchyParticipant> hp;
+    hp.reserve(participants_.size());
+    for (const std::string& id : participants_) hp.push_back({id, At(id).zone});
+    // The elected supernodes lead their zones (a head that is not a
+    // candidate of this round, e.g. it sits the round out, gets the
+    // builder's default).
+    if (election_stale_) Reelect(ElectionTrigger::kMembership);
+    ZoneHeads heads;
+    for (const ZoneElection& z : election_.zones) {
+      if (!z.supernode.empty()) heads[z.path] = z.supernode;
+    }
+    HierarchyPlan h = BuildHierarchyPlan(hp, heads);
+    stages = static_cast<size_t>(h.hierarchy.stages_size());
+    if (stages > 0) *plan->mutable_hierarchy() = std::move(h.hierarchy);
+  }
   CoordinatorMessage compact = msg;  // the same plan without the list
   plan->mutable_slices()->Reserve(static_cast<int>(participants_.size()));
   for (size_t k = 0; k < participants_.size(); ++k) {
@@ -232,7 +255,8 @@ void RoundEngine::SendPlan(Directives* out) {
     m.plan_list_known = plan_list_version_;
   }
   SHOAL_LOG(INFO) << "round " << round_ << " plan attempt " << attempt_ << ": "
-                  << participants_.size() << " participants, " << total_elements_ << " elements";
+                  << participants_.size() << " participants, " << total_elements_ << " elements"
+                  << (stages > 0 ? absl::StrCat(", ", stages, " hierarchical stages") : "");
 }
 
 // ------------------------------------------------------ Connection barrier

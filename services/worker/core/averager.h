@@ -3,8 +3,9 @@
 // the round's directive, produce the new model in place. The protocol
 // (core/worker_protocol.h) and the worker's loop do not know which
 // implementation runs. Implementations today: the sharded synchronous
-// exchange (services/worker/exchanger.h). To come: the hierarchical
-// exchange (zones and supernodes) and gossip.
+// exchange (services/worker/exchanger.h) and the hierarchical exchange
+// (zones and supernodes: services/worker/hierarchical_averager.h). Gossip
+// runs outside rounds (services/worker/gossip_fetcher.h).
 //
 // An implementation writes only the memory it was given, follows the
 // lending rules of core/model_state.h for it, and returns when the average
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/cancellation.h"
@@ -39,6 +41,9 @@ struct AveragingStats {
   // nothing read (a round alone, an empty slice).
   uint64_t reduce_bytes = 0;
   double reduce_seconds = 0;
+  // Hierarchical round: bytes received in each stage (index 0 = stage 1),
+  // zero for the stages this worker sits out. Empty for the flat exchange.
+  std::vector<uint64_t> stage_bytes_received;
 };
 
 class Averager {

@@ -1,5 +1,6 @@
 #include "services/worker/core/encoded_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +10,7 @@ namespace shoal::worker {
 void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
   absl::MutexLock lock(&mu_);
   for (auto it = blobs_.begin(); it != blobs_.end();) {
-    const auto& [r, a, kind, b, e] = it->first;
+    const auto& [r, a, stage, kind, b, e] = it->first;
     const bool keep =
         (r == round && a == attempt) || (r + 1 == round && kind == shoal::v1::AVERAGED);
     it = keep ? std::next(it) : blobs_.erase(it);
@@ -17,13 +18,20 @@ void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
   round_ = round;
   attempt_ = attempt;
   started_ = true;
+  stage_ = 0;
+}
+
+void EncodedStore::ReachStage(uint64_t round, uint32_t attempt, uint32_t stage) {
+  absl::MutexLock lock(&mu_);
+  if (!started_ || round != round_ || attempt != attempt_) return;
+  stage_ = std::max(stage_, stage);
 }
 
 void EncodedStore::Publish(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind,
-                           uint64_t begin, uint64_t end, Blob blob) {
+                           uint64_t begin, uint64_t end, Blob blob, uint32_t stage) {
   absl::MutexLock lock(&mu_);
   if (!started_ || round != round_ || attempt != attempt_) return;
-  blobs_[Key{round, attempt, kind, begin, end}] = std::move(blob);
+  blobs_[Key{round, attempt, stage, kind, begin, end}] = std::move(blob);
 }
 
 void EncodedStore::SetState(uint64_t round, Blob state) {
@@ -49,11 +57,18 @@ absl::StatusOr<Blob> EncodedStore::Find(const shoal::v1::ReadEncodedRequest& r) 
   if (r.begin() >= r.end()) {
     return absl::InvalidArgumentError(absl::StrCat("empty slice [", r.begin(), ", ", r.end(), ")"));
   }
-  auto it = blobs_.find(Key{r.round(), r.attempt(), r.kind(), r.begin(), r.end()});
+  auto it = blobs_.find(Key{r.round(), r.attempt(), r.stage(), r.kind(), r.begin(), r.end()});
   if (it != blobs_.end()) return it->second;
-  const std::string what =
-      absl::StrCat(shoal::v1::SliceKind_Name(r.kind()), " [", r.begin(), ", ", r.end(),
-                   ") of round ", r.round(), " attempt ", r.attempt());
+  const std::string what = absl::StrCat(shoal::v1::SliceKind_Name(r.kind()), " [", r.begin(), ", ",
+                                        r.end(), ") of round ", r.round(), " attempt ", r.attempt(),
+                                        r.stage() > 0 ? absl::StrCat(" stage ", r.stage()) : "");
+  if (started_ && r.round() == round_ && r.attempt() == attempt_ && r.stage() < stage_) {
+    // A stage this worker has passed: what it did not publish there never
+    // comes.
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is not served here (this worker published no such slice there and is at stage ",
+        stage_, ")"));
+  }
   if (!started_ || r.round() > round_ || (r.round() == round_ && r.attempt() >= attempt_)) {
     return absl::UnavailableError(absl::StrCat(what, " not encoded here yet"));
   }

@@ -31,23 +31,37 @@ class EncodedStore {
   void BeginRound(uint64_t round, uint32_t attempt);
   // Publishes a blob for [begin, end) of `kind` (CONTRIBUTION, AVERAGED)
   // of the current round and attempt; ignored for any other.
+  // `stage`: the stage of a hierarchical round (from 1) the blob belongs
+  // to; 0 for the flat exchange.
   void Publish(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind, uint64_t begin,
-               uint64_t end, Blob blob);
+               uint64_t end, Blob blob, uint32_t stage = 0);
+  // Hierarchical round: this worker has reached `stage` of the current
+  // round and attempt (stages only go up; ignored for another round or
+  // attempt). Reads of a later stage wait (UNAVAILABLE) until it does.
+  void ReachStage(uint64_t round, uint32_t attempt, uint32_t stage);
   // The outer optimizer's state of the agreed model of `round` (SNAPSHOT).
   void SetState(uint64_t round, Blob state);
 
   // The blob a request asks for. UNAVAILABLE: not published yet (a later
   // round or attempt, or this one before it is there: ask again);
   // FAILED_PRECONDITION: an older round or attempt, or a slice this worker
-  // does not publish; INVALID_ARGUMENT: no kind, an empty range.
+  // does not publish (in a hierarchical round: a stage it has passed and
+  // published nothing of the kind there); INVALID_ARGUMENT: no kind, an
+  // empty range. Stage gating (ReadEncodedRequest.stage): what a stage
+  // published stays served until the next round or attempt, even after the
+  // worker moved on to a later stage, because a slower member of the group
+  // may still be reading it; the blobs are immutable copies, so the worker
+  // rewrites its parameters freely meanwhile.
   absl::StatusOr<Blob> Find(const shoal::v1::ReadEncodedRequest& request) const;
 
  private:
-  using Key = std::tuple<uint64_t, uint32_t, int, uint64_t, uint64_t>;
+  // round, attempt, stage, kind, begin, end.
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, int, uint64_t, uint64_t>;
   mutable absl::Mutex mu_;
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t stage_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, Blob> blobs_ ABSL_GUARDED_BY(mu_);
   uint64_t state_round_ ABSL_GUARDED_BY(mu_) = 0;
   Blob state_ ABSL_GUARDED_BY(mu_);

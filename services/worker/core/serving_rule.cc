@@ -24,6 +24,12 @@ ServingDecision DecideRead(const ServingState& s, const shoal::v1::ReadSliceRequ
       r.kind() != shoal::v1::SNAPSHOT) {
     return refuse(absl::InvalidArgumentError("kind must be CONTRIBUTION, AVERAGED or SNAPSHOT"));
   }
+  if (r.stage() != 0) {
+    // The stages of a hierarchical round are immutable copies served by
+    // Peer.ReadEncoded (core/encoded_store.h), never lent model memory.
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("stage ", r.stage(), " of a hierarchical round is read with ReadEncoded")));
+  }
   if (s.shutting_down) return refuse(absl::UnavailableError("worker is shutting down"));
   if (r.kind() == shoal::v1::SNAPSHOT) {
     if (!s.has_snapshot || !s.snapshot_valid) {
