@@ -469,7 +469,7 @@ class RefusedRead final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     return new RefusedRead(std::move(allowed));
   }
   std::shared_ptr<void> slot = read_slots_.Acquire(CallerHost(ctx->peer()));
@@ -492,7 +492,7 @@ grpc::ServerUnaryReactor* PeerService::GetManifest(
     grpc::CallbackServerContext* ctx, const shoal::v1::GetModelManifestRequest* request,
     shoal::v1::ModelManifest* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -514,7 +514,7 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
                                                    const shoal::v1::ReadEncodedRequest* request,
                                                    shoal::v1::EncodedPiece* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -570,7 +570,7 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
                                                     const shoal::v1::GetModelFileRequest* request,
                                                     shoal::v1::ModelFileChunk* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -588,6 +588,18 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
   }
   reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
+}
+
+grpc::Status PeerService::Allowed(const grpc::CallbackServerContext* ctx) const {
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    return allowed;
+  }
+  if (options_.members == nullptr) return grpc::Status::OK;
+  grpc::Status member = options_.members->Check(ctx);
+  if (!member.ok()) {
+    SHOAL_VLOG(1) << "read from " << ctx->peer() << " refused: " << member.error_message();
+  }
+  return member;
 }
 
 std::shared_ptr<void> ReadSlots::Acquire(const std::string& host) {

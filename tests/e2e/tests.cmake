@@ -67,3 +67,5 @@ target_link_libraries(shoal-poison-worker PRIVATE worker_lib absl::flags absl::f
 shoal_warnings(shoal-poison-worker)
 shoal_test(robust_test e2e e2e/robust_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(robust_test shoal-coordinator shoal-worker shoal-poison-worker shoalctl)
+shoal_test(member_e2e_test e2e e2e/member_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(member_e2e_test shoal-coordinator shoal-worker)

@@ -69,3 +69,5 @@ shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
   LIBS coordinator_core shoal_etcd)
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)
+shoal_test(member_credentials_test unit ${CMAKE_CURRENT_LIST_DIR}/member_credentials_test.cc
+  LIBS coordinator_core)
