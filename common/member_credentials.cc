@@ -197,10 +197,15 @@ absl::Status MemberSet::Check(absl::string_view worker_id, absl::string_view cre
     return absl::UnavailableError(
         "this worker has not received the run's member list from the coordinator yet; retry");
   }
-  if (parsed->epoch != epoch_) {
+  if (parsed->epoch < epoch_) {
+    // Epochs are the coordinator's start times: every member re-joins after
+    // a restart or failover, and this worker already holds the newer list.
+    return NotCurrent(worker_id, "issued by an earlier coordinator start; join again");
+  }
+  if (parsed->epoch > epoch_) {
     return absl::UnavailableError(
-        "member credential from another coordinator start than this worker's member list "
-        "(a restart or failover in progress); retry");
+        "member credential from a newer coordinator start than this worker's member list (a "
+        "restart or failover in progress); retry");
   }
   auto it = entries_.find(std::string(worker_id));
   if (it != entries_.end()) {

@@ -107,10 +107,10 @@ class MemberSet {
   void Apply(const shoal::v1::MemberUpdate& update);
 
   // OK when `worker_id` holds the current credential `credential`;
-  // PERMISSION_DENIED when the credential is malformed, or superseded or
-  // revoked as far as this set knows; UNAVAILABLE (retry) when the set has
-  // no list yet, the credential comes from another coordinator start, or it
-  // is newer than what the set heard about that worker.
+  // PERMISSION_DENIED when the credential is malformed, of an earlier
+  // coordinator start, or superseded or revoked as far as this set knows;
+  // UNAVAILABLE (retry) when the set has no list yet, the credential comes
+  // from a later coordinator start, or it is newer than what the set heard.
   absl::Status Check(absl::string_view worker_id, absl::string_view credential) const;
   // The same from a call's metadata (PERMISSION_DENIED without
   // x-shoal-member). OK for every call while not enabled.

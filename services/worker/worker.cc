@@ -297,12 +297,22 @@ absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinRespo
     sources.push_back({absl::StrCat("peer ", h),
                        [stub, timeout, credential](const shoal::v1::GetModelFileRequest& r)
                            -> absl::StatusOr<shoal::v1::ModelFileChunk> {
-                         grpc::ClientContext ctx;
-                         ctx.set_deadline(DeadlineIn(timeout));
-                         credential->AddTo(&ctx);
+                         // Right after Join the peer may not have heard of
+                         // this worker's credential yet (UNAVAILABLE): retry
+                         // that for a second before the next source.
+                         RetryPolicy policy;
+                         policy.initial_backoff = absl::Milliseconds(10);
+                         policy.max_backoff = absl::Milliseconds(200);
+                         policy.deadline = std::min(timeout, absl::Seconds(1));
+                         policy.unavailable_only = true;
                          shoal::v1::ModelFileChunk out;
-                         grpc::Status s = stub->GetModelFile(&ctx, r, &out);
-                         if (!s.ok()) return FromGrpcStatus(s);
+                         absl::Status s = Retry(policy, nullptr, [&](absl::Duration) {
+                           grpc::ClientContext ctx;
+                           ctx.set_deadline(DeadlineIn(timeout));
+                           credential->AddTo(&ctx);
+                           return FromGrpcStatus(stub->GetModelFile(&ctx, r, &out));
+                         });
+                         if (!s.ok()) return s;
                          return out;
                        }});
   }
