@@ -4,7 +4,7 @@
 // a member it reads a worker's snapshot; after it leaves, the same
 // credential gets PERMISSION_DENIED; a stranger holding the run token but no
 // credential gets PERMISSION_DENIED throughout; the run goes on with every
-// hash in agreement.
+// hash in agreement, and a worker joining late catches up without a denial.
 #include <openssl/sha.h>
 
 #include <fstream>
@@ -170,7 +170,17 @@ TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
   (void)session->Finish();
 
   // The members were never refused: the run goes on, every hash agrees.
-  ExpectRoundsGoOn(status.last_completed_round(), 2, 2);
+  status = ExpectRoundsGoOn(status.last_completed_round(), 2, 2);
+
+  // A worker joining late pulls the model from the members right after its
+  // Join, possibly before they heard of its credential: it is retried, never
+  // refused, and takes part with the same model.
+  Process* late = StartWorker(addr, {TokenFlag()});
+  ExpectRoundsGoOn(status.last_completed_round(), 2, 3, absl::Minutes(2));
+  EXPECT_EQ(late->Log().find("PERMISSION_DENIED"), std::string::npos) << late->Log();
+  for (const auto& w : workers_) {
+    EXPECT_EQ(w->Log().find("PERMISSION_DENIED"), std::string::npos) << w->Log();
+  }
 }
 
 }  // namespace
