@@ -2,7 +2,8 @@
 // coordinator and two workers as real processes with --token_file train
 // while the test itself joins the run as a third member over real gRPC. As
 // a member it reads a worker's snapshot; after it leaves, the same
-// credential gets PERMISSION_DENIED; a stranger holding the run token but no
+// credential gets PERMISSION_DENIED, and so does the credential of a member
+// evicted when its lease ran out; a stranger holding the run token but no
 // credential gets PERMISSION_DENIED throughout; the run goes on with every
 // hash in agreement, and a worker joining late catches up without a denial.
 #include <openssl/sha.h>
@@ -92,7 +93,7 @@ class MemberCredentialsTest : public ClusterTest {
 TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
   const std::string addr =
       StartCoordinator({"--min_participants=2", "--local_steps=20", "--rounds=0",
-                        "--heartbeat_lease=60s", "--run_id=member-run", TokenFlag()});
+                        "--heartbeat_lease=8s", "--run_id=member-run", TokenFlag()});
   ASSERT_FALSE(addr.empty());
   StartWorker(addr, {TokenFlag()});
   StartWorker(addr, {TokenFlag()});
@@ -150,6 +151,9 @@ TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
 
   // It leaves: its credential stops working on the members' Peer services.
   {
+    v1::WorkerMessage heartbeat;  // the lease is 8 s: not evicted before it leaves
+    heartbeat.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
+    ASSERT_TRUE(session->Write(heartbeat));
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
     v1::LeaveRequest leave;
@@ -168,6 +172,34 @@ TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
   }
   session_ctx.TryCancel();
   (void)session->Finish();
+
+  // A member that stops answering is evicted (it opens no session: its
+  // lease runs out after --heartbeat_lease), and its credential dies with it.
+  join.set_peer_address("127.0.0.1:10");
+  join.set_name("evicted-e2e");
+  v1::JoinResponse evicted;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
+    ASSERT_TRUE(coordinator->Join(&ctx, join, &evicted).ok());
+  }
+  const std::string evicted_member = evicted.worker_id() + ":" + evicted.member_credential();
+  s = ReadUntil(peer, evicted_member, grpc::StatusCode::OK);
+  EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  WaitForStatus(
+      [&](const v1::RunStatus& st) {
+        for (const auto& w : st.workers()) {
+          if (w.id() == evicted.worker_id()) return w.state() == "evicted";
+        }
+        return false;
+      },
+      absl::Seconds(60));
+  for (const auto& w : status.workers()) {
+    s = ReadUntil(w.address(), evicted_member, grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << w.id() << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("removed"), std::string::npos) << s.error_message();
+  }
 
   // The members were never refused: the run goes on, every hash agrees.
   status = ExpectRoundsGoOn(status.last_completed_round(), 2, 2);
