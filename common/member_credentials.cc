@@ -14,7 +14,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/status_util.h"
 
 namespace shoal {
 namespace {
@@ -222,26 +221,18 @@ absl::Status MemberSet::Check(absl::string_view worker_id, absl::string_view cre
       "member credential newer than this worker's member list (version ", version_, "); retry"));
 }
 
-absl::Status MemberSet::Check(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+absl::Status MemberSet::CheckHeader(std::optional<absl::string_view> value) const {
   if (!enabled()) return absl::OkStatus();
-  auto it = metadata.find(kMemberMetadataKey);
-  if (it == metadata.end()) {
+  if (!value.has_value()) {
     return absl::PermissionDeniedError(
         "only current members of the run may read: no `x-shoal-member` credential (a worker gets "
         "one when it joins)");
   }
-  const absl::string_view value(it->second.data(), it->second.size());
-  const size_t colon = value.find(':');
+  const size_t colon = value->find(':');
   if (colon == absl::string_view::npos) {
     return absl::PermissionDeniedError("`x-shoal-member` is not <worker_id>:<credential>");
   }
-  return Check(value.substr(0, colon), value.substr(colon + 1));
-}
-
-grpc::Status MemberSet::Check(const grpc::CallbackServerContext* ctx) const {
-  if (!enabled()) return grpc::Status::OK;
-  return ToGrpcStatus(Check(ctx->client_metadata()));
+  return Check(value->substr(0, colon), value->substr(colon + 1));
 }
 
 uint64_t MemberSet::version() const {
@@ -261,11 +252,6 @@ size_t MemberSet::size() const {
 void MemberCredentialHolder::Set(const std::string& worker_id, const std::string& credential) {
   absl::MutexLock lock(&mu_);
   value_ = credential.empty() ? std::string() : absl::StrCat(worker_id, ":", credential);
-}
-
-void MemberCredentialHolder::AddTo(grpc::ClientContext* ctx) const {
-  absl::MutexLock lock(&mu_);
-  if (!value_.empty()) ctx->AddMetadata(kMemberMetadataKey, value_);
 }
 
 std::string MemberCredentialHolder::Value() const {

@@ -16,6 +16,8 @@
 //    worker heard them, and the check. Thread-safe.
 //  - MemberCredentialHolder (each worker's clients): the credential this
 //    worker sends. Thread-safe.
+// No gRPC types here (the RoundEngine uses the roster); the two ends of the
+// metadata are in member_credentials_grpc.h.
 //
 // A credential's text is "<epoch>.<version>.<64 hex digits>": the roster's
 // epoch (one per coordinator start), the roster version at which it was
@@ -31,12 +33,11 @@
 #ifndef SHOAL_COMMON_MEMBER_CREDENTIALS_H_
 #define SHOAL_COMMON_MEMBER_CREDENTIALS_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -112,10 +113,10 @@ class MemberSet {
   // UNAVAILABLE (retry) when the set has no list yet, the credential comes
   // from a later coordinator start, or it is newer than what the set heard.
   absl::Status Check(absl::string_view worker_id, absl::string_view credential) const;
-  // The same from a call's metadata (PERMISSION_DENIED without
-  // x-shoal-member). OK for every call while not enabled.
-  absl::Status Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
-  grpc::Status Check(const grpc::CallbackServerContext* ctx) const;
+  // The same from the value of a call's x-shoal-member metadata,
+  // "<worker_id>:<credential>" (nullopt: the call has none:
+  // PERMISSION_DENIED). OK for every call while not enabled.
+  absl::Status CheckHeader(std::optional<absl::string_view> value) const;
 
   // Roster version and members currently accepted (tests, logs).
   uint64_t version() const;
@@ -145,9 +146,7 @@ class MemberSet {
 class MemberCredentialHolder {
  public:
   void Set(const std::string& worker_id, const std::string& credential);
-  // Adds x-shoal-member to `ctx` when a credential is set.
-  void AddTo(grpc::ClientContext* ctx) const;
-  // "<worker_id>:<credential>", or empty.
+  // "<worker_id>:<credential>" (the x-shoal-member value), or empty.
   std::string Value() const;
 
  private:

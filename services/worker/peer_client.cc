@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "common/member_credentials_grpc.h"
 #include "common/retry.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
@@ -54,7 +55,7 @@ absl::StatusOr<shoal::v1::EncodedPiece> GrpcPeerClient::ReadEncoded(
 
 void GrpcPeerClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
   ctx->set_deadline(DeadlineIn(timeout));
-  if (credential_ != nullptr) credential_->AddTo(ctx);
+  if (credential_ != nullptr) AddMemberCredential(*credential_, ctx);
 }
 
 const GrpcPeerClient::Peer& GrpcPeerClient::PeerFor(const std::string& address) {

@@ -12,6 +12,7 @@
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
@@ -595,7 +596,7 @@ grpc::Status PeerService::Allowed(const grpc::CallbackServerContext* ctx) const 
     return allowed;
   }
   if (options_.members == nullptr) return grpc::Status::OK;
-  grpc::Status member = options_.members->Check(ctx);
+  grpc::Status member = CheckMember(*options_.members, ctx);
   if (!member.ok()) {
     SHOAL_VLOG(1) << "read from " << ctx->peer() << " refused: " << member.error_message();
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
@@ -309,7 +310,7 @@ absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinRespo
                          absl::Status s = Retry(policy, nullptr, [&](absl::Duration) {
                            grpc::ClientContext ctx;
                            ctx.set_deadline(DeadlineIn(timeout));
-                           credential->AddTo(&ctx);
+                           AddMemberCredential(*credential, &ctx);
                            return FromGrpcStatus(stub->GetModelFile(&ctx, r, &out));
                          });
                          if (!s.ok()) return s;
