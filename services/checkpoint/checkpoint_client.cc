@@ -11,6 +11,7 @@
 #include "common/sha256.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
+#include "common/upload_grant.h"
 
 namespace shoal::checkpoint {
 namespace {
@@ -112,6 +113,10 @@ absl::StatusOr<shoal::v1::CheckpointInfo> GrpcCheckpointClient::Upload(
   const size_t chunk_bytes = std::clamp<size_t>(options_.chunk_bytes, 1, kMaxChunkBytes);
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(options_.transfer_timeout));
+  {
+    absl::MutexLock lock(&grant_mu_);
+    if (!grant_.empty()) ctx.AddMetadata(kUploadGrantMetadataKey, grant_);
+  }
   shoal::v1::CheckpointInfo info;
   std::unique_ptr<grpc::ClientWriter<shoal::v1::UploadChunk>> writer = stub_->Upload(&ctx, &info);
   shoal::v1::UploadChunk msg;

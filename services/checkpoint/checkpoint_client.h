@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "shoal/v1/checkpoint.grpc.pb.h"
@@ -100,9 +101,18 @@ class GrpcCheckpointClient : public CheckpointClient {
   absl::Status Delete(const std::string& id) override;
 
   const std::string& address() const { return address_; }
+  // The coordinator's grant for the next uploads (CheckpointRequest.
+  // upload_grant; common/upload_grant.h), sent as x-shoal-upload-grant with
+  // each Upload until replaced. Empty = none.
+  void SetUploadGrant(std::string grant) {
+    absl::MutexLock lock(&grant_mu_);
+    grant_ = std::move(grant);
+  }
 
  private:
   const std::string address_;
+  absl::Mutex grant_mu_;
+  std::string grant_ ABSL_GUARDED_BY(grant_mu_);
   const CheckpointClientOptions options_;
   std::unique_ptr<shoal::v1::Checkpoint::Stub> stub_;
 };

@@ -10,7 +10,8 @@ absl::StatusOr<std::unique_ptr<CheckpointServer>> CheckpointServer::Start(
   auto store = CheckpointStore::Open(std::move(options.store));
   if (!store.ok()) return store.status();
   server->store_ = std::move(*store);
-  server->service_ = std::make_unique<CheckpointService>(server->store_.get(), options.gate);
+  server->service_ =
+      std::make_unique<CheckpointService>(server->store_.get(), options.gate, options.upload_key);
   auto grpc_server = GrpcServer::Start(options.listen, {server->service_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server->server_ = std::move(*grpc_server);

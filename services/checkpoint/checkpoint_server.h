@@ -26,6 +26,10 @@ struct CheckpointServerOptions {
   // token lists, reads and uploads, the admin token also deletes. Open by
   // default.
   TokenGate gate;
+  // Secret shared with the coordinator (--upload_key_file; empty = off):
+  // every upload then needs the coordinator's grant for its run and round
+  // (common/upload_grant.h), PERMISSION_DENIED otherwise.
+  std::string upload_key;
 };
 
 // Not thread-safe itself (start, then shut down from one thread); the store

@@ -11,6 +11,7 @@
 #include "common/metrics.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
+#include "common/upload_grant.h"
 
 namespace shoal::checkpoint {
 
@@ -72,9 +73,18 @@ void CountStored(const CheckpointStore& store) {
 // and ends the call without reading the rest. Deletes itself in OnDone.
 class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
  public:
+  // `upload_key` empty: no grant needed; else `grant` (the call's
+  // x-shoal-upload-grant) must cover the manifest's run and round at `now`.
   UploadReactor(CheckpointService* service, CheckpointStore* store,
-                grpc::CallbackServerContext* ctx, CheckpointInfo* response)
-      : guard_(service), store_(store), ctx_(ctx), response_(response) {
+                grpc::CallbackServerContext* ctx, CheckpointInfo* response,
+                absl::string_view upload_key, std::string grant, absl::Time now)
+      : guard_(service),
+        store_(store),
+        ctx_(ctx),
+        response_(response),
+        upload_key_(upload_key),
+        grant_(std::move(grant)),
+        now_(now) {
     if (!guard_.entered()) {
       Finish(kShuttingDown);
       return;
@@ -106,6 +116,15 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   absl::Status Begin() {
     if (!in_.has_manifest()) {
       return absl::InvalidArgumentError("the first message of an upload must carry the manifest");
+    }
+    if (!upload_key_.empty()) {
+      // Before anything is written: only the worker the coordinator asked
+      // may upload this run's round.
+      absl::StatusOr<UploadGrant> grant = VerifyUploadGrant(upload_key_, grant_, now_);
+      if (!grant.ok()) return grant.status();
+      RETURN_IF_ERROR(GrantCovers(*grant, in_.manifest().run_id(), in_.manifest().round()));
+      SHOAL_VLOG(1) << "upload of round " << in_.manifest().round() << " granted to "
+                    << grant->worker_id;
     }
     absl::StatusOr<std::unique_ptr<PendingUpload>> upload =
         store_->BeginUpload(std::move(*in_.mutable_manifest()));
@@ -176,6 +195,9 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   CheckpointInfo* const response_;
   UploadChunk in_;
   std::unique_ptr<PendingUpload> upload_;
+  const absl::string_view upload_key_;  // the service's, which outlives the call
+  const std::string grant_;
+  const absl::Time now_;
 };
 
 // Streams a byte range of a layer, one chunk read from disk just before it
@@ -253,7 +275,13 @@ grpc::ServerReadReactor<UploadChunk>* CheckpointService::Upload(grpc::CallbackSe
   if (grpc::Status allowed = gate_.Check(ctx, Access::kMember); !allowed.ok()) {
     return new Refused<grpc::ServerReadReactor<UploadChunk>>(Counted("upload", allowed));
   }
-  return new UploadReactor(this, store_, ctx, response);
+  std::string grant;
+  if (!upload_key_.empty()) {
+    auto it = ctx->client_metadata().find(kUploadGrantMetadataKey);
+    if (it != ctx->client_metadata().end()) grant.assign(it->second.data(), it->second.size());
+  }
+  return new UploadReactor(this, store_, ctx, response, upload_key_, std::move(grant),
+                           clock_->Now());
 }
 
 grpc::ServerUnaryReactor* CheckpointService::List(grpc::CallbackServerContext* ctx,

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/clock.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "shoal/v1/checkpoint.grpc.pb.h"
 
@@ -24,8 +25,15 @@ class CheckpointService final : public shoal::v1::Checkpoint::CallbackService {
  public:
   // `gate` decides who may call (common/auth.h): deleting needs the admin
   // token, everything else the run token; open by default.
-  explicit CheckpointService(CheckpointStore* store, TokenGate gate = {})
-      : store_(store), gate_(std::move(gate)) {}
+  // `upload_key` (empty = off): uploads also need an upload grant signed
+  // with it (common/upload_grant.h), checked against the manifest's run and
+  // round at `clock`'s time (the real clock when null).
+  explicit CheckpointService(CheckpointStore* store, TokenGate gate = {},
+                             std::string upload_key = "", const Clock* clock = nullptr)
+      : store_(store),
+        gate_(std::move(gate)),
+        upload_key_(std::move(upload_key)),
+        clock_(clock != nullptr ? clock : RealClock::Get()) {}
 
   grpc::ServerReadReactor<shoal::v1::UploadChunk>* Upload(
       grpc::CallbackServerContext* ctx, shoal::v1::CheckpointInfo* response) override;
@@ -57,6 +65,8 @@ class CheckpointService final : public shoal::v1::Checkpoint::CallbackService {
 
   CheckpointStore* const store_;
   const TokenGate gate_;
+  const std::string upload_key_;
+  const Clock* const clock_;
   absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

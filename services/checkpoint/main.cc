@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "File holding the store's admin token: it may also delete checkpoints (the run token "
           "of --token_file may only list, read and upload). Empty = no admin token: with "
           "--token_file set, nobody may delete (docs/SECURITY.md).");
+ABSL_FLAG(std::string, upload_key_file, "",
+          "File holding the secret shared with the coordinator's --upload_key_file: every upload "
+          "then needs the coordinator's grant for its run and round (PERMISSION_DENIED "
+          "otherwise). Empty = uploads need the run token only (docs/SECURITY.md).");
 ABSL_FLAG(bool, verify_on_start, true,
           "Re-hash every blob at start and mark checkpoints with corrupted blobs as damaged "
           "(reads fail with DATA_LOSS). When false only blob sizes are checked.");
@@ -62,9 +66,23 @@ int main(int argc, char** argv) {
     }
     admin_token = *std::move(admin);
   }
+  std::string upload_key;
+  if (const std::string path = absl::GetFlag(FLAGS_upload_key_file); !path.empty()) {
+    absl::StatusOr<std::string> key = shoal::ReadTokenFile(path);
+    if (!key.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: --upload_key_file: " << key.status().message();
+      return 2;
+    }
+    if (*key == *token || *key == admin_token) {
+      SHOAL_LOG(ERROR) << "cannot start: the upload key must differ from the run and admin tokens";
+      return 2;
+    }
+    upload_key = *std::move(key);
+  }
   shoal::ShutdownSignal::Install();
 
   shoal::checkpoint::CheckpointServerOptions options;
+  options.upload_key = std::move(upload_key);
   options.gate = shoal::TokenGate(*token, admin_token);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

@@ -96,6 +96,9 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         return;
       }
       worker_id_ = in_.hello().worker_id();
+      // Member credentials: the current list first (updates after it may
+      // arrive in any order; docs/SECURITY.md).
+      if (SharedMessage list = service_->engine_->MemberList(worker_id_)) Enqueue(Serialize(*list));
       service_->Register(worker_id_, this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {

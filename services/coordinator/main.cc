@@ -122,6 +122,11 @@ ABSL_FLAG(uint32_t, supernode_switch_rounds, 3,
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
+ABSL_FLAG(std::string, upload_key_file, "",
+          "File holding a secret shared with the checkpoint store's --upload_key_file (never "
+          "given to workers; not the run token): each checkpoint request then carries an upload "
+          "grant signed with it, and the store accepts only uploads with a valid grant. Empty = "
+          "no grants (docs/SECURITY.md).");
 ABSL_FLAG(uint32_t, checkpoint_every, 10,
           "Upload a checkpoint every N rounds (and after the last round); 0 = never. "
           "Synchronous mode only: --mode=gossip takes --gossip_checkpoint_every.");
@@ -199,6 +204,22 @@ int main(int argc, char** argv) {
 
   shoal::coordinator::CoordinatorOptions options;
   options.gate = shoal::TokenGate(*token, "");
+  // With the run token, members also get credentials that peers check
+  // (common/member_credentials.h): a former member reads no more.
+  options.engine.member_credentials = !token->empty();
+  if (const std::string path = absl::GetFlag(FLAGS_upload_key_file); !path.empty()) {
+    absl::StatusOr<std::string> key = shoal::ReadTokenFile(path);
+    if (!key.ok()) {
+      SHOAL_LOG(ERROR) << "cannot start: --upload_key_file: " << key.status().message();
+      return 2;
+    }
+    if (*key == *token) {
+      SHOAL_LOG(ERROR) << "cannot start: the upload key must differ from the run token (every "
+                          "member holds the run token)";
+      return 2;
+    }
+    options.engine.upload_key = *std::move(key);
+  }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

@@ -1,8 +1,12 @@
 #include "services/worker/peer_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/member_credentials_grpc.h"
+#include "common/retry.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
 
@@ -76,7 +80,7 @@ absl::StatusOr<shoal::v1::EncodedPiece> GrpcPeerClient::ReadEncoded(
     const std::string& address, const shoal::v1::ReadEncodedRequest& request,
     absl::Duration timeout, shoal::CancellationToken* canceller) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(timeout));
+  Prepare(&ctx, timeout);
   ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   shoal::v1::EncodedPiece piece;
   absl::Status s = FromGrpcStatus(PeerFor(address).stub->ReadEncoded(&ctx, request, &piece));
@@ -85,6 +89,11 @@ absl::StatusOr<shoal::v1::EncodedPiece> GrpcPeerClient::ReadEncoded(
   }
   if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
   return piece;
+}
+
+void GrpcPeerClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  ctx->set_deadline(DeadlineIn(timeout));
+  if (credential_ != nullptr) AddMemberCredential(*credential_, ctx);
 }
 
 const GrpcPeerClient::Peer& GrpcPeerClient::PeerFor(const std::string& address) {
@@ -109,7 +118,7 @@ absl::Status GrpcPeerClient::ReadSliceCancellable(
     const std::string& address, const shoal::v1::ReadSliceRequest& request, absl::Duration timeout,
     shoal::CancellationToken* canceller, const std::function<bool(const ChunkView&)>& on_chunk) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(timeout));
+  Prepare(&ctx, timeout);
   ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   absl::Status s = ReadChunkStream(PeerFor(address).generic.get(), &ctx, request,
                                    absl::StrCat("peer ", address), on_chunk);
@@ -122,14 +131,26 @@ absl::Status GrpcPeerClient::ReadSliceCancellable(
 absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(
     const std::string& address, uint64_t round, const std::string& reader_id,
     absl::Duration timeout, shoal::CancellationToken* canceller) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(timeout));
-  ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   shoal::v1::GetModelManifestRequest request;
   request.set_round(round);
   request.set_reader_id(reader_id);
   shoal::v1::ModelManifest manifest;
-  absl::Status s = FromGrpcStatus(PeerFor(address).stub->GetManifest(&ctx, request, &manifest));
+  // A worker that just joined asks for manifests at once, possibly before
+  // the holder heard of its member credential (it answers UNAVAILABLE then,
+  // common/member_credentials.h): retry UNAVAILABLE briefly. Bounded to a
+  // second, so a holder that is down costs little more than before.
+  RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(10);
+  policy.max_backoff = absl::Milliseconds(200);
+  policy.deadline = std::min(timeout, absl::Seconds(1));
+  policy.unavailable_only = true;
+  const absl::Time end = absl::Now() + timeout;
+  absl::Status s = Retry(policy, canceller, [&](absl::Duration) -> absl::Status {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::max(absl::ZeroDuration(), end - absl::Now()));
+    ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
+    return FromGrpcStatus(PeerFor(address).stub->GetManifest(&ctx, request, &manifest));
+  });
   if (Cancelled(canceller)) {
     return absl::CancelledError(absl::StrCat("manifest request to peer ", address, " cancelled"));
   }
@@ -140,7 +161,7 @@ absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(
 absl::StatusOr<shoal::v1::PeerInfo> GrpcPeerClient::Probe(const std::string& address,
                                                           absl::Duration timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(timeout));
+  Prepare(&ctx, timeout);
   ctx.set_wait_for_ready(true);  // connect within the timeout, not fail fast
   shoal::v1::PeerInfo info;
   absl::Status s = FromGrpcStatus(

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
+#include "common/member_credentials.h"
 #include "common/tensor_wire.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -74,6 +75,11 @@ class PeerClient {
 // before the caller's own.
 class GrpcPeerClient : public PeerClient {
  public:
+  // `credential` (may be null; outlives the client): this worker's member
+  // credential, sent with every call (common/member_credentials.h).
+  explicit GrpcPeerClient(const MemberCredentialHolder* credential = nullptr)
+      : credential_(credential) {}
+
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
                          absl::Duration timeout,
                          const std::function<bool(const ChunkView&)>& on_chunk) override;
@@ -103,6 +109,9 @@ class GrpcPeerClient : public PeerClient {
     std::unique_ptr<grpc::GenericStub> generic;
   };
   const Peer& PeerFor(const std::string& address);
+  // A call's context: its deadline and this worker's member credential.
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  const MemberCredentialHolder* const credential_;
   absl::Mutex mu_;
   // Entries are never removed, so references stay valid.
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
@@ -469,7 +470,7 @@ class RefusedRead final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     return new RefusedRead(std::move(allowed));
   }
   std::shared_ptr<void> slot = read_slots_.Acquire(CallerHost(ctx->peer()));
@@ -492,7 +493,7 @@ grpc::ServerUnaryReactor* PeerService::GetManifest(
     grpc::CallbackServerContext* ctx, const shoal::v1::GetModelManifestRequest* request,
     shoal::v1::ModelManifest* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -514,7 +515,7 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
                                                    const shoal::v1::ReadEncodedRequest* request,
                                                    shoal::v1::EncodedPiece* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -649,8 +650,8 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
 
 grpc::ServerReadReactor<shoal::v1::PushMessage>* PeerService::Push(
     grpc::CallbackServerContext* ctx, shoal::v1::PushResponse* /*response*/) {
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember);
-      !allowed.ok() || push_box_ == nullptr) {
+  // Only current members may write into an owner's reduce.
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok() || push_box_ == nullptr) {
     // A reactor that refuses at once.
     class Refuse : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
      public:
@@ -688,7 +689,7 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
                                                     const shoal::v1::GetModelFileRequest* request,
                                                     shoal::v1::ModelFileChunk* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+  if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
@@ -706,6 +707,18 @@ grpc::ServerUnaryReactor* PeerService::GetModelFile(grpc::CallbackServerContext*
   }
   reactor->Finish(ToGrpcStatus(piece.status()));
   return reactor;
+}
+
+grpc::Status PeerService::Allowed(const grpc::CallbackServerContext* ctx) const {
+  if (grpc::Status allowed = options_.gate.Check(ctx, Access::kMember); !allowed.ok()) {
+    return allowed;
+  }
+  if (options_.members == nullptr) return grpc::Status::OK;
+  grpc::Status member = CheckMember(*options_.members, ctx);
+  if (!member.ok()) {
+    SHOAL_VLOG(1) << "read from " << ctx->peer() << " refused: " << member.error_message();
+  }
+  return member;
 }
 
 std::shared_ptr<void> ReadSlots::Acquire(const std::string& host) {

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/clock.h"
+#include "common/member_credentials.h"
 #include "common/rate_limiter.h"
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/gossip_board.h"
@@ -43,6 +44,11 @@ struct PeerServiceOptions {
   const Clock* clock = nullptr;
   // Who may read (--token_file, common/auth.h); open by default.
   TokenGate gate;
+  // Member credentials (common/member_credentials.h): when set and enabled,
+  // ReadSlice, GetManifest, ReadEncoded and GetModelFile also need a current
+  // member's credential (PERMISSION_DENIED otherwise). GetPeerInfo (round
+  // and gossip figures, no model) needs the token only. Outlives the service.
+  const MemberSet* members = nullptr;
   // ReadSlice streams one caller host may have running at once
   // (--max_reads_per_peer); past it RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_reads_per_peer = 0;
@@ -141,6 +147,8 @@ class PeerService final
   void set_gossip_fault_for_testing(GossipFault fault) { gossip_fault_ = fault; }
 
  private:
+  // The run token (gate), then a current member's credential (members).
+  grpc::Status Allowed(const grpc::CallbackServerContext* ctx) const;
   const ModelState* const state_;
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;

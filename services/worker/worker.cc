@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "common/run_options.h"
@@ -131,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   popts.clock = w->clock_;
   popts.gate = w->options_.gate;
   popts.max_reads_per_peer = w->options_.max_reads_per_peer;
+  popts.members = &w->members_;
   w->peer_service_ =
       std::make_unique<PeerService>(w->state_.get(), w->upload_limiter_.get(), popts);
   w->encoded_store_ = std::make_unique<EncodedStore>();
@@ -151,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   }
   w->advertise_ = w->options_.advertise.empty() ? w->server_->address() : w->options_.advertise;
   w->protocol_ = WorkerProtocol(ProtocolOptions(w->options_, w->advertise_, w->clock_));
-  w->peers_ = std::make_unique<GrpcPeerClient>();
+  w->peers_ = std::make_unique<GrpcPeerClient>(&w->credential_);
   CoordinatorClientOptions copts;
   copts.address = w->options_.coordinator;
   copts.rpc_timeout = w->options_.rpc_timeout;
@@ -311,14 +313,26 @@ absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinRespo
   std::vector<ModelFileSource> sources;
   for (const std::string& h : holders) {
     auto stub = std::shared_ptr<shoal::v1::Peer::Stub>(shoal::v1::Peer::NewStub(MakeChannel(h)));
+    const MemberCredentialHolder* credential = &credential_;
     sources.push_back({absl::StrCat("peer ", h),
-                       [stub, timeout](const shoal::v1::GetModelFileRequest& r)
+                       [stub, timeout, credential](const shoal::v1::GetModelFileRequest& r)
                            -> absl::StatusOr<shoal::v1::ModelFileChunk> {
-                         grpc::ClientContext ctx;
-                         ctx.set_deadline(DeadlineIn(timeout));
+                         // Right after Join the peer may not have heard of
+                         // this worker's credential yet (UNAVAILABLE): retry
+                         // that for a second before the next source.
+                         RetryPolicy policy;
+                         policy.initial_backoff = absl::Milliseconds(10);
+                         policy.max_backoff = absl::Milliseconds(200);
+                         policy.deadline = std::min(timeout, absl::Seconds(1));
+                         policy.unavailable_only = true;
                          shoal::v1::ModelFileChunk out;
-                         grpc::Status s = stub->GetModelFile(&ctx, r, &out);
-                         if (!s.ok()) return FromGrpcStatus(s);
+                         absl::Status s = Retry(policy, nullptr, [&](absl::Duration) {
+                           grpc::ClientContext ctx;
+                           ctx.set_deadline(DeadlineIn(timeout));
+                           AddMemberCredential(*credential, &ctx);
+                           return FromGrpcStatus(stub->GetModelFile(&ctx, r, &out));
+                         });
+                         if (!s.ok()) return s;
                          return out;
                        }});
   }
@@ -401,6 +415,12 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
             SHOAL_LOG(INFO) << "outbound connections only (" << joined->outbound_reason()
                             << "): this worker pushes its contributions";
           }
+          if (!joined->member_credential().empty()) {
+            // The run checks members: send this credential to peers, and
+            // serve only current members from now on.
+            credential_.Set(joined->worker_id(), joined->member_credential());
+            members_.Enable();
+          }
           state_->SetWorkerId(joined->worker_id());
           if (first_join) {
             RETURN_IF_ERROR(BuildModel(*joined));
@@ -469,6 +489,17 @@ absl::Status Worker::OpenSession() {
       protocol_.worker_id(),
       absl::Milliseconds(std::max<uint32_t>(100, protocol_.config().heartbeat_interval_ms())),
       [this](const shoal::v1::CoordinatorMessage& msg) {
+        if (msg.has_checkpoint_request() && !msg.checkpoint_request().upload_grant().empty() &&
+            store_ != nullptr) {
+          // The store asks for it with the upload (common/upload_grant.h).
+          store_->SetUploadGrant(msg.checkpoint_request().upload_grant());
+        }
+        if (msg.has_member_update()) {
+          // Applied on the session's thread, not queued: a member that just
+          // joined may read from this worker right away.
+          members_.Apply(msg.member_update());
+          return;
+        }
         absl::MutexLock lock(&mu_);
         if (WorkerProtocol::Interrupts(msg)) {
           // A running exchange hears it at once, not when Run() pops it.

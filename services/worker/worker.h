@@ -182,6 +182,12 @@ class Worker {
   std::unique_ptr<PushBox> push_box_;
   // The coordinator says we are outbound-only (JoinResponse).
   bool outbound_only_ = false;
+  // Member credentials (common/member_credentials.h): the ones this worker's
+  // Peer service accepts (from the session's MemberUpdates) and its own,
+  // sent with its Peer calls. Both before peers_ and peer_service_, which
+  // point at them.
+  MemberSet members_;
+  MemberCredentialHolder credential_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set

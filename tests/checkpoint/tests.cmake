@@ -11,3 +11,5 @@ add_dependencies(checkpoint_e2e_test shoal-checkpoint shoalctl)
 # Links LibTorch through shoalctl_torch_export (no Torch header here).
 shoal_test(checkpoints_cmd_test unit ${CMAKE_CURRENT_LIST_DIR}/checkpoints_cmd_test.cc
   LIBS shoalctl_checkpoints)
+shoal_test(upload_grant_test integration ${CMAKE_CURRENT_LIST_DIR}/upload_grant_test.cc
+  LIBS checkpoint_service checkpoint_client)

@@ -2,7 +2,9 @@
 // (issue 14, docs/SECURITY.md): coordinator, store, workers and shoalctl as
 // real processes with --token_file; strangers get UNAUTHENTICATED, the run
 // token cannot delete, joins past --max_members or --max_joins_per_minute get
-// RESOURCE_EXHAUSTED while the run goes on.
+// RESOURCE_EXHAUSTED while the run goes on. Coordinator and store share an
+// --upload_key_file: the run's checkpoints are uploaded with its grants and
+// members exchange with their member credentials.
 #include <fstream>
 
 #include "common/auth.h"
@@ -22,6 +24,8 @@ class TokenRunTest : public ClusterTest {
     WriteFile("run.token", std::string(kRunToken) + "\n");
     WriteFile("admin.token", kAdminToken);
     WriteFile("wrong.token", "not-this-run-token-at-all");
+    // Shared by the coordinator and the store only: uploads need its grants.
+    WriteFile("upload.token", "upload-key-0123456789abcdef");
     // The fixture's status calls are a member's.
     SetProcessToken(kRunToken);
   }
@@ -37,17 +41,18 @@ class TokenRunTest : public ClusterTest {
 };
 
 TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
-  store_ =
-      Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
-                      "--data_dir=" + dir_.path() + "/store", "--token_file=" + TokenFile("run"),
-                      "--admin_token_file=" + TokenFile("admin")},
-                     dir_.path() + "/store.log");
+  store_ = Process::Start(
+      {BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
+       "--data_dir=" + dir_.path() + "/store", "--token_file=" + TokenFile("run"),
+       "--admin_token_file=" + TokenFile("admin"), "--upload_key_file=" + TokenFile("upload")},
+      dir_.path() + "/store.log");
   const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
   ASSERT_FALSE(store.empty()) << store_->Log();
 
   const std::string addr = StartCoordinator(
       {"--min_participants=2", "--local_steps=50", "--rounds=10", "--checkpoint_store=" + store,
        "--checkpoint_every=2", "--run_id=token-run", "--token_file=" + TokenFile("run"),
+       "--upload_key_file=" + TokenFile("upload"),
        // Limits (RESOURCE_EXHAUSTED past them): two members, three joins a
        // minute from one address (every process here is on 127.0.0.1).
        "--max_members=2", "--max_joins_per_minute=3"});

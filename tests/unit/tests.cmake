@@ -79,3 +79,5 @@ shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_tes
   LIBS coordinator_core)
 shoal_test(hierarchical_averager_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchical_averager_test.cc
   LIBS worker_lib)
+shoal_test(member_credentials_test unit ${CMAKE_CURRENT_LIST_DIR}/member_credentials_test.cc
+  LIBS coordinator_core)

@@ -17,6 +17,14 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
   // start time in ms times 1000.
   plan_list_version_ =
       static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(started_at_))) * 1000;
+  if (options_.member_credentials) {
+    // The epoch names this start: a credential of an earlier start (or of
+    // another replica's term) is never judged against this roster's list.
+    roster_.emplace(static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixMicros(started_at_))),
+                    options_.credential_secret
+                        ? options_.credential_secret
+                        : std::function<std::string()>(RandomCredentialSecret));
+  }
   if (options_.resume.has_value()) {
     const shoal::v1::RunRecord& r = *options_.resume;
     if (!gossip()) {

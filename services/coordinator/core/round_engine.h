@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/member_credentials.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/zone_election.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -93,6 +94,19 @@ struct EngineOptions {
   // The supernode election (docs/SUPERNODES.md): hysteresis factor and
   // rounds (--supernode_switch_factor, --supernode_switch_rounds).
   ElectionOptions election;
+  // Member credentials (common/member_credentials.h; on with --token_file):
+  // every Join returns a fresh credential, and every member's session hears
+  // which credentials are current (MemberUpdate). Off = no credentials.
+  bool member_credentials = false;
+  // Makes the random part of each credential (tests); RandomCredentialSecret
+  // when unset.
+  std::function<std::string()> credential_secret;
+  // The secret shared with the checkpoint store (--upload_key_file; empty =
+  // no grants): every CheckpointRequest carries an upload grant signed with
+  // it (common/upload_grant.h), valid for checkpoint_timeout plus a minute
+  // (gossip: gossip_grant_ttl, for every later sequence of the run).
+  std::string upload_key;
+  absl::Duration gossip_grant_ttl = absl::Hours(24);
 };
 
 // A message for one worker's session stream. Immutable and shared: a
@@ -170,6 +184,10 @@ class RoundEngine {
   uint64_t status_version() const;
   // Status() together with the status_version() it reflects.
   shoal::v1::RunStatus Status(uint64_t* version) const;
+  // With member credentials: the full list of current credentials for the
+  // session `worker_id` just opened (send it first; updates may arrive in
+  // any order). Null when credentials are off or the worker is not active.
+  SharedMessage MemberList(const std::string& worker_id) const;
   // Recomputes the barrier counters and the participant/queue indexes from
   // the members and compares them with the maintained ones (tests).
   bool CountersConsistentForTesting() const;
@@ -358,7 +376,13 @@ class RoundEngine {
   // Moves the member to departed_ and out of the queue and the round;
   // returns true when it was a participant. No round consequences. The id is
   // taken by value: callers pass the members_ key itself, which this erases.
-  bool Depart(std::string worker_id, MemberState why, const std::string& reason)
+  // With member credentials it also revokes the member's credential and
+  // tells the other members (`out`).
+  bool Depart(std::string worker_id, MemberState why, const std::string& reason, Directives* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A credential change goes to every member with an open session (one
+  // shared message; O(1) bytes per recipient).
+  void SendMemberUpdate(shoal::v1::MemberUpdate update, Directives* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Depart plus what it means for the round (plan, re-plan, wait); the id by
   // value for the same reason.
@@ -483,6 +507,8 @@ class RoundEngine {
   bool election_stale_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, const char*> roles_ ABSL_GUARDED_BY(mu_);
   absl::Time started_at_;
+  // Member credentials, when on (EngineOptions::member_credentials).
+  std::optional<MemberRoster> roster_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shoal::coordinator

@@ -2,10 +2,12 @@
 // (DecideCheckpointUploader), its report, and moving an upload that stalls
 // or loses its worker (DecideCheckpointWatch); in gossip mode the
 // checkpointer (DecideGossipCheckpointer) and its reports.
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/upload_grant.h"
 #include "services/coordinator/core/gossip_status.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
@@ -47,6 +49,13 @@ void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
   msg.mutable_checkpoint_request()->set_round(round);
   msg.mutable_checkpoint_request()->set_model_hash(agreed_hash_);
   msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
+  if (!options_.upload_key.empty()) {
+    // This round only, for as long as the upload may take before it moves
+    // to another worker (and a minute of clock skew with the store).
+    UploadGrant grant{options_.run_id, id, round, round,
+                      clock_->Now() + options_.checkpoint_timeout + absl::Minutes(1)};
+    msg.mutable_checkpoint_request()->set_upload_grant(SignUploadGrant(options_.upload_key, grant));
+  }
   out->push_back({id, Share(std::move(msg))});
   SHOAL_LOG(INFO) << "checkpoint of round " << round << " assigned to " << id;
 }
@@ -115,6 +124,14 @@ void RoundEngine::AssignGossipCheckpointer(Directives* out) {
   request->set_gossip(true);
   request->set_round(checkpoint_round_ + 1);
   request->set_run_id(options_.run_id);
+  if (!options_.upload_key.empty()) {
+    // The checkpointer uploads sequence after sequence without asking again:
+    // the grant covers every later one, for gossip_grant_ttl.
+    UploadGrant grant{options_.run_id, d.worker_id, checkpoint_round_ + 1,
+                      std::numeric_limits<uint64_t>::max(),
+                      clock_->Now() + options_.gossip_grant_ttl};
+    request->set_upload_grant(SignUploadGrant(options_.upload_key, grant));
+  }
   out->push_back({d.worker_id, Share(std::move(msg))});
   SHOAL_LOG(INFO) << "gossip checkpointer: " << d.worker_id << " (" << d.reason
                   << "), uploads every " << options_.config.checkpoint_every()

@@ -148,6 +148,13 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   }
 
   auto& r = result.response;
+  if (roster_.has_value()) {
+    // A fresh credential at every join: one a re-joining worker held before
+    // stops working.
+    shoal::v1::MemberUpdate update;
+    r.set_member_credential(roster_->Issue(member->id, &update));
+    SendMemberUpdate(std::move(update), &result.directives);
+  }
   r.set_worker_id(member->id);
   r.set_outbound_only(member->outbound_only);
   r.set_outbound_reason(member->outbound_reason);
@@ -315,7 +322,7 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(missed.reason);
     out->push_back({worker_id, Share(std::move(msg))});
-    Depart(worker_id, MemberState::kEvicted, missed.reason);
+    Depart(worker_id, MemberState::kEvicted, missed.reason, out);
     return;
   }
   CoordinatorMessage msg;
@@ -325,7 +332,8 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
   Enqueue(worker_id);  // takes part again from the next round
 }
 
-bool RoundEngine::Depart(std::string worker_id, MemberState why, const std::string& reason) {
+bool RoundEngine::Depart(std::string worker_id, MemberState why, const std::string& reason,
+                         Directives* out) {
   auto it = members_.find(worker_id);
   if (it == members_.end()) return false;
   // Out of the round first: its flags leave the counters with it.
@@ -344,7 +352,27 @@ bool RoundEngine::Depart(std::string worker_id, MemberState why, const std::stri
   departed_.push_back(std::move(gone));
   while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
   ReelectAfterDeparture(worker_id);
+  if (shoal::v1::MemberUpdate update; roster_.has_value() && roster_->Revoke(worker_id, &update)) {
+    SendMemberUpdate(std::move(update), out);
+  }
   return was_participant;
+}
+
+void RoundEngine::SendMemberUpdate(shoal::v1::MemberUpdate update, Directives* out) {
+  CoordinatorMessage msg;
+  *msg.mutable_member_update() = std::move(update);
+  SharedMessage shared = Share(std::move(msg));
+  for (const auto& [id, m] : members_) {
+    if (m.connected) out->push_back({id, shared});
+  }
+}
+
+SharedMessage RoundEngine::MemberList(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  if (!roster_.has_value() || !index_.contains(worker_id)) return nullptr;
+  CoordinatorMessage msg;
+  *msg.mutable_member_update() = roster_->Full();
+  return Share(std::move(msg));
 }
 
 void RoundEngine::RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
@@ -352,7 +380,7 @@ void RoundEngine::RemoveMember(std::string worker_id, MemberState why, const std
   if (gossip()) {
     auto it = index_.find(worker_id);
     const bool was_gossiping = it != index_.end() && it->second->gossiping;
-    Depart(worker_id, why, reason);
+    Depart(worker_id, why, reason, out);
     if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) ++gossip_finished_;
     if (members_.empty()) {
       phase_ = shoal::v1::WAITING_FOR_MEMBERS;
@@ -364,7 +392,7 @@ void RoundEngine::RemoveMember(std::string worker_id, MemberState why, const std
     if (was_gossiping) SendPeerUpdate(out);
     return;
   }
-  if (!Depart(worker_id, why, reason)) return;
+  if (!Depart(worker_id, why, reason, out)) return;
   if (phase_ == shoal::v1::TRAINING) {
     if (participants_.empty()) {
       phase_ = shoal::v1::WAITING_FOR_MEMBERS;

@@ -373,7 +373,7 @@ void RoundEngine::EvictFailingPeers(const std::string& reason, Directives* out) 
     msg.mutable_connection_fail()->set_round(round_);
     msg.mutable_connection_fail()->set_reason(reason);
     out->push_back({id, Share(std::move(msg))});
-    Depart(id, MemberState::kEvicted, reason);
+    Depart(id, MemberState::kEvicted, reason, out);
   }
   if (participants_.empty()) {
     AbortRound("no participant left after connection failures", out);
@@ -470,7 +470,7 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
     msg.mutable_leave_requested()->set_reason(
         absl::StrCat("model hash mismatch in round ", round_));
     out->push_back({id, Share(std::move(msg))});
-    Depart(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_));
+    Depart(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_), out);
   }
 
   const absl::Time now = clock_->Now();
