@@ -74,7 +74,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
  public:
   UploadReactor(CheckpointService* service, CheckpointStore* store,
                 grpc::CallbackServerContext* ctx, CheckpointInfo* response)
-      : guard_(service), store_(store), ctx_(ctx), response_(response) {
+      : guard_(service), store_(store), ctx_(ctx), response_(response), stream_(store) {
     if (!guard_.entered()) {
       Finish(kShuttingDown);
       return;
@@ -87,11 +87,14 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       EndOfStream();
       return;
     }
-    absl::Status s = upload_ == nullptr ? Begin() : Accept();
-    if (!s.ok()) {
+    const bool first = !started_;
+    started_ = true;
+    if (absl::Status s = stream_.Accept(std::move(in_)); !s.ok()) {
       Fail(s);
       return;
     }
+    if (first) SHOAL_VLOG(1) << "upload of " << stream_.id() << " started by " << ctx_->peer();
+    in_.Clear();
     StartRead(&in_);
   }
 
@@ -103,32 +106,6 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
     grpc::ServerReadReactor<UploadChunk>::Finish(Counted("upload", status));
   }
 
-  absl::Status Begin() {
-    if (!in_.has_manifest()) {
-      return absl::InvalidArgumentError("the first message of an upload must carry the manifest");
-    }
-    absl::StatusOr<std::unique_ptr<PendingUpload>> upload =
-        store_->BeginUpload(std::move(*in_.mutable_manifest()));
-    if (!upload.ok()) return upload.status();
-    upload_ = std::move(*upload);
-    SHOAL_VLOG(1) << "upload of " << upload_->manifest().id() << " started by " << ctx_->peer();
-    return absl::OkStatus();
-  }
-
-  absl::Status Accept() {
-    if (!in_.has_data()) {
-      return absl::InvalidArgumentError("only the first message of an upload carries a manifest");
-    }
-    const LayerChunk& c = in_.data();
-    // The wire module's checks and codes (common/tensor_wire.h): size and
-    // CRC here, range, gap and overlap in PendingUpload::Append.
-    RETURN_IF_ERROR(CheckChunkSize(c.data().size()));
-    RETURN_IF_ERROR(
-        CheckChunkCrc(c.crc32c(), c.data().data(), c.data().size(),
-                      absl::StrCat("the chunk of layer ", c.layer(), " at offset ", c.offset())));
-    return upload_->Append(c.layer(), c.offset(), c.data());
-  }
-
   void EndOfStream() {
     // A client that half-closed has sent everything; a cancelled or broken
     // call must not commit even if every byte arrived.
@@ -136,11 +113,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       Fail(absl::CancelledError("upload cancelled"));
       return;
     }
-    if (upload_ == nullptr) {
-      Fail(absl::InvalidArgumentError("upload stream ended without a manifest"));
-      return;
-    }
-    absl::StatusOr<CheckpointInfo> info = upload_->Commit();
+    absl::StatusOr<CheckpointInfo> info = stream_.Finish();
     if (!info.ok()) {
       Fail(info.status());
       return;
@@ -152,13 +125,12 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
                        "Size of each committed checkpoint upload.", Metrics::BytesBuckets())
         .Observe(static_cast<double>(info->bytes()));
     *response_ = std::move(*info);
-    upload_.reset();
     CountStored(*store_);
     Finish(grpc::Status::OK);
   }
 
   void Fail(const absl::Status& status) {
-    const std::string what = upload_ ? upload_->manifest().id() : std::string("(no manifest)");
+    const std::string what = stream_.id();
     if (absl::IsCancelled(status)) {
       SHOAL_LOG(INFO) << "upload of " << what << " from " << ctx_->peer()
                       << " cancelled (client gone or server stopping); nothing committed";
@@ -166,7 +138,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       SHOAL_LOG(WARNING) << "upload of " << what << " from " << ctx_->peer()
                          << " refused: " << status;
     }
-    upload_.reset();  // removes the temporary files
+    stream_.Abort();  // removes the temporary files
     Finish(ToGrpcStatus(status));
   }
 
@@ -175,7 +147,8 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   grpc::CallbackServerContext* const ctx_;
   CheckpointInfo* const response_;
   UploadChunk in_;
-  std::unique_ptr<PendingUpload> upload_;
+  UploadStream stream_;
+  bool started_ = false;
 };
 
 // Streams a byte range of a layer, one chunk read from disk just before it

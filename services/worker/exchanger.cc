@@ -15,6 +15,7 @@
 #include "common/retry.h"
 #include "common/status_util.h"
 #include "services/worker/core/aggregation.h"
+#include "services/worker/core/transfer_checks.h"
 
 namespace shoal::worker {
 namespace {
@@ -223,14 +224,14 @@ absl::StatusOr<std::string> Exchanger::ReadEncodedWithRetry(
   policy.max_backoff = options_.max_backoff;
   policy.deadline = deadline - clock_->Now();
   policy.clock = clock_;
-  const size_t max_bytes = codec_->MaxEncodedBytes(end - begin);
-  std::string bytes;
-  uint64_t total = 0;
-  bool known = false;
+  EncodedAssembly blob(round, codec_->MaxEncodedBytes(end - begin), std::nullopt,
+                       absl::StrCat("encoded ", shoal::v1::SliceKind_Name(kind), " [", begin, ", ",
+                                    end, ") from ", address));
   absl::Status s = Retry(
       policy, stop,
       [&](absl::Duration left) -> absl::Status {
-        while (!known || bytes.size() < total) {
+        // A retry resumes where the accepted pieces end.
+        while (!blob.done()) {
           if (stop->cancelled()) return absl::AbortedError("round aborted");
           shoal::v1::ReadEncodedRequest request;
           request.set_round(round);
@@ -238,34 +239,12 @@ absl::StatusOr<std::string> Exchanger::ReadEncodedWithRetry(
           request.set_kind(kind);
           request.set_begin(begin);
           request.set_end(end);
-          request.set_offset(bytes.size());
+          request.set_offset(blob.offset());
           request.set_reader_id(self_id);
           absl::StatusOr<shoal::v1::EncodedPiece> piece =
               peers_->ReadEncoded(address, request, left, stop);
           if (!piece.ok()) return piece.status();
-          const std::string what = absl::StrCat("encoded ", shoal::v1::SliceKind_Name(kind), " [",
-                                                begin, ", ", end, ") from ", address);
-          if (piece->round() != round) {
-            return absl::FailedPreconditionError(
-                absl::StrCat(what, ": piece of round ", piece->round(), ", asked ", round));
-          }
-          if (piece->total_bytes() > max_bytes || (known && piece->total_bytes() != total)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                what, ": announces ", piece->total_bytes(), " bytes (at most ", max_bytes,
-                known ? absl::StrCat(", earlier ", total) : std::string(), ")"));
-          }
-          if (piece->offset() != bytes.size() ||
-              piece->data().size() > piece->total_bytes() - bytes.size() ||
-              (piece->data().empty() && bytes.size() < piece->total_bytes())) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(what, ": piece of ", piece->data().size(), " bytes at offset ",
-                             piece->offset(), ", expected offset ", bytes.size()));
-          }
-          RETURN_IF_ERROR(CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
-                                        absl::StrCat(what, " at byte ", piece->offset())));
-          total = piece->total_bytes();
-          known = true;
-          bytes += piece->data();
+          RETURN_IF_ERROR(blob.Add(*piece));
         }
         return absl::OkStatus();
       },
@@ -278,7 +257,7 @@ absl::StatusOr<std::string> Exchanger::ReadEncodedWithRetry(
                      ": ", s.message()));
   }
   if (!s.ok()) return s;
-  return bytes;
+  return blob.Take();
 }
 
 namespace {

@@ -37,9 +37,13 @@ absl::Status ValidatePeerAddress(const std::string& address) {
   return absl::OkStatus();
 }
 
+// "w<n>" as the engine writes it: n > 0 in decimal with no sign, space or
+// leading zero, and below 2^63 so that the next number (n + 1) cannot wrap
+// around to ids already handed out (found by the join_request fuzz target).
 bool ValidWorkerId(const std::string& id) {
   uint64_t n = 0;
-  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0;
+  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0 &&
+         n < (uint64_t{1} << 63) && id == absl::StrCat("w", n);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,9 @@ void PutVarint(uint32_t v, std::string* out) {
   }
   out->push_back(static_cast<char>(v));
 }
+
+// The largest int8 scale whose 127 multiples stay finite.
+constexpr float kMaxInt8Scale = std::numeric_limits<float>::max() / 127.0f;
 
 absl::Status SizeMismatch(const char* codec, size_t got, size_t want, size_t n) {
   return absl::InvalidArgumentError(
@@ -128,9 +132,12 @@ class Int8Codec final : public EncodedCodec {
     // Every scale first: nothing is written when one is bad.
     for (size_t blk = 0, pos = 0; blk < n; blk += kInt8Block) {
       const float scale = GetFloat(b.data() + pos);
-      if (!std::isfinite(scale) || scale < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("int8 block at element ", blk, " has scale ",
-                                                       scale, " (must be finite and >= 0)"));
+      // Above kMaxInt8Scale, 127 x scale overflows to inf; the encoder's
+      // scale (max |x| / 127) never goes past it.
+      if (!(scale >= 0 && scale <= kMaxInt8Scale)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("int8 block at element ", blk, " has scale ", scale, " (must be in [0, ",
+                         kMaxInt8Scale, "])"));
       }
       pos += 4 + std::min(kInt8Block, n - blk);
     }
@@ -288,7 +295,8 @@ std::string Fp32Codec::EncodeSlice(const float* src, size_t n, uint64_t) const {
 
 absl::Status Fp32Codec::DecodeSlice(absl::Span<const uint8_t> bytes, size_t n, float* out) const {
   if (bytes.size() != n * sizeof(float)) return SizeMismatch("fp32", bytes.size(), 4 * n, n);
-  std::memcpy(out, bytes.data(), bytes.size());
+  // An empty slice may come with null pointers, which memcpy must not get.
+  if (n > 0) std::memcpy(out, bytes.data(), bytes.size());
   return absl::OkStatus();
 }
 
