@@ -19,9 +19,9 @@
 //   fp32     n x float32
 //   fp16     n x IEEE binary16 (round to nearest even; overflow to inf)
 //   bf16     n x bfloat16 (round to nearest even)
-//   int8     per block of kInt8Block elements: float32 scale (in
-//            [0, FLT_MAX / 127], so that every q * scale is finite), then
-//            one int8 per element; x = q * scale
+//   int8     per block of kInt8Block elements: float32 scale (>= 0 and
+//            127 x scale finite, so that every q * scale is), then one
+//            int8 per element; x = q * scale
 //   topk:F / randomk:F (sparse): u32 k, then k indices as varints of the
 //            gap to the previous index (the first: the index itself; then
 //            index - previous - 1, so indices strictly increase), then k x
