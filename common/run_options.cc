@@ -125,9 +125,9 @@ absl::StatusOr<std::vector<int64_t>> ParseInputShape(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t v = 0;
     if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > kMaxInputDim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--input_shape must be channels,height,width (integers in [1, ", kMaxInputDim,
-          "]), got '", text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input_shape must be channels,height,width (integers in [1, ",
+                       kMaxInputDim, "]), got '", text, "'"));
     }
     shape.push_back(v);
   }

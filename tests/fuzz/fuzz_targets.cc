@@ -17,9 +17,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/auth.h"
@@ -491,7 +491,8 @@ bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
 void EncodedSliceTarget(const uint8_t* data, size_t size) {
   Input in(data, size);
   const uint8_t which = in.U8() % 6;
-  std::string name = std::vector<std::string>{"fp32", "fp16", "bf16", "int8", "topk:", "randomk:"}[which];
+  std::string name =
+      std::vector<std::string>{"fp32", "fp16", "bf16", "int8", "topk:", "randomk:"}[which];
   if (which >= 4) name += absl::StrCat((in.U16() + 1) / 65536.0);
   const size_t n = in.U16();
   absl::StatusOr<std::unique_ptr<worker::Codec>> codec = worker::MakeCodec(name);
@@ -515,7 +516,7 @@ void EncodedSliceTarget(const uint8_t* data, size_t size) {
     size_t nonzero = 0;
     for (float v : out) nonzero += v != 0.0f;
     FUZZ_CHECK(n == 0 || (bytes.size() >= 4 && nonzero <= bytes[0] + (size_t{bytes[1]} << 8) +
-                                                             (size_t{bytes[2]} << 16)));
+                                                              (size_t{bytes[2]} << 16)));
   }
   std::vector<float> again(n);
   FUZZ_CHECK((*codec)->DecodeSlice(bytes, n, again.data()).ok());
@@ -525,11 +526,11 @@ void EncodedSliceTarget(const uint8_t* data, size_t size) {
   }
   const std::string re = (*codec)->EncodeSlice(out.data(), n, 7);
   FUZZ_CHECK(re.size() <= (*codec)->MaxEncodedBytes(n));
-  FUZZ_CHECK((*codec)
-                 ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(re.data()),
-                                                   re.size()),
-                               n, again.data())
-                 .ok());
+  FUZZ_CHECK(
+      (*codec)
+          ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(re.data()), re.size()),
+                        n, again.data())
+          .ok());
   // Lossless codecs give back what they were given.
   if (which == 0) FUZZ_CHECK(SameFloats(out, again));
 }
@@ -719,20 +720,20 @@ void ModelFileTarget(const uint8_t* data, size_t size) {
   while (in.left() > 0) made_up.push_back(in.Bytes(6 + in.U8()));
   size_t next = 0;
   std::vector<ModelFileSource> sources;
-  sources.push_back({"made-up", [&](const shoal::v1::GetModelFileRequest& r)
-                                    -> absl::StatusOr<shoal::v1::ModelFileChunk> {
-                       if (next >= made_up.size()) return absl::UnavailableError("no more");
-                       Input piece(reinterpret_cast<const uint8_t*>(made_up[next].data()),
-                                   made_up[next].size());
-                       ++next;
-                       shoal::v1::ModelFileChunk c;
-                       const uint16_t off = piece.U16();
-                       c.set_offset(off == 0xFFFF ? r.offset() : off);
-                       const uint16_t total = piece.U16();
-                       c.set_total_bytes(total == 0xFFFF ? claimed : total);
-                       c.set_data(piece.Rest());
-                       return c;
-                     }});
+  sources.push_back(
+      {"made-up",
+       [&](const shoal::v1::GetModelFileRequest& r) -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+         if (next >= made_up.size()) return absl::UnavailableError("no more");
+         Input piece(reinterpret_cast<const uint8_t*>(made_up[next].data()), made_up[next].size());
+         ++next;
+         shoal::v1::ModelFileChunk c;
+         const uint16_t off = piece.U16();
+         c.set_offset(off == 0xFFFF ? r.offset() : off);
+         const uint16_t total = piece.U16();
+         c.set_total_bytes(total == 0xFFFF ? claimed : total);
+         c.set_data(piece.Rest());
+         return c;
+       }});
   if (flags & 4) {
     sources.push_back({"honest", [&](const shoal::v1::GetModelFileRequest& r) {
                          shoal::v1::GetModelFileRequest small = r;
@@ -741,8 +742,8 @@ void ModelFileTarget(const uint8_t* data, size_t size) {
                        }});
   }
   uint64_t last_progress = 0;
-  absl::StatusOr<FetchedModelFile> got = FetchModelFile(
-      sources, sha, claimed, [&](uint64_t done, uint64_t total, const std::string&) {
+  absl::StatusOr<FetchedModelFile> got =
+      FetchModelFile(sources, sha, claimed, [&](uint64_t done, uint64_t total, const std::string&) {
         FUZZ_CHECK(done <= total && total == claimed);
         last_progress = done;
       });
@@ -832,8 +833,8 @@ void RunSpecsTarget(const uint8_t* data, size_t size) {
         FUZZ_CHECK(e.size() <= (*codec)->MaxEncodedBytes(n));
         std::vector<float> y(n);
         FUZZ_CHECK((*codec)
-                       ->DecodeSlice(absl::MakeConstSpan(
-                                         reinterpret_cast<const uint8_t*>(e.data()), e.size()),
+                       ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(e.data()),
+                                                         e.size()),
                                      n, y.data())
                        .ok());
       }
@@ -991,8 +992,7 @@ void CheckpointUploadTarget(const uint8_t* data, size_t size) {
       s = stream.Accept(std::move(m));
       if (!s.ok()) {
         const absl::StatusCode c = s.code();
-        FUZZ_CHECK(c == absl::StatusCode::kInvalidArgument ||
-                   c == absl::StatusCode::kDataLoss ||
+        FUZZ_CHECK(c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kDataLoss ||
                    c == absl::StatusCode::kResourceExhausted);
         // A dead stream stays dead.
         FUZZ_CHECK(!stream.Accept(shoal::v1::UploadChunk()).ok());

@@ -16,6 +16,9 @@ else
   targets=()
   for d in "$root"/tests/fuzz/corpus/*/; do targets+=("$(basename "$d")"); done
 fi
+# UBSan's reports stop the fuzzer (by default UBSan prints and goes on, and
+# libFuzzer never sees undefined behaviour as a crash).
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 failed=0
 for t in "${targets[@]}"; do
   bin="$build/bin/fuzz_$t"

@@ -2,21 +2,20 @@
 // through the same decode functions the libFuzzer targets call, so the
 // corpus, and every crasher fixed since, keeps being exercised by
 // `make test` in the normal gcc build.
-#include <filesystem>
-#include <set>
-#include <fstream>
-#include <sstream>
-#include <string>
-
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/crc32c.h"
-#include "common/sha256.h"
 #include "common/run_options.h"
+#include "common/sha256.h"
 #include "common/tensor_wire.h"
 #include "gtest/gtest.h"
 #include "services/checkpoint/core/checkpoint_store.h"
@@ -131,11 +130,11 @@ TEST(FuzzRegressionTest, Int8ScaleWhoseMultiplesOverflowIsInvalid) {
   const float big[2] = {FLT_MAX, -FLT_MAX};
   const std::string e = (*codec)->EncodeSlice(big, 2, 0);
   float out[2];
-  ASSERT_TRUE((*codec)
-                  ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(e.data()),
-                                                    e.size()),
-                                2, out)
-                  .ok());
+  ASSERT_TRUE(
+      (*codec)
+          ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(e.data()), e.size()),
+                        2, out)
+          .ok());
   EXPECT_TRUE(std::isfinite(out[0]) && std::isfinite(out[1]));
 }
 

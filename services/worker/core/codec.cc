@@ -137,9 +137,9 @@ class Int8Codec final : public EncodedCodec {
       const float scale = GetFloat(b.data() + pos);
       // A finite scale above about FLT_MAX / 127 decodes 127 to inf.
       if (!UsableInt8Scale(scale)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("int8 block at element ", blk, " has scale ", scale,
-                         " (must be >= 0 with 127 x scale finite)"));
+        return absl::InvalidArgumentError(absl::StrCat("int8 block at element ", blk, " has scale ",
+                                                       scale,
+                                                       " (must be >= 0 with 127 x scale finite)"));
       }
       pos += 4 + std::min(kInt8Block, n - blk);
     }

@@ -57,8 +57,8 @@ absl::Status CheckGossipPeerInfo(const shoal::v1::PeerInfo& info, uint64_t eleme
   if (!std::isfinite(info.gossip_clock()) || info.gossip_clock() < 0 ||
       !std::isfinite(info.gossip_loss())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the peer's state (clock ", info.gossip_clock(), ", loss ",
-                     info.gossip_loss(), ") is not a finite clock >= 0 and a finite loss"));
+        absl::StrCat("the peer's state (clock ", info.gossip_clock(), ", loss ", info.gossip_loss(),
+                     ") is not a finite clock >= 0 and a finite loss"));
   }
   return absl::OkStatus();
 }
