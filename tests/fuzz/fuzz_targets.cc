@@ -1049,7 +1049,8 @@ void CheckpointUploadTarget(const uint8_t* data, size_t size) {
 // the round engine, several into one engine (re-joins with a previous id,
 // restarts claiming ids and data ranks). Input: [len u16, JoinRequest]*.
 // Every admitted worker gets a well-formed id ("w<n>", n > 0) no live
-// member holds, and live members' ids and data ranks stay distinct.
+// member holds, and live members' ids, addresses and data ranks stay
+// distinct.
 void JoinRequestTarget(const uint8_t* data, size_t size) {
   Input in(data, size);
   static FakeClock clock;
@@ -1073,22 +1074,20 @@ void JoinRequestTarget(const uint8_t* data, size_t size) {
     FUZZ_CHECK(id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &number) &&
                number > 0 && id == absl::StrCat("w", number));
     const bool rejoin = live.count(join.previous_worker_id()) > 0;
-    if (rejoin) {
-      FUZZ_CHECK(id == join.previous_worker_id());
-    } else {
-      // A new member replaces one at the same address, never another.
-      for (auto it = live.begin(); it != live.end();) {
-        it = it->second == join.peer_address() ? live.erase(it) : std::next(it);
-      }
-      FUZZ_CHECK(live.count(id) == 0);
+    if (rejoin) FUZZ_CHECK(id == join.previous_worker_id());
+    // A worker replaces every other live member at its address, no other.
+    for (auto it = live.begin(); it != live.end();) {
+      it = it->second == join.peer_address() && it->first != id ? live.erase(it) : std::next(it);
     }
+    if (!rejoin) FUZZ_CHECK(live.count(id) == 0);
     live[id] = join.peer_address();
-    std::set<std::string> ids;
+    std::set<std::string> ids, addresses;
     std::set<uint32_t> ranks;
     const shoal::v1::RunStatus status = engine.Status();
     for (const auto& w : status.workers()) {
       if (w.state() == "left" || w.state() == "evicted") continue;
       FUZZ_CHECK(ids.insert(w.id()).second);
+      FUZZ_CHECK(addresses.insert(w.address()).second);
       FUZZ_CHECK(ranks.insert(w.data_rank()).second);
     }
     FUZZ_CHECK(ids.size() == live.size());

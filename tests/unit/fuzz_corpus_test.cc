@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -170,6 +171,34 @@ TEST(FuzzRegressionTest, HugePreviousWorkerIdDoesNotWrapTheNumbering) {
   }
   EXPECT_EQ(ids.count("w18446744073709551614"), 0u);
   EXPECT_EQ(ids.count("w01"), 0u);
+}
+
+// join_request: a member re-joining from the address of another live
+// member left both at one address; the next worker there replaced only
+// one of them (corpus/join_request/crash-rejoin-takes-an-address).
+TEST(FuzzRegressionTest, RejoinAtAnotherMembersAddressReplacesIt) {
+  FakeClock clock;
+  coordinator::EngineOptions options;
+  options.run_id = "run";
+  options.config.set_min_participants(3);
+  coordinator::RoundEngine engine(options, &clock);
+  auto join = [&](const std::string& address, const std::string& previous) {
+    shoal::v1::JoinRequest j;
+    j.set_peer_address(address);
+    j.set_previous_worker_id(previous);
+    auto r = engine.Join(j);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->response.worker_id() : std::string();
+  };
+  const std::string a = join("127.0.0.1:5001", "");
+  const std::string b = join("127.0.0.1:5002", "");
+  EXPECT_EQ(join("127.0.0.1:5002", a), a);  // a moves to b's address
+  std::map<std::string, std::string> active;
+  const shoal::v1::RunStatus status = engine.Status();
+  for (const auto& w : status.workers()) {
+    if (w.state() != "left" && w.state() != "evicted") active[w.id()] = w.address();
+  }
+  EXPECT_EQ(active, (std::map<std::string, std::string>{{a, "127.0.0.1:5002"}})) << b;
 }
 
 // The same numbering from a run record: a worker number past 2^62 is a

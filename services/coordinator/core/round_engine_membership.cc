@@ -68,16 +68,20 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     auto it = index_.find(previous);
     if (it != index_.end()) member = it->second;
   }
+  // A worker (new, or a member re-joining from another address) at the
+  // address of another active member means that member's process is gone
+  // (its port was reused). Re-joins count too: otherwise two members would
+  // share an address, and the next worker there would replace only one
+  // (found by the join_request fuzz target).
+  std::vector<std::string> replaced;
+  for (const auto& [id, m] : members_) {
+    if (m.address == request.peer_address() && &m != member) replaced.push_back(id);
+  }
+  for (const std::string& id : replaced) {
+    RemoveMember(id, MemberState::kLeft, "replaced by a worker at the same address",
+                 &result.directives);
+  }
   if (member == nullptr) {
-    // A new worker at the address of an active member means that member's
-    // process is gone (its port was reused).
-    for (auto it = members_.begin(); it != members_.end(); ++it) {
-      if (it->second.address == request.peer_address()) {
-        RemoveMember(it->first, MemberState::kLeft, "replaced by a new worker at the same address",
-                     &result.directives);
-        break;
-      }
-    }
     if (options_.max_members > 0 && members_.size() >= options_.max_members) {
       return absl::ResourceExhaustedError(
           absl::StrCat("run ", options_.run_id, " is full: ", members_.size(),
