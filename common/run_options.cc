@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace shoal {
@@ -117,6 +118,24 @@ std::string AggregationName(const AggregationSpec& spec) {
 
 uint32_t MinContributions(const AggregationSpec& spec) {
   return spec.kind == AggregationSpec::Kind::kTrimmedMean ? 2 * spec.trim + 1 : 1;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseInputShape(const std::string& text) {
+  std::vector<int64_t> shape;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > kMaxInputDim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input_shape must be channels,height,width (integers in [1, ",
+                       kMaxInputDim, "]), got '", text, "'"));
+    }
+    shape.push_back(v);
+  }
+  if (shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input_shape must have 3 numbers (channels,height,width), got '", text, "'"));
+  }
+  return shape;
 }
 
 }  // namespace shoal

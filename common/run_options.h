@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -56,6 +57,11 @@ std::string AggregationName(const AggregationSpec& spec);
 // for trimmed_mean:K, 1 otherwise. With fewer the owner falls back to the
 // median (docs/SECURITY.md).
 uint32_t MinContributions(const AggregationSpec& spec);
+
+// The coordinator's --input_shape for a TorchScript model: "C,H,W", three
+// integers in [1, kMaxInputDim]. INVALID_ARGUMENT otherwise.
+inline constexpr int64_t kMaxInputDim = 65536;
+absl::StatusOr<std::vector<int64_t>> ParseInputShape(const std::string& text);
 
 }  // namespace shoal
 

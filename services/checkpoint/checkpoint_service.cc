@@ -82,6 +82,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
         store_(store),
         ctx_(ctx),
         response_(response),
+        stream_(store),
         upload_key_(upload_key),
         grant_(std::move(grant)),
         now_(now) {
@@ -97,11 +98,22 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       EndOfStream();
       return;
     }
-    absl::Status s = upload_ == nullptr ? Begin() : Accept();
-    if (!s.ok()) {
+    const bool first = !started_;
+    started_ = true;
+    if (first && !upload_key_.empty()) {
+      // Before anything is written: only the worker the coordinator asked
+      // may upload this run's round.
+      if (absl::Status s = CheckGrant(); !s.ok()) {
+        Fail(s);
+        return;
+      }
+    }
+    if (absl::Status s = stream_.Accept(std::move(in_)); !s.ok()) {
       Fail(s);
       return;
     }
+    if (first) SHOAL_VLOG(1) << "upload of " << stream_.id() << " started by " << ctx_->peer();
+    in_.Clear();
     StartRead(&in_);
   }
 
@@ -113,39 +125,16 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
     grpc::ServerReadReactor<UploadChunk>::Finish(Counted("upload", status));
   }
 
-  absl::Status Begin() {
+  absl::Status CheckGrant() {
     if (!in_.has_manifest()) {
       return absl::InvalidArgumentError("the first message of an upload must carry the manifest");
     }
-    if (!upload_key_.empty()) {
-      // Before anything is written: only the worker the coordinator asked
-      // may upload this run's round.
-      absl::StatusOr<UploadGrant> grant = VerifyUploadGrant(upload_key_, grant_, now_);
-      if (!grant.ok()) return grant.status();
-      RETURN_IF_ERROR(GrantCovers(*grant, in_.manifest().run_id(), in_.manifest().round()));
-      SHOAL_VLOG(1) << "upload of round " << in_.manifest().round() << " granted to "
-                    << grant->worker_id;
-    }
-    absl::StatusOr<std::unique_ptr<PendingUpload>> upload =
-        store_->BeginUpload(std::move(*in_.mutable_manifest()));
-    if (!upload.ok()) return upload.status();
-    upload_ = std::move(*upload);
-    SHOAL_VLOG(1) << "upload of " << upload_->manifest().id() << " started by " << ctx_->peer();
+    absl::StatusOr<UploadGrant> grant = VerifyUploadGrant(upload_key_, grant_, now_);
+    if (!grant.ok()) return grant.status();
+    RETURN_IF_ERROR(GrantCovers(*grant, in_.manifest().run_id(), in_.manifest().round()));
+    SHOAL_VLOG(1) << "upload of round " << in_.manifest().round() << " granted to "
+                  << grant->worker_id;
     return absl::OkStatus();
-  }
-
-  absl::Status Accept() {
-    if (!in_.has_data()) {
-      return absl::InvalidArgumentError("only the first message of an upload carries a manifest");
-    }
-    const LayerChunk& c = in_.data();
-    // The wire module's checks and codes (common/tensor_wire.h): size and
-    // CRC here, range, gap and overlap in PendingUpload::Append.
-    RETURN_IF_ERROR(CheckChunkSize(c.data().size()));
-    RETURN_IF_ERROR(
-        CheckChunkCrc(c.crc32c(), c.data().data(), c.data().size(),
-                      absl::StrCat("the chunk of layer ", c.layer(), " at offset ", c.offset())));
-    return upload_->Append(c.layer(), c.offset(), c.data());
   }
 
   void EndOfStream() {
@@ -155,11 +144,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       Fail(absl::CancelledError("upload cancelled"));
       return;
     }
-    if (upload_ == nullptr) {
-      Fail(absl::InvalidArgumentError("upload stream ended without a manifest"));
-      return;
-    }
-    absl::StatusOr<CheckpointInfo> info = upload_->Commit();
+    absl::StatusOr<CheckpointInfo> info = stream_.Finish();
     if (!info.ok()) {
       Fail(info.status());
       return;
@@ -171,13 +156,12 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
                        "Size of each committed checkpoint upload.", Metrics::BytesBuckets())
         .Observe(static_cast<double>(info->bytes()));
     *response_ = std::move(*info);
-    upload_.reset();
     CountStored(*store_);
     Finish(grpc::Status::OK);
   }
 
   void Fail(const absl::Status& status) {
-    const std::string what = upload_ ? upload_->manifest().id() : std::string("(no manifest)");
+    const std::string what = stream_.id();
     if (absl::IsCancelled(status)) {
       SHOAL_LOG(INFO) << "upload of " << what << " from " << ctx_->peer()
                       << " cancelled (client gone or server stopping); nothing committed";
@@ -185,7 +169,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       SHOAL_LOG(WARNING) << "upload of " << what << " from " << ctx_->peer()
                          << " refused: " << status;
     }
-    upload_.reset();  // removes the temporary files
+    stream_.Abort();  // removes the temporary files
     Finish(ToGrpcStatus(status));
   }
 
@@ -194,7 +178,8 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   grpc::CallbackServerContext* const ctx_;
   CheckpointInfo* const response_;
   UploadChunk in_;
-  std::unique_ptr<PendingUpload> upload_;
+  UploadStream stream_;
+  bool started_ = false;
   const absl::string_view upload_key_;  // the service's, which outlives the call
   const std::string grant_;
   const absl::Time now_;

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/model_file.h"
 #include "common/mutex_mode.h"
+#include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
@@ -270,20 +271,13 @@ int main(int argc, char** argv) {
   c.set_optimizer(absl::GetFlag(FLAGS_optimizer));
   if (absl::StartsWith(c.model(), "torchscript:")) {
     const std::string path = c.model().substr(strlen("torchscript:"));
-    std::vector<int64_t> shape;
-    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_input_shape), ',')) {
-      int64_t v = 0;
-      if (!absl::SimpleAtoi(part, &v) || v <= 0 || v > 65536) {
-        SHOAL_LOG(ERROR) << "--input_shape must be channels,height,width (positive integers), got '"
-                         << absl::GetFlag(FLAGS_input_shape) << "'";
-        return 2;
-      }
-      shape.push_back(v);
-    }
-    if (shape.size() != 3) {
-      SHOAL_LOG(ERROR) << "--input_shape must have 3 numbers (channels,height,width)";
+    absl::StatusOr<std::vector<int64_t>> parsed_shape =
+        shoal::ParseInputShape(absl::GetFlag(FLAGS_input_shape));
+    if (!parsed_shape.ok()) {
+      SHOAL_LOG(ERROR) << parsed_shape.status().message();
       return 2;
     }
+    const std::vector<int64_t>& shape = *parsed_shape;
     absl::StatusOr<std::string> bytes = shoal::worker::ReadModelFile(path);
     if (!bytes.ok()) {
       SHOAL_LOG(ERROR) << "cannot start: --model=torchscript:" << path << ": "

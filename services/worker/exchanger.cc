@@ -16,6 +16,7 @@
 #include "common/status_util.h"
 #include "services/worker/blob_reader.h"
 #include "services/worker/core/aggregation.h"
+#include "services/worker/core/transfer_checks.h"
 
 namespace shoal::worker {
 namespace {

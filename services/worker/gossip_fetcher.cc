@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "services/worker/core/transfer_checks.h"
 
 namespace shoal::worker {
 
@@ -91,24 +92,13 @@ GossipFetchResult GossipFetcher::Fetch(const std::string& peer_id, const std::st
   absl::StatusOr<shoal::v1::PeerInfo> info =
       peers_->Probe(address, std::min(timeout, absl::Seconds(2)));
   if (!info.ok()) return fail(info.status());
-  if (info->gossip_publication() == 0) {
-    return fail(absl::FailedPreconditionError("the peer has published no model yet"));
-  }
-  if (info->total_elements() != elements) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "the peer's model has ", info->total_elements(), " elements, this one ", elements)));
-  }
+  if (absl::Status s = CheckGossipPeerInfo(*info, elements); !s.ok()) return fail(s);
   const absl::Duration left = deadline - clock_->Now();
   if (left <= absl::ZeroDuration()) {
     return fail(absl::DeadlineExceededError("no time left after GetPeerInfo"));
   }
   incoming_.resize(elements);
-  shoal::v1::ReadSliceRequest req;
-  req.set_kind(shoal::v1::GOSSIP);
-  req.set_round(info->gossip_publication());
-  req.set_begin(0);
-  req.set_end(elements);
-  req.set_reader_id(reader_id_);
+  const shoal::v1::ReadSliceRequest req = GossipReadRequest(*info, elements, reader_id_);
   float* dst = incoming_.data();
   absl::Status s =
       peers_->ReadSliceCancellable(address, req, left, &token_, [&](const ChunkView& v) {

@@ -16,6 +16,7 @@
 #include "common/model_file.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
+#include "services/worker/core/transfer_checks.h"
 
 namespace shoal::worker {
 namespace {
@@ -392,16 +393,8 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     }
     copy_ = *std::move(copy);
     const uint64_t n = copy_->params.size();
-    if (request.begin() >= request.end()) {
-      FinishOnce(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("empty or reversed range [", request.begin(), ", ", request.end(), ")")));
-      return;
-    }
-    if (request.end() > n) {
-      FinishOnce(grpc::Status(
-          grpc::StatusCode::OUT_OF_RANGE,
-          absl::StrCat("range end ", request.end(), " past the model's ", n, " elements")));
+    if (absl::Status s = CheckGossipRange(request, n); !s.ok()) {
+      FinishOnce(ToGrpcStatus(s));
       return;
     }
     next_ = request.begin();
@@ -530,19 +523,12 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
     reactor->Finish(ToGrpcStatus(blob.status()));
     return reactor;
   }
-  const std::string& bytes = **blob;
-  if (request->offset() > bytes.size()) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("offset ", request->offset(), " past the end of an encoding of ", bytes.size(),
-                     " bytes"))));
+  absl::StatusOr<shoal::v1::EncodedPiece> piece = ServeEncodedPiece(**blob, *request, kChunkBytes);
+  if (!piece.ok()) {
+    reactor->Finish(ToGrpcStatus(piece.status()));
     return reactor;
   }
-  const size_t n = std::min<uint64_t>(kChunkBytes, bytes.size() - request->offset());
-  response->set_round(request->round());
-  response->set_total_bytes(bytes.size());
-  response->set_offset(request->offset());
-  response->set_data(bytes.data() + request->offset(), n);
-  response->set_crc32c(Crc32c(response->data().data(), n));
+  *response = *std::move(piece);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

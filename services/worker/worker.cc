@@ -25,6 +25,7 @@
 #include "services/worker/core/data_split.h"
 #include "services/worker/core/dataset.h"
 #include "services/worker/core/gossip_policy.h"
+#include "services/worker/core/transfer_checks.h"
 #include "services/worker/gossip_checkpointer.h"
 #include "services/worker/gossip_fetcher.h"
 #include "services/worker/hierarchical_averager.h"
@@ -799,30 +800,20 @@ absl::Status Worker::PullOuterState(const Action& a) {
   absl::Status last =
       absl::UnavailableError(absl::StrCat("no peer holds the outer momentum of round ", a.round));
   for (const std::string& holder : a.holders) {
-    std::string got;
+    EncodedAssembly blob(a.round, bytes, bytes,
+                         absl::StrCat("outer momentum of round ", a.round, " from ", holder));
     absl::Status s;
-    while (s.ok() && got.size() < bytes) {
+    while (s.ok() && !blob.done()) {
       shoal::v1::ReadEncodedRequest request;
       request.set_round(a.round);
       request.set_kind(shoal::v1::SNAPSHOT);
       request.set_begin(0);
       request.set_end(memory_->total());
-      request.set_offset(got.size());
+      request.set_offset(blob.offset());
       request.set_reader_id(protocol_.worker_id());
       absl::StatusOr<shoal::v1::EncodedPiece> piece =
           peers_->ReadEncoded(holder, request, options_.sync.piece_timeout, &stop_token_);
-      if (!piece.ok()) {
-        s = piece.status();
-      } else if (piece->total_bytes() != bytes || piece->offset() != got.size() ||
-                 piece->data().empty() || piece->data().size() > bytes - got.size()) {
-        s = absl::InvalidArgumentError(absl::StrCat(
-            "outer momentum piece of ", piece->data().size(), " bytes at ", piece->offset(), " of ",
-            piece->total_bytes(), ", expected ", bytes, " bytes from ", got.size()));
-      } else {
-        s = CheckChunkCrc(piece->crc32c(), piece->data().data(), piece->data().size(),
-                          absl::StrCat("outer momentum at byte ", got.size(), " from ", holder));
-        if (s.ok()) got += piece->data();
-      }
+      s = piece.ok() ? blob.Add(*piece) : piece.status();
     }
     if (!s.ok()) {
       SHOAL_LOG(WARNING) << "outer momentum of round " << a.round << " from " << holder << ": "
@@ -831,7 +822,7 @@ absl::Status Worker::PullOuterState(const Action& a) {
       continue;
     }
     std::vector<float> m(memory_->total());
-    std::memcpy(m.data(), got.data(), bytes);
+    std::memcpy(m.data(), blob.bytes().data(), bytes);
     RETURN_IF_ERROR(outer_->SetMomentum(a.round, m));
     PublishOuterState(a.round);
     SHOAL_LOG(INFO) << "outer momentum of round " << a.round << " pulled from " << holder;

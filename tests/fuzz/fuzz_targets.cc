@@ -8,17 +8,26 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/model_file.h"
+#include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
@@ -26,7 +35,13 @@
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
 #include "services/worker/core/codec.h"
+#include "services/worker/core/dataset.h"
+#include "services/worker/core/encoded_store.h"
+#include "services/worker/core/gossip_policy.h"
+#include "services/worker/core/idx_reader.h"
 #include "services/worker/core/manifest_cache.h"
+#include "services/worker/core/serving_rule.h"
+#include "services/worker/core/transfer_checks.h"
 
 namespace shoal::fuzz {
 
@@ -459,42 +474,682 @@ void AddressTarget(const uint8_t* data, size_t size) {
   FUZZ_CHECK(HostOf(address) == address.substr(0, colon));
 }
 
+// Bit for bit (NaNs included).
+bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 // The codecs' decoders (services/worker/core/codec.h). Input: one byte
-// picking the codec, two bytes (little-endian) of element count, then the
-// encoding. A refusal is INVALID_ARGUMENT and writes nothing; an accepted
-// encoding decodes to finite values for int8 and the sparse codecs, the
-// same way twice, and re-encodes to something that decodes.
+// picking the codec (0 fp32, 1 fp16, 2 bf16, 3 int8, 4 topk:F, 5
+// randomk:F), for the sparse codecs a u16 picking F = (v + 1) / 65536 (so
+// every k from 1 to n is reachable), two bytes (little-endian) of element
+// count, then the encoding. A refusal is INVALID_ARGUMENT and writes
+// nothing; an accepted encoding decodes to finite values for int8 and the
+// sparse codecs (they are averaged into the model as they are), the same
+// way twice, and re-encodes to something that decodes.
 void EncodedSliceTarget(const uint8_t* data, size_t size) {
-  static const char* const kCodecs[] = {"fp32", "fp16", "bf16", "int8", "topk:0.1", "randomk:0.25"};
-  if (size < 3) return;
-  const std::string name = kCodecs[data[0] % 6];
-  const size_t n = data[1] | size_t{data[2]} << 8;
+  Input in(data, size);
+  const uint8_t which = in.U8() % 6;
+  std::string name =
+      std::vector<std::string>{"fp32", "fp16", "bf16", "int8", "topk:", "randomk:"}[which];
+  if (which >= 4) name += absl::StrCat((in.U16() + 1) / 65536.0);
+  const size_t n = in.U16();
   absl::StatusOr<std::unique_ptr<worker::Codec>> codec = worker::MakeCodec(name);
   FUZZ_CHECK(codec.ok());
-  const absl::Span<const uint8_t> bytes(data + 3, size - 3);
+  const std::string encoded = in.Rest();
+  const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(encoded.data()),
+                                        encoded.size());
   std::vector<float> out(n, 12345.0f);
   const absl::Status s = (*codec)->DecodeSlice(bytes, n, out.data());
   if (!s.ok()) {
-    FUZZ_CHECK(absl::IsInvalidArgument(s) || absl::IsDataLoss(s));
+    FUZZ_CHECK(absl::IsInvalidArgument(s));
     for (float v : out) FUZZ_CHECK(v == 12345.0f);
     return;
   }
   FUZZ_CHECK(bytes.size() <= (*codec)->MaxEncodedBytes(n));
-  if (name == "int8" || name[0] == 't' || name[0] == 'r') {
+  if (which >= 3) {
     for (float v : out) FUZZ_CHECK(std::isfinite(v));
+  }
+  if (which >= 4) {
+    // k elements set, the others 0.
+    size_t nonzero = 0;
+    for (float v : out) nonzero += v != 0.0f;
+    FUZZ_CHECK(n == 0 || (bytes.size() >= 4 && nonzero <= bytes[0] + (size_t{bytes[1]} << 8) +
+                                                              (size_t{bytes[2]} << 16)));
   }
   std::vector<float> again(n);
   FUZZ_CHECK((*codec)->DecodeSlice(bytes, n, again.data()).ok());
-  FUZZ_CHECK(std::memcmp(out.data(), again.data(), n * sizeof(float)) == 0);
+  FUZZ_CHECK(SameFloats(out, again));
   for (float& v : out) {
     if (!std::isfinite(v)) v = 0;
   }
   const std::string re = (*codec)->EncodeSlice(out.data(), n, 7);
-  FUZZ_CHECK((*codec)
-                 ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(re.data()),
-                                                   re.size()),
-                               n, again.data())
-                 .ok());
+  FUZZ_CHECK(re.size() <= (*codec)->MaxEncodedBytes(n));
+  FUZZ_CHECK(
+      (*codec)
+          ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(re.data()), re.size()),
+                        n, again.data())
+          .ok());
+  // Lossless codecs give back what they were given.
+  if (which == 0) FUZZ_CHECK(SameFloats(out, again));
+}
+
+// ---- encoded_pieces: a blob of Peer.ReadEncoded as the reader assembles
+// it (EncodedAssembly: exchanger slices and the outer momentum), from
+// pieces a peer serves (ServeEncodedPiece, EncodedStore::Find) or makes
+// up. Input: mode u8 (bit 0: exact size expected, bit 1: a made-up peer),
+// round u8, max u16, blob length u16, the blob, then per piece: flags u8,
+// offset u16, total u16, length u16, the bytes.
+void EncodedPiecesTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint8_t mode = in.U8();
+  const uint64_t round = in.U8();
+  const uint64_t max_bytes = in.U16();
+  const std::string blob = in.Bytes(in.U16());
+  std::optional<uint64_t> exact;
+  if (mode & 1) exact = blob.size();
+  worker::EncodedAssembly assembly(round, max_bytes, exact, "fuzz blob");
+
+  if ((mode & 2) == 0) {
+    // An honest peer: the store finds the blob, pieces are cut by
+    // ServeEncodedPiece at the reader's offsets with a fuzzed piece size.
+    worker::EncodedStore store;
+    store.BeginRound(round, 0);
+    store.Publish(round, 0, shoal::v1::AVERAGED, 0, 10, std::make_shared<const std::string>(blob));
+    shoal::v1::ReadEncodedRequest request;
+    request.set_round(round);
+    request.set_kind(shoal::v1::AVERAGED);
+    request.set_begin(0);
+    request.set_end(10);
+    absl::StatusOr<worker::Blob> found = store.Find(request);
+    FUZZ_CHECK(found.ok() && **found == blob);
+    // Any other request of the store is refused with a documented code.
+    shoal::v1::ReadEncodedRequest other;
+    other.set_round(in.U8());
+    other.set_attempt(in.U8() % 2);
+    other.set_kind(static_cast<shoal::v1::SliceKind>(in.U8() % 6));
+    other.set_begin(in.U8());
+    other.set_end(in.U8());
+    absl::StatusOr<worker::Blob> f = store.Find(other);
+    if (!f.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(f.status()) || absl::IsUnavailable(f.status()) ||
+                 absl::IsFailedPrecondition(f.status()));
+    } else {
+      FUZZ_CHECK(**f == blob);
+    }
+    const size_t piece_max = 1 + in.U8();
+    int steps = 0;
+    while (!assembly.done()) {
+      FUZZ_CHECK(++steps <= 70000);
+      request.set_offset(assembly.offset());
+      absl::StatusOr<shoal::v1::EncodedPiece> piece =
+          worker::ServeEncodedPiece(**found, request, piece_max);
+      FUZZ_CHECK(piece.ok());
+      const absl::Status s = assembly.Add(*piece);
+      if (!s.ok()) {
+        // Only a blob larger than the reader allows is refused.
+        FUZZ_CHECK(absl::IsInvalidArgument(s) && blob.size() > max_bytes);
+        return;
+      }
+    }
+    FUZZ_CHECK(blob.size() <= max_bytes && assembly.bytes() == blob);
+    // An offset past the end is refused.
+    request.set_offset(blob.size() + 1);
+    FUZZ_CHECK(absl::IsInvalidArgument(worker::ServeEncodedPiece(blob, request, 8).status()));
+    return;
+  }
+  // A made-up peer: whatever it sends, what the reader keeps is a prefix of
+  // what it announced, and done() means every announced byte arrived.
+  std::string kept;
+  while (in.left() > 0 && !assembly.done()) {
+    const uint8_t flags = in.U8();
+    shoal::v1::EncodedPiece piece;
+    piece.set_round((flags & 1) ? round + 1 : round);
+    const uint64_t offset = in.U16();
+    piece.set_offset((flags & 2) ? offset : assembly.offset());
+    const uint64_t total = in.U16();
+    piece.set_total_bytes((flags & 4) ? total : blob.size());
+    piece.set_data(in.Bytes(in.U16()));
+    piece.set_crc32c((flags & 8) ? in.U16() : Crc32c(piece.data().data(), piece.data().size()));
+    const uint64_t before = assembly.offset();
+    const absl::Status s = assembly.Add(piece);
+    if (!s.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) ||
+                 absl::IsDataLoss(s));
+      FUZZ_CHECK(assembly.offset() == before);
+      continue;
+    }
+    FUZZ_CHECK(piece.round() == round && piece.offset() == before);
+    FUZZ_CHECK(piece.total_bytes() <= max_bytes);
+    if (exact) FUZZ_CHECK(piece.total_bytes() == *exact);
+    kept += piece.data();
+    FUZZ_CHECK(assembly.bytes() == kept && kept.size() <= piece.total_bytes());
+  }
+  FUZZ_CHECK(assembly.bytes().size() <= max_bytes);
+  if (exact && assembly.done()) FUZZ_CHECK(assembly.bytes().size() == *exact);
+}
+
+// ---- gossip_transfer: what a gossip fetch takes from a peer
+// (services/worker/gossip_fetcher.cc): its GetPeerInfo answer
+// (CheckGossipPeerInfo), the GOSSIP read built from it (GossipReadRequest)
+// and the chunks of that read into a buffer of exactly the model's size;
+// the model is handed over only when the stream is complete, and the
+// interpolation with an accepted peer state stays finite. The serving
+// side's range check (CheckGossipRange) on the same request. Input:
+// elements u16, PeerInfo length u16, PeerInfo, then chunk stream messages
+// as in chunk_stream ([cuts u8, len u16, message]*).
+void GossipTransferTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint64_t elements = in.U16() % 4097;
+  shoal::v1::PeerInfo info;
+  if (!info.ParseFromString(in.Bytes(in.U16()))) return;
+  const absl::Status checked = worker::CheckGossipPeerInfo(info, elements);
+  if (!checked.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(checked) || absl::IsFailedPrecondition(checked));
+    return;
+  }
+  FUZZ_CHECK(std::isfinite(info.gossip_clock()) && std::isfinite(info.gossip_loss()));
+  // The interpolation with the peer's state, for each method, from a sane
+  // own state.
+  for (const char* method : {"constant:0.3", "clock", "loss"}) {
+    worker::GossipConfig config;
+    FUZZ_CHECK(worker::ParseInterpolation(method, &config).ok());
+    config.divergence_threshold = 0.5;
+    const worker::GossipState self{1000, 0.25};
+    const worker::GossipState peer{info.gossip_clock(), info.gossip_loss()};
+    const double a = worker::InterpolationFactor(config, self, peer);
+    FUZZ_CHECK(a >= 0 && a <= 1);
+    FUZZ_CHECK(std::isfinite(worker::InterpolateClock(self.clock, 900, peer.clock, a)));
+  }
+  const shoal::v1::ReadSliceRequest req = worker::GossipReadRequest(info, elements, "w1");
+  FUZZ_CHECK(req.kind() == shoal::v1::GOSSIP && req.begin() == 0 && req.end() == elements);
+  const absl::Status served = worker::CheckGossipRange(req, elements);
+  FUZZ_CHECK(served.ok() == (elements > 0));
+  std::vector<float> incoming(elements, 0.0f);
+  std::vector<uint8_t> written(elements, 0);
+  ChunkReceiver receiver(req.round(), req.begin(), req.end());
+  absl::Status stream;
+  while (in.left() > 0) {
+    const uint8_t cuts = in.U8();
+    const std::string message = in.Bytes(in.U16());
+    Pieces p = Cut(message, {cuts, static_cast<size_t>(cuts) * 5});
+    RawChunk raw;
+    stream = ParseChunk(p.pieces.data(), p.pieces.size(), &raw);
+    if (!stream.ok()) break;
+    absl::StatusOr<ChunkView> view = receiver.Accept(raw);
+    if (!view.ok()) {
+      stream = view.status();
+      break;
+    }
+    FUZZ_CHECK(view->begin + view->count <= elements);
+    view->CopyTo(incoming.data() + view->begin);  // what the fetcher does
+    for (uint64_t i = view->begin; i < view->begin + view->count; ++i) ++written[i];
+  }
+  if (stream.ok()) stream = receiver.Finish();
+  if (!stream.ok()) return;  // the fetcher hands nothing over
+  // Handed over: every element written exactly once.
+  for (uint8_t w : written) FUZZ_CHECK(w == 1);
+}
+
+// ---- model_file: the run's TorchScript file fetched in pieces
+// (FetchModelFile) from sources that serve it honestly
+// (ServeModelFilePiece) or make pieces up; accepted only whole and with
+// the right digest. Input: flags u8, file length u16, the file, then per
+// made-up piece: offset u16, total u16, length u16, bytes.
+void ModelFileTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint8_t flags = in.U8();
+  const std::string file = in.Bytes(in.U16());
+  const std::string sha = Sha256Hex(file.data(), file.size());
+  const uint64_t claimed = (flags & 1) ? file.size() + (flags >> 4) : file.size();
+  // The serving side, for a fuzzed request.
+  shoal::v1::GetModelFileRequest ask;
+  ask.set_sha256((flags & 2) ? absl::AsciiStrToUpper(sha) : sha.substr(0, 63 - (flags & 1)));
+  ask.set_offset(in.U16());
+  ask.set_max_bytes(in.U16());
+  absl::StatusOr<shoal::v1::ModelFileChunk> served = ServeModelFilePiece(file, sha, ask);
+  if (!served.ok()) {
+    FUZZ_CHECK(absl::IsNotFound(served.status()) || absl::IsOutOfRange(served.status()));
+  } else {
+    FUZZ_CHECK(served->offset() == ask.offset() && served->total_bytes() == file.size());
+    FUZZ_CHECK(file.compare(ask.offset(), served->data().size(), served->data()) == 0);
+  }
+  // A made-up source, then (flags bit 2) an honest one.
+  std::vector<std::string> made_up;
+  while (in.left() > 0) made_up.push_back(in.Bytes(6 + in.U8()));
+  size_t next = 0;
+  std::vector<ModelFileSource> sources;
+  sources.push_back(
+      {"made-up",
+       [&](const shoal::v1::GetModelFileRequest& r) -> absl::StatusOr<shoal::v1::ModelFileChunk> {
+         if (next >= made_up.size()) return absl::UnavailableError("no more");
+         Input piece(reinterpret_cast<const uint8_t*>(made_up[next].data()), made_up[next].size());
+         ++next;
+         shoal::v1::ModelFileChunk c;
+         const uint16_t off = piece.U16();
+         c.set_offset(off == 0xFFFF ? r.offset() : off);
+         const uint16_t total = piece.U16();
+         c.set_total_bytes(total == 0xFFFF ? claimed : total);
+         c.set_data(piece.Rest());
+         return c;
+       }});
+  if (flags & 4) {
+    sources.push_back({"honest", [&](const shoal::v1::GetModelFileRequest& r) {
+                         shoal::v1::GetModelFileRequest small = r;
+                         small.set_max_bytes(1 + (flags >> 3));
+                         return ServeModelFilePiece(file, sha, small);
+                       }});
+  }
+  uint64_t last_progress = 0;
+  absl::StatusOr<FetchedModelFile> got =
+      FetchModelFile(sources, sha, claimed, [&](uint64_t done, uint64_t total, const std::string&) {
+        FUZZ_CHECK(done <= total && total == claimed);
+        last_progress = done;
+      });
+  if (!got.ok()) {
+    const absl::StatusCode c = got.status().code();
+    FUZZ_CHECK(c == absl::StatusCode::kDataLoss || c == absl::StatusCode::kUnavailable ||
+               c == absl::StatusCode::kNotFound || c == absl::StatusCode::kOutOfRange);
+    return;
+  }
+  // Only the file itself is ever accepted.
+  FUZZ_CHECK(got->bytes == file && claimed == file.size());
+  FUZZ_CHECK(Sha256Hex(got->bytes.data(), got->bytes.size()) == sha);
+  FUZZ_CHECK(file.empty() || last_progress == file.size());
+}
+
+// ---- auth: a token file's text (ReadTokenFile, ValidateToken) and the
+// `authorization` metadata a server checks (TokenGate::Check). Input: mode
+// u8, token length u8, the run token's text, then the metadata value(s)
+// separated by '\n'.
+void AuthTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint8_t mode = in.U8();
+  const std::string text = in.Bytes(in.U8() * 4 + in.U8());
+  const std::string path = ScratchDir() + "/token";
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  }
+  absl::StatusOr<std::string> token = ReadTokenFile(path);
+  if (!token.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(token.status()));
+    // A refusal never echoes the token (it is a secret): the message of
+    // the same text with each printable character replaced by another is
+    // the same message.
+    std::string masked = text;
+    for (char& c : masked) {
+      if (c > 0x20 && c < 0x7f) c = c == 'a' ? 'b' : 'a';
+    }
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out.write(masked.data(), static_cast<std::streamsize>(masked.size()));
+    }
+    const absl::StatusOr<std::string> other = ReadTokenFile(path);
+    FUZZ_CHECK(!other.ok() && other.status().message() == token.status().message());
+    return;
+  }
+  FUZZ_CHECK(ValidateToken(*token).ok());
+  FUZZ_CHECK(token->size() >= kMinTokenLength && token->size() <= kMaxTokenLength);
+  FUZZ_CHECK(absl::StrContains(text, *token));
+  for (char c : *token) FUZZ_CHECK(c > 0x20 && c < 0x7f);
+  const std::string admin = (mode & 1) ? *token + "-admin" : std::string();
+  const TokenGate gate(*token, admin);
+  FUZZ_CHECK(!gate.open());
+  // The metadata values, as gRPC hands them over.
+  std::vector<std::string> values;
+  for (absl::string_view v : absl::StrSplit(in.Rest(), '\n')) values.emplace_back(v);
+  if (mode & 2) values.push_back(absl::StrCat(kBearerPrefix, *token));
+  std::multimap<grpc::string_ref, grpc::string_ref> metadata;
+  const std::string key = (mode & 4) ? "Authorization" : kAuthMetadataKey;
+  for (const std::string& v : values) metadata.emplace(key, v);
+  for (Access access : {Access::kMember, Access::kAdmin}) {
+    const absl::Status s = gate.Check(metadata, access);
+    // gRPC keeps the first value of a key that appears more than once.
+    auto it = metadata.find(kAuthMetadataKey);
+    const std::string first =
+        it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    const bool is_run = first == absl::StrCat(kBearerPrefix, *token);
+    const bool is_admin = !admin.empty() && first == absl::StrCat(kBearerPrefix, admin);
+    if (is_admin || (is_run && access == Access::kMember)) {
+      FUZZ_CHECK(s.ok());
+    } else if (is_run) {
+      FUZZ_CHECK(absl::IsPermissionDenied(s));
+    } else {
+      FUZZ_CHECK(absl::IsUnauthenticated(s));
+    }
+  }
+}
+
+// ---- run_specs: the spec strings of flags and of the run config every
+// worker parses the same way: --codec, --aggregation, --interpolation,
+// --data_split, --outer_optimizer, --input_shape. Input: selector u8, the
+// text. Accepted values lie in their documented ranges.
+void RunSpecsTarget(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
+  auto refused = [](const absl::Status& s) { FUZZ_CHECK(absl::IsInvalidArgument(s)); };
+  switch (data[0] % 6) {
+    case 0: {
+      absl::StatusOr<CodecSpec> spec = ParseCodecSpec(text);
+      if (!spec.ok()) return refused(spec.status());
+      FUZZ_CHECK(spec->fraction > 0 && spec->fraction <= 1);
+      absl::StatusOr<std::unique_ptr<worker::Codec>> codec = worker::MakeCodec(text);
+      FUZZ_CHECK(codec.ok());
+      // Every slice size encodes within its bound, and the name round-trips.
+      for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}}) {
+        std::vector<float> x(n, 1.5f);
+        const std::string e = (*codec)->EncodeSlice(x.data(), n, 1);
+        FUZZ_CHECK(e.size() <= (*codec)->MaxEncodedBytes(n));
+        std::vector<float> y(n);
+        FUZZ_CHECK((*codec)
+                       ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(e.data()),
+                                                         e.size()),
+                                     n, y.data())
+                       .ok());
+      }
+      FUZZ_CHECK(ParseCodecSpec((*codec)->name()).ok());
+      return;
+    }
+    case 1: {
+      absl::StatusOr<AggregationSpec> spec = ParseAggregation(text);
+      if (!spec.ok()) return refused(spec.status());
+      if (spec->kind == AggregationSpec::Kind::kTrimmedMean) {
+        FUZZ_CHECK(spec->trim >= 1 && spec->trim <= 1000);
+      }
+      FUZZ_CHECK(MinContributions(*spec) >= 1);
+      absl::StatusOr<AggregationSpec> again = ParseAggregation(AggregationName(*spec));
+      FUZZ_CHECK(again.ok() && again->kind == spec->kind && again->trim == spec->trim);
+      return;
+    }
+    case 2: {
+      worker::GossipConfig config;
+      const absl::Status s = worker::ParseInterpolation(text, &config);
+      if (!s.ok()) return refused(s);
+      FUZZ_CHECK(config.constant > 0 && config.constant <= 1);
+      return;
+    }
+    case 3: {
+      absl::StatusOr<DataSplit> split = ParseDataSplit(text);
+      if (!split.ok()) return refused(split.status());
+      if (split->label_skew) FUZZ_CHECK(std::isfinite(split->alpha) && split->alpha > 0);
+      return;
+    }
+    case 4: {
+      absl::StatusOr<OuterOptimizer> o = ParseOuterOptimizer(text);
+      if (!o.ok()) return refused(o.status());
+      return;
+    }
+    case 5: {
+      absl::StatusOr<std::vector<int64_t>> shape = ParseInputShape(text);
+      if (!shape.ok()) return refused(shape.status());
+      FUZZ_CHECK(shape->size() == 3);
+      for (int64_t v : *shape) FUZZ_CHECK(v >= 1 && v <= kMaxInputDim);
+      return;
+    }
+  }
+}
+
+// ---- dataset_file: the headers of dataset files a worker reads from disk
+// (--dataset=idx:DIR / npy:DIR; the default Fashion-MNIST): ParseIdx and
+// ParseNpy. Input: selector u8, the file's bytes. An accepted array's data
+// has exactly the size its header promises.
+void DatasetFileTarget(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] & 1) {
+    absl::StatusOr<worker::NpyArray> a = worker::ParseNpy(bytes, "fuzz.npy");
+    if (!a.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(a.status()));
+      return;
+    }
+    FUZZ_CHECK(!a->dtype.empty());
+    uint64_t count = 1;
+    for (uint64_t d : a->shape) {
+      FUZZ_CHECK(d == 0 || count <= UINT64_MAX / d);
+      count *= d;
+    }
+    uint64_t item = 0;
+    FUZZ_CHECK(absl::SimpleAtoi(a->dtype.substr(2), &item) && item >= 1 && item <= 16);
+    FUZZ_CHECK(count <= bytes.size() && a->data.size() == count * item);
+    return;
+  }
+  absl::StatusOr<worker::IdxArray> a = worker::ParseIdx(bytes, "fuzz-idx");
+  if (!a.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(a.status()));
+    return;
+  }
+  FUZZ_CHECK(a->dims.size() >= 1 && a->dims.size() <= 4);
+  uint64_t count = 1;
+  for (uint32_t d : a->dims) count *= d;  // 4 x 32 bits may wrap: checked below
+  FUZZ_CHECK(a->data.size() <= bytes.size());
+  FUZZ_CHECK(a->data.size() == count);
+}
+
+// The store of the checkpoint_upload target, opened once per process.
+checkpoint::CheckpointStore* UploadStore() {
+  static checkpoint::CheckpointStore* store = [] {
+    checkpoint::StoreOptions options;
+    options.data_dir = ScratchDir() + "/upload-store";
+    options.verify_on_start = false;
+    auto opened = checkpoint::CheckpointStore::Open(options);
+    if (!opened.ok()) FuzzFail(__FILE__, __LINE__, "cannot open the upload store");
+    return opened->release();
+  }();
+  return store;
+}
+
+// ---- checkpoint_upload: a Checkpoint.Upload stream as the store's service
+// receives it (UploadStream: manifest, then layer chunks, then the
+// half-close). Input: flags u8; with bit 0 the messages are raw
+// UploadChunk protos ([len u16, bytes]*); else a manifest of up to 3
+// layers built from the input (sizes u8 x 4 bytes, the data from the
+// input; bit 1: digests of the real bytes, bit 2: CRCs right) cut into
+// chunks of a fuzzed size. A committed checkpoint reads back exactly the
+// bytes its manifest promises; any refusal leaves nothing behind.
+void CheckpointUploadTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint8_t flags = in.U8();
+  checkpoint::CheckpointStore* store = UploadStore();
+  FUZZ_CHECK(store->size() == 0);
+  std::vector<shoal::v1::UploadChunk> messages;
+  if (flags & 1) {
+    while (in.left() > 0) {
+      shoal::v1::UploadChunk m;
+      if (!m.ParseFromString(in.Bytes(in.U16()))) break;
+      messages.push_back(std::move(m));
+    }
+  } else {
+    shoal::v1::UploadChunk head;
+    shoal::v1::Manifest* m = head.mutable_manifest();
+    m->set_run_id((flags & 8) ? "fuzz/../x" : "fuzz");
+    m->set_round(in.U8());
+    const size_t layers = 1 + in.U8() % 3;
+    std::vector<std::string> bytes(layers);
+    for (size_t i = 0; i < layers; ++i) {
+      const size_t elements = in.U8();
+      bytes[i] = in.Bytes(4 * elements);
+      auto* l = m->add_layers();
+      l->set_name(absl::StrCat("l", i));
+      l->set_dtype("float32");
+      l->add_shape(static_cast<int64_t>(elements));
+      l->set_bytes(4 * elements);
+      l->set_sha256((flags & 2) ? Sha256Hex(bytes[i].data(), bytes[i].size())
+                                : std::string(64, 'a'));
+    }
+    messages.push_back(std::move(head));
+    const size_t chunk = 4 * (1 + in.U8());
+    for (size_t i = 0; i < layers; ++i) {
+      for (size_t off = 0; off < bytes[i].size(); off += chunk) {
+        shoal::v1::UploadChunk c;
+        auto* d = c.mutable_data();
+        d->set_layer(static_cast<uint32_t>(i));
+        d->set_offset(off);
+        d->set_data(bytes[i].substr(off, chunk));
+        d->set_crc32c((flags & 4) ? Crc32c(d->data().data(), d->data().size()) : 1);
+        messages.push_back(std::move(c));
+      }
+    }
+  }
+  std::string id;
+  absl::StatusOr<shoal::v1::CheckpointInfo> info = absl::InvalidArgumentError("not finished");
+  std::vector<shoal::v1::UploadChunk> sent;
+  {
+    checkpoint::UploadStream stream(store);
+    absl::Status s;
+    for (shoal::v1::UploadChunk& m : messages) {
+      sent.push_back(m);
+      s = stream.Accept(std::move(m));
+      if (!s.ok()) {
+        const absl::StatusCode c = s.code();
+        FUZZ_CHECK(c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kDataLoss ||
+                   c == absl::StatusCode::kResourceExhausted);
+        // A dead stream stays dead.
+        FUZZ_CHECK(!stream.Accept(shoal::v1::UploadChunk()).ok());
+        FUZZ_CHECK(!stream.Finish().ok());
+        break;
+      }
+    }
+    if (s.ok()) info = stream.Finish();
+    id = stream.id();
+  }
+  // Nothing left in tmp/ once the stream is gone.
+  FUZZ_CHECK(std::filesystem::is_empty(ScratchDir() + "/upload-store/tmp"));
+  if (!info.ok()) {
+    FUZZ_CHECK(store->size() == 0);
+    return;
+  }
+  FUZZ_CHECK(store->size() == 1 && info->id() == id);
+  absl::StatusOr<shoal::v1::Manifest> manifest = store->GetManifest(id);
+  FUZZ_CHECK(manifest.ok());
+  // Each layer reads back as the chunks sent for it, in order.
+  for (int i = 0; i < manifest->layers_size(); ++i) {
+    std::string want;
+    for (const shoal::v1::UploadChunk& m : sent) {
+      if (m.has_data() && m.data().layer() == static_cast<uint32_t>(i)) want += m.data().data();
+    }
+    FUZZ_CHECK(want.size() == manifest->layers(i).bytes());
+    FUZZ_CHECK(Sha256Hex(want.data(), want.size()) ==
+               absl::AsciiStrToLower(manifest->layers(i).sha256()));
+    auto reader = store->ReadLayer(id, static_cast<uint32_t>(i), 0, 0);
+    FUZZ_CHECK(reader.ok());
+    std::string got, piece;
+    while (true) {
+      FUZZ_CHECK((*reader)->Next(1 << 16, &piece).ok());
+      if (piece.empty()) break;
+      got += piece;
+    }
+    FUZZ_CHECK(got == want);
+  }
+  FUZZ_CHECK(store->Delete(id).ok());
+}
+
+// ---- join_request: JoinRequests as the coordinator's Join hands them to
+// the round engine, several into one engine (re-joins with a previous id,
+// restarts claiming ids and data ranks). Input: [len u16, JoinRequest]*.
+// Every admitted worker gets a well-formed id ("w<n>", n > 0) no live
+// member holds, and live members' ids, addresses and data ranks stay
+// distinct.
+void JoinRequestTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  static FakeClock clock;
+  coordinator::EngineOptions options;
+  options.run_id = "fuzz";
+  options.config.set_min_participants(2);
+  options.max_members = 16;
+  coordinator::RoundEngine engine(options, &clock);
+  std::map<std::string, std::string> live;  // id -> address, as joined
+  while (in.left() > 0) {
+    shoal::v1::JoinRequest join;
+    if (!join.ParseFromString(in.Bytes(in.U16()))) continue;
+    absl::StatusOr<coordinator::JoinResult> joined = engine.Join(join);
+    if (!joined.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(joined.status()) ||
+                 absl::IsResourceExhausted(joined.status()));
+      continue;
+    }
+    const std::string& id = joined->response.worker_id();
+    uint64_t number = 0;
+    FUZZ_CHECK(id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &number) &&
+               number > 0 && id == absl::StrCat("w", number));
+    const bool rejoin = live.count(join.previous_worker_id()) > 0;
+    if (rejoin) FUZZ_CHECK(id == join.previous_worker_id());
+    // A worker replaces every other live member at its address, no other.
+    for (auto it = live.begin(); it != live.end();) {
+      it = it->second == join.peer_address() && it->first != id ? live.erase(it) : std::next(it);
+    }
+    if (!rejoin) FUZZ_CHECK(live.count(id) == 0);
+    live[id] = join.peer_address();
+    std::set<std::string> ids, addresses;
+    std::set<uint32_t> ranks;
+    const shoal::v1::RunStatus status = engine.Status();
+    for (const auto& w : status.workers()) {
+      if (w.state() == "left" || w.state() == "evicted") continue;
+      FUZZ_CHECK(ids.insert(w.id()).second);
+      FUZZ_CHECK(addresses.insert(w.address()).second);
+      FUZZ_CHECK(ranks.insert(w.data_rank()).second);
+    }
+    FUZZ_CHECK(ids.size() == live.size());
+  }
+}
+
+// ---- read_slice_rule: a ReadSliceRequest as the peer service decides it
+// (raw bytes decoded by DecodeReadSliceRequest; GOSSIP reads checked by
+// CheckGossipRange, the others by the serving rule DecideRead) against a
+// fuzzed serving state. Input: the state (total u16, round u8, flags u8,
+// attempt u8, own begin u16, own end u16, snapshot round u8), then the
+// request's bytes. Whatever is served lies inside the model (and, for an
+// AVERAGED read, inside the worker's own slice).
+void ReadSliceRuleTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  worker::ServingState st;
+  st.total_elements = in.U16();
+  st.round = in.U8();
+  const uint8_t f = in.U8();
+  st.bound = f & 1;
+  st.ready = f & 2;
+  st.has_plan = f & 4;
+  st.averaged = f & 8;
+  st.has_snapshot = f & 16;
+  st.snapshot_valid = f & 32;
+  st.shutting_down = f & 64;
+  st.attempt = in.U8();
+  st.own_begin = in.U16();
+  st.own_end = in.U16();
+  st.snapshot_round = in.U8();
+  const std::string message = in.Rest();
+  grpc::Slice slice(message.data(), message.size());
+  grpc::ByteBuffer buffer(&slice, 1);
+  shoal::v1::ReadSliceRequest r;
+  if (!DecodeReadSliceRequest(buffer, &r).ok()) return;
+  if (r.kind() == shoal::v1::GOSSIP) {
+    const absl::Status s = worker::CheckGossipRange(r, st.total_elements);
+    if (s.ok()) {
+      FUZZ_CHECK(r.begin() < r.end() && r.end() <= st.total_elements);
+    } else {
+      FUZZ_CHECK(absl::IsInvalidArgument(s) || absl::IsOutOfRange(s));
+    }
+    return;
+  }
+  const worker::ServingDecision d = worker::DecideRead(st, r);
+  if (!d.status.ok()) {
+    const absl::StatusCode c = d.status.code();
+    FUZZ_CHECK(c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kOutOfRange ||
+               c == absl::StatusCode::kFailedPrecondition || c == absl::StatusCode::kUnavailable);
+    FUZZ_CHECK(!d.may_wait || absl::IsUnavailable(d.status));
+    return;
+  }
+  FUZZ_CHECK(st.bound && !st.shutting_down);
+  FUZZ_CHECK(r.begin() < r.end() && r.end() <= st.total_elements);
+  if (r.kind() == shoal::v1::AVERAGED) {
+    FUZZ_CHECK(st.has_plan && st.averaged && r.begin() >= st.own_begin && r.end() <= st.own_end);
+  }
+  if (r.kind() == shoal::v1::SNAPSHOT) {
+    FUZZ_CHECK(d.buffer == worker::ModelBuffer::kSnapshot && r.round() == st.snapshot_round);
+  } else {
+    FUZZ_CHECK(d.buffer == worker::ModelBuffer::kParameters && r.round() == st.round && st.ready);
+  }
 }
 
 }  // namespace
@@ -509,6 +1164,15 @@ const std::vector<Target>& Targets() {
       {"checkpoint_id", CheckpointIdTarget},
       {"address", AddressTarget},
       {"encoded_slice", EncodedSliceTarget},
+      {"encoded_pieces", EncodedPiecesTarget},
+      {"gossip_transfer", GossipTransferTarget},
+      {"model_file", ModelFileTarget},
+      {"auth", AuthTarget},
+      {"run_specs", RunSpecsTarget},
+      {"dataset_file", DatasetFileTarget},
+      {"checkpoint_upload", CheckpointUploadTarget},
+      {"join_request", JoinRequestTarget},
+      {"read_slice_rule", ReadSliceRuleTarget},
   };
   return targets;
 }

@@ -38,11 +38,14 @@ def chunk(rnd, begin, floats, crc=None):
             f_fixed32(4, crc32c(data) if crc is None else crc))
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'corpus')
-def put(target, name, data):
+def put(target, name, data, prefix='seed-'):
     d = os.path.join(root, target)
     os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, 'seed-' + name), 'wb') as f:
+    with open(os.path.join(d, prefix + name), 'wb') as f:
         f.write(data)
+# Crashers found by `make fuzz` (each also a FuzzRegressionTest), rewritten
+# here in readable form.
+def crash(target, name, data): put(target, name, data, prefix='crash-')
 
 good = chunk(3, 8, [1.0, 2.0, 3.0, 4.0])
 # tensor_chunk: flags (bit0-1 cuts, 2 wrong round, 3 fix crc, 4 exact begin), cuts, range, message
@@ -121,26 +124,224 @@ for i, a in enumerate([b'127.0.0.1:5000', b'[::1]:80', b'worker-3.svc:50051', b'
     put('address', str(i), a)
 
 
-# encoded_slice: codec byte (0 fp32, 1 fp16, 2 bf16, 3 int8, 4 topk:0.1,
-# 5 randomk:0.25), u16 element count, the encoding.
+# encoded_slice: codec byte, for topk/randomk a u16 v (F = (v + 1) / 65536),
+# u16 element count, the encoding (replaces the first seeds' layout).
 def encoded_slice_seeds():
-    d = os.path.join(os.path.dirname(__file__), "corpus", "encoded_slice")
-    os.makedirs(d, exist_ok=True)
+    t = 'encoded_slice'
     n = 20
-    seeds = [
-        bytes([0]) + struct.pack("<H", n) + struct.pack("<20f", *[i * 0.5 for i in range(n)]),
-        bytes([1]) + struct.pack("<H", n) + b"\x00\x3c" * n,
-        bytes([3]) + struct.pack("<H", n) + struct.pack("<f", 0.01) + bytes(range(n)),
-        bytes([3]) + struct.pack("<H", n) + struct.pack("<f", float("nan")) + bytes(n),
-        # topk:0.1 of 20: k = 2, indices 3 and 7 (gaps 3, 3), two values.
-        bytes([4]) + struct.pack("<H", n) + struct.pack("<I", 2) + bytes([3, 3]) + struct.pack("<2f", 1.0, -2.0),
-        # an index out of range
-        bytes([4]) + struct.pack("<H", n) + struct.pack("<I", 2) + bytes([3, 30]) + struct.pack("<2f", 1.0, -2.0),
-        bytes([5]) + struct.pack("<H", n) + struct.pack("<I", 5) + bytes([0] * 5) + struct.pack("<5f", *[1.0] * 5),
-    ]
-    for i, b in enumerate(seeds):
-        with open(os.path.join(d, "seed-%d" % i), "wb") as f:
-            f.write(b)
+    put(t, 'fp32', bytes([0]) + u16(n) + struct.pack('<20f', *[i * 0.5 for i in range(n)]))
+    put(t, 'fp16', bytes([1]) + u16(n) + b'\x00\x3c' * n)
+    put(t, 'fp16-inf-nan', bytes([1]) + u16(2) + b'\x00\x7c\x01\x7e')
+    put(t, 'bf16', bytes([2]) + u16(n) + b'\x80\x3f' * n)
+    put(t, 'int8', bytes([3]) + u16(n) + struct.pack('<f', 0.01) + bytes(range(n)))
+    put(t, 'int8-nan-scale', bytes([3]) + u16(n) + struct.pack('<f', float('nan')) + bytes(n))
+    put(t, 'int8-two-blocks', bytes([3]) + u16(300) + struct.pack('<f', 1.0) + bytes(256) +
+        struct.pack('<f', 2.0) + bytes(44))
+    # topk:0.1 of 20 (v = 6553): k = 2, indices 3 and 7 (gaps 3, 3).
+    put(t, 'topk', bytes([4]) + u16(6553) + u16(n) + struct.pack('<I', 2) + bytes([3, 3]) +
+        struct.pack('<2f', 1.0, -2.0))
+    put(t, 'topk-out-of-range', bytes([4]) + u16(6553) + u16(n) + struct.pack('<I', 2) +
+        bytes([3, 30]) + struct.pack('<2f', 1.0, -2.0))
+    put(t, 'topk-long-varint', bytes([4]) + u16(6553) + u16(n) + struct.pack('<I', 2) +
+        bytes([0x80, 0x80, 0x80, 0x80, 0x10, 1]) + struct.pack('<2f', 1.0, -2.0))
+    # randomk:0.25 of 20 (v = 16383): k = 5.
+    put(t, 'randomk', bytes([5]) + u16(16383) + u16(n) + struct.pack('<I', 5) + bytes([0] * 5) +
+        struct.pack('<5f', *[1.0] * 5))
+    crash(t, 'int8-scale-overflows', bytes([3]) + u16(1) + struct.pack('<f', 3.4028234e38) +
+          bytes([127]))
+    crash(t, 'fp32-empty-slice', bytes([0]) + u16(0))
+    put(t, 'randomk-all', bytes([5]) + u16(65535) + u16(4) + struct.pack('<I', 4) +
+        bytes([0] * 4) + struct.pack('<4f', 1, 2, 3, 4))
+
+# encoded_pieces: mode u8, round u8, max u16, blob (u16 + bytes), then
+# (honest peer) other request: round u8, attempt u8, kind u8, begin u8,
+# end u8, piece size - 1 u8; (made-up peer) pieces: flags u8, offset u16,
+# total u16, data (u16 + bytes).
+def encoded_pieces_seeds():
+    t = 'encoded_pieces'
+    blob = bytes(range(40))
+    put(t, 'honest', bytes([0, 3]) + u16(100) + u16(len(blob)) + blob + bytes([3, 0, 2, 0, 10, 6]))
+    put(t, 'honest-exact', bytes([1, 3]) + u16(100) + u16(len(blob)) + blob + bytes([2, 1, 1, 5, 5, 0]))
+    put(t, 'honest-too-big', bytes([0, 3]) + u16(10) + u16(len(blob)) + blob + bytes([0] * 6))
+    put(t, 'honest-empty', bytes([0, 1]) + u16(10) + u16(0) + bytes([1, 0, 3, 0, 0, 9]))
+    def piece(flags, off, total, data): return bytes([flags]) + u16(off) + u16(total) + u16(len(data)) + data
+    put(t, 'made-up', bytes([2, 3]) + u16(100) + u16(len(blob)) + blob +
+        piece(0, 0, 0, blob[:16]) + piece(0, 0, 0, blob[16:]))
+    put(t, 'made-up-bad', bytes([3, 3]) + u16(100) + u16(len(blob)) + blob +
+        piece(1, 0, 0, blob[:16]) + piece(2, 7, 0, blob) + piece(4, 0, 30, blob[:30]) +
+        piece(8, 0, 0, blob) + piece(0, 0, 0, b'') + piece(0, 0, 0, blob))
+
+# gossip_transfer: elements u16, PeerInfo (u16 + bytes), then chunk stream
+# messages [cuts u8, len u16, message]*.
+def f_double(n, v): return varint((n << 3) | 1) + struct.pack('<d', v)
+def gossip_transfer_seeds():
+    t = 'gossip_transfer'
+    info = f_varint(4, 6) + f_varint(30, 5) + f_double(31, 1200.0) + f_double(32, 0.4)
+    put(t, 'whole', u16(6) + u16(len(info)) + info + msg(chunk(5, 0, [1, 2, 3, 4]), 3) +
+        msg(chunk(5, 4, [5, 6])))
+    put(t, 'short', u16(6) + u16(len(info)) + info + msg(chunk(5, 0, [1, 2, 3, 4])))
+    put(t, 'overlap', u16(6) + u16(len(info)) + info + msg(chunk(5, 0, [1, 2, 3, 4])) +
+        msg(chunk(5, 2, [5, 6, 7, 8])))
+    put(t, 'past-end', u16(6) + u16(len(info)) + info + msg(chunk(5, 0, [1, 2, 3, 4, 5, 6, 7])))
+    put(t, 'old-publication', u16(6) + u16(len(info)) + info + msg(chunk(4, 0, [1, 2, 3, 4, 5, 6])))
+    for name, extra in [('nan-clock', f_double(31, float('nan'))),
+                        ('inf-loss', f_double(32, float('inf'))),
+                        ('negative-clock', f_double(31, -1.0))]:
+        i = f_varint(4, 6) + f_varint(30, 5) + extra
+        put(t, name, u16(6) + u16(len(i)) + i + msg(chunk(5, 0, [1, 2, 3, 4, 5, 6])))
+    i = f_varint(4, 6) + f_varint(30, 5) + f_double(31, float('inf'))
+    crash(t, 'infinite-clock', u16(6) + u16(len(i)) + i)
+    i = f_varint(4, 7) + f_varint(30, 5)
+    put(t, 'other-size', u16(6) + u16(len(i)) + i)
+    i = f_varint(4, 6)
+    put(t, 'unpublished', u16(6) + u16(len(i)) + i)
+
+# model_file: flags u8, file (u16 + bytes), request offset u16, max u16, then
+# made-up pieces [len u8, offset u16 (0xFFFF: as asked), total u16 (0xFFFF:
+# the claimed size), data].
+def model_file_seeds():
+    t = 'model_file'
+    f = b'PK\x03\x04 a torchscript archive, or not' * 3
+    def mp(off, total, data):
+        return bytes([len(data)]) + u16(off) + u16(total) + data
+    put(t, 'honest-only', bytes([4 | 8]) + u16(len(f)) + f + u16(5) + u16(10))
+    put(t, 'made-up-good', bytes([0]) + u16(len(f)) + f + u16(0) + u16(0) +
+        mp(0xFFFF, 0xFFFF, f[:60]) + mp(0xFFFF, 0xFFFF, f[60:]))
+    put(t, 'made-up-wrong-bytes', bytes([4]) + u16(len(f)) + f + u16(200) + u16(0) +
+        mp(0xFFFF, 0xFFFF, b'x' * 60) + mp(0xFFFF, 0xFFFF, f[60:]))
+    put(t, 'wrong-size', bytes([1 | 0x30 | 4]) + u16(len(f)) + f + u16(0) + u16(0) +
+        mp(0xFFFF, 0xFFFF, f))
+    put(t, 'bad-offset', bytes([2]) + u16(len(f)) + f + u16(1) + u16(1) +
+        mp(3, 0xFFFF, f[:10]) + mp(0xFFFF, 5, f[:10]))
+    put(t, 'empty-file', bytes([4]) + u16(0) + u16(0) + u16(0))
+
+# auth: mode u8 (1 admin token, 2 the right header too, 4 capitalised key),
+# token length a u8 b u8 (4a + b), the token file's text, then metadata
+# values separated by newlines.
+def auth_seeds():
+    t = 'auth'
+    tok = b'0123456789abcdef0123456789abcdef'
+    def tl(n): return bytes([n // 4, n % 4])
+    put(t, 'right', bytes([0]) + tl(len(tok) + 1) + tok + b'\n' + b'Bearer ' + tok)
+    put(t, 'admin', bytes([1]) + tl(len(tok)) + tok + b'Bearer ' + tok + b'-admin')
+    put(t, 'wrong', bytes([0]) + tl(len(tok)) + tok + b'Bearer nope\nBearer ' + tok)
+    put(t, 'no-scheme', bytes([2]) + tl(len(tok)) + tok + tok)
+    put(t, 'capital-key', bytes([6]) + tl(len(tok)) + tok)
+    put(t, 'short-token', bytes([0]) + tl(5) + b'short')
+    put(t, 'space-in-token', bytes([0]) + tl(20) + b'0123456789 123456789')
+    put(t, 'spaces-around', bytes([2]) + tl(len(tok) + 4) + b'  ' + tok + b' \n')
+
+# run_specs: selector u8 (0 codec, 1 aggregation, 2 interpolation, 3 data
+# split, 4 outer optimizer, 5 input shape), the text.
+def run_specs_seeds():
+    t = 'run_specs'
+    for i, (sel, text) in enumerate([
+            (0, 'fp32'), (0, 'fp16'), (0, 'int8'), (0, 'topk:0.01'), (0, 'randomk:1'),
+            (0, 'topk:0'), (0, 'topk:1e-300'), (0, 'randomk:nan'), (0, 'topk:'),
+            (1, 'mean'), (1, 'median'), (1, 'trimmed_mean:2'), (1, 'trimmed_mean:0'),
+            (1, 'trimmed_mean:1001'), (1, 'trimmed_mean:-1'), (1, 'trimmed_mean:+3'),
+            (2, 'constant:0.5'), (2, 'clock'), (2, 'loss'), (2, 'constant:1.5'), (2, 'constant:nan'),
+            (3, 'iid'), (3, 'label_skew:0.5'), (3, 'label_skew:inf'), (3, 'label_skew:0'),
+            (4, 'nesterov'), (4, 'sgd'), (4, 'adam'),
+            (5, '1,28,28'), (5, '3,32,32,1'), (5, '0,28,28'), (5, '1,,28'), (5, '1,28,65537')]):
+        put(t, '%02d' % i, bytes([sel]) + text.encode())
+
+# dataset_file: selector u8 (0 IDX, 1 npy), the file.
+def dataset_file_seeds():
+    t = 'dataset_file'
+    put(t, 'idx-images', bytes([0]) + bytes([0, 0, 8, 3]) + struct.pack('>3I', 2, 3, 3) + bytes(18))
+    put(t, 'idx-labels', bytes([0]) + bytes([0, 0, 8, 1]) + struct.pack('>I', 4) + bytes([1, 2, 3, 9]))
+    put(t, 'idx-short', bytes([0]) + bytes([0, 0, 8, 3]) + struct.pack('>3I', 2, 3, 3) + bytes(17))
+    put(t, 'idx-huge-dims', bytes([0]) + bytes([0, 0, 8, 4]) + struct.pack('>4I', 65536, 65536, 65536, 65536))
+    put(t, 'idx-int-type', bytes([0]) + bytes([0, 0, 0xC, 1]) + struct.pack('>I', 1) + bytes(4))
+    def npy(header, data, major=1):
+        h = header.encode()
+        if major == 1:
+            return b'\x93NUMPY' + bytes([1, 0]) + u16(len(h)) + h + data
+        return b'\x93NUMPY' + bytes([major, 0]) + struct.pack('<I', len(h)) + h + data
+    put(t, 'npy-u1', bytes([1]) + npy("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }", bytes(6)))
+    put(t, 'npy-i8', bytes([1]) + npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", bytes(24), 2))
+    put(t, 'npy-fortran', bytes([1]) + npy("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 3), }", bytes(6)))
+    put(t, 'npy-short', bytes([1]) + npy("{'descr': '<i4', 'fortran_order': False, 'shape': (3, 3), }", bytes(20)))
+    put(t, 'npy-overflow', bytes([1]) + npy("{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }", b''))
+    put(t, 'npy-scalar', bytes([1]) + npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", bytes(4), 3))
+
+# checkpoint_upload: flags u8 (1 raw UploadChunk protos, 2 right digests,
+# 4 right CRCs, 8 a run id with ..), built: round u8, layers-1 u8, per
+# layer elements u8 + 4 x elements bytes, chunk/4 - 1 u8; raw: [len u16,
+# UploadChunk]*.
+def checkpoint_upload_seeds():
+    t = 'checkpoint_upload'
+    body = bytes([7, 1]) + bytes([3]) + bytes(range(12)) + bytes([2]) + bytes(range(8)) + bytes([1])
+    put(t, 'good', bytes([2 | 4]) + body)
+    put(t, 'bad-digest', bytes([4]) + body)
+    put(t, 'bad-crc', bytes([2]) + body)
+    put(t, 'bad-run-id', bytes([2 | 4 | 8]) + body)
+    put(t, 'empty-layer', bytes([2 | 4]) + bytes([1, 0, 0, 0]))
+    data = bytes(range(8))
+    layer = f_bytes(1, 'fc') + f_bytes(2, 'float32') + f_varint(3, 2) + f_varint(4, 8) + \
+        f_bytes(5, hashlib.sha256(data).hexdigest())
+    manifest = f_bytes(1, f_bytes(2, 'run') + f_varint(3, 4) + f_bytes(7, layer))
+    def lc(layer_i, off, d, crc=None):
+        return f_bytes(2, f_varint(1, layer_i) + f_varint(2, off) + f_bytes(3, d) +
+                       f_fixed32(4, crc32c(d) if crc is None else crc))
+    def raw(*ms): return bytes([1]) + b''.join(u16(len(m)) + m for m in ms)
+    put(t, 'raw-good', raw(manifest, lc(0, 0, data[:4]), lc(0, 4, data[4:])))
+    put(t, 'raw-gap', raw(manifest, lc(0, 0, data[:4]), lc(0, 6, data[4:6])))
+    put(t, 'raw-overlap', raw(manifest, lc(0, 0, data[:4]), lc(0, 2, data[2:])))
+    put(t, 'raw-past-end', raw(manifest, lc(0, 0, data + b'12')))
+    put(t, 'raw-no-manifest', raw(lc(0, 0, data)))
+    put(t, 'raw-two-manifests', raw(manifest, manifest))
+    put(t, 'raw-unknown-layer', raw(manifest, lc(3, 0, data)))
+    put(t, 'raw-short', raw(manifest, lc(0, 0, data[:4])))
+
+# join_request: [len u16, JoinRequest]*.
+def join_request_seeds():
+    t = 'join_request'
+    def jr(addr, prev=None, rank=None, h=None):
+        b = f_bytes(1, addr)
+        if prev is not None: b += f_bytes(3, prev)
+        if h is not None: b += f_bytes(5, h)
+        if rank is not None: b += f_varint(6, rank)
+        return u16(len(b)) + b
+    put(t, 'two', jr('127.0.0.1:5001') + jr('127.0.0.1:5002'))
+    put(t, 'rejoin', jr('127.0.0.1:5001') + jr('127.0.0.1:5009', 'w1'))
+    put(t, 'same-address', jr('127.0.0.1:5001') + jr('127.0.0.1:5001'))
+    put(t, 'restart-ids', jr('h:1', 'w7', 2) + jr('h:2', 'w7', 2) + jr('h:3'))
+    put(t, 'huge-id', jr('h:1', 'w18446744073709551615') + jr('h:2') + jr('h:3'))
+    crash(t, 'id-wraps', jr('h:1') + jr('h:2', 'w18446744073709551614') + jr('h:3') + jr('h:4') +
+        jr('h:5'))
+    put(t, 'id-forms', jr('h:1', 'w01') + jr('h:2', 'w+1') + jr('h:3', 'w 1') + jr('h:4'))
+    put(t, 'bad-hash', jr('h:1', h='XYZ') + jr('h:2', h='a' * 64))
+    put(t, 'bad-address', jr('') + jr('host') + jr('h:0'))
+
+# read_slice_rule: total u16, round u8, flags u8, attempt u8, own begin u16,
+# own end u16, snapshot round u8, ReadSliceRequest (round 1, begin 2, end 3,
+# kind 4: 1 CONTRIBUTION 2 AVERAGED 3 SNAPSHOT 4 GOSSIP, attempt 6).
+def read_slice_rule_seeds():
+    t = 'read_slice_rule'
+    def st(total, rnd, flags, attempt, ob, oe, snap):
+        return u16(total) + bytes([rnd, flags, attempt]) + u16(ob) + u16(oe) + bytes([snap])
+    def rq(rnd, b, e, kind, attempt=0):
+        return f_varint(1, rnd) + f_varint(2, b) + f_varint(3, e) + f_varint(4, kind) + f_varint(6, attempt)
+    put(t, 'contribution', st(100, 4, 1 | 2, 0, 0, 50, 3) + rq(4, 10, 20, 1))
+    put(t, 'averaged', st(100, 4, 1 | 2 | 4 | 8, 1, 0, 50, 3) + rq(4, 10, 20, 2, 1))
+    put(t, 'averaged-not-own', st(100, 4, 1 | 2 | 4 | 8, 0, 0, 50, 3) + rq(4, 40, 60, 2))
+    put(t, 'snapshot', st(100, 4, 1 | 16 | 32, 0, 0, 0, 3) + rq(3, 0, 100, 3))
+    put(t, 'past-end', st(100, 4, 1 | 2, 0, 0, 0, 3) + rq(4, 90, 101, 1))
+    put(t, 'reversed', st(100, 4, 1 | 2, 0, 0, 0, 3) + rq(4, 20, 10, 1))
+    put(t, 'gossip', st(100, 4, 1, 0, 0, 0, 0) + rq(9, 0, 100, 4))
+    put(t, 'gossip-past-end', st(100, 4, 1, 0, 0, 0, 0) + rq(9, 0, 1000, 4))
+    put(t, 'unknown-kind', st(100, 4, 1 | 2, 0, 0, 0, 0) + rq(4, 0, 10, 9))
 
 if __name__ == "__main__":
     encoded_slice_seeds()
+    encoded_pieces_seeds()
+    gossip_transfer_seeds()
+    model_file_seeds()
+    auth_seeds()
+    run_specs_seeds()
+    dataset_file_seeds()
+    checkpoint_upload_seeds()
+    join_request_seeds()
+    read_slice_rule_seeds()

@@ -3,11 +3,22 @@
 # the committed corpus (tests/fuzz/corpus/<target>, read only: new inputs go
 # to BUILD_DIR/fuzz-corpus/<target>), crashers to BUILD_DIR/fuzz-crashes/<target>/.
 # Prints one line per target: executions, corpus size, crashes.
+# FUZZ_TARGETS (environment): the targets to run, default all.
 set -uo pipefail
 build=${1:?usage: run.sh BUILD_DIR SECONDS}
 seconds=${2:-60}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-targets=(tensor_chunk chunk_stream read_slice_request model_manifest run_record checkpoint_id address)
+# Every target has a corpus directory (fuzz_corpus_test requires one), so
+# the corpus directories are the list; FUZZ_TARGETS="a b" runs a subset.
+if [[ -n "${FUZZ_TARGETS:-}" ]]; then
+  read -r -a targets <<<"$FUZZ_TARGETS"
+else
+  targets=()
+  for d in "$root"/tests/fuzz/corpus/*/; do targets+=("$(basename "$d")"); done
+fi
+# UBSan's reports stop the fuzzer (by default UBSan prints and goes on, and
+# libFuzzer never sees undefined behaviour as a crash).
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 failed=0
 for t in "${targets[@]}"; do
   bin="$build/bin/fuzz_$t"

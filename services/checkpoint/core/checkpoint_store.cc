@@ -931,4 +931,54 @@ size_t CheckpointStore::size() const {
   return checkpoints_.size();
 }
 
+absl::Status UploadStream::Accept(shoal::v1::UploadChunk message) {
+  if (!failed_.ok()) return failed_;
+  absl::Status s;
+  if (upload_ == nullptr) {
+    if (!message.has_manifest()) {
+      s = absl::InvalidArgumentError("the first message of an upload must carry the manifest");
+    } else {
+      absl::StatusOr<std::unique_ptr<PendingUpload>> upload =
+          store_->BeginUpload(std::move(*message.mutable_manifest()));
+      if (upload.ok()) {
+        upload_ = std::move(*upload);
+        id_ = upload_->manifest().id();
+      } else {
+        s = upload.status();
+      }
+    }
+  } else if (!message.has_data()) {
+    s = absl::InvalidArgumentError("only the first message of an upload carries a manifest");
+  } else {
+    const shoal::v1::LayerChunk& c = message.data();
+    // The wire module's checks and codes (common/tensor_wire.h): size and
+    // CRC here, range, gap and overlap in PendingUpload::Append.
+    s = CheckChunkSize(c.data().size());
+    if (s.ok()) {
+      s = CheckChunkCrc(c.crc32c(), c.data().data(), c.data().size(),
+                        absl::StrCat("the chunk of layer ", c.layer(), " at offset ", c.offset()));
+    }
+    if (s.ok()) s = upload_->Append(c.layer(), c.offset(), c.data());
+  }
+  if (!s.ok()) {
+    failed_ = s;
+    Abort();
+  }
+  return s;
+}
+
+absl::StatusOr<shoal::v1::CheckpointInfo> UploadStream::Finish() {
+  if (!failed_.ok()) return failed_;
+  if (upload_ == nullptr) {
+    failed_ = absl::InvalidArgumentError("upload stream ended without a manifest");
+    return failed_;
+  }
+  absl::StatusOr<shoal::v1::CheckpointInfo> info = upload_->Commit();
+  upload_.reset();
+  if (!info.ok()) failed_ = info.status();
+  return info;
+}
+
+std::string UploadStream::id() const { return id_.empty() ? "(no manifest)" : id_; }
+
 }  // namespace shoal::checkpoint

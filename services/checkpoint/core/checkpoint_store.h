@@ -245,6 +245,31 @@ class CheckpointStore {
   uint64_t next_upload_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// One Checkpoint.Upload stream as the service receives it (the gRPC
+// reactor passes each message here): the first message carries the
+// manifest (BeginUpload), every later one a layer chunk (size and CRC-32C
+// checked here, range and digest by PendingUpload::Append); Finish()
+// commits once the client has half-closed. INVALID_ARGUMENT for messages
+// out of that order. After an error the upload is dropped (its temporary
+// files go) and every later call fails. Not thread-safe: one stream.
+class UploadStream {
+ public:
+  explicit UploadStream(CheckpointStore* store) : store_(store) {}
+
+  absl::Status Accept(shoal::v1::UploadChunk message);
+  absl::StatusOr<shoal::v1::CheckpointInfo> Finish();
+  // Drops the upload without committing (a cancelled or failed call).
+  void Abort() { upload_.reset(); }
+  // The upload's checkpoint id, or "(no manifest)".
+  std::string id() const;
+
+ private:
+  CheckpointStore* const store_;
+  std::unique_ptr<PendingUpload> upload_;
+  std::string id_;  // of the accepted manifest
+  absl::Status failed_;
+};
+
 }  // namespace shoal::checkpoint
 
 #endif  // SHOAL_SERVICES_CHECKPOINT_CORE_CHECKPOINT_STORE_H_

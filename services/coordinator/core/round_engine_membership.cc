@@ -38,9 +38,13 @@ absl::Status ValidatePeerAddress(const std::string& address) {
   return absl::OkStatus();
 }
 
+// "w<n>" as the engine writes it: n > 0 in decimal with no sign, space or
+// leading zero, and below 2^63 so that the next number (n + 1) cannot wrap
+// around to ids already handed out (found by the join_request fuzz target).
 bool ValidWorkerId(const std::string& id) {
   uint64_t n = 0;
-  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0;
+  return id.size() > 1 && id[0] == 'w' && absl::SimpleAtoi(id.substr(1), &n) && n > 0 &&
+         n < (uint64_t{1} << 63) && id == absl::StrCat("w", n);
 }
 
 }  // namespace
@@ -67,16 +71,20 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     auto it = index_.find(previous);
     if (it != index_.end()) member = it->second;
   }
+  // A worker (new, or a member re-joining from another address) at the
+  // address of another active member means that member's process is gone
+  // (its port was reused). Re-joins count too: otherwise two members would
+  // share an address, and the next worker there would replace only one
+  // (found by the join_request fuzz target).
+  std::vector<std::string> replaced;
+  for (const auto& [id, m] : members_) {
+    if (m.address == request.peer_address() && &m != member) replaced.push_back(id);
+  }
+  for (const std::string& id : replaced) {
+    RemoveMember(id, MemberState::kLeft, "replaced by a worker at the same address",
+                 &result.directives);
+  }
   if (member == nullptr) {
-    // A new worker at the address of an active member means that member's
-    // process is gone (its port was reused).
-    for (auto it = members_.begin(); it != members_.end(); ++it) {
-      if (it->second.address == request.peer_address()) {
-        RemoveMember(it->first, MemberState::kLeft, "replaced by a new worker at the same address",
-                     &result.directives);
-        break;
-      }
-    }
     if (options_.max_members > 0 && members_.size() >= options_.max_members) {
       return absl::ResourceExhaustedError(
           absl::StrCat("run ", options_.run_id, " is full: ", members_.size(),

@@ -86,6 +86,13 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> RunRecordStore::Load() const
     return absl::DataLossError(absl::StrCat(path(), " names round ", record.last_completed_round(),
                                             ", past the largest round this coordinator runs"));
   }
+  // Worker numbers likewise (the next id after w(2^64-1) would be w0).
+  constexpr uint64_t kMaxWorkerNumber = uint64_t{1} << 62;
+  if (record.next_worker_number() > kMaxWorkerNumber) {
+    return absl::DataLossError(absl::StrCat(path(), " names worker number ",
+                                            record.next_worker_number(),
+                                            ", past the largest this coordinator hands out"));
+  }
   return std::optional<shoal::v1::RunRecord>(record);
 }
 

@@ -37,6 +37,10 @@ void PutVarint(uint32_t v, std::string* out) {
   out->push_back(static_cast<char>(v));
 }
 
+// True when every q * scale (|q| <= 127) is a finite float: the scale is
+// >= 0 and 127 x scale, rounded to float, does not overflow.
+bool UsableInt8Scale(float scale) { return scale >= 0 && std::isfinite(127.0f * scale); }
+
 absl::Status SizeMismatch(const char* codec, size_t got, size_t want, size_t n) {
   return absl::InvalidArgumentError(
       absl::StrCat(codec, " slice of ", n, " elements has ", got, " bytes, expected ", want));
@@ -111,7 +115,10 @@ class Int8Codec final : public EncodedCodec {
         const float a = std::fabs(src[b + i]);
         if (std::isfinite(a)) max_abs = std::max(max_abs, a);
       }
-      const float scale = max_abs / 127.0f;
+      float scale = max_abs / 127.0f;
+      // max |x| near FLT_MAX: max_abs / 127 may round up so far that 127 x
+      // scale overflows; the next float down does not.
+      if (!UsableInt8Scale(scale)) scale = std::nextafter(scale, 0.0f);
       PutFloat(scale, &out);
       for (size_t i = 0; i < m; ++i) {
         const float x = src[b + i];
@@ -128,9 +135,11 @@ class Int8Codec final : public EncodedCodec {
     // Every scale first: nothing is written when one is bad.
     for (size_t blk = 0, pos = 0; blk < n; blk += kInt8Block) {
       const float scale = GetFloat(b.data() + pos);
-      if (!std::isfinite(scale) || scale < 0) {
+      // A finite scale above about FLT_MAX / 127 decodes 127 to inf.
+      if (!UsableInt8Scale(scale)) {
         return absl::InvalidArgumentError(absl::StrCat("int8 block at element ", blk, " has scale ",
-                                                       scale, " (must be finite and >= 0)"));
+                                                       scale,
+                                                       " (must be >= 0 with 127 x scale finite)"));
       }
       pos += 4 + std::min(kInt8Block, n - blk);
     }
@@ -288,7 +297,8 @@ std::string Fp32Codec::EncodeSlice(const float* src, size_t n, uint64_t) const {
 
 absl::Status Fp32Codec::DecodeSlice(absl::Span<const uint8_t> bytes, size_t n, float* out) const {
   if (bytes.size() != n * sizeof(float)) return SizeMismatch("fp32", bytes.size(), 4 * n, n);
-  std::memcpy(out, bytes.data(), bytes.size());
+  // An empty slice may come with null pointers, which memcpy must not get.
+  if (n > 0) std::memcpy(out, bytes.data(), bytes.size());
   return absl::OkStatus();
 }
 

@@ -19,8 +19,9 @@
 //   fp32     n x float32
 //   fp16     n x IEEE binary16 (round to nearest even; overflow to inf)
 //   bf16     n x bfloat16 (round to nearest even)
-//   int8     per block of kInt8Block elements: float32 scale (finite,
-//            >= 0), then one int8 per element; x = q * scale
+//   int8     per block of kInt8Block elements: float32 scale (>= 0 and
+//            127 x scale finite, so that every q * scale is), then one
+//            int8 per element; x = q * scale
 //   topk:F / randomk:F (sparse): u32 k, then k indices as varints of the
 //            gap to the previous index (the first: the index itself; then
 //            index - previous - 1, so indices strictly increase), then k x
@@ -28,7 +29,7 @@
 //
 // Decoders check everything (DecodeSlice): a size or count that does not
 // match n -> INVALID_ARGUMENT, an index out of range or a malformed varint
-// -> INVALID_ARGUMENT, a NaN/inf/negative scale or a non-finite sparse
+// -> INVALID_ARGUMENT, a NaN/inf/negative/too large scale or a non-finite sparse
 // value -> INVALID_ARGUMENT, and nothing is written on error.
 // Implementations are stateless and thread-safe.
 #ifndef SHOAL_SERVICES_WORKER_CORE_CODEC_H_
