@@ -14,7 +14,8 @@
 // from gRPC go through them too.
 //
 // Only happens-before is modelled, not lock ownership: TSan still finds
-// unsynchronised accesses, but not lock-order inversions on absl::Mutex.
+// unsynchronised accesses, but not lock-order inversions on absl::Mutex, nor
+// races inside a Condition's function (see Call below).
 // The symbols are the mangled names of absl 20220623 as Debian builds it
 // (inline namespace `debian3`); a missing one aborts at its first call with
 // its name.
@@ -25,6 +26,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
 
 namespace {
 
@@ -37,6 +41,20 @@ struct Duration {
 struct Time {
   Duration rep;
 };
+
+// Calls `fn` with TSan ignoring this thread's memory accesses: inside Abseil
+// they are uninstrumented anyway, but Mutex runs the callers' Conditions
+// there, in whichever thread happens to hold the lock (the waiter on entry,
+// or the thread that unlocks), and those reads of guarded fields would be
+// unordered with the next owner's writes.
+template <typename Fn, typename... Args>
+auto Call(Fn fn, Args... args) {
+  struct Ignore {
+    Ignore() { __tsan_ignore_thread_begin(); }
+    ~Ignore() { __tsan_ignore_thread_end(); }
+  } ignore;
+  return fn(args...);
+}
 
 // The library's definition of `name`, looked up once.
 void* Real(std::atomic<void*>& slot, const char* name) {
@@ -65,14 +83,14 @@ void* Real(std::atomic<void*>& slot, const char* name) {
 extern "C" void ShoalMutexLock(void* mu) __asm__("_ZN4absl7debian35Mutex4LockEv");
 extern "C" void ShoalMutexLock(void* mu) {
   SHOAL_REAL(void (*)(void*), "_ZN4absl7debian35Mutex4LockEv");
-  real(mu);
+  Call(real, mu);
   __tsan_acquire(mu);
 }
 
 extern "C" void ShoalMutexReaderLock(void* mu) __asm__("_ZN4absl7debian35Mutex10ReaderLockEv");
 extern "C" void ShoalMutexReaderLock(void* mu) {
   SHOAL_REAL(void (*)(void*), "_ZN4absl7debian35Mutex10ReaderLockEv");
-  real(mu);
+  Call(real, mu);
   __tsan_acquire(mu);
 }
 
@@ -80,20 +98,20 @@ extern "C" void ShoalMutexUnlock(void* mu) __asm__("_ZN4absl7debian35Mutex6Unloc
 extern "C" void ShoalMutexUnlock(void* mu) {
   SHOAL_REAL(void (*)(void*), "_ZN4absl7debian35Mutex6UnlockEv");
   __tsan_release(mu);
-  real(mu);
+  Call(real, mu);
 }
 
 extern "C" void ShoalMutexReaderUnlock(void* mu) __asm__("_ZN4absl7debian35Mutex12ReaderUnlockEv");
 extern "C" void ShoalMutexReaderUnlock(void* mu) {
   SHOAL_REAL(void (*)(void*), "_ZN4absl7debian35Mutex12ReaderUnlockEv");
   __tsan_release(mu);
-  real(mu);
+  Call(real, mu);
 }
 
 extern "C" bool ShoalMutexTryLock(void* mu) __asm__("_ZN4absl7debian35Mutex7TryLockEv");
 extern "C" bool ShoalMutexTryLock(void* mu) {
   SHOAL_REAL(bool (*)(void*), "_ZN4absl7debian35Mutex7TryLockEv");
-  bool r = real(mu);
+  bool r = Call(real, mu);
   if (r) __tsan_acquire(mu);
   return r;
 }
@@ -102,7 +120,7 @@ extern "C" bool ShoalMutexReaderTryLock(void* mu) __asm__(
     "_ZN4absl7debian35Mutex13ReaderTryLockEv");
 extern "C" bool ShoalMutexReaderTryLock(void* mu) {
   SHOAL_REAL(bool (*)(void*), "_ZN4absl7debian35Mutex13ReaderTryLockEv");
-  bool r = real(mu);
+  bool r = Call(real, mu);
   if (r) __tsan_acquire(mu);
   return r;
 }
@@ -112,7 +130,7 @@ extern "C" void ShoalMutexLockWhen(void* mu, const void* cond) __asm__(
     "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
 extern "C" void ShoalMutexLockWhen(void* mu, const void* cond) {
   SHOAL_REAL(void (*)(void*, const void*), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
-  real(mu, cond);
+  Call(real, mu, cond);
   __tsan_acquire(mu);
 }
 
@@ -121,7 +139,7 @@ extern "C" void ShoalMutexReaderLockWhen(void* mu, const void* cond) __asm__(
 extern "C" void ShoalMutexReaderLockWhen(void* mu, const void* cond) {
   SHOAL_REAL(void (*)(void*, const void*),
              "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(mu, cond);
+  Call(real, mu, cond);
   __tsan_acquire(mu);
 }
 
@@ -130,7 +148,7 @@ extern "C" bool ShoalMutexLockWhenWithTimeout(void* mu, const void* cond, Durati
 extern "C" bool ShoalMutexLockWhenWithTimeout(void* mu, const void* cond, Duration d) {
   SHOAL_REAL(bool (*)(void*, const void*, Duration),
              "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  bool r = real(mu, cond, d);
+  bool r = Call(real, mu, cond, d);
   __tsan_acquire(mu);
   return r;
 }
@@ -140,7 +158,7 @@ extern "C" bool ShoalMutexReaderLockWhenWithTimeout(void* mu, const void* cond, 
 extern "C" bool ShoalMutexReaderLockWhenWithTimeout(void* mu, const void* cond, Duration d) {
   SHOAL_REAL(bool (*)(void*, const void*, Duration),
              "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  bool r = real(mu, cond, d);
+  bool r = Call(real, mu, cond, d);
   __tsan_acquire(mu);
   return r;
 }
@@ -150,7 +168,7 @@ extern "C" bool ShoalMutexLockWhenWithDeadline(void* mu, const void* cond, Time 
 extern "C" bool ShoalMutexLockWhenWithDeadline(void* mu, const void* cond, Time t) {
   SHOAL_REAL(bool (*)(void*, const void*, Time),
              "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  bool r = real(mu, cond, t);
+  bool r = Call(real, mu, cond, t);
   __tsan_acquire(mu);
   return r;
 }
@@ -160,7 +178,7 @@ extern "C" bool ShoalMutexReaderLockWhenWithDeadline(void* mu, const void* cond,
 extern "C" bool ShoalMutexReaderLockWhenWithDeadline(void* mu, const void* cond, Time t) {
   SHOAL_REAL(bool (*)(void*, const void*, Time),
              "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  bool r = real(mu, cond, t);
+  bool r = Call(real, mu, cond, t);
   __tsan_acquire(mu);
   return r;
 }
@@ -171,7 +189,7 @@ extern "C" void ShoalMutexAwait(void* mu, const void* cond) __asm__(
 extern "C" void ShoalMutexAwait(void* mu, const void* cond) {
   SHOAL_REAL(void (*)(void*, const void*), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
   __tsan_release(mu);
-  real(mu, cond);
+  Call(real, mu, cond);
   __tsan_acquire(mu);
 }
 
@@ -181,7 +199,7 @@ extern "C" bool ShoalMutexAwaitWithTimeout(void* mu, const void* cond, Duration 
   SHOAL_REAL(bool (*)(void*, const void*, Duration),
              "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   __tsan_release(mu);
-  bool r = real(mu, cond, d);
+  bool r = Call(real, mu, cond, d);
   __tsan_acquire(mu);
   return r;
 }
@@ -192,7 +210,7 @@ extern "C" bool ShoalMutexAwaitWithDeadline(void* mu, const void* cond, Time t) 
   SHOAL_REAL(bool (*)(void*, const void*, Time),
              "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   __tsan_release(mu);
-  bool r = real(mu, cond, t);
+  bool r = Call(real, mu, cond, t);
   __tsan_acquire(mu);
   return r;
 }
@@ -204,7 +222,7 @@ extern "C" void ShoalCondVarWait(void* cv,
 extern "C" void ShoalCondVarWait(void* cv, void* mu) {
   SHOAL_REAL(void (*)(void*, void*), "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
   __tsan_release(mu);
-  real(cv, mu);
+  Call(real, cv, mu);
   __tsan_acquire(mu);
 }
 
@@ -214,7 +232,7 @@ extern "C" bool ShoalCondVarWaitWithTimeout(void* cv, void* mu, Duration d) {
   SHOAL_REAL(bool (*)(void*, void*, Duration),
              "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
   __tsan_release(mu);
-  bool r = real(cv, mu, d);
+  bool r = Call(real, cv, mu, d);
   __tsan_acquire(mu);
   return r;
 }
@@ -225,7 +243,7 @@ extern "C" bool ShoalCondVarWaitWithDeadline(void* cv, void* mu, Time t) {
   SHOAL_REAL(bool (*)(void*, void*, Time),
              "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   __tsan_release(mu);
-  bool r = real(cv, mu, t);
+  bool r = Call(real, cv, mu, t);
   __tsan_acquire(mu);
   return r;
 }
@@ -246,14 +264,14 @@ extern "C" void ShoalNotificationNotify(void* n) {
   SHOAL_REAL(void (*)(void*), "_ZN4absl7debian312Notification6NotifyEv");
   __tsan_release(n);
   __tsan_release(NotifiedYet(n));
-  real(n);
+  Call(real, n);
 }
 
 extern "C" void ShoalNotificationWait(const void* n) __asm__(
     "_ZNK4absl7debian312Notification19WaitForNotificationEv");
 extern "C" void ShoalNotificationWait(const void* n) {
   SHOAL_REAL(void (*)(const void*), "_ZNK4absl7debian312Notification19WaitForNotificationEv");
-  real(n);
+  Call(real, n);
   __tsan_acquire(const_cast<void*>(n));
 }
 
@@ -262,7 +280,7 @@ extern "C" bool ShoalNotificationWaitWithTimeout(const void* n, Duration d) __as
 extern "C" bool ShoalNotificationWaitWithTimeout(const void* n, Duration d) {
   SHOAL_REAL(bool (*)(const void*, Duration),
              "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
-  bool r = real(n, d);
+  bool r = Call(real, n, d);
   if (r) __tsan_acquire(const_cast<void*>(n));
   return r;
 }
@@ -272,7 +290,7 @@ extern "C" bool ShoalNotificationWaitWithDeadline(const void* n, Time t) __asm__
 extern "C" bool ShoalNotificationWaitWithDeadline(const void* n, Time t) {
   SHOAL_REAL(bool (*)(const void*, Time),
              "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
-  bool r = real(n, t);
+  bool r = Call(real, n, t);
   if (r) __tsan_acquire(const_cast<void*>(n));
   return r;
 }
