@@ -1,12 +1,33 @@
 # Shoal: the two commands are `make demo` and `make test`.
-BUILD      ?= build
-BUILD_TYPE ?= RelWithDebInfo
+# Sanitizer builds (docs/SECURITY.md, "Sanitizers"):
+#   make test SANITIZE=address,undefined   (ON is an alias) in build-asan
+#   make test-unit test-integration SANITIZE=thread               in build-tsan
+# Each in a build directory of its own unless BUILD is given.
 SANITIZE   ?= OFF
-# Sanitizer builds (SANITIZE=ON): no leak report at exit, where Debian's
-# uninstrumented gRPC and LibTorch keep process-lifetime allocations
-# (docs/SECURITY.md, "Sanitizers").
+ifeq ($(SANITIZE),ON)
+override SANITIZE := address,undefined
+endif
+ifeq ($(SANITIZE),OFF)
+BUILD      ?= build
+else ifneq ($(findstring thread,$(SANITIZE)),)
+BUILD      ?= build-tsan
+else
+BUILD      ?= build-asan
+endif
+BUILD_TYPE ?= RelWithDebInfo
 ifneq ($(SANITIZE),OFF)
-export ASAN_OPTIONS ?= detect_leaks=0
+# No leak report at exit: Debian's uninstrumented gRPC and LibTorch keep
+# process-lifetime allocations. UBSan stops at its first report (it only
+# prints by default, and the test would pass).
+export ASAN_OPTIONS  ?= detect_leaks=0
+export UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
+# ThreadSanitizer: the suppressions (one reason each) cover reports inside
+# uninstrumented Debian libraries only; OpenMP's barriers are invisible to
+# it, so Torch runs its kernels on one thread.
+export TSAN_OPTIONS  ?= suppressions=$(CURDIR)/tests/sanitizers/tsan.supp second_deadlock_stack=1 halt_on_error=0
+ifneq ($(findstring thread,$(SANITIZE)),)
+export OMP_NUM_THREADS ?= 1
+endif
 endif
 CMAKE_FLAGS ?=
 

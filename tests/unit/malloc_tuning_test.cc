@@ -15,8 +15,8 @@ namespace {
 
 #if defined(__GLIBC__)
 TEST(MallocTuningTest, MessageSizedBuffersComeFromTheHeap) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer has its own allocator: glibc's malloc settings do not apply";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer has its own allocator: glibc's malloc settings do not apply";
 #endif
   TuneMallocForTensorStreams();
   const size_t mmapped_before = mallinfo2().hblks;
