@@ -171,7 +171,11 @@ TEST_F(FaultsTest, StoppedPastTheDeadlineSitsOutAndCatchesUp) {
 }
 
 TEST_F(FaultsTest, UnreachablePeerIsEvictedAfterRetries) {
-  const std::string addr = StartCoordinator(With({"--min_participants=2", "--local_steps=20"}));
+  // Without the join probe: with it, a worker nobody can reach takes part
+  // from behind NAT (outbound only; supernode_netns_test). This is the path
+  // of a worker that becomes unreachable after its join.
+  const std::string addr = StartCoordinator(
+      With({"--min_participants=2", "--local_steps=20", "--probe_joiners_timeout=0"}));
   StartWorker(addr);
   StartWorker(addr);
   // Peers cannot reach this one: its advertised port has no listener.
