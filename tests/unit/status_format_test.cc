@@ -377,5 +377,22 @@ TEST(FormatStatusJsonTest, PrintsDefaultFields) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, empty));
 }
 
+TEST(FormatStatusTableTest, MarksWorkersBehindNatAndTheirMergedPushes) {
+  v1::RunStatus s;
+  auto* nat = s.add_workers();
+  nat->set_id("w3");
+  nat->set_state("training");
+  nat->set_outbound_only(true);
+  nat->set_outbound_reason("declared (--outbound_only)");
+  auto* other = s.add_workers();
+  other->set_id("w1");
+  other->set_state("training");
+  other->set_pushes_merged(4);
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("behind NAT: w3 (declared (--outbound_only))"));
+  EXPECT_THAT(table, HasSubstr("w1 merged 4 models pushed from behind NAT"));
+  EXPECT_THAT(FormatStatusTable(v1::RunStatus()), Not(HasSubstr("behind NAT")));
+}
+
 }  // namespace
 }  // namespace shoal::ctl

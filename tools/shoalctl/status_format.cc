@@ -151,6 +151,17 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                                       w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
     }
   }
+  // Workers behind NAT (outbound connections only; docs/SUPERNODES.md).
+  for (const auto& w : s.workers()) {
+    if (!w.outbound_only()) continue;
+    absl::StrAppend(&out, "behind NAT: ", w.id(), " (", w.outbound_reason(), ")\n");
+  }
+  for (const auto& w : s.workers()) {
+    if (w.pushes_merged() > 0) {
+      absl::StrAppend(&out, w.id(), " merged ", w.pushes_merged(),
+                      " models pushed from behind NAT\n");
+    }
+  }
   // Stragglers: per worker its measured round time (the median ready time;
   // for a worker late in every round, its own measure of its late
   // training), the deadline it was last held to and its late work folded
