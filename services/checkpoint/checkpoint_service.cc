@@ -9,6 +9,7 @@
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "common/tensor_wire.h"
 #include "common/upload_grant.h"
@@ -86,6 +87,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
         upload_key_(upload_key),
         grant_(std::move(grant)),
         now_(now) {
+    ReactionScope reaction(this);
     if (!guard_.entered()) {
       Finish(kShuttingDown);
       return;
@@ -94,6 +96,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
   }
 
   void OnReadDone(bool ok) override {
+    ReactionScope reaction(this);
     if (!ok) {
       EndOfStream();
       return;
@@ -117,7 +120,10 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
     StartRead(&in_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 
  private:
   // Hides the base Finish so that every end of the call is counted once.
@@ -192,6 +198,7 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
   ReadLayerReactor(CheckpointService* service, CheckpointStore* store,
                    const shoal::v1::ReadLayerRequest& request)
       : guard_(service), layer_(request.layer()) {
+    ReactionScope reaction(this);
     if (!guard_.entered()) {
       Finish(kShuttingDown);
       return;
@@ -208,6 +215,7 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
       return;
@@ -215,7 +223,10 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
     WriteNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 
  private:
   // Hides the base Finish so that every end of the call is counted once.
@@ -249,8 +260,14 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
 template <class Reactor>
 class Refused final : public Reactor {
  public:
-  explicit Refused(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
+  explicit Refused(const grpc::Status& status) {
+    ReactionScope reaction(this);
+    this->Finish(status);
+  }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 };
 
 }  // namespace

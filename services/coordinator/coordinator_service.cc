@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/logging.h"
 #include "common/model_file.h"
+#include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "common/tcp_probe.h"
 
@@ -45,6 +46,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
  public:
   SessionReactor(CoordinatorService* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx) {
+    ReactionScope reaction(this);
     StartRead(&in_bytes_);
   }
 
@@ -75,6 +77,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void OnReadDone(bool ok) override {
+    ReactionScope reaction(this);
     // A message that does not parse ends the stream like a broken one (the
     // typed API reports it as a failed read).
     if (ok) ok = Parse(&in_bytes_, &in_);
@@ -95,7 +98,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         Close(ToGrpcStatus(s));
         return;
       }
-      worker_id_ = in_.hello().worker_id();
+      {
+        // OnCancel (Lost) may read it meanwhile, on another thread.
+        absl::MutexLock lock(&mu_);
+        worker_id_ = in_.hello().worker_id();
+      }
       // Member credentials: the current list first (updates after it may
       // arrive in any order; docs/SECURITY.md).
       if (SharedMessage list = service_->engine_->MemberList(worker_id_)) Enqueue(Serialize(*list));
@@ -112,6 +119,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     Next next = Next::kNothing;
     {
       absl::MutexLock lock(&mu_);
@@ -129,9 +137,13 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     Run(next);
   }
 
-  void OnCancel() override { Lost("session cancelled"); }
+  void OnCancel() override {
+    ReactionScope reaction(this);
+    Lost("session cancelled");
+  }
 
   void OnDone() override {
+    AfterAllReactions(this);
     if (!worker_id_.empty()) service_->Unregister(worker_id_, this);
     delete this;
   }
@@ -140,10 +152,15 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
  private:
   void Lost(const std::string& reason) {
-    if (worker_id_.empty() || lost_.exchange(true)) return;
+    std::string worker_id;
+    {
+      absl::MutexLock lock(&mu_);
+      worker_id = worker_id_;
+    }
+    if (worker_id.empty() || lost_.exchange(true)) return;
     // Only the session currently registered for the worker speaks for it.
-    if (service_->Unregister(worker_id_, this)) {
-      service_->Deliver(service_->engine_->Disconnect(worker_id_, reason));
+    if (service_->Unregister(worker_id, this)) {
+      service_->Deliver(service_->engine_->Disconnect(worker_id, reason));
     }
   }
 
@@ -188,7 +205,9 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer in_bytes_;  // read path only
   WorkerMessage in_;
-  std::string worker_id_;  // set once by the read path
+  // Set once by the read path (under mu_, which Lost reads it under; the
+  // read path itself reads it without).
+  std::string worker_id_;
   std::atomic<bool> lost_{false};
 
   absl::Mutex mu_;

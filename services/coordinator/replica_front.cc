@@ -3,6 +3,7 @@
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/reactor_handoff.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -10,8 +11,14 @@ namespace {
 // A session stream refused at once (this replica does not lead).
 class RefusedSession : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit RefusedSession(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  explicit RefusedSession(grpc::Status status) {
+    ReactionScope reaction(this);
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "services/coordinator/token_gate.h"
 
 #include "common/grpc_util.h"
+#include "common/reactor_handoff.h"
 #include "common/status_util.h"
 
 namespace shoal::coordinator {
@@ -9,8 +10,14 @@ namespace {
 // A session stream refused at once (no or a wrong token).
 class RefusedStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit RefusedStream(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  explicit RefusedStream(grpc::Status status) {
+    ReactionScope reaction(this);
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 };
 
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, grpc::Status status) {

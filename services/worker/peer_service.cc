@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
+#include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "common/tensor_wire_grpc.h"
 #include "services/worker/core/transfer_checks.h"
@@ -56,6 +57,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         corrupt_(corrupt),
         clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
         created_(clock_->Now()) {
+    ReactionScope reaction(this);
     if (absl::Status s = DecodeReadSliceRequest(*raw_request, &request_); !s.ok()) {
       FinishOnce(ToGrpcStatus(s));
       return;
@@ -109,6 +111,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
 
   // gRPC reactions
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     buffer_.Clear();  // our reference to the lent slice
     if (ok) {
       (snapshot_ ? sent_->snapshot : sent_->exchange)
@@ -133,6 +136,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   }
 
   void OnCancel() override {
+    ReactionScope reaction(this);
     bool parked;
     {
       absl::MutexLock lock(&mu_);
@@ -146,6 +150,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   }
 
   void OnDone() override {
+    AfterAllReactions(this);
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
@@ -381,6 +386,7 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   GossipReadReactor(const GossipBoard* board, const shoal::v1::ReadSliceRequest& request,
                     PeerService::GossipFault fault, std::shared_ptr<void> slot)
       : slot_(std::move(slot)), request_(request), fault_(fault) {
+    ReactionScope reaction(this);
     if (board == nullptr) {
       FinishOnce(grpc::Status(grpc::StatusCode::NOT_FOUND,
                               "this worker does not gossip (the run is not in gossip mode)"));
@@ -403,6 +409,7 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     buffer_.Clear();
     if (!ok) {
       FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
@@ -415,11 +422,15 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     }
   }
   void OnCancel() override {
+    ReactionScope reaction(this);
     if (fault_ == PeerService::GossipFault::kStall) {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
     }
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 
  private:
   void WriteNext() {
@@ -455,8 +466,14 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // A read refused before it starts (no or a wrong token). Deletes itself.
 class RefusedRead final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit RefusedRead(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  explicit RefusedRead(grpc::Status status) {
+    ReactionScope reaction(this);
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 };
 
 }  // namespace
@@ -540,9 +557,13 @@ namespace {
 // all.
 class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
  public:
-  explicit PushReactor(PushBox* box) : box_(box) { StartRead(&message_); }
+  explicit PushReactor(PushBox* box) : box_(box) {
+    ReactionScope reaction(this);
+    StartRead(&message_);
+  }
 
   void OnReadDone(bool ok) override {
+    ReactionScope reaction(this);
     if (!ok) {  // the client's end of the stream
       Done();
       return;
@@ -554,7 +575,10 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
     }
     StartRead(&message_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    AfterAllReactions(this);
+    delete this;
+  }
 
  private:
   absl::Status Take() {
@@ -641,8 +665,14 @@ grpc::ServerReadReactor<shoal::v1::PushMessage>* PeerService::Push(
     // A reactor that refuses at once.
     class Refuse : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
      public:
-      explicit Refuse(grpc::Status s) { Finish(s); }
-      void OnDone() override { delete this; }
+      explicit Refuse(grpc::Status s) {
+        ReactionScope reaction(this);
+        Finish(s);
+      }
+      void OnDone() override {
+        AfterAllReactions(this);
+        delete this;
+      }
     };
     return new Refuse(!allowed.ok() ? allowed
                                     : grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
@@ -709,17 +739,18 @@ grpc::Status PeerService::Allowed(const grpc::CallbackServerContext* ctx) const 
 
 std::shared_ptr<void> ReadSlots::Acquire(const std::string& host) {
   if (max_ == 0) return std::shared_ptr<void>(this, [](void*) {});
-  absl::MutexLock lock(&mu_);
-  uint32_t& running = running_[host];
+  absl::MutexLock lock(&counts_->mu);
+  uint32_t& running = counts_->running[host];
   if (running >= max_) return nullptr;
   ++running;
-  return std::shared_ptr<void>(this, [this, host](void*) { Release(host); });
+  return std::shared_ptr<void>(counts_.get(),
+                               [counts = counts_, host](void*) { counts->Release(host); });
 }
 
-void ReadSlots::Release(const std::string& host) {
-  absl::MutexLock lock(&mu_);
-  auto it = running_.find(host);
-  if (it != running_.end() && --it->second == 0) running_.erase(it);
+void ReadSlots::Counts::Release(const std::string& host) {
+  absl::MutexLock lock(&mu);
+  auto it = running.find(host);
+  if (it != running.end() && --it->second == 0) running.erase(it);
 }
 
 }  // namespace shoal::worker

@@ -55,7 +55,9 @@ struct PeerServiceOptions {
 };
 
 // Counts the reads running per caller host (max_reads_per_peer).
-// Thread-safe; must outlive every slot it handed out.
+// Thread-safe. A slot may outlive the ReadSlots that handed it out (a
+// reactor that gRPC deletes after the service is gone): the counts live as
+// long as the last slot.
 class ReadSlots {
  public:
   explicit ReadSlots(uint32_t max) : max_(max) {}
@@ -65,10 +67,13 @@ class ReadSlots {
   uint32_t max() const { return max_; }
 
  private:
-  void Release(const std::string& host);
+  struct Counts {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, uint32_t> running ABSL_GUARDED_BY(mu);
+    void Release(const std::string& host);
+  };
   const uint32_t max_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, uint32_t> running_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
 };
 
 // Bytes this worker's Peer service handed to gRPC and saw written, by what

@@ -136,11 +136,12 @@ class SessionLog {
 
 // One simulated worker: the real client, its id and its session log.
 // Declared after the server in each test, so it is destroyed (its session
-// closed) before the server stops.
+// closed) before the server stops. The log is declared before the client:
+// the client's destructor joins the reader thread that writes the log.
 struct TestWorker {
+  SessionLog log;
   std::unique_ptr<GrpcCoordinatorClient> client;
   std::string id;
-  SessionLog log;
 };
 
 class CoordinatorRpcTest : public ::testing::Test {

@@ -22,6 +22,7 @@
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/reactor_handoff.h"
 #include "common/shard_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -751,15 +752,22 @@ class LyingPeer final : public v1::Peer::CallbackService {
  private:
   class Writer : public grpc::ServerWriteReactor<TensorChunk> {
    public:
-    explicit Writer(std::vector<TensorChunk> chunks) : chunks_(std::move(chunks)) { Next(); }
+    explicit Writer(std::vector<TensorChunk> chunks) : chunks_(std::move(chunks)) {
+      ReactionScope reaction(this);
+      Next();
+    }
     void OnWriteDone(bool ok) override {
+      ReactionScope reaction(this);
       if (!ok) {
         Finish(grpc::Status(grpc::StatusCode::CANCELLED, "reader went away"));
         return;
       }
       Next();
     }
-    void OnDone() override { delete this; }
+    void OnDone() override {
+      AfterAllReactions(this);
+      delete this;
+    }
 
    private:
     void Next() {
