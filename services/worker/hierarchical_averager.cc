@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/sha256.h"
 #include "common/shard_plan.h"
 #include "common/status_util.h"
 #include "services/worker/blob_reader.h"
@@ -43,7 +44,43 @@ int PositionIn(const HierarchyGroup& group, int self) {
   return -1;
 }
 
+// Length-prefixed, so that no two field lists hash alike.
+void HashField(Sha256* h, const std::string& field) {
+  const uint64_t size = field.size();
+  h->Update(&size, sizeof(size));
+  h->Update(field.data(), field.size());
+}
+
 }  // namespace
+
+std::vector<std::vector<std::string>> GroupIdentities(const shoal::v1::RoundPlan& plan) {
+  const int n = plan.slices_size();
+  // What participant k brings to the next group it sits in.
+  std::vector<std::string> brings(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) brings[k] = "trained model of " + plan.slices(k).worker_id();
+  std::vector<std::vector<std::string>> out;
+  for (const HierarchyStage& stage : plan.hierarchy().stages()) {
+    std::vector<std::string>& ids = out.emplace_back();
+    for (const HierarchyGroup& g : stage.groups()) {
+      Sha256 h;
+      HashField(&h, absl::StrCat("round ", plan.round(), " of ", plan.total_elements()));
+      HashField(&h, HierarchyStage::Kind_Name(stage.kind()));
+      HashField(&h, g.zone());
+      for (int k = 0; k < g.members_size(); ++k) {
+        const int m = static_cast<int>(g.members(k));
+        HashField(&h, plan.slices(m).worker_id());
+        HashField(&h, stage.kind() == HierarchyStage::AVERAGE ? absl::StrCat(g.weights(k)) : "");
+        HashField(&h, brings[m]);
+      }
+      if (stage.kind() == HierarchyStage::BROADCAST) {
+        HashField(&h, plan.slices(static_cast<int>(g.head())).worker_id());
+      }
+      ids.push_back(h.HexDigest());
+      for (uint32_t m : g.members()) brings[m] = ids.back();
+    }
+  }
+  return out;
+}
 
 absl::Status CheckHierarchy(const shoal::v1::RoundHierarchy& hierarchy, int n) {
   for (int s = 0; s < hierarchy.stages_size(); ++s) {
@@ -119,6 +156,12 @@ absl::Status HierarchicalAverager::Average(const shoal::v1::RoundPlan& plan,
   const uint32_t attempt = plan.attempt();
   const absl::Time deadline = clock_->Now() + options_.timeout;
   store_->BeginRound(round, attempt);
+  if (round != carried_round_) {
+    carried_.clear();
+    carried_round_ = round;
+  }
+  const std::vector<std::vector<std::string>> identities = GroupIdentities(plan);
+  const uint64_t total = plan.total_elements();
   CancellationToken stop(cancel);
   const auto& stages = plan.hierarchy().stages();
   stats->stage_bytes_received.assign(static_cast<size_t>(stages.size()), 0);
@@ -126,20 +169,40 @@ absl::Status HierarchicalAverager::Average(const shoal::v1::RoundPlan& plan,
     const uint32_t stage = static_cast<uint32_t>(s) + 1;
     store_->ReachStage(round, attempt, stage);
     if (stop.cancelled()) return absl::AbortedError("round aborted");
-    for (const HierarchyGroup& group : stages[s].groups()) {
+    for (int g = 0; g < stages[s].groups_size(); ++g) {
+      const HierarchyGroup& group = stages[s].groups(g);
       if (PositionIn(group, self) < 0) continue;
+      const HierarchyStage::Kind kind = stages[s].kind();
+      const std::string& identity = identities[s][g];
+      if (auto it = carried_.find(identity); it != carried_.end()) {
+        // The same group over the same inputs: our input is the same bits
+        // (checked: a mismatch would be a bug, and the stage runs again).
+        const Carried& c = it->second;
+        if (kind == HierarchyStage::BROADCAST ||
+            std::memcmp(c.input.data(), params, total * sizeof(float)) == 0) {
+          CarryStage(plan, stage, kind, group, self, c, params, stats);
+          break;
+        }
+        SHOAL_LOG(WARNING) << "round " << round << " stage " << stage
+                           << ": the input differs from the attempt that finished its group; "
+                              "the stage runs again";
+      }
+      Carried kept;
+      if (kind == HierarchyStage::AVERAGE) kept.input.assign(params, params + total);
       uint64_t* received = &stats->stage_bytes_received[static_cast<size_t>(s)];
-      absl::Status r = stages[s].kind() == HierarchyStage::AVERAGE
+      absl::Status r = kind == HierarchyStage::AVERAGE
                            ? AverageStage(plan, stage, group, self, self_id, params, deadline,
                                           &stop, stats, received)
                            : BroadcastStage(plan, stage, group, self, self_id, params, deadline,
                                             &stop, stats, received);
       if (stop.cancelled()) return absl::AbortedError("round aborted");
       if (!r.ok()) {
-        return Annotate(r, absl::StrCat("round ", round, " stage ", stage, " (",
-                                        HierarchyStage::Kind_Name(stages[s].kind()), " zone '",
-                                        group.zone(), "')"));
+        return Annotate(
+            r, absl::StrCat("round ", round, " stage ", stage, " (",
+                            HierarchyStage::Kind_Name(kind), " zone '", group.zone(), "')"));
       }
+      kept.result.assign(params, params + total);
+      carried_[identity] = std::move(kept);
       break;  // groups of a stage are disjoint
     }
   }
@@ -245,6 +308,37 @@ absl::Status HierarchicalAverager::AverageStage(const shoal::v1::RoundPlan& plan
   stats->raw_bytes_received += got.load();
   stats->retries += retries.load();
   return absl::OkStatus();
+}
+
+void HierarchicalAverager::CarryStage(const shoal::v1::RoundPlan& plan, uint32_t stage,
+                                      const HierarchyStage::Kind kind, const HierarchyGroup& group,
+                                      int self, const Carried& carried, float* params,
+                                      AveragingStats* stats) {
+  const uint64_t round = plan.round();
+  const uint32_t attempt = plan.attempt();
+  const uint64_t total = plan.total_elements();
+  if (kind == HierarchyStage::AVERAGE) {
+    // What AverageStage publishes: our copies of the others' slices of our
+    // input, and the average of the slice we own.
+    const int n = group.members_size();
+    const int me = PositionIn(group, self);
+    const std::vector<SliceRange> ranges = PlanSlices(total, static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      const SliceRange& r = ranges[k];
+      if (r.begin == r.end) continue;
+      const std::vector<float>& from = k == me ? carried.result : carried.input;
+      store_->Publish(round, attempt, k == me ? shoal::v1::AVERAGED : shoal::v1::CONTRIBUTION,
+                      r.begin, r.end, CopyFloats(from.data() + r.begin, r.end - r.begin), stage);
+    }
+  } else if (static_cast<int>(group.head()) == self) {
+    store_->Publish(round, attempt, shoal::v1::STAGE_MODEL, 0, total,
+                    CopyFloats(carried.result.data(), total), stage);
+  }
+  std::memcpy(params, carried.result.data(), total * sizeof(float));
+  ++stats->stages_carried;
+  SHOAL_VLOG(1) << "round " << round << " attempt " << attempt << " stage " << stage << " ("
+                << HierarchyStage::Kind_Name(kind) << " zone '" << group.zone()
+                << "'): carried from an earlier attempt";
 }
 
 absl::Status HierarchicalAverager::BroadcastStage(const shoal::v1::RoundPlan& plan, uint32_t stage,

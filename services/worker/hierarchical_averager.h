@@ -22,6 +22,16 @@
 // the order of float additions: zone means weighted by zone sizes add the
 // same terms grouped differently.
 //
+// A new attempt of the round (a participant was lost, a head say) redoes
+// only what changed: every group's result has an identity (GroupIdentities),
+// and a group this worker finished in an earlier attempt of the round with
+// the same identity is carried, not redone: the worker publishes what the
+// stage publishes from the copies it kept (its input to the group and the
+// group's result), so that a member that had not finished the group can
+// still complete it, and takes the result without reading anything. When a
+// head dies, its zone's group, the groups above it and the broadcasts
+// change identity and run again; the other zones' groups are carried.
+//
 // The raw exchange only: the coordinator refuses --hierarchy=on with
 // another codec, an outer optimizer or a robust aggregation.
 //
@@ -31,7 +41,10 @@
 #define SHOAL_SERVICES_WORKER_HIERARCHICAL_AVERAGER_H_
 
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +64,15 @@ namespace shoal::worker {
 // participant sits in two groups of one stage, an AVERAGE group has one
 // positive weight per member, and a BROADCAST group's head is a member.
 absl::Status CheckHierarchy(const shoal::v1::RoundHierarchy& hierarchy, int n);
+
+// The identity of every group's result in `plan` (a valid hierarchy; by
+// stage, then by group, in plan order): a SHA-256 (hex) over the round, the
+// model's size, the stage's kind, the group's zone, its members' ids (with
+// their weights, or the head's id), and what each member brings to it: its
+// own trained model, or the identity of the group it took part in last. Two
+// attempts of a round that give a group the same identity compute the same
+// bits for it (the inputs are the same bits, combined in the same order).
+std::vector<std::vector<std::string>> GroupIdentities(const shoal::v1::RoundPlan& plan);
 
 class HierarchicalAverager final : public Averager {
  public:
@@ -80,6 +102,17 @@ class HierarchicalAverager final : public Averager {
                             const shoal::v1::HierarchyGroup& group, int self,
                             const std::string& self_id, float* params, absl::Time deadline,
                             CancellationToken* stop, AveragingStats* stats, uint64_t* received);
+  // What this worker kept of a group it finished: its input to the group
+  // (AVERAGE only: the contributions it publishes) and the group's result.
+  struct Carried {
+    std::vector<float> input;
+    std::vector<float> result;
+  };
+  // Publishes what the stage publishes from `carried` and takes its result.
+  void CarryStage(const shoal::v1::RoundPlan& plan, uint32_t stage,
+                  const shoal::v1::HierarchyStage::Kind kind,
+                  const shoal::v1::HierarchyGroup& group, int self, const Carried& carried,
+                  float* params, AveragingStats* stats);
   absl::Status BroadcastStage(const shoal::v1::RoundPlan& plan, uint32_t stage,
                               const shoal::v1::HierarchyGroup& group, int self,
                               const std::string& self_id, float* params, absl::Time deadline,
@@ -91,6 +124,11 @@ class HierarchicalAverager final : public Averager {
   const ExchangeOptions options_;
   const Clock* const clock_;
   Averager* const flat_;
+  // The groups finished in the attempts of carried_round_, by identity.
+  // Memory: per group, up to two models (the input for AVERAGE, the result),
+  // until the next round.
+  uint64_t carried_round_ = 0;
+  std::map<std::string, Carried> carried_;
 };
 
 }  // namespace shoal::worker

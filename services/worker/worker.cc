@@ -710,7 +710,10 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
           codec_->name(),
           last_stats_.stage_bytes_received.empty()
               ? std::string()
-              : " stage_in=" + absl::StrJoin(last_stats_.stage_bytes_received, "/"),
+              : absl::StrCat(" stage_in=", absl::StrJoin(last_stats_.stage_bytes_received, "/"),
+                             last_stats_.stages_carried > 0
+                                 ? absl::StrCat(" carried=", last_stats_.stages_carried)
+                                 : ""),
           a.hash.substr(0, 12));
       absl::Status r = coordinator_->ReportRoundDone(done);
       if (!r.ok())

@@ -153,8 +153,9 @@ TEST_F(HierarchyTest, TwoZonesAgreeEveryRoundAndTrainLikeFlat) {
 // A zone's head is killed while the round shares: the coordinator re-plans
 // the round (a new attempt, as in the flat exchange) among the survivors,
 // and the zone's standby (its next smallest id) leads the zone; the round
-// completes with three participants and the hashes agree. The partial
-// re-plan of only that zone and the level above is not done (docs).
+// completes with three participants and the hashes agree. Zone b's group is
+// the same in the new attempt, so its workers carry it instead of redoing
+// it: its head at least, which finished it before averaging across zones.
 TEST_F(HierarchyTest, HeadKilledMidRoundTheStandbyLeadsTheReplan) {
   const std::string addr = StartCoordinator(
       {"--min_participants=3", "--local_steps=20", "--hierarchy=on", "--heartbeat_lease=4s",
@@ -196,6 +197,17 @@ TEST_F(HierarchyTest, HeadKilledMidRoundTheStandbyLeadsTheReplan) {
   const std::string line = log.substr(replan, log.find('\n', replan) - replan);
   EXPECT_NE(line.find("3 participants"), std::string::npos) << line;
   EXPECT_NE(line.find("hierarchical stages"), std::string::npos) << line;
+  bool carried = false;
+  const std::string prefix = absl::StrCat("round ", s.round(), ": ");
+  for (int k : {1, 3}) {
+    const std::string wlog = workers_[k]->Log();
+    for (size_t at = wlog.find(prefix); at != std::string::npos; at = wlog.find(prefix, at + 1)) {
+      if (wlog.substr(at, wlog.find('\n', at) - at).find(" carried=") != std::string::npos) {
+        carried = true;
+      }
+    }
+  }
+  EXPECT_TRUE(carried) << "no worker of zone b carried its zone's group\n" << Logs();
 }
 
 TEST_F(HierarchyTest, OneZoneIsFlat) {

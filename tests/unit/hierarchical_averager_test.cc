@@ -4,7 +4,9 @@
 // stages included (a stage not reached yet is UNAVAILABLE and retried).
 // Five workers in two zones end bit-identical and equal to the flat mean up
 // to float rounding; a plan without a hierarchy goes to the flat averager;
-// a malformed hierarchy is INVALID_ARGUMENT and leaves the model as it was.
+// a malformed hierarchy is INVALID_ARGUMENT and leaves the model as it was;
+// a new attempt after a lost participant carries the groups that did not
+// change (same identity) and still ends bit-identical.
 #include "services/worker/hierarchical_averager.h"
 
 #include <gtest/gtest.h>
@@ -231,6 +233,129 @@ TEST(HierarchicalAveragerTest, MalformedHierarchiesAreInvalidArgumentAndWriteNot
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(flat.calls, 0);
+}
+
+// Attempt 2 of TwoSitePlan's round after w4 (zone B's head, index 3) was
+// lost: zone A's group is the same; zone B is w5 alone, who leads it.
+shoal::v1::RoundPlan PlanWithoutW4(const std::vector<std::unique_ptr<Worker>>& workers) {
+  shoal::v1::RoundPlan plan;
+  plan.set_round(kRound);
+  plan.set_attempt(2);
+  plan.set_total_elements(kTotal);
+  for (int k : {0, 1, 2, 4}) {
+    auto* s = plan.add_slices();
+    s->set_worker_id(workers[k]->id);
+    s->set_peer_address(workers[k]->address);
+  }
+  auto* up = plan.mutable_hierarchy()->add_stages();
+  up->set_kind(shoal::v1::HierarchyStage::AVERAGE);
+  AddGroup(up, {0, 1, 2}, {1, 1, 1});
+  auto* across = plan.mutable_hierarchy()->add_stages();
+  across->set_kind(shoal::v1::HierarchyStage::AVERAGE);
+  AddGroup(across, {0, 3}, {3, 1});
+  auto* down = plan.mutable_hierarchy()->add_stages();
+  down->set_kind(shoal::v1::HierarchyStage::BROADCAST);
+  AddGroup(down, {0, 1, 2}, {}, 0);
+  return plan;
+}
+
+TEST(HierarchicalAveragerTest, GroupIdentitiesChangeWhereTheGroupOrItsInputsChange) {
+  auto workers = MakeWorkers(5);
+  const auto first = GroupIdentities(TwoSitePlan(workers));
+  const auto second = GroupIdentities(PlanWithoutW4(workers));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_EQ(second[0][0], first[0][0]) << "zone A's group did not change";
+  EXPECT_NE(second[1][0], first[1][0]) << "zone B's head and weight changed";
+  EXPECT_NE(second[2][0], first[2][0]) << "the broadcast carries the new result";
+  // Same plan, same identities; another round, other identities.
+  EXPECT_EQ(GroupIdentities(TwoSitePlan(workers)), first);
+  shoal::v1::RoundPlan later = TwoSitePlan(workers);
+  later.set_round(kRound + 1);
+  EXPECT_NE(GroupIdentities(later)[0][0], first[0][0]);
+  // A weight is part of it, and so is what a member brings: with zone B's
+  // group changed, the group across zones changes though its members and
+  // weights are the same.
+  shoal::v1::RoundPlan weighted = TwoSitePlan(workers);
+  weighted.mutable_hierarchy()->mutable_stages(0)->mutable_groups(0)->set_weights(2, 2);
+  EXPECT_NE(GroupIdentities(weighted)[0][0], first[0][0]);
+  EXPECT_EQ(GroupIdentities(weighted)[0][1], first[0][1]);
+  shoal::v1::RoundPlan regrouped = TwoSitePlan(workers);
+  regrouped.mutable_hierarchy()->mutable_stages(0)->mutable_groups(1)->set_zone("b2");
+  EXPECT_EQ(GroupIdentities(regrouped)[0][0], first[0][0]);
+  EXPECT_NE(GroupIdentities(regrouped)[1][0], first[1][0]);
+}
+
+// Runs `plan` on `averagers[k]` for the workers `who` (indices into
+// workers) in parallel.
+void RunAttempt(const shoal::v1::RoundPlan& plan, std::vector<std::unique_ptr<Worker>>& workers,
+                std::vector<std::unique_ptr<HierarchicalAverager>>& averagers,
+                const std::vector<int>& who, std::vector<AveragingStats>* stats) {
+  std::vector<absl::Status> status(workers.size());
+  stats->assign(workers.size(), AveragingStats());
+  std::vector<std::thread> threads;
+  for (int k : who) {
+    threads.emplace_back([&, k] {
+      status[k] = averagers[k]->Average(plan, workers[k]->id, workers[k]->params.data(), nullptr,
+                                        &(*stats)[k]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k : who) ASSERT_TRUE(status[k].ok()) << workers[k]->id << ": " << status[k];
+}
+
+TEST(HierarchicalAveragerTest, ANewAttemptCarriesTheUnchangedZoneAndEndsBitIdentical) {
+  auto workers = MakeWorkers(5);
+  std::vector<std::vector<float>> trained;
+  for (const auto& w : workers) trained.push_back(w->params);
+  std::map<std::string, Worker*> by_address;
+  for (const auto& w : workers) by_address[w->address] = w.get();
+  FakeStagePeers peers(by_address);
+  ExchangeOptions options;
+  options.timeout = absl::Seconds(30);
+  CountingAverager flat;
+  auto make = [&](int k) {
+    return std::make_unique<HierarchicalAverager>(&peers, workers[k]->state.get(),
+                                                  &workers[k]->store, options, &flat);
+  };
+  std::vector<std::unique_ptr<HierarchicalAverager>> averagers;
+  for (int k = 0; k < 5; ++k) averagers.push_back(make(k));
+  std::vector<AveragingStats> stats;
+  RunAttempt(TwoSitePlan(workers), workers, averagers, {0, 1, 2, 3, 4}, &stats);
+  ASSERT_FALSE(HasFatalFailure());
+
+  // w4 is lost. The survivors start attempt 2 from their trained models (as
+  // the worker restores its contribution); w2 restarted meanwhile and kept
+  // nothing, so it runs zone A's group again while w1 and w3 carry it.
+  for (int k = 0; k < 5; ++k) workers[k]->params = trained[k];
+  averagers[1] = make(1);
+  const shoal::v1::RoundPlan plan = PlanWithoutW4(workers);
+  RunAttempt(plan, workers, averagers, {0, 1, 2, 4}, &stats);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(stats[0].stages_carried, 1u);
+  EXPECT_EQ(stats[2].stages_carried, 1u);
+  EXPECT_EQ(stats[1].stages_carried, 0u);
+  EXPECT_EQ(stats[4].stages_carried, 0u);
+  EXPECT_EQ(stats[0].stage_bytes_received[0], 0u) << "w1 read nothing for zone A's group";
+  EXPECT_EQ(stats[2].stage_bytes_received[0], 0u);
+  EXPECT_GT(stats[1].stage_bytes_received[0], 0u) << "w2 redid its slice and read the others'";
+  EXPECT_GT(stats[0].stage_bytes_received[1], 0u) << "the heads average across zones again";
+  std::vector<std::vector<float>> carried;
+  for (int k : {0, 1, 2, 4}) carried.push_back(workers[k]->params);
+  for (const auto& p : carried) {
+    EXPECT_EQ(std::memcmp(p.data(), carried[0].data(), kTotal * sizeof(float)), 0);
+  }
+
+  // The same attempt with nothing carried gives the same bits.
+  for (int k = 0; k < 5; ++k) {
+    workers[k]->params = trained[k];
+    averagers[k] = make(k);
+  }
+  RunAttempt(plan, workers, averagers, {0, 1, 2, 4}, &stats);
+  ASSERT_FALSE(HasFatalFailure());
+  for (int k : {0, 1, 2, 4}) EXPECT_EQ(stats[k].stages_carried, 0u);
+  EXPECT_EQ(std::memcmp(workers[0]->params.data(), carried[0].data(), kTotal * sizeof(float)), 0)
+      << "carrying a group changed the result";
 }
 
 }  // namespace

@@ -44,6 +44,10 @@ struct AveragingStats {
   // Hierarchical round: bytes received in each stage (index 0 = stage 1),
   // zero for the stages this worker sits out. Empty for the flat exchange.
   std::vector<uint64_t> stage_bytes_received;
+  // Hierarchical round: the stages this worker carried from an earlier
+  // attempt of the round instead of redoing them (their group and its
+  // inputs were unchanged; hierarchical_averager.h).
+  uint32_t stages_carried = 0;
 };
 
 class Averager {
