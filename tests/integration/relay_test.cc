@@ -408,9 +408,9 @@ TEST_F(RelayTest, RelayedAndDirectWorkersCompleteRoundsTogether) {
     ASSERT_TRUE(all_have(CoordinatorMessage::kRoundPlan));
     const v1::RoundPlan plan =
         relay->log(m).Find(CoordinatorMessage::kRoundPlan, round)->round_plan();
-    EXPECT_EQ(plan.SerializeAsString(), direct->log.Find(CoordinatorMessage::kRoundPlan, round)
-                                            ->round_plan()
-                                            .SerializeAsString())
+    EXPECT_EQ(
+        plan.SerializeAsString(),
+        direct->log.Find(CoordinatorMessage::kRoundPlan, round)->round_plan().SerializeAsString())
         << "relayed and direct participants get the same plan";
     v1::ConnectionsReadyRequest ready;
     ready.set_worker_id(direct->id);
