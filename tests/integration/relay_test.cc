@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/grpc_util.h"
 #include "common/status_util.h"
 #include "gtest/gtest.h"
@@ -102,8 +103,11 @@ class Log {
 // comes down recorded per member.
 class TestRelay {
  public:
-  TestRelay(v1::Coordinator::Stub* stub, const std::string& relay_id) {
+  // `token`: sent as the run token (empty = none).
+  TestRelay(v1::Coordinator::Stub* stub, const std::string& relay_id,
+            const std::string& token = "") {
     ctx_.set_deadline(DeadlineIn(absl::Seconds(120)));
+    if (!token.empty()) ctx_.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, token));
     stream_ = stub->Relay(&ctx_);
     v1::RelayUp hello;
     hello.mutable_hello()->set_worker_id(relay_id);
@@ -299,7 +303,7 @@ struct DirectWorker {
 
 class RelayTest : public ::testing::Test {
  protected:
-  void Start(uint32_t min_participants, uint64_t rounds) {
+  void Start(uint32_t min_participants, uint64_t rounds, const std::string& token = "") {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-relay");
     options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
     options.engine.config.set_min_participants(min_participants);
@@ -309,10 +313,18 @@ class RelayTest : public ::testing::Test {
     options.tick_interval = absl::Milliseconds(50);
     options.relay.max_members = 3;
     options.relay.max_batch = 64;
+    if (!token.empty()) {
+      // As --token_file does: the run token, and member credentials.
+      options.gate = TokenGate(token, "");
+      options.engine.member_credentials = true;
+    }
     auto server = testing::StartTestCoordinator(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = v1::Coordinator::NewStub(MakeChannel(server_->address()));
+    // A plain channel: the test decides which calls carry the token.
+    stub_ = v1::Coordinator::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    token_ = token;
   }
 
   void TearDown() override {
@@ -328,6 +340,7 @@ class RelayTest : public ::testing::Test {
     v1::JoinRequest request;
     request.set_peer_address(PeerAddress(n));
     v1::JoinResponse response;
+    if (!token_.empty()) ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, token_));
     grpc::Status s = stub_->Join(&ctx, request, &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response.worker_id();
@@ -360,6 +373,7 @@ class RelayTest : public ::testing::Test {
 
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::string token_;
   std::vector<std::unique_ptr<TestRelay>> relays_;
   std::vector<std::unique_ptr<DirectWorker>> direct_;
 };
@@ -589,6 +603,30 @@ TEST_F(RelayTest, MemberThatDoesNotComeBackIsEvictedAfterTheLease) {
   EXPECT_TRUE(Active(m)) << "not removed at once";
   ASSERT_TRUE(WaitUntil([&] { return !Active(m); }, kLease + kWait))
       << "removed once its lease ran out, like a silent session";
+}
+
+TEST_F(RelayTest, RelayNeedsTheRunTokenAndCarriesMemberCredentials) {
+  const std::string token = "relay-test-token-0123456789";
+  Start(/*min_participants=*/2, /*rounds=*/2, token);
+  const std::string r = Join(1);
+  const std::string m = Join(2);
+  // Without the token: refused before the service sees it.
+  relays_.push_back(std::make_unique<TestRelay>(stub_.get(), r));
+  TestRelay* refused = relays_.back().get();
+  ASSERT_TRUE(WaitUntil([&] { return refused->closed().has_value(); }, kWait));
+  EXPECT_EQ(refused->closed()->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // With it: the member's relayed session starts with the full list of
+  // current member credentials, as a direct session does.
+  relays_.push_back(std::make_unique<TestRelay>(stub_.get(), r, token));
+  TestRelay* relay = relays_.back().get();
+  relay->Open(m);
+  ASSERT_TRUE(relay->Opened(m));
+  ASSERT_TRUE(
+      WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kMemberUpdate, 0); }, kWait));
+  const v1::MemberUpdate list =
+      relay->log(m).Find(CoordinatorMessage::kMemberUpdate, 0)->member_update();
+  EXPECT_TRUE(list.full());
+  EXPECT_EQ(list.entries_size(), 2);
 }
 
 TEST_F(RelayTest, MemberGoneIsRemovedAtOnce) {
