@@ -629,6 +629,66 @@ TEST_F(RelayTest, RelayNeedsTheRunTokenAndCarriesMemberCredentials) {
   EXPECT_EQ(list.entries_size(), 2);
 }
 
+TEST_F(RelayTest, SessionMovesBetweenRelaysAndToADirectStream) {
+  Start(/*min_participants=*/2, /*rounds=*/2);
+  const std::string a = Join(1);
+  const std::string b = Join(2);
+  const std::string m = Join(3);
+  TestRelay* relay_a = AddRelay(a);
+  TestRelay* relay_b = AddRelay(b);
+  relay_a->Open(m);
+  ASSERT_TRUE(relay_a->Opened(m));
+  // Through another relay: the first one hears that it lost the member.
+  relay_b->Open(m);
+  ASSERT_TRUE(relay_b->Opened(m));
+  ASSERT_TRUE(WaitUntil([&] { return relay_a->ended(m).has_value(); }, kWait));
+  EXPECT_EQ(relay_a->ended(m)->code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(relay_a->JoinRound(m, 1).code(), grpc::StatusCode::PERMISSION_DENIED)
+      << "a relay speaks only for the members whose session it carries";
+  // Directly: the relay hears it too; the member stays in the run.
+  AddDirect(3, m);
+  ASSERT_TRUE(WaitUntil([&] { return relay_b->ended(m).has_value(); }, kWait));
+  EXPECT_EQ(relay_b->ended(m)->code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(Active(m));
+  // A Hello that names another member than the entry's.
+  v1::RelayUp up;
+  auto* s = up.add_sessions();
+  s->set_worker_id(a);
+  s->mutable_message()->mutable_hello()->set_worker_id(b);
+  ASSERT_TRUE(relay_b->Send(up));
+  ASSERT_TRUE(WaitUntil([&] { return relay_b->ended(a).has_value(); }, kWait));
+  EXPECT_EQ(relay_b->ended(a)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(RelayTest, RelayedLeaveAndARelayWhoseWorkerLeft) {
+  Start(/*min_participants=*/2, /*rounds=*/2);
+  const std::string r = Join(1);
+  const std::string m = Join(2);
+  const std::string k = Join(3);
+  TestRelay* relay = AddRelay(r);
+  relay->Open(m);
+  relay->Open(k);
+  ASSERT_TRUE(relay->Opened(m));
+  ASSERT_TRUE(relay->Opened(k));
+  RelayedCall leave;
+  leave.set_worker_id(m);
+  leave.mutable_leave()->set_worker_id(m);
+  leave.mutable_leave()->set_reason("done");
+  EXPECT_EQ(relay->Call(leave)->code(), 0);
+  EXPECT_FALSE(Active(m));
+  // The relay's own worker leaves (directly): its stream ends; the member it
+  // carried stays in the run, on its lease.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(kRpcTimeout));
+  v1::LeaveRequest request;
+  request.set_worker_id(r);
+  v1::LeaveResponse response;
+  ASSERT_TRUE(stub_->Leave(&ctx, request, &response).ok());
+  ASSERT_TRUE(WaitUntil([&] { return relay->closed().has_value(); }, kWait));
+  EXPECT_EQ(relay->closed()->error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Active(k));
+}
+
 TEST_F(RelayTest, MemberGoneIsRemovedAtOnce) {
   Start(/*min_participants=*/2, /*rounds=*/2);
   const std::string r = Join(1);
