@@ -61,7 +61,9 @@ void RelayReactor::OnReadDone(bool ok) {
     Close(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("a RelayUp carries at most ", service_->relay_limits_.max_batch,
-                     " sessions, calls and gone notices in all; this one has ", entries)));
+                     " sessions, calls and gone notices in all (--relay_max_batch); this one "
+                     "has ",
+                     entries)));
     Broken("oversized batch");
     return;
   }
@@ -133,8 +135,8 @@ absl::Status CoordinatorService::OpenRelayed(RelayReactor* relay, const std::str
   if (!here && members->second.size() >= relay_limits_.max_members) {
     return absl::ResourceExhaustedError(
         absl::StrCat("relay ", relay->relay_id(), " carries ", members->second.size(),
-                     " members, the limit; open this member's session directly or through "
-                     "another relay"));
+                     " members (--relay_max_members=", relay_limits_.max_members,
+                     "); open this member's session directly or through another relay"));
   }
   CloseDirectLocked(worker_id, grpc::Status(grpc::StatusCode::ABORTED,
                                             absl::StrCat("superseded by a session through relay ",

@@ -507,6 +507,8 @@ TEST_F(RelayTest, RelayLimitsAndHelloChecks) {
   for (const std::string& id : ids) relay->Open(id);  // max_members = 3
   ASSERT_TRUE(WaitUntil([&] { return relay->ended(ids[3]).has_value(); }, kWait));
   EXPECT_EQ(relay->ended(ids[3])->code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(relay->ended(ids[3])->message().find("--relay_max_members=3"), std::string::npos)
+      << relay->ended(ids[3])->message();
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(relay->ended(ids[i]).has_value());
 
   // A relay that is not a member is refused.
@@ -525,6 +527,8 @@ TEST_F(RelayTest, RelayLimitsAndHelloChecks) {
   big->Send(up);
   ASSERT_TRUE(WaitUntil([&] { return big->closed().has_value(); }, kWait));
   EXPECT_EQ(big->closed()->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(big->closed()->error_message().find("--relay_max_batch"), std::string::npos)
+      << big->closed()->error_message();
   // The first relay was not affected.
   EXPECT_EQ(relay->JoinRound(ids[0], 1).code(), 0);
 }
