@@ -409,6 +409,15 @@ TEST_F(RelayTest, RelayedAndDirectWorkersCompleteRoundsTogether) {
           kWait);
     };
     ASSERT_TRUE(all_have(CoordinatorMessage::kRoundStart));
+    if (round == 1) {
+      // Bad input is answered in the call's result, as the direct call
+      // would be, and the round goes on.
+      RelayedCall empty_model;
+      empty_model.set_worker_id(m);
+      empty_model.mutable_report_ready()->set_worker_id(m);
+      empty_model.mutable_report_ready()->set_round(1);
+      EXPECT_EQ(relay->Call(empty_model)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+    }
     ASSERT_TRUE(direct->client
                     ->ReportReady([&] {
                       v1::ReportReadyRequest q;
@@ -482,6 +491,7 @@ TEST_F(RelayTest, BadRelayedCallsAreAnsweredAndTheStreamKeepsServing) {
   EXPECT_EQ(relay->Call(empty)->code(), grpc::StatusCode::INVALID_ARGUMENT);
   // The engine's own checks come back as they would directly.
   EXPECT_EQ(relay->ReportReady(r, 7).code(), grpc::StatusCode::FAILED_PRECONDITION);
+
   // A heartbeat for a member without a session here ends that one only.
   v1::RelayUp up;
   auto* hb = up.add_sessions();
