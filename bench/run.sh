@@ -117,13 +117,17 @@ run_latejoin() {
 run_coordinator() {
   header coordinator
   local reps=3 large=1000 rounds_small=2000 rounds_large=8
-  [[ "$QUICK" == 1 ]] && reps=1 large=200 rounds_small=300 rounds_large=4
+  # The relayed run: 10,000 workers behind 100 supernodes (one Relay stream
+  # each; docs/SUPERNODES.md "Relay"), once (its joins take ~20 s).
+  local relayed=10000 relays=100 rounds_relayed=20
+  [[ "$QUICK" == 1 ]] && reps=1 large=200 rounds_small=300 rounds_large=4 relayed=2000 relays=20
   mkdir -p "$OUT/coordinator"
   # SHOAL_BENCH_OTHER_COORDINATOR=PATH: also measure another shoal-coordinator
   # binary (e.g. one built from an older commit) in the same run, as "other".
   "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" \
     --proto_bin="${SHOAL_BENCH_OTHER_COORDINATOR:-}" --small=10 \
     --large=$large --reps=$reps --rounds_small=$rounds_small --rounds_large=$rounds_large \
+    --relayed=$relayed --relays=$relays --rounds_relayed=$rounds_relayed \
     --log_dir="$OUT/coordinator" 2>>"$OUT/coordinator.log" | tee "$OUT/coordinator.txt"
 }
 

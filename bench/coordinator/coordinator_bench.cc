@@ -23,6 +23,15 @@
 // The per-round CPU is taken over rounds without heartbeats or status calls;
 // heartbeat cost is measured separately (idle sessions), GetRunStatus latency
 // during extra rounds at the large size.
+//
+// --relayed=N (with --relays=R, --rounds_relayed, --relayed_reps): the
+// supernode relay (docs/SUPERNODES.md "Relay"). N simulated workers behind R
+// simulated supernodes: every worker Joins directly (in parallel; setup, not
+// measured), then each supernode opens ONE Relay stream carrying its N/R
+// members' sessions and unary calls, batched per RelayDown it receives.
+// Measured the same way as the direct runs (coordinator CPU per round / N,
+// rounds without heartbeats); relayed_ratio = that per-worker cost / the
+// direct one at --small workers.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <grpcpp/grpcpp.h>
@@ -34,8 +43,8 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <thread>
@@ -402,11 +411,11 @@ std::vector<Result::Web> MeasureWeb(pid_t coordinator, int port, int k) {
     int n;
     absl::Duration gap;
   };
-  for (const Case& c : {Case{"/metrics", "/metrics", k, absl::ZeroDuration()},
-                        Case{"/api/status (cached)", "/api/status", k, absl::ZeroDuration()},
-                        Case{"/api/status (fresh)", "/api/status", std::max(1, k / 5),
-                             absl::Milliseconds(600)},
-                        Case{"/api/history", "/api/history?after=0", k, absl::ZeroDuration()}}) {
+  for (const Case& c :
+       {Case{"/metrics", "/metrics", k, absl::ZeroDuration()},
+        Case{"/api/status (cached)", "/api/status", k, absl::ZeroDuration()},
+        Case{"/api/status (fresh)", "/api/status", std::max(1, k / 5), absl::Milliseconds(600)},
+        Case{"/api/history", "/api/history?after=0", k, absl::ZeroDuration()}}) {
     std::vector<double> ms;
     double bytes = 0;
     absl::SleepFor(absl::Milliseconds(600));  // any cached status is stale
@@ -439,10 +448,14 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
     run.per_round.push_back(std::make_unique<RoundStats>());
   }
   const std::string log = absl::StrCat(log_dir, "/coordinator-", n, "-", NowNs(), ".log");
-  std::vector<std::string> argv = {
-      bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
-      absl::StrCat("--rounds=", run.warmup + rounds + status_rounds), "--round_timeout=600s",
-      "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000"};
+  std::vector<std::string> argv = {bin,
+                                   "--listen=127.0.0.1:0",
+                                   absl::StrCat("--min_participants=", n),
+                                   absl::StrCat("--rounds=", run.warmup + rounds + status_rounds),
+                                   "--round_timeout=600s",
+                                   "--connection_timeout=300s",
+                                   "--heartbeat_lease=120s",
+                                   "--eval_every=1000000"};
   if (web_requests > 0) {
     argv.push_back("--http_listen=127.0.0.1:0");
     argv.push_back("--metrics_listen=127.0.0.1:0");  // the same string: one server
@@ -543,8 +556,7 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
       result.web = MeasureWeb(coordinator.pid(), std::stoi(m[1]), web_requests);
     }
     if (result.web.empty()) {
-      std::fprintf(stderr, "coordinator bench: the web measurement failed (log %s)\n",
-                   log.c_str());
+      std::fprintf(stderr, "coordinator bench: the web measurement failed (log %s)\n", log.c_str());
       return result;
     }
   }
@@ -554,6 +566,311 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
     std::fprintf(stderr,
                  "coordinator bench: run with %d workers failed (%d finished, %d errors; log %s)\n",
                  n, run.finished.load(), run.errors.load(), log.c_str());
+    return result;
+  }
+  std::vector<double> ready_to_plan;
+  for (uint64_t r = run.warmup; r < run.warmup + rounds; ++r) {
+    const RoundStats& rs = *run.per_round[r];
+    ready_to_plan.push_back((rs.last_plan - rs.last_ready_sent) / 1e9);
+  }
+  result.cpu_per_round = (run.cpu_end - run.cpu_start) / rounds;
+  result.round_s = (run.t_end - run.t_start) / 1e9 / rounds;
+  result.ready_to_plan_s = Median(ready_to_plan);
+  result.ok = true;
+  return result;
+}
+
+// One simulated supernode: one Relay stream for its members. Everything a
+// RelayDown asks of its members goes back in one RelayUp.
+class SimRelay : public grpc::ClientBidiReactor<shoal::v1::RelayUp, shoal::v1::RelayDown> {
+ public:
+  SimRelay(shoal::v1::Coordinator::Stub* stub, Run* run, std::vector<std::string> members,
+           std::vector<uint64_t> next_rounds)
+      : run_(run), members_(std::move(members)) {
+    stub->async()->Relay(&ctx_, this);
+    StartRead(&in_);
+    StartCall();
+    // The hello, every member's session and its JoinRound in one message
+    // (handled in that order).
+    shoal::v1::RelayUp up;
+    up.mutable_hello()->set_worker_id(members_.front());
+    for (size_t i = 0; i < members_.size(); ++i) {
+      auto* s = up.add_sessions();
+      s->set_worker_id(members_[i]);
+      s->mutable_message()->mutable_hello()->set_worker_id(members_[i]);
+      auto* c = up.add_calls();
+      c->set_call_id(next_call_++);
+      c->set_worker_id(members_[i]);
+      c->mutable_join_round()->set_worker_id(members_[i]);
+      c->mutable_join_round()->set_round(next_rounds[i]);
+    }
+    Send(std::move(up));
+  }
+
+  void Heartbeat() {
+    shoal::v1::RelayUp up;
+    for (const std::string& id : members_) {
+      auto* s = up.add_sessions();
+      s->set_worker_id(id);
+      s->mutable_message()->mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
+    }
+    Send(std::move(up));
+  }
+  void Stop() {
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok || queue_.empty()) return;
+    out_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(&out_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    On(in_);
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    if (!s.ok() && !stopping_) run_->Error("Relay stream", s);
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void set_stopping() { stopping_ = true; }
+
+ private:
+  void Send(shoal::v1::RelayUp up) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    if (writing_) {
+      queue_.push_back(std::move(up));
+      return;
+    }
+    out_ = std::move(up);
+    writing_ = true;
+    StartWrite(&out_);
+  }
+
+  RoundStats* Stats(uint64_t round) {
+    if (round == 0 || round > run_->per_round.size()) return nullptr;
+    return run_->per_round[round - 1].get();
+  }
+
+  shoal::v1::RelayedCall* NewCall(shoal::v1::RelayUp* up, const std::string& id) {
+    auto* c = up->add_calls();
+    c->set_call_id(next_call_++);
+    c->set_worker_id(id);
+    return c;
+  }
+
+  // What the members do on what came down (SimWorker::On for many ids).
+  void On(const shoal::v1::RelayDown& down) {
+    const int64_t now = NowNs();
+    shoal::v1::RelayUp up;
+    for (const auto& d : down.directives()) {
+      const CoordinatorMessage& m = d.message();
+      if (m.has_round_start()) {
+        const uint64_t r = m.round_start().round();
+        RoundStats* rs = Stats(r);
+        if (rs != nullptr) {
+          int64_t zero = 0;
+          rs->first_start.compare_exchange_strong(zero, now);
+        }
+        for (const std::string& id : d.worker_ids()) {
+          auto* q = NewCall(&up, id)->mutable_report_ready();
+          q->set_worker_id(id);
+          q->set_round(r);
+          q->set_train_loss(0.5);
+          q->set_total_elements(kTotalElements);
+        }
+        if (rs != nullptr) AtomicMax(&rs->last_ready_sent, NowNs());
+      } else if (m.has_round_plan()) {
+        RoundStats* rs = Stats(m.round_plan().round());
+        if (rs != nullptr) AtomicMax(&rs->last_plan, now);
+        for (const std::string& id : d.worker_ids()) {
+          auto* q = NewCall(&up, id)->mutable_connections_ready();
+          q->set_worker_id(id);
+          q->set_round(m.round_plan().round());
+          q->set_attempt(m.round_plan().attempt());
+        }
+      } else if (m.has_start_sharing()) {
+        for (const std::string& id : d.worker_ids()) {
+          auto* q = NewCall(&up, id)->mutable_report_round_done();
+          q->set_worker_id(id);
+          q->set_round(m.start_sharing().round());
+          q->set_model_hash(kHash);
+          q->set_exchange_seconds(0.01);
+          q->set_train_seconds(0.1);
+        }
+      } else if (m.has_round_complete()) {
+        const uint64_t r = m.round_complete().round();
+        RoundStats* rs = Stats(r);
+        if (rs != nullptr && (rs->completes += d.worker_ids_size()) == run_->n) {
+          if (r == run_->warmup) {
+            run_->cpu_start = ProcessCpuSeconds(run_->coordinator);
+            run_->t_start = NowNs();
+            run_->measuring = true;
+          } else if (r == run_->warmup + run_->rounds) {
+            run_->cpu_end = ProcessCpuSeconds(run_->coordinator);
+            run_->t_end = NowNs();
+            run_->measuring = false;
+          }
+        }
+      } else if (m.has_run_finished()) {
+        std::lock_guard<std::mutex> lock(run_->mu);
+        run_->finished += d.worker_ids_size();
+        run_->cv.notify_all();
+      } else if (m.has_leave_requested() || m.has_connection_fail() || m.has_round_missed() ||
+                 m.has_round_aborted()) {
+        run_->Error(absl::StrCat("round (", m.DebugString(), ")"), grpc::Status::OK);
+      }
+    }
+    for (const auto& r : down.results()) {
+      if (r.code() != 0) {
+        run_->Error("relayed call",
+                    grpc::Status(static_cast<grpc::StatusCode>(r.code()), r.message()));
+      }
+    }
+    for (const auto& e : down.ended()) {
+      run_->Error(absl::StrCat("relayed session of ", e.worker_id()),
+                  grpc::Status(static_cast<grpc::StatusCode>(e.code()), e.message()));
+    }
+    if (up.calls_size() > 0) Send(std::move(up));
+  }
+
+  Run* const run_;
+  const std::vector<std::string> members_;
+  grpc::ClientContext ctx_;
+  shoal::v1::RelayDown in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<shoal::v1::RelayUp> queue_;
+  shoal::v1::RelayUp out_;
+  bool writing_ = false;
+  bool done_ = false;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_call_{1};
+};
+
+struct RelayedResult {
+  double cpu_per_round = 0;
+  double ready_to_plan_s = 0;
+  double round_s = 0;
+  double setup_s = 0;  // the joins (not measured)
+  bool ok = false;
+};
+
+// n workers behind `relays` supernodes (see the top of the file).
+RelayedResult RunRelayed(int n, int relays, uint64_t rounds, const std::string& bin,
+                         const std::string& log_dir) {
+  RelayedResult result;
+  Run run;
+  run.n = n;
+  run.rounds = rounds;
+  for (uint64_t r = 0; r < run.warmup + rounds; ++r) {
+    run.per_round.push_back(std::make_unique<RoundStats>());
+  }
+  const std::string log = absl::StrCat(log_dir, "/coordinator-relayed-", n, "-", NowNs(), ".log");
+  Child coordinator({bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
+                     absl::StrCat("--rounds=", run.warmup + rounds), "--round_timeout=600s",
+                     "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000",
+                     absl::StrCat("--max_members=", n)},
+                    log);
+  run.coordinator = coordinator.pid();
+  const std::string address = WaitForAddress(log, coordinator.pid(), absl::Seconds(30));
+  if (address.empty()) {
+    std::fprintf(stderr, "coordinator bench: the coordinator did not start (log: %s)\n",
+                 log.c_str());
+    return result;
+  }
+  // Joins: direct, in parallel over a few connections (setup).
+  const int64_t setup0 = NowNs();
+  std::vector<std::string> ids(n);
+  std::vector<uint64_t> next_rounds(n);
+  {
+    constexpr int kJoiners = 16;
+    std::vector<std::thread> joiners;
+    std::atomic<int> next{0};
+    std::atomic<bool> failed{false};
+    for (int t = 0; t < kJoiners; ++t) {
+      joiners.emplace_back([&] {
+        auto stub = shoal::v1::Coordinator::NewStub(MakeChannel(address));
+        for (int i; (i = next++) < n && !failed;) {
+          shoal::v1::JoinRequest request;
+          request.set_peer_address(absl::StrCat("127.0.0.1:", 10000 + i));
+          request.set_name(absl::StrCat("sim-", i));
+          shoal::v1::JoinResponse response;
+          grpc::ClientContext ctx;
+          ctx.set_deadline(DeadlineIn(absl::Seconds(60)));
+          grpc::Status s = stub->Join(&ctx, request, &response);
+          if (!s.ok()) {
+            run.Error("Join", s);
+            failed = true;
+            return;
+          }
+          ids[i] = response.worker_id();
+          next_rounds[i] = response.next_round();
+        }
+      });
+    }
+    for (auto& t : joiners) t.join();
+    if (failed) return result;
+  }
+  result.setup_s = (NowNs() - setup0) / 1e9;
+  // One connection per supernode, as real supernodes have.
+  std::vector<std::unique_ptr<shoal::v1::Coordinator::Stub>> stubs;
+  std::vector<std::unique_ptr<SimRelay>> sims;
+  for (int r = 0; r < relays; ++r) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs.push_back(shoal::v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    std::vector<std::string> members;
+    std::vector<uint64_t> rounds_of;
+    for (int i = r; i < n; i += relays) {
+      members.push_back(ids[i]);
+      rounds_of.push_back(next_rounds[i]);
+    }
+    if (members.empty()) continue;
+    sims.push_back(std::make_unique<SimRelay>(stubs.back().get(), &run, std::move(members),
+                                              std::move(rounds_of)));
+  }
+  // Heartbeats every second from each supernode for its members, paused
+  // while the measured rounds run (as in the direct runs).
+  std::atomic<bool> stop{false};
+  std::thread heartbeats([&] {
+    while (!stop) {
+      for (auto& s : sims) {
+        if (stop) break;
+        if (!run.measuring) s->Heartbeat();
+        absl::SleepFor(absl::Seconds(1) / sims.size());
+      }
+    }
+  });
+  {
+    // Errors do not notify: look every second, for at most 30 minutes.
+    std::unique_lock<std::mutex> lock(run.mu);
+    for (int i = 0; i < 1800 && run.finished != n && run.errors == 0; ++i) {
+      run.cv.wait_for(lock, std::chrono::seconds(1), [&] { return run.finished == n; });
+    }
+  }
+  stop = true;
+  heartbeats.join();
+  for (auto& s : sims) s->set_stopping();
+  for (auto& s : sims) s->Stop();
+  coordinator.Terminate(absl::Seconds(10));
+  if (run.finished != n || run.errors > 0 || run.t_end == 0) {
+    std::fprintf(stderr,
+                 "coordinator bench: relayed run with %d workers behind %d supernodes failed "
+                 "(%d finished, %d errors; log %s)\n",
+                 n, relays, run.finished.load(), run.errors.load(), log.c_str());
     return result;
   }
   std::vector<double> ready_to_plan;
@@ -582,6 +899,11 @@ int RunDriver(Flags& flags) {
   const uint64_t status_rounds = flags.Int("status_rounds", 3);
   const std::string log_dir = flags.Str("log_dir", "/tmp");
   const int web_requests = static_cast<int>(flags.Int("web_requests", 0));
+  // The relayed run (0 = none).
+  const int relayed = static_cast<int>(flags.Int("relayed", 0));
+  const int relays = static_cast<int>(flags.Int("relays", 100));
+  const uint64_t rounds_relayed = flags.Int("rounds_relayed", 5);
+  const int relayed_reps = static_cast<int>(flags.Int("relayed_reps", 1));
   flags.CheckAllUsed();
 
   struct Series {
@@ -601,16 +923,16 @@ int RunDriver(Flags& flags) {
         if (!r.ok) return 1;
         for (const Result::Web& w : r.web) {
           web_rows.push_back(
-              {absl::StrCat(n, " workers: GET ", w.what),
-               absl::StrCat(Fmt(w.ms_p50, 2), " ms"),
+              {absl::StrCat(n, " workers: GET ", w.what), absl::StrCat(Fmt(w.ms_p50, 2), " ms"),
                absl::StrCat("p99 ", Fmt(w.ms_p99, 2), " ms, ", Fmt(w.bytes / 1024, 1),
                             " KiB, coordinator CPU ", Fmt(w.cpu_ms_per_request, 3),
                             " ms/request = ", Fmt(w.cpu_ms_per_request / 10, 3),
                             " CPU-s per 100 requests (", w.requests, " requests)")});
-          std::printf("web: workers=%d path=\"%s\" p50_ms=%s p99_ms=%s bytes=%.0f "
-                      "cpu_ms_per_request=%s requests=%d\n",
-                      n, w.what.c_str(), Fmt(w.ms_p50, 3).c_str(), Fmt(w.ms_p99, 3).c_str(),
-                      w.bytes, Fmt(w.cpu_ms_per_request, 4).c_str(), w.requests);
+          std::printf(
+              "web: workers=%d path=\"%s\" p50_ms=%s p99_ms=%s bytes=%.0f "
+              "cpu_ms_per_request=%s requests=%d\n",
+              n, w.what.c_str(), Fmt(w.ms_p50, 3).c_str(), Fmt(w.ms_p99, 3).c_str(), w.bytes,
+              Fmt(w.cpu_ms_per_request, 4).c_str(), w.requests);
         }
         Series& s = is_proto ? proto[n] : series[n];
         s.cpu_per_worker.push_back(r.cpu_per_round / n);
@@ -620,6 +942,15 @@ int RunDriver(Flags& flags) {
         s.status_ms.insert(s.status_ms.end(), r.status_ms.begin(), r.status_ms.end());
       }
     }
+  }
+  std::vector<double> relayed_cpu, relayed_ready, relayed_round, relayed_setup;
+  for (int rep = 0; relayed > 0 && rep < relayed_reps; ++rep) {
+    const RelayedResult r = RunRelayed(relayed, relays, rounds_relayed, bin, log_dir);
+    if (!r.ok) return 1;
+    relayed_cpu.push_back(r.cpu_per_round / relayed);
+    relayed_ready.push_back(r.ready_to_plan_s);
+    relayed_round.push_back(r.round_s);
+    relayed_setup.push_back(r.setup_s);
   }
   std::vector<Row> rows = web_rows;
   for (int n : {small, large}) {
@@ -682,6 +1013,23 @@ int RunDriver(Flags& flags) {
   }
   rows.push_back({"ready->plan per worker ratio", Fmt(wall_ratio, 2),
                   absl::StrCat(large, " vs ", small, " workers")});
+  double relayed_ratio = 0;
+  if (!relayed_cpu.empty()) {
+    relayed_ratio = Median(relayed_cpu) / Median(series[small].cpu_per_worker);
+    rows.push_back(
+        {absl::StrCat(relayed, " relayed workers: CPU us/worker/round"),
+         Fmt(Median(relayed_cpu) * 1e6, 1),
+         absl::StrCat("behind ", relays, " supernodes (one Relay stream each); median of ",
+                      relayed_reps, " runs of ", rounds_relayed, " rounds [", Join(relayed_cpu, 7),
+                      " s]; joins (setup, not measured) ", Fmt(Median(relayed_setup), 1), " s")});
+    rows.push_back({absl::StrCat(relayed, " relayed workers: last ready -> last plan ms"),
+                    Fmt(Median(relayed_ready) * 1e3, 2), "median over runs of the per-run median"});
+    rows.push_back({absl::StrCat(relayed, " relayed workers: round wall ms"),
+                    Fmt(Median(relayed_round) * 1e3, 1),
+                    "whole round, simulated workers answer at once"});
+    rows.push_back({"relayed CPU per worker ratio", Fmt(relayed_ratio, 2),
+                    absl::StrCat(relayed, " relayed vs ", small, " direct workers (goal <= 1.5)")});
+  }
   PrintTable(absl::StrCat("coordinator: simulated workers against a real shoal-coordinator, ", reps,
                           " repetitions"),
              rows);
@@ -689,12 +1037,18 @@ int RunDriver(Flags& flags) {
   std::printf(
       "coordinator: cpu_us_per_worker_round_%d=%s cpu_us_per_worker_round_%d=%s "
       "ready_to_plan_ms_%d=%s ready_to_plan_ms_%d=%s status_p50_ms=%s status_p99_ms=%s "
-      "reps=%d cores=%d ratio=%s\n",
+      "reps=%d cores=%d%s ratio=%s\n",
       small, Fmt(Median(series[small].cpu_per_worker) * 1e6, 1).c_str(), large,
       Fmt(Median(L.cpu_per_worker) * 1e6, 1).c_str(), small,
       Fmt(Median(series[small].ready_to_plan) * 1e3, 2).c_str(), large,
       Fmt(Median(L.ready_to_plan) * 1e3, 2).c_str(), Fmt(Percentile(L.status_ms, 50), 2).c_str(),
-      Fmt(Percentile(L.status_ms, 99), 2).c_str(), reps, Cores(), Fmt(ratio, 3).c_str());
+      Fmt(Percentile(L.status_ms, 99), 2).c_str(), reps, Cores(),
+      relayed_cpu.empty() ? ""
+                          : absl::StrCat(" cpu_us_per_worker_round_relayed_", relayed, "=",
+                                         Fmt(Median(relayed_cpu) * 1e6, 1), " relays=", relays,
+                                         " relayed_ratio=", Fmt(relayed_ratio, 3))
+                                .c_str(),
+      Fmt(ratio, 3).c_str());
   return 0;
 }
 

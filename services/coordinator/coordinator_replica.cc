@@ -197,6 +197,7 @@ void CoordinatorServer::Promote() {
   // A TorchScript run: this replica serves the file it was started with;
   // workers check every byte against the run's digest.
   service->SetModelFile(options_.model_file, eo.config.model_file_sha256());
+  service->set_relay_limits(options_.relay);
   shoal::v1::RunStatus extra;
   extra.set_replica_role("leader");
   extra.set_leader(options_.advertise);

@@ -329,6 +329,7 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
       std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
   CoordinatorService* service = owned_services_.back().get();
   service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
+  service->set_relay_limits(options.relay);
   {
     absl::MutexLock lock(&active_mu_);
     engine_ = engine;

@@ -52,6 +52,9 @@ struct CoordinatorOptions {
   TokenGate gate;
   // Joins per caller host and minute (--max_joins_per_minute); 0 = no limit.
   uint32_t max_joins_per_minute = 0;
+  // Limits of each supernode's Relay stream (--relay_max_members,
+  // --relay_max_batch).
+  RelayLimits relay;
 };
 
 // The named health service that reports SERVING only on a leader (always on

@@ -1,17 +1,18 @@
 #include "services/coordinator/coordinator_service.h"
 
-#include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/proto_buffer_writer.h>
-
 #include <deque>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "common/logging.h"
 #include "common/model_file.h"
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "common/tcp_probe.h"
+#include "services/coordinator/queued_stream.h"
+#include "services/coordinator/relay_reactor.h"
+#include "services/coordinator/stream_wire.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -19,30 +20,13 @@ namespace {
 using shoal::v1::CoordinatorMessage;
 using shoal::v1::WorkerMessage;
 
-// The same bytes the typed API would produce (one slice below 1 MiB).
-grpc::ByteBuffer Serialize(const google::protobuf::MessageLite& msg) {
-  grpc::ByteBuffer bytes;
-  bool own = false;
-  grpc::Status s = grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(
-      msg, &bytes, &own);
-  if (!s.ok()) SHOAL_LOG(ERROR) << "cannot serialize a message: " << s.error_message();
-  return bytes;
-}
-
-// Parses `bytes` (left empty) as the typed API would.
-bool Parse(grpc::ByteBuffer* bytes, google::protobuf::MessageLite* msg) {
-  return grpc::GenericDeserialize<grpc::ProtoBufferReader, google::protobuf::MessageLite>(bytes,
-                                                                                          msg)
-      .ok();
-}
-
 }  // namespace
 
 // One worker's session stream. Reads Hello then heartbeats; writes the
-// directives queued by Enqueue, one at a time. Deletes itself in OnDone.
-// Raw: reads parse WorkerMessages here, writes send bytes serialized once
-// per broadcast by Deliver.
-class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// directives queued by Enqueue, one at a time (QueuedStream). Deletes itself
+// in OnDone. Raw: reads parse WorkerMessages here, writes send bytes
+// serialized once per broadcast by Deliver.
+class SessionReactor : public QueuedStream {
  public:
   SessionReactor(CoordinatorService* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx) {
@@ -50,37 +34,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     StartRead(&in_bytes_);
   }
 
-  // Thread-safe. `msg` is a serialized CoordinatorMessage; copies of a
-  // ByteBuffer share its slices.
-  void Enqueue(grpc::ByteBuffer msg) {
-    Next next = Next::kNothing;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      queue_.push_back(std::move(msg));
-      if (!writing_) next = TakeNextLocked();
-    }
-    Run(next);
-  }
-
-  // Thread-safe; ends the stream with `status` once queued writes are out.
-  void Close(const grpc::Status& status) {
-    Next next = Next::kNothing;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      close_status_ = status;
-      closing_ = true;
-      if (!writing_) next = TakeNextLocked();
-    }
-    Run(next);
-  }
-
   void OnReadDone(bool ok) override {
     ReactionScope reaction(this);
     // A message that does not parse ends the stream like a broken one (the
     // typed API reports it as a failed read).
-    if (ok) ok = Parse(&in_bytes_, &in_);
+    if (ok) ok = ParseMessage(&in_bytes_, &in_);
     if (!ok) {
       // The worker closed its side or the connection broke.
       Lost("session stream closed");
@@ -100,12 +58,13 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       }
       {
         // OnCancel (Lost) may read it meanwhile, on another thread.
-        absl::MutexLock lock(&mu_);
+        absl::MutexLock lock(&id_mu_);
         worker_id_ = in_.hello().worker_id();
       }
       // Member credentials: the current list first (updates after it may
       // arrive in any order; docs/SECURITY.md).
-      if (SharedMessage list = service_->engine_->MemberList(worker_id_)) Enqueue(Serialize(*list));
+      if (SharedMessage list = service_->engine_->MemberList(worker_id_))
+        Enqueue(SerializeMessage(*list));
       service_->Register(worker_id_, this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {
@@ -116,25 +75,6 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       }
     }
     StartRead(&in_bytes_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    ReactionScope reaction(this);
-    Next next = Next::kNothing;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) {
-        // The stream is broken: nothing more goes out. If the read side
-        // already saw it (Close while this write was in flight), the stream
-        // ends here; otherwise OnReadDone(false) follows and ends it. Not
-        // finishing here would leave the reactor alive for good, and the
-        // server's shutdown (Server::Wait) waiting for it.
-        queue_.clear();
-      }
-      next = TakeNextLocked();
-    }
-    Run(next);
   }
 
   void OnCancel() override {
@@ -148,13 +88,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     delete this;
   }
 
-  const std::string& worker_id() const { return worker_id_; }
-
  private:
   void Lost(const std::string& reason) {
     std::string worker_id;
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&id_mu_);
       worker_id = worker_id_;
     }
     if (worker_id.empty() || lost_.exchange(true)) return;
@@ -164,62 +102,15 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     }
   }
 
-  // What the stream does next, decided under mu_ and started after it is
-  // released: StartWrite runs the transport's write (sendmsg) inline, and
-  // holding mu_ through it made OnWriteDone of this session (on the other
-  // callback thread) block on mu_ for that long.
-  enum class Next { kNothing, kWrite, kFinish };
-
-  // With no write in flight: the next queued write (writing_ set, out_
-  // filled; only the caller that gets kWrite touches out_ until the next
-  // OnWriteDone), else the end of the stream once closing.
-  Next TakeNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!queue_.empty()) {
-      out_ = std::move(queue_.front());
-      queue_.pop_front();
-      writing_ = true;
-      return Next::kWrite;
-    }
-    if (closing_ && !finished_) {
-      finished_ = true;
-      return Next::kFinish;
-    }
-    return Next::kNothing;
-  }
-
-  void Run(Next next) ABSL_LOCKS_EXCLUDED(mu_) {
-    switch (next) {
-      case Next::kWrite:
-        StartWrite(&out_);
-        break;
-      case Next::kFinish:
-        // close_status_ no longer changes once finished_ is set.
-        Finish(close_status_);
-        break;
-      case Next::kNothing:
-        break;
-    }
-  }
-
   CoordinatorService* const service_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer in_bytes_;  // read path only
   WorkerMessage in_;
-  // Set once by the read path (under mu_, which Lost reads it under; the
-  // read path itself reads it without).
+  // Set once by the read path (under id_mu_, which Lost reads it under;
+  // the read path itself reads it without).
+  absl::Mutex id_mu_;
   std::string worker_id_;
   std::atomic<bool> lost_{false};
-
-  absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  // Written under mu_ by whoever sets writing_, read by gRPC until
-  // OnWriteDone (see TakeNextLocked).
-  grpc::ByteBuffer out_;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // Set under mu_ while !finished_; read by Run(kFinish) after that.
-  grpc::Status close_status_;
 };
 
 CoordinatorService::~CoordinatorService() { CloseAllSessions(); }
@@ -237,6 +128,13 @@ void CoordinatorService::Register(const std::string& worker_id, SessionReactor* 
     slot = session;
     if (old != nullptr) {
       old->Close(grpc::Status(grpc::StatusCode::ABORTED, "superseded by a newer session"));
+    }
+    // A member that re-opens directly (its relay broke, or it left it).
+    if (auto relayed = relayed_.find(worker_id); relayed != relayed_.end()) {
+      RelayReactor* relay = relayed->second;
+      relays_[relay].erase(worker_id);
+      relayed_.erase(relayed);
+      EndRelayed(relay, worker_id, grpc::StatusCode::ABORTED, "superseded by a direct session");
     }
     // Directives sent before the Hello was processed go out now.
     auto pending = pending_.find(worker_id);
@@ -270,12 +168,21 @@ void CoordinatorService::Deliver(const Directives& directives) {
   absl::flat_hash_map<const CoordinatorMessage*, grpc::ByteBuffer> wire;
   for (const Directive& d : directives) {
     auto [it, inserted] = wire.try_emplace(d.message.get());
-    if (inserted) it->second = Serialize(*d.message);
+    if (inserted) it->second = SerializeMessage(*d.message);
   }
   absl::MutexLock lock(&mu_);
+  // One RelayDown per relay (a node map: the builders hold pointers into
+  // their own maps).
+  absl::node_hash_map<RelayReactor*, RelayDownBuilder> downs;
   for (const Directive& d : directives) {
     const grpc::ByteBuffer& bytes = wire.at(d.message.get());
     auto it = sessions_.find(d.worker_id);
+    if (it == sessions_.end() && !relayed_.empty()) {
+      if (auto relayed = relayed_.find(d.worker_id); relayed != relayed_.end()) {
+        downs[relayed->second].AddDirective(&bytes, d.worker_id);
+        continue;
+      }
+    }
     if (it == sessions_.end()) {
       // A worker may call JoinRound before its session's Hello is processed:
       // keep its directives until the session registers (bounded).
@@ -290,6 +197,7 @@ void CoordinatorService::Deliver(const Directives& directives) {
     }
     it->second->Enqueue(bytes);
   }
+  for (auto& [relay, down] : downs) relay->Enqueue(down.Build());
 }
 
 void CoordinatorService::Tick() {
@@ -318,6 +226,35 @@ void CoordinatorService::Tick() {
       ++it;
     }
   }
+  // Relays whose own worker left end (their members' routes go with them;
+  // the members keep their lease); relayed members that left end.
+  std::vector<RelayReactor*> gone_relays;
+  for (const auto& [relay, members] : relays_) {
+    if (!engine_->IsActive(relay->relay_id())) gone_relays.push_back(relay);
+  }
+  for (RelayReactor* relay : gone_relays) {
+    RemoveRelayLocked(relay);
+    relay->Close(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              "the relay's worker was removed from the run; Join again"));
+  }
+  for (auto it = relayed_.begin(); it != relayed_.end();) {
+    if (!engine_->IsActive(it->first)) {
+      relays_[it->second].erase(it->first);
+      EndRelayed(it->second, it->first, grpc::StatusCode::NOT_FOUND,
+                 "worker was removed from the run; Join again");
+      relayed_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CoordinatorService::CloseDirectLocked(const std::string& worker_id,
+                                           const grpc::Status& status) {
+  auto it = sessions_.find(worker_id);
+  if (it == sessions_.end()) return;
+  it->second->Close(status);
+  sessions_.erase(it);
 }
 
 void CoordinatorService::CloseAllSessions() {
@@ -327,6 +264,11 @@ void CoordinatorService::CloseAllSessions() {
     session->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
   }
   sessions_.clear();
+  for (auto& [relay, members] : relays_) {
+    relay->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+  }
+  relays_.clear();
+  relayed_.clear();
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CoordinatorService::Session(
@@ -358,76 +300,97 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   return reactor;
 }
 
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* CoordinatorService::ServeUnary(
+    grpc::CallbackServerContext* ctx, const Request& request, Response* response,
+    absl::Status (CoordinatorService::*work)(const Request&, Response*, Directives*)) {
+  auto* reactor = ctx->DefaultReactor();
+  Directives out;
+  absl::Status s = (this->*work)(request, response, &out);
+  Deliver(out);
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+absl::Status CoordinatorService::DoJoinRound(const shoal::v1::JoinRoundRequest& request,
+                                             shoal::v1::JoinRoundResponse* response,
+                                             Directives* out) {
+  absl::StatusOr<uint64_t> admitted =
+      engine_->JoinRound(request.worker_id(), request.round(), out, request.carried_round());
+  if (admitted.ok()) response->set_admitted_round(*admitted);
+  return admitted.status();
+}
+
+absl::Status CoordinatorService::DoReportReady(const shoal::v1::ReportReadyRequest& request,
+                                               shoal::v1::ReportReadyResponse* response,
+                                               Directives* out) {
+  return engine_->ReportReady(request, out);
+}
+
+absl::Status CoordinatorService::DoConnectionsReady(
+    const shoal::v1::ConnectionsReadyRequest& request,
+    shoal::v1::ConnectionsReadyResponse* response, Directives* out) {
+  return engine_->ConnectionsReady(request, out);
+}
+
+absl::Status CoordinatorService::DoReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
+                                                   shoal::v1::ReportRoundDoneResponse* response,
+                                                   Directives* out) {
+  return engine_->ReportRoundDone(request, out);
+}
+
+absl::Status CoordinatorService::DoReportCheckpoint(
+    const shoal::v1::ReportCheckpointRequest& request,
+    shoal::v1::ReportCheckpointResponse* response, Directives* out) {
+  return engine_->ReportCheckpoint(request, out);
+}
+
+absl::Status CoordinatorService::DoLeave(const shoal::v1::LeaveRequest& request,
+                                         shoal::v1::LeaveResponse* response, Directives* out) {
+  // NOT_FOUND for unknown ids.
+  absl::Status s = engine_->Heartbeat(request.worker_id(), shoal::v1::Heartbeat());
+  if (!s.ok()) return s;
+  Directives left = engine_->Disconnect(request.worker_id(),
+                                        request.reason().empty() ? "left" : request.reason());
+  out->insert(out->end(), std::make_move_iterator(left.begin()),
+              std::make_move_iterator(left.end()));
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::JoinRound(grpc::CallbackServerContext* ctx,
                                                         const shoal::v1::JoinRoundRequest* request,
                                                         shoal::v1::JoinRoundResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::StatusOr<uint64_t> admitted =
-      engine_->JoinRound(request->worker_id(), request->round(), &out, request->carried_round());
-  Deliver(out);
-  if (admitted.ok()) response->set_admitted_round(*admitted);
-  reactor->Finish(ToGrpcStatus(admitted.status()));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoJoinRound);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportReady(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReportReadyRequest* request,
     shoal::v1::ReportReadyResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::Status s = engine_->ReportReady(*request, &out);
-  Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportReady);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ConnectionsReady(
     grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
     shoal::v1::ConnectionsReadyResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::Status s = engine_->ConnectionsReady(*request, &out);
-  Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoConnectionsReady);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportRoundDone(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReportRoundDoneRequest* request,
     shoal::v1::ReportRoundDoneResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::Status s = engine_->ReportRoundDone(*request, &out);
-  Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportRoundDone);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(
     grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
     shoal::v1::ReportCheckpointResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::Status s = engine_->ReportCheckpoint(*request, &out);
-  Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportCheckpoint);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* ctx,
                                                     const shoal::v1::LeaveRequest* request,
                                                     shoal::v1::LeaveResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  // NOT_FOUND for unknown ids.
-  absl::Status s = engine_->Heartbeat(request->worker_id(), shoal::v1::Heartbeat());
-  if (s.ok()) {
-    Deliver(engine_->Disconnect(request->worker_id(),
-                                request->reason().empty() ? "left" : request->reason()));
-  }
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return ServeUnary(ctx, *request, response, &CoordinatorService::DoLeave);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetModelFile(
@@ -447,7 +410,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRunStatus(grpc::CallbackServerC
   auto* reactor = ctx->DefaultReactor();
   shoal::v1::GetRunStatusRequest parsed;
   grpc::ByteBuffer request_bytes(*request);  // parsing consumes the buffer
-  if (!Parse(&request_bytes, &parsed)) {
+  if (!ParseMessage(&request_bytes, &parsed)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot parse GetRunStatusRequest"));
     return reactor;
   }
@@ -463,7 +426,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRunStatus(grpc::CallbackServerC
       uint64_t version = 0;
       shoal::v1::RunStatus status = engine_->Status(&version);
       status.MergeFrom(status_extra_);
-      cached = &status_cache_.Put(version, now, Serialize(status));
+      cached = &status_cache_.Put(version, now, SerializeMessage(status));
     }
     *response = *cached;
   }

@@ -2,12 +2,18 @@
 // and pushes the directives it returns onto the workers' session streams.
 // Callback API only; no handler ever blocks a gRPC thread.
 //
-// Two methods are raw (grpc::ByteBuffer in and out, same wire format):
+// Three methods are raw (grpc::ByteBuffer in and out, same wire format):
 // Session, so that a directive broadcast to N workers (a RoundPlan lists all
 // N participants) is serialized once and its bytes (reference-counted
 // slices) are shared by every stream instead of serialized per recipient;
-// and GetRunStatus, served from cached bytes until the engine's status
-// changes.
+// Relay, whose RelayDown messages carry those same bytes once per relay
+// with the ids of its members they are addressed to (stream_wire.h); and
+// GetRunStatus, served from cached bytes until the engine's status changes.
+//
+// The relay (docs/SUPERNODES.md "Relay") is implemented in
+// coordinator_relay.cc: a supernode's one stream carries its members'
+// sessions and unary calls; the calls run the same code as the direct RPCs
+// (the Do* functions below).
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -18,6 +24,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -28,19 +35,31 @@
 namespace shoal::coordinator {
 
 class SessionReactor;
+class RelayReactor;
 
-// Coordinator::CallbackService with Session and GetRunStatus raw.
-using CoordinatorServiceBase = shoal::v1::Coordinator::WithCallbackMethod_Join<
-    shoal::v1::Coordinator::WithRawCallbackMethod_Session<
-        shoal::v1::Coordinator::WithCallbackMethod_JoinRound<
-            shoal::v1::Coordinator::WithCallbackMethod_ReportReady<
-                shoal::v1::Coordinator::WithCallbackMethod_ReportRoundDone<
-                    shoal::v1::Coordinator::WithCallbackMethod_ConnectionsReady<
-                        shoal::v1::Coordinator::WithCallbackMethod_ReportCheckpoint<
-                            shoal::v1::Coordinator::WithCallbackMethod_Leave<
-                                shoal::v1::Coordinator::WithRawCallbackMethod_GetRunStatus<
-                                    shoal::v1::Coordinator::WithCallbackMethod_GetModelFile<
-                                        shoal::v1::Coordinator::Service>>>>>>>>>>;
+// Limits of one relay stream (docs/SUPERNODES.md "Relay").
+struct RelayLimits {
+  // Members whose sessions one relay carries at once; a Hello past it ends
+  // that member's relayed session with RESOURCE_EXHAUSTED.
+  size_t max_members = 4096;
+  // Entries (sessions + calls + gone) in one RelayUp; more ends the relay
+  // stream with RESOURCE_EXHAUSTED.
+  size_t max_batch = 4096;
+};
+
+// Coordinator::CallbackService with Session, Relay and GetRunStatus raw.
+using CoordinatorServiceBase = shoal::v1::Coordinator::WithRawCallbackMethod_Relay<
+    shoal::v1::Coordinator::WithCallbackMethod_Join<
+        shoal::v1::Coordinator::WithRawCallbackMethod_Session<
+            shoal::v1::Coordinator::WithCallbackMethod_JoinRound<
+                shoal::v1::Coordinator::WithCallbackMethod_ReportReady<
+                    shoal::v1::Coordinator::WithCallbackMethod_ReportRoundDone<
+                        shoal::v1::Coordinator::WithCallbackMethod_ConnectionsReady<
+                            shoal::v1::Coordinator::WithCallbackMethod_ReportCheckpoint<
+                                shoal::v1::Coordinator::WithCallbackMethod_Leave<
+                                    shoal::v1::Coordinator::WithRawCallbackMethod_GetRunStatus<
+                                        shoal::v1::Coordinator::WithCallbackMethod_GetModelFile<
+                                            shoal::v1::Coordinator::Service>>>>>>>>>>>;
 
 // Thread-safe. Owns the registry of open session streams.
 class CoordinatorService final : public CoordinatorServiceBase {
@@ -78,9 +97,14 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
                                   const shoal::v1::LeaveRequest* request,
                                   shoal::v1::LeaveResponse* response) override;
+  // A supernode's relay stream (coordinator_relay.cc).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Relay(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetRunStatus(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
+  // Set before the service is reachable.
+  void set_relay_limits(RelayLimits limits) { relay_limits_ = limits; }
   // Pieces of the run's TorchScript file (SetModelFile); the fallback
   // source: workers ask peers that hold it first.
   grpc::ServerUnaryReactor* GetModelFile(grpc::CallbackServerContext* ctx,
@@ -97,19 +121,75 @@ class CoordinatorService final : public CoordinatorServiceBase {
   void set_status_extra(shoal::v1::RunStatus extra) { status_extra_ = std::move(extra); }
   const shoal::v1::RunStatus& status_extra() const { return status_extra_; }
 
-  // Pushes directives to the sessions they are addressed to; a worker with
-  // no open session misses them (it re-syncs through its unary calls).
+  // Pushes directives to the sessions they are addressed to, direct or
+  // relayed (one RelayDown per relay, one entry per distinct message); a
+  // worker with no open session misses them (it re-syncs through its unary
+  // calls), except an active one whose session is not registered yet.
   void Deliver(const Directives& directives);
   // Runs the engine's lease check and closes sessions of removed workers.
   void Tick();
-  // Ends every session stream (server shutdown).
+  // Ends every session and relay stream (server shutdown).
   void CloseAllSessions();
 
  private:
   friend class SessionReactor;
+  friend class RelayReactor;
   void Register(const std::string& worker_id, SessionReactor* session);
   // True when `session` was the registered one.
   bool Unregister(const std::string& worker_id, SessionReactor* session);
+
+  // The unary calls' work, shared by the direct RPCs and the relay: checks
+  // and the engine call; the directives it makes go to `out` (the caller
+  // delivers them) and `response` is filled when OK.
+  absl::Status DoJoinRound(const shoal::v1::JoinRoundRequest& request,
+                           shoal::v1::JoinRoundResponse* response, Directives* out);
+  absl::Status DoReportReady(const shoal::v1::ReportReadyRequest& request,
+                             shoal::v1::ReportReadyResponse* response, Directives* out);
+  absl::Status DoConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request,
+                                  shoal::v1::ConnectionsReadyResponse* response, Directives* out);
+  absl::Status DoReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
+                                 shoal::v1::ReportRoundDoneResponse* response, Directives* out);
+  absl::Status DoReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
+                                  shoal::v1::ReportCheckpointResponse* response, Directives* out);
+  absl::Status DoLeave(const shoal::v1::LeaveRequest& request, shoal::v1::LeaveResponse* response,
+                       Directives* out);
+  // A direct unary RPC: `work`, then its directives out, then the answer.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* ServeUnary(
+      grpc::CallbackServerContext* ctx, const Request& request, Response* response,
+      absl::Status (CoordinatorService::*work)(const Request&, Response*, Directives*));
+
+  // ---- Relays (coordinator_relay.cc).
+  // A relay stream whose RelayHello was read. False (and the stream closed)
+  // when shutting down.
+  bool AddRelay(RelayReactor* relay);
+  // The relay stream ended or broke: its members' routes go; the members
+  // stay in the run (their lease runs) until they re-open a session.
+  void RemoveRelay(RelayReactor* relay);
+  // A member's Hello through `relay` (Connect done): routes it there,
+  // ending any other session of it; `first` (may be null) goes out before
+  // the directives kept for it. Not OK: the member's relayed session ends
+  // with that status.
+  absl::Status OpenRelayed(RelayReactor* relay, const std::string& worker_id, SharedMessage first);
+  // Whether `worker_id`'s session is routed through `relay`.
+  bool RoutedThrough(RelayReactor* relay, const std::string& worker_id);
+  // Drops the route when it goes through `relay`; true when it did.
+  bool DropRelayed(RelayReactor* relay, const std::string& worker_id);
+  // One RelayUp's batch (after the hello): sessions, calls, gone; the
+  // directives delivered once, then the results and ended sessions to
+  // `relay`.
+  void HandleRelayBatch(RelayReactor* relay, const shoal::v1::RelayUp& up);
+  shoal::v1::RelayedCallResult HandleRelayedCall(RelayReactor* relay,
+                                                 const shoal::v1::RelayedCall& call,
+                                                 Directives* out);
+  // Tells `relay` that these members' relayed sessions ended.
+  static void EndRelayed(RelayReactor* relay, const std::string& worker_id, grpc::StatusCode code,
+                         const std::string& message);
+  // Ends `worker_id`'s direct session, if it has one.
+  void CloseDirectLocked(const std::string& worker_id, const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the routes of `relay` (mu_ held).
+  void RemoveRelayLocked(RelayReactor* relay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RoundEngine* const engine_;
   const Clock* const clock_;
@@ -117,6 +197,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
   shoal::v1::RunStatus status_extra_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);
+  // Members whose session goes through a relay (never also in sessions_),
+  // and each open relay with the members routed through it.
+  absl::flat_hash_map<std::string, RelayReactor*> relayed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<RelayReactor*, absl::flat_hash_set<std::string>> relays_ ABSL_GUARDED_BY(mu_);
+  RelayLimits relay_limits_;
   // Serialized directives for active workers whose session has not
   // registered yet (lock order: mu_, then the engine's).
   static constexpr size_t kMaxPending = 64;

@@ -91,6 +91,13 @@ ABSL_FLAG(uint32_t, max_joins_per_minute, 0,
           "Joins allowed per caller address and minute (a token bucket: that many at once, "
           "then one every 60/N s); past it RESOURCE_EXHAUSTED, other addresses unaffected. "
           "0 = no limit. Workers on one machine share an address.");
+ABSL_FLAG(uint32_t, relay_max_members, 4096,
+          "Members whose sessions one supernode's Relay stream carries at once; a member's "
+          "Hello past it ends that relayed session with RESOURCE_EXHAUSTED "
+          "(docs/SUPERNODES.md \"Relay\").");
+ABSL_FLAG(uint32_t, relay_max_batch, 4096,
+          "Entries (session messages, calls, gone notices) in one RelayUp; a larger one ends "
+          "the Relay stream with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, max_missed_rounds, 5,
           "A worker that misses this many rounds in a row is asked to leave (0 = never).");
 ABSL_FLAG(bool, adaptive_deadline, true,
@@ -252,6 +259,8 @@ int main(int argc, char** argv) {
   engine.max_members = absl::GetFlag(FLAGS_max_members);
   engine.join_probe_timeout = absl::GetFlag(FLAGS_probe_joiners_timeout);
   options.max_joins_per_minute = absl::GetFlag(FLAGS_max_joins_per_minute);
+  options.relay.max_members = absl::GetFlag(FLAGS_relay_max_members);
+  options.relay.max_batch = absl::GetFlag(FLAGS_relay_max_batch);
   engine.adaptive_deadline.enabled = absl::GetFlag(FLAGS_adaptive_deadline);
   engine.adaptive_deadline.after_rounds = absl::GetFlag(FLAGS_adaptive_deadline_rounds);
   engine.adaptive_deadline.factor = absl::GetFlag(FLAGS_deadline_factor);

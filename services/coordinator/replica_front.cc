@@ -26,11 +26,11 @@ class RefusedSession : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 grpc::Status ReplicaFront::NotLeader(grpc::CallbackServerContext* ctx) const {
   const std::string leader = leader_();
   if (!leader.empty()) ctx->AddTrailingMetadata(kLeaderMetadataKey, leader);
-  return grpc::Status(
-      grpc::StatusCode::UNAVAILABLE,
-      leader.empty() ? "this coordinator is a standby and no leader is elected yet; retry"
-                     : absl::StrCat("this coordinator is a standby; the leader is ", leader,
-                                    " (trailing metadata ", kLeaderMetadataKey, ")"));
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      leader.empty()
+                          ? "this coordinator is a standby and no leader is elected yet; retry"
+                          : absl::StrCat("this coordinator is a standby; the leader is ", leader,
+                                         " (trailing metadata ", kLeaderMetadataKey, ")"));
 }
 
 grpc::ServerUnaryReactor* ReplicaFront::Refuse(grpc::CallbackServerContext* ctx) const {
@@ -49,6 +49,12 @@ grpc::ServerUnaryReactor* ReplicaFront::Join(grpc::CallbackServerContext* ctx,
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ReplicaFront::Session(
     grpc::CallbackServerContext* ctx) {
   if (CoordinatorService* s = active()) return s->Session(ctx);
+  return new RefusedSession(NotLeader(ctx));
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ReplicaFront::Relay(
+    grpc::CallbackServerContext* ctx) {
+  if (CoordinatorService* s = active()) return s->Relay(ctx);
   return new RefusedSession(NotLeader(ctx));
 }
 
@@ -101,9 +107,8 @@ grpc::ServerUnaryReactor* ReplicaFront::GetRunStatus(grpc::CallbackServerContext
   auto* reactor = ctx->DefaultReactor();
   const shoal::v1::RunStatus status = standby_status_();
   bool own = false;
-  reactor->Finish(
-      grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(
-          status, response, &own));
+  reactor->Finish(grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(
+      status, response, &own));
   return reactor;
 }
 

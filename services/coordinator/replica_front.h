@@ -37,6 +37,8 @@ class ReplicaFront final : public CoordinatorServiceBase {
                                  shoal::v1::JoinResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Relay(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
                                       const shoal::v1::JoinRoundRequest* request,
                                       shoal::v1::JoinRoundResponse* response) override;

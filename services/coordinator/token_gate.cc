@@ -35,6 +35,13 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GatedCoordinator::S
   return inner_->Session(ctx);
 }
 
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GatedCoordinator::Relay(
+    grpc::CallbackServerContext* ctx) {
+  grpc::Status allowed = gate_.Check(ctx, Access::kMember);
+  if (!allowed.ok()) return new RefusedStream(std::move(allowed));
+  return inner_->Relay(ctx);
+}
+
 grpc::ServerUnaryReactor* GatedCoordinator::Join(grpc::CallbackServerContext* ctx,
                                                  const shoal::v1::JoinRequest* request,
                                                  shoal::v1::JoinResponse* response) {

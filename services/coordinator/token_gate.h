@@ -22,6 +22,8 @@ class GatedCoordinator final : public CoordinatorServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Relay(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
                                  const shoal::v1::JoinRequest* request,
                                  shoal::v1::JoinResponse* response) override;

@@ -32,3 +32,8 @@ target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_
 # transfers, a peer that stops answering.
 shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc
   LIBS worker_lib)
+# The supernode relay (Coordinator.Relay): a light relay client next to
+# direct workers, bad calls, limits, a broken relay.
+shoal_test(relay_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_test.cc
+  LIBS coordinator_service worker_lib)
+target_link_libraries(relay_test PRIVATE test_coordinator)

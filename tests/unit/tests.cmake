@@ -81,3 +81,7 @@ shoal_test(hierarchical_averager_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchica
   LIBS worker_lib)
 shoal_test(member_credentials_test unit ${CMAKE_CURRENT_LIST_DIR}/member_credentials_test.cc
   LIBS coordinator_core)
+# The relay's RelayDown assembly (directive bytes serialized once, grouped
+# by message, each member's order kept): bytes in, bytes out, no sockets.
+shoal_test(stream_wire_test unit ${CMAKE_CURRENT_LIST_DIR}/stream_wire_test.cc
+  LIBS coordinator_service)

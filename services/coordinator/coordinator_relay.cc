@@ -1,0 +1,307 @@
+// CoordinatorService, the relay: a supernode's one stream carries its zone
+// members' sessions and unary calls (docs/SUPERNODES.md "Relay").
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/reactor_handoff.h"
+#include "common/status_util.h"
+#include "services/coordinator/coordinator_service.h"
+#include "services/coordinator/relay_reactor.h"
+#include "services/coordinator/stream_wire.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using shoal::v1::RelayedCall;
+using shoal::v1::RelayedCallResult;
+using shoal::v1::RelayUp;
+
+void SetStatus(const absl::Status& s, RelayedCallResult* result) {
+  result->set_code(static_cast<int32_t>(s.code()));
+  result->set_message(std::string(s.message()));
+}
+
+}  // namespace
+
+RelayReactor::RelayReactor(CoordinatorService* service, grpc::CallbackServerContext* ctx)
+    : service_(service), ctx_(ctx) {
+  ReactionScope reaction(this);
+  StartRead(&in_bytes_);
+}
+
+void RelayReactor::OnReadDone(bool ok) {
+  ReactionScope reaction(this);
+  // A message that does not parse ends the stream like a broken one.
+  if (ok) ok = ParseMessage(&in_bytes_, &in_);
+  if (!ok) {
+    Broken("relay stream closed");
+    Close(grpc::Status::OK);
+    return;
+  }
+  if (relay_id_.empty()) {
+    if (!in_.has_hello() || in_.hello().worker_id().empty()) {
+      Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "the first relay message must carry a RelayHello with the relay's "
+                         "worker_id"));
+      return;
+    }
+    if (!service_->engine_->IsActive(in_.hello().worker_id())) {
+      Close(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                         absl::StrCat("relay ", in_.hello().worker_id(),
+                                      " is not a current member of the run; Join first")));
+      return;
+    }
+    relay_id_ = in_.hello().worker_id();
+    if (!service_->AddRelay(this)) return;
+    SHOAL_LOG(INFO) << "relay opened by " << relay_id_ << " from " << ctx_->peer();
+  } else if (in_.has_hello()) {
+    Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       "a relay stream carries one RelayHello, in its first message"));
+    Broken("second RelayHello");
+    return;
+  }
+  const size_t entries = in_.sessions_size() + in_.calls_size() + in_.gone_size();
+  if (entries > service_->relay_limits_.max_batch) {
+    Close(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("a RelayUp carries at most ", service_->relay_limits_.max_batch,
+                     " sessions, calls and gone notices in all (--relay_max_batch); this one "
+                     "has ",
+                     entries)));
+    Broken("oversized batch");
+    return;
+  }
+  if (entries > 0) service_->HandleRelayBatch(this, in_);
+  StartRead(&in_bytes_);
+}
+
+void RelayReactor::OnCancel() {
+  ReactionScope reaction(this);
+  Broken("relay stream cancelled");
+}
+
+void RelayReactor::OnDone() {
+  AfterAllReactions(this);
+  Broken("relay stream ended");
+  delete this;
+}
+
+void RelayReactor::Broken(const std::string& reason) {
+  if (relay_id_.empty() || broken_.exchange(true)) return;
+  SHOAL_LOG(INFO) << "relay " << relay_id_ << " gone (" << reason
+                  << "); its members keep their lease until they re-open a session";
+  service_->RemoveRelay(this);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CoordinatorService::Relay(
+    grpc::CallbackServerContext* ctx) {
+  return new RelayReactor(this, ctx);
+}
+
+bool CoordinatorService::AddRelay(RelayReactor* relay) {
+  absl::MutexLock lock(&mu_);
+  if (closing_) {
+    relay->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+    return false;
+  }
+  relays_[relay];
+  return true;
+}
+
+void CoordinatorService::RemoveRelay(RelayReactor* relay) {
+  absl::MutexLock lock(&mu_);
+  RemoveRelayLocked(relay);
+}
+
+void CoordinatorService::RemoveRelayLocked(RelayReactor* relay) {
+  auto it = relays_.find(relay);
+  if (it == relays_.end()) return;
+  // Not Disconnect: the members stay in the run with the lease of their
+  // last heartbeat, and directives for them wait in pending_ until they
+  // re-open a session, directly or through another relay.
+  for (const std::string& id : it->second) relayed_.erase(id);
+  relays_.erase(it);
+}
+
+void CoordinatorService::EndRelayed(RelayReactor* relay, const std::string& worker_id,
+                                    grpc::StatusCode code, const std::string& message) {
+  RelayDownBuilder down;
+  auto* ended = down.rest().add_ended();
+  ended->set_worker_id(worker_id);
+  ended->set_code(static_cast<int32_t>(code));
+  ended->set_message(message);
+  relay->Enqueue(down.Build());
+}
+
+absl::Status CoordinatorService::OpenRelayed(RelayReactor* relay, const std::string& worker_id,
+                                             SharedMessage first) {
+  absl::MutexLock lock(&mu_);
+  auto members = relays_.find(relay);
+  if (members == relays_.end()) return absl::UnavailableError("the relay stream is closing");
+  auto current = relayed_.find(worker_id);
+  const bool here = current != relayed_.end() && current->second == relay;
+  if (!here && members->second.size() >= relay_limits_.max_members) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("relay ", relay->relay_id(), " carries ", members->second.size(),
+                     " members (--relay_max_members=", relay_limits_.max_members,
+                     "); open this member's session directly or through another relay"));
+  }
+  CloseDirectLocked(worker_id, grpc::Status(grpc::StatusCode::ABORTED,
+                                            absl::StrCat("superseded by a session through relay ",
+                                                         relay->relay_id())));
+  if (current != relayed_.end() && !here) {
+    relays_[current->second].erase(worker_id);
+    EndRelayed(current->second, worker_id, grpc::StatusCode::ABORTED,
+               absl::StrCat("superseded by a session through relay ", relay->relay_id()));
+  }
+  if (!engine_->IsActive(worker_id)) {
+    if (current != relayed_.end()) relayed_.erase(worker_id);
+    members->second.erase(worker_id);
+    return absl::NotFoundError("worker was removed from the run; Join again");
+  }
+  relayed_[worker_id] = relay;
+  members->second.insert(worker_id);
+  // The member list first, then what was kept for the member while it had
+  // no session (as a direct session's Register does).
+  grpc::ByteBuffer first_bytes;
+  std::vector<grpc::ByteBuffer> kept;
+  RelayDownBuilder down;
+  if (first != nullptr) {
+    first_bytes = SerializeMessage(*first);
+    down.AddDirective(&first_bytes, worker_id);
+  }
+  if (auto pending = pending_.find(worker_id); pending != pending_.end()) {
+    kept.assign(std::make_move_iterator(pending->second.begin()),
+                std::make_move_iterator(pending->second.end()));
+    pending_.erase(pending);
+  }
+  for (const grpc::ByteBuffer& bytes : kept) down.AddDirective(&bytes, worker_id);
+  if (!down.empty()) relay->Enqueue(down.Build());
+  return absl::OkStatus();
+}
+
+bool CoordinatorService::RoutedThrough(RelayReactor* relay, const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = relayed_.find(worker_id);
+  return it != relayed_.end() && it->second == relay;
+}
+
+bool CoordinatorService::DropRelayed(RelayReactor* relay, const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = relayed_.find(worker_id);
+  if (it == relayed_.end() || it->second != relay) return false;
+  relayed_.erase(it);
+  relays_[relay].erase(worker_id);
+  return true;
+}
+
+void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up) {
+  RelayDownBuilder down;  // results and ended sessions for this relay
+  auto end = [&down](const std::string& id, const absl::Status& s) {
+    auto* ended = down.rest().add_ended();
+    ended->set_worker_id(id);
+    ended->set_code(static_cast<int32_t>(s.code()));
+    ended->set_message(std::string(s.message()));
+  };
+  Directives out;
+  for (const shoal::v1::RelayedSessionMessage& m : up.sessions()) {
+    const std::string& id = m.worker_id();
+    if (m.message().has_hello()) {
+      if (id.empty() || m.message().hello().worker_id() != id) {
+        end(id, absl::InvalidArgumentError(
+                    "a relayed Hello must name the member it comes from (worker_id)"));
+        continue;
+      }
+      absl::Status s = engine_->Connect(id);
+      if (s.ok()) s = OpenRelayed(relay, id, engine_->MemberList(id));
+      if (!s.ok()) {
+        end(id, s);
+        continue;
+      }
+      SHOAL_VLOG(1) << "session of " << id << " opened through relay " << relay->relay_id();
+    } else if (m.message().has_heartbeat()) {
+      if (!RoutedThrough(relay, id)) {
+        end(id,
+            absl::PermissionDeniedError(absl::StrCat(id, " has no session through relay ",
+                                                     relay->relay_id(), "; send its Hello first")));
+        continue;
+      }
+      absl::Status s = engine_->Heartbeat(id, m.message().heartbeat());
+      if (!s.ok()) {
+        DropRelayed(relay, id);
+        end(id, s);
+      }
+    }
+  }
+  for (const RelayedCall& call : up.calls()) {
+    *down.rest().add_results() = HandleRelayedCall(relay, call, &out);
+  }
+  for (const shoal::v1::RelayedMemberGone& gone : up.gone()) {
+    // Only the route that currently speaks for the member counts.
+    if (!DropRelayed(relay, gone.worker_id())) continue;
+    Directives left = engine_->Disconnect(
+        gone.worker_id(), gone.reason().empty() ? "its link to the relay broke" : gone.reason());
+    out.insert(out.end(), std::make_move_iterator(left.begin()),
+               std::make_move_iterator(left.end()));
+  }
+  // The whole batch's directives at once: one RelayDown per relay.
+  Deliver(out);
+  if (!down.empty()) relay->Enqueue(down.Build());
+}
+
+RelayedCallResult CoordinatorService::HandleRelayedCall(RelayReactor* relay,
+                                                        const RelayedCall& call, Directives* out) {
+  RelayedCallResult result;
+  result.set_call_id(call.call_id());
+  const std::string& id = call.worker_id();
+  if (!RoutedThrough(relay, id) || !engine_->IsActive(id)) {
+    SetStatus(absl::PermissionDeniedError(
+                  absl::StrCat("'", id, "' is not a current member with a session through relay ",
+                               relay->relay_id(), "; open its session (Hello) through it first")),
+              &result);
+    return result;
+  }
+  // The same work as the direct RPC, after checking that the request is the
+  // member's own.
+  auto run = [&](const auto& request, auto* response, auto work) {
+    absl::Status s = request.worker_id() == id
+                         ? (this->*work)(request, response, out)
+                         : absl::InvalidArgumentError(
+                               absl::StrCat("the request's worker_id '", request.worker_id(),
+                                            "' is not the relayed call's '", id, "'"));
+    if (!s.ok()) result.clear_response();
+    SetStatus(s, &result);
+  };
+  switch (call.request_case()) {
+    case RelayedCall::kJoinRound:
+      run(call.join_round(), result.mutable_join_round(), &CoordinatorService::DoJoinRound);
+      break;
+    case RelayedCall::kReportReady:
+      run(call.report_ready(), result.mutable_report_ready(), &CoordinatorService::DoReportReady);
+      break;
+    case RelayedCall::kConnectionsReady:
+      run(call.connections_ready(), result.mutable_connections_ready(),
+          &CoordinatorService::DoConnectionsReady);
+      break;
+    case RelayedCall::kReportRoundDone:
+      run(call.report_round_done(), result.mutable_report_round_done(),
+          &CoordinatorService::DoReportRoundDone);
+      break;
+    case RelayedCall::kReportCheckpoint:
+      run(call.report_checkpoint(), result.mutable_report_checkpoint(),
+          &CoordinatorService::DoReportCheckpoint);
+      break;
+    case RelayedCall::kLeave: {
+      run(call.leave(), result.mutable_leave(), &CoordinatorService::DoLeave);
+      // The member left: its route goes (Tick would drop it at the next
+      // departure anyway).
+      if (result.code() == 0) DropRelayed(relay, id);
+      break;
+    }
+    case RelayedCall::REQUEST_NOT_SET:
+      SetStatus(absl::InvalidArgumentError("a RelayedCall carries no request"), &result);
+      break;
+  }
+  return result;
+}
+
+}  // namespace shoal::coordinator
