@@ -37,3 +37,8 @@ shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_
 shoal_test(relay_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_test.cc
   LIBS coordinator_service worker_lib)
 target_link_libraries(relay_test PRIVATE test_coordinator)
+# The supernode's relay frontend (worker side): real members through it, a
+# supernode that dies.
+shoal_test(relay_frontend_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_frontend_test.cc
+  LIBS coordinator_service worker_lib)
+target_link_libraries(relay_frontend_test PRIVATE test_coordinator)
