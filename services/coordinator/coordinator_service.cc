@@ -65,6 +65,9 @@ class SessionReactor : public QueuedStream {
       // arrive in any order; docs/SECURITY.md).
       if (SharedMessage list = service_->engine_->MemberList(worker_id_))
         Enqueue(SerializeMessage(*list));
+      // --relay=on: where this member's control plane should go.
+      if (SharedMessage route = service_->engine_->RelayRoute(worker_id_))
+        Enqueue(SerializeMessage(*route));
       service_->Register(worker_id_, this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {
@@ -426,12 +429,22 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRunStatus(grpc::CallbackServerC
       uint64_t version = 0;
       shoal::v1::RunStatus status = engine_->Status(&version);
       status.MergeFrom(status_extra_);
+      FillRelayedBy(&status);
       cached = &status_cache_.Put(version, now, SerializeMessage(status));
     }
     *response = *cached;
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+void CoordinatorService::FillRelayedBy(shoal::v1::RunStatus* status) {
+  absl::MutexLock lock(&mu_);
+  if (relayed_.empty()) return;
+  for (shoal::v1::WorkerStatus& w : *status->mutable_workers()) {
+    auto it = relayed_.find(w.id());
+    if (it != relayed_.end()) w.set_relayed_by(it->second->relay_id());
+  }
 }
 
 }  // namespace shoal::coordinator

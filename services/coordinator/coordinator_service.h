@@ -188,6 +188,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // Ends `worker_id`'s direct session, if it has one.
   void CloseDirectLocked(const std::string& worker_id, const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WorkerStatus.relayed_by of the members whose session goes through a
+  // relay now (takes mu_; lock order status_mu_, then mu_).
+  void FillRelayedBy(shoal::v1::RunStatus* status) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the routes of `relay` (mu_ held).
   void RemoveRelayLocked(RelayReactor* relay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -164,6 +164,12 @@ ABSL_FLAG(std::string, hierarchy, "off",
           "averages inside each zone first, then among the zones' heads only, then copies the "
           "result back down, so long links carry one model per zone (docs/SUPERNODES.md). Needs "
           "--codec=fp32, --outer_optimizer=none and --aggregation=mean. off: every round is flat.");
+ABSL_FLAG(std::string, relay, "off",
+          "on: the members of a zone with an elected supernode open their session and make their "
+          "round calls through that supernode, which carries them over one Relay stream; a "
+          "member whose relay fails goes back to a direct session (docs/SUPERNODES.md "
+          "\"Relay\"). Synchronous mode only. off: every worker talks to the coordinator "
+          "directly.");
 ABSL_FLAG(std::string, data_split, "iid",
           "How training data is split across data ranks: iid or label_skew:ALPHA (Dirichlet).");
 ABSL_FLAG(std::string, mode, "sync",
@@ -341,6 +347,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   c.set_hierarchy(hierarchy == "on");
+  const std::string relay = absl::GetFlag(FLAGS_relay);
+  if (relay != "on" && relay != "off") {
+    SHOAL_LOG(ERROR) << "--relay=" << relay << " is not one of on, off";
+    return 2;
+  }
+  c.set_relay(relay == "on");
   c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
 
@@ -377,7 +389,8 @@ int main(int argc, char** argv) {
                   << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
                   << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
                   << " data_split=" << c.data_split() << " aggregation=" << c.aggregation()
-                  << " hierarchy=" << (c.hierarchy() ? "on" : "off") << " mode=" << c.mode();
+                  << " hierarchy=" << (c.hierarchy() ? "on" : "off")
+                  << " relay=" << (c.relay() ? "on" : "off") << " mode=" << c.mode();
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/member_credentials_grpc.h"
 #include "common/retry.h"
 #include "common/status_util.h"
 
@@ -83,6 +84,7 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
       policy, nullptr,
       [&](absl::Duration left) -> absl::Status {
         grpc::ClientContext ctx;
+        if (options_.credential != nullptr) AddMemberCredential(*options_.credential, &ctx);
         // Never wait past the retry window.
         ctx.set_deadline(
             DeadlineIn(std::max(absl::Milliseconds(100), std::min(options_.rpc_timeout, left))));
@@ -168,6 +170,7 @@ absl::Status GrpcCoordinatorClient::Leave(const std::string& worker_id, const st
   request.set_reason(reason);
   shoal::v1::LeaveResponse response;
   grpc::ClientContext ctx;
+  if (options_.credential != nullptr) AddMemberCredential(*options_.credential, &ctx);
   ctx.set_deadline(DeadlineIn(std::min(options_.rpc_timeout, absl::Seconds(3))));
   return FromGrpcStatus(stub()->Leave(&ctx, request, &response));
 }
@@ -180,6 +183,7 @@ absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
   // The session is long-lived by design: no deadline. It is bounded by the
   // coordinator's heartbeat lease on one side and by CloseSession (cancel) on
   // ours.
+  if (options_.credential != nullptr) AddMemberCredential(*options_.credential, &session->ctx);
   shoal::v1::Coordinator::Stub* used = stub();
   session->stream = used->Session(&session->ctx);
   shoal::v1::WorkerMessage hello;

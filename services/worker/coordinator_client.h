@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/member_credentials.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 
 namespace shoal::worker {
@@ -62,6 +63,10 @@ struct CoordinatorClientOptions {
   // growing from 50 ms): bounds how long a worker keeps missing a new
   // leader after a failover.
   absl::Duration max_backoff = absl::Milliseconds(250);
+  // Sent as x-shoal-member with every call and session (null: none). Set
+  // for a supernode's relay (services/worker/relay_frontend.h), which
+  // checks it; outlives the client.
+  const MemberCredentialHolder* credential = nullptr;
 };
 
 // Thread-safe.

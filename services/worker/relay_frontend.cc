@@ -415,8 +415,13 @@ void RelayFrontend::Pump() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !OutboxEmptyLocked() || !retired_.empty();
       };
-      // The timeout bounds how late an expired call is answered.
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      // With calls waiting, the timeout bounds how late an expired one is
+      // answered; otherwise the thread sleeps until there is work.
+      if (calls_.empty()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      }
       if (stop_) return;
       retired.swap(retired_);
       const absl::Time now = absl::Now();

@@ -35,6 +35,12 @@
 namespace shoal::worker {
 namespace {
 
+// The first of --coordinator's comma-separated addresses: where a
+// supernode's Relay stream goes (replicas: docs/SUPERNODES.md "Relay").
+std::string FirstAddress(const std::string& addresses) {
+  return std::string(absl::string_view(addresses).substr(0, addresses.find(',')));
+}
+
 // How long the worker waits for gRPC to give back the model memory lent to
 // peers before freeing it at shutdown (see "Lending model memory" in
 // core/model_state.h).
@@ -142,7 +148,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   // Until the model's size is known, room for a small model's pushes.
   w->push_box_ = std::make_unique<PushBox>(uint64_t{64} << 20, w->clock_);
   w->peer_service_->set_push_box(w->push_box_.get());
-  auto server = GrpcServer::Start(w->options_.listen, {w->peer_service_.get()});
+  // Idle (no thread busy, no stream) until members of its zone use it.
+  RelayFrontendOptions ropts;
+  ropts.coordinator = MakeChannel(FirstAddress(w->options_.coordinator));
+  ropts.gate = w->options_.gate;
+  ropts.members = &w->members_;
+  ropts.call_timeout = w->options_.rpc_timeout;
+  w->relay_frontend_ = std::make_unique<RelayFrontend>(ropts);
+  auto server =
+      GrpcServer::Start(w->options_.listen, {w->peer_service_.get(), w->relay_frontend_.get()});
   if (!server.ok()) return server.status();
   w->server_ = std::move(*server);
   if (!w->options_.metrics_listen.empty()) {
@@ -159,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   copts.address = w->options_.coordinator;
   copts.rpc_timeout = w->options_.rpc_timeout;
   copts.retry_window = w->options_.connect_timeout;
-  w->coordinator_ = std::make_unique<GrpcCoordinatorClient>(copts);
+  w->coordinator_ = std::make_unique<RoutedCoordinatorClient>(copts, &w->credential_);
   if (w->options_.exchange.clock == nullptr) w->options_.exchange.clock = w->clock_;
   if (w->options_.sync.clock == nullptr) w->options_.sync.clock = w->clock_;
   Worker* self = w.get();
@@ -177,6 +191,7 @@ Worker::~Worker() {
   if (options_.stop != nullptr) options_.stop->Unregister(stop_registration_);
   stop_token_.Cancel();
   if (coordinator_) coordinator_->CloseSession();
+  if (relay_frontend_) relay_frontend_->Shutdown();  // its members go direct
   if (state_) state_->SetShuttingDown();
   if (server_) server_->Shutdown(absl::Seconds(1));
   averager_.reset();
@@ -422,6 +437,8 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
             credential_.Set(joined->worker_id(), joined->member_credential());
             members_.Enable();
           }
+          // The RelayHello of the stream it opens if members use it.
+          relay_frontend_->SetRelayId(joined->worker_id());
           state_->SetWorkerId(joined->worker_id());
           if (first_join) {
             RETURN_IF_ERROR(BuildModel(*joined));
@@ -494,6 +511,11 @@ absl::Status Worker::OpenSession() {
             store_ != nullptr) {
           // The store asks for it with the upload (common/upload_grant.h).
           store_->SetUploadGrant(msg.checkpoint_request().upload_grant());
+        }
+        if (msg.has_use_relay()) {
+          // Moved by the client's router thread, never this reader's.
+          coordinator_->UseRelay(msg.use_relay().relay_id(), msg.use_relay().address());
+          return;
         }
         if (msg.has_member_update()) {
           // Applied on the session's thread, not queued: a member that just

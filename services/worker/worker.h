@@ -51,6 +51,8 @@
 #include "services/worker/model_syncer.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
+#include "services/worker/relay_frontend.h"
+#include "services/worker/routed_coordinator_client.h"
 
 namespace shoal::worker {
 
@@ -189,10 +191,15 @@ class Worker {
   MemberSet members_;
   MemberCredentialHolder credential_;
   std::unique_ptr<PeerService> peer_service_;
+  // The control-plane relay this worker serves when it is its zone's
+  // supernode (docs/SUPERNODES.md "Relay"); registered on server_, which
+  // it outlives.
+  std::unique_ptr<RelayFrontend> relay_frontend_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when metrics_listen is set
   std::unique_ptr<GrpcPeerClient> peers_;
-  std::unique_ptr<GrpcCoordinatorClient> coordinator_;
+  // Direct, or through the zone's supernode after a UseRelay (--relay=on).
+  std::unique_ptr<RoutedCoordinatorClient> coordinator_;
   std::unique_ptr<checkpoint::GrpcCheckpointClient> store_;  // when the run has a store
   std::string advertise_;
 

@@ -81,5 +81,9 @@ add_dependencies(zones_test shoal-coordinator shoal-worker shoalctl)
 # The hierarchical round over two zones, one zone, refused flags (issue 12).
 shoal_test(hierarchy_test e2e e2e/hierarchy_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(hierarchy_test shoal-coordinator shoal-worker)
+# The control-plane relay's worker side (issue 12 item 5): members through
+# their supernode, a supernode killed.
+shoal_test(relay_e2e_test e2e e2e/relay_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(relay_e2e_test shoal-coordinator shoal-worker)
 shoal_test(member_e2e_test e2e e2e/member_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(member_e2e_test shoal-coordinator shoal-worker)

@@ -15,11 +15,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/worker/coordinator_client.h"
+#include "services/worker/routed_coordinator_client.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tests/support/coordinator_fixture.h"
 #include "tests/support/test_support.h"
@@ -35,6 +37,7 @@ using ::shoal::worker::CoordinatorClientOptions;
 using ::shoal::worker::GrpcCoordinatorClient;
 using ::shoal::worker::RelayFrontend;
 using ::shoal::worker::RelayFrontendOptions;
+using ::shoal::worker::RoutedCoordinatorClient;
 
 [[maybe_unused]] const bool kGrpcKeptInitialised = [] {
   grpc_init();
@@ -53,7 +56,7 @@ struct Member {
   std::vector<CoordinatorMessage> log ABSL_GUARDED_BY(mu);
   std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
   std::string id;
-  std::unique_ptr<GrpcCoordinatorClient> client;
+  std::unique_ptr<worker::CoordinatorClient> client;
 
   bool Has(CoordinatorMessage::KindCase kind, uint64_t round) const {
     absl::MutexLock lock(&mu);
@@ -93,7 +96,11 @@ struct Member {
     options.rpc_timeout = kRpcTimeout;
     options.retry_window = kRpcTimeout;
     client = std::make_unique<GrpcCoordinatorClient>(options);
-    return client->OpenSession(
+    return OpenOn(client.get());
+  }
+  // Opens the session with `c` (kept as this member's client).
+  absl::Status OpenOn(worker::CoordinatorClient* c) {
+    return c->OpenSession(
         id, kHeartbeat,
         [this](const CoordinatorMessage& m) {
           absl::MutexLock lock(&mu);
@@ -311,6 +318,62 @@ TEST_F(RelayFrontendTest, CallsAreRefusedUntilTheRelayHasJoinedAndBadInputIsAnsw
   while (stream->Read(&ignored)) {
   }
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The member's side: the worker's RoutedCoordinatorClient moves its session
+// to the relay on UseRelay, makes its calls there, and goes back to a direct
+// session by itself when the relay dies; the round completes.
+TEST_F(RelayFrontendTest, RoutedClientMovesToTheRelayAndBackWhenItDies) {
+  Member* supernode = Join(1);
+  Member* a = Join(2);
+  Member* b = Join(3);
+  for (Member* m : {supernode, b}) ASSERT_TRUE(m->Open(coordinator_->address()).ok());
+  StartFrontend(supernode->id);
+  CoordinatorClientOptions options;
+  options.address = coordinator_->address();
+  options.rpc_timeout = kRpcTimeout;
+  options.retry_window = kRpcTimeout;
+  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
+  RoutedCoordinatorClient* client = routed.get();
+  a->client = std::move(routed);
+  ASSERT_TRUE(a->OpenOn(client).ok());
+  EXPECT_EQ(client->relay(), "");
+
+  client->UseRelay(supernode->id, frontend_address_);
+  ASSERT_TRUE(WaitUntil([&] { return frontend_->members() == 1; }, kWait));
+  EXPECT_EQ(client->relay(), supernode->id);
+  // The coordinator ended the superseded direct session; the worker did
+  // not hear of it (no session end reported).
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
+  v1::RunStatus status;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineIn(kRpcTimeout));
+        if (!stub_->GetRunStatus(&ctx, v1::GetRunStatusRequest(), &status).ok()) return false;
+        for (const auto& w : status.workers()) {
+          if (w.id() == a->id) return w.relayed_by() == supernode->id;
+        }
+        return false;
+      },
+      kWait))
+      << status.DebugString();
+  for (const auto& m : members_) ASSERT_TRUE(m->client->JoinRound(m->id, 1).ok()) << m->id;
+  PlayRound(1);
+  ASSERT_TRUE(AllHave(CoordinatorMessage::kRoundStart, 2));
+
+  // The supernode dies: the member goes direct by itself, and the round
+  // completes.
+  StopFrontend();
+  ASSERT_TRUE(WaitUntil([&] { return client->relay().empty(); }, kWait));
+  PlayRound(2);
+  EXPECT_EQ(coordinator_->engine().last_completed_round(), 2u);
+  EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
+  // A relay that just failed is not tried again at once.
+  client->UseRelay(supernode->id, frontend_address_);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(client->relay(), "");
 }
 
 }  // namespace

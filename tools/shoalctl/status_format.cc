@@ -240,13 +240,15 @@ std::string FormatZoneTree(const shoal::v1::RunStatus& s) {
   for (const auto& w : s.workers()) {
     if (w.role().empty()) continue;  // left or evicted
     absl::StrAppend(
-        &out,
-        absl::StrFormat(
-            "%-5s %-24s %-9s %-10s %s\n", w.id(), w.zone().empty() ? "(root)" : w.zone(), w.role(),
-            w.step_seconds() > 0 ? absl::StrFormat("%.2fms", w.step_seconds() * 1e3) : "-",
-            w.bandwidth_bytes_per_second() > 0
-                ? absl::StrFormat("%.1f MB/s", w.bandwidth_bytes_per_second() / 1e6)
-                : "-"));
+        &out, absl::StrFormat(
+                  "%-5s %-24s %-9s %-10s %s%s\n", w.id(), w.zone().empty() ? "(root)" : w.zone(),
+                  w.role(),
+                  w.step_seconds() > 0 ? absl::StrFormat("%.2fms", w.step_seconds() * 1e3) : "-",
+                  w.bandwidth_bytes_per_second() > 0
+                      ? absl::StrFormat("%.1f MB/s", w.bandwidth_bytes_per_second() / 1e6)
+                      : "-",
+                  // --relay=on: whose relay carries its session.
+                  w.relayed_by().empty() ? "" : absl::StrCat("  session via ", w.relayed_by())));
   }
   return out;
 }

@@ -227,6 +227,9 @@ Directives RoundEngine::Tick() {
   WatchCheckpoint(now, &out);
   if (!gossip()) ApplyRoundDeadline(now, &out);
   if (election_stale_) Reelect(ElectionTrigger::kMembership);
+  // Routes changed by an election since the last tick (relay on).
+  for (Directive& d : relay_changes_) out.push_back(std::move(d));
+  relay_changes_.clear();
   return out;
 }
 

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/member_credentials.h"
+#include "services/coordinator/core/relay_assignment.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/zone_election.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -188,6 +189,11 @@ class RoundEngine {
   // session `worker_id` just opened (send it first; updates may arrive in
   // any order). Null when credentials are off or the worker is not active.
   SharedMessage MemberList(const std::string& worker_id) const;
+  // With RunConfig.relay: the UseRelay for the direct session `worker_id`
+  // just opened (its current route, "go direct" included, so a member
+  // that fell back to direct learns again where to go). Null when relay is
+  // off or the worker is not active.
+  SharedMessage RelayRoute(const std::string& worker_id);
   // Recomputes the barrier counters and the participant/queue indexes from
   // the members and compares them with the maintained ones (tests).
   bool CountersConsistentForTesting() const;
@@ -416,6 +422,10 @@ class RoundEngine {
   void Reelect(ElectionTrigger trigger) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A departure: re-elects at once when `worker_id` held a role.
   void ReelectAfterDeparture(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With RunConfig.relay, after an election: the members' routes
+  // (relay_assignment.h); those that changed are queued in relay_changes_
+  // as UseRelay directives, which the next Tick hands out.
+  void UpdateRelayRoutes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportCheckpoint in gossip mode: a report from the checkpointer of a
   // sequence number past the latest.
   absl::Status ReportGossipCheckpoint(const shoal::v1::ReportCheckpointRequest& request)
@@ -506,6 +516,11 @@ class RoundEngine {
   ElectionResult election_ ABSL_GUARDED_BY(mu_);
   bool election_stale_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, const char*> roles_ ABSL_GUARDED_BY(mu_);
+  // RunConfig.relay: every member's route after the latest election, and
+  // the UseRelay directives not handed out yet.
+  std::vector<RelayAssignment> relay_routes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> relay_route_of_ ABSL_GUARDED_BY(mu_);
+  Directives relay_changes_ ABSL_GUARDED_BY(mu_);
   absl::Time started_at_;
   // Member credentials, when on (EngineOptions::member_credentials).
   std::optional<MemberRoster> roster_ ABSL_GUARDED_BY(mu_);

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "services/coordinator/core/gossip_status.h"
 #include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/round_engine_internal.h"
 
 namespace shoal::coordinator {
 
@@ -282,6 +283,55 @@ void RoundEngine::Reelect(ElectionTrigger trigger) {
   }
   election_ = std::move(next);
   if (changed) MarkStatusChanged();
+  if (options_.config.relay()) UpdateRelayRoutes();
+}
+
+void RoundEngine::UpdateRelayRoutes() {
+  std::vector<RelayCandidate> candidates;
+  candidates.reserve(members_.size());
+  for (const auto& [id, m] : members_) {
+    candidates.push_back({m.id, m.zone, m.address, m.outbound_only});
+  }
+  std::vector<RelayAssignment> next = AssignRelays(election_, candidates);
+  const std::vector<RelayAssignment> changed = ChangedRelays(relay_routes_, next);
+  if (!changed.empty()) {
+    // One line per election, not per member (10,000 members move at once).
+    SHOAL_LOG(INFO) << "relay routes: " << changed.size() << " changed round=" << round_
+                    << " (e.g. " << changed.front().worker_id << ": " << changed.front().reason
+                    << ")";
+  }
+  for (const RelayAssignment& a : changed) {
+    SHOAL_VLOG(1) << "relay route of " << a.worker_id << ": " << a.reason;
+    shoal::v1::CoordinatorMessage msg;
+    auto* use = msg.mutable_use_relay();
+    use->set_relay_id(a.relay_id);
+    use->set_address(a.relay_address);
+    use->set_reason(a.reason);
+    relay_changes_.push_back({a.worker_id, internal::Share(std::move(msg))});
+  }
+  relay_routes_ = std::move(next);
+  relay_route_of_.clear();
+  for (size_t i = 0; i < relay_routes_.size(); ++i) relay_route_of_[relay_routes_[i].worker_id] = i;
+}
+
+SharedMessage RoundEngine::RelayRoute(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (!options_.config.relay() || !index_.contains(worker_id)) return nullptr;
+  // No election here (a burst of session opens would run one each): a
+  // member the latest election did not see gets its route from the next
+  // Tick's.
+  shoal::v1::CoordinatorMessage msg;
+  auto* use = msg.mutable_use_relay();
+  auto it = relay_route_of_.find(worker_id);
+  if (it == relay_route_of_.end()) {
+    use->set_reason("direct: not assigned to a relay yet");
+  } else {
+    const RelayAssignment& a = relay_routes_[it->second];
+    use->set_relay_id(a.relay_id);
+    use->set_address(a.relay_address);
+    use->set_reason(a.reason);
+  }
+  return internal::Share(std::move(msg));
 }
 
 shoal::v1::RunRecord RoundEngine::Record() const {

@@ -1,0 +1,123 @@
+// The control-plane relay's worker side (issue 12 item 5, docs/SUPERNODES.md
+// "Relay") with the real binaries on 127.0.0.1:
+//  - two zones (3 + 2 workers), --relay=on: the members' sessions go
+//    through their zone's supernode (the status says so), every round
+//    completes with all five, and the hashes agree;
+//  - a supernode killed (SIGKILL) during training: its members go back to
+//    the coordinator (or to the new supernode), the rounds go on and the
+//    hashes agree;
+//  - --relay=off (the default): nobody is relayed.
+// MLP, every worker in every round (--adaptive_deadline=false).
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace shoal {
+namespace {
+
+// zone path -> its supernode.
+std::map<std::string, std::string> Supernodes(const v1::RunStatus& s) {
+  std::map<std::string, std::string> out;
+  for (const auto& z : s.zones()) {
+    if (!z.supernode().empty()) out[z.path()] = z.supernode();
+  }
+  return out;
+}
+
+// True when every worker of a zone with a supernode, other than the
+// supernode, has its session through that supernode.
+bool AllRelayedThroughTheirHead(const v1::RunStatus& s, size_t workers) {
+  if (static_cast<size_t>(s.workers_size()) < workers) return false;
+  const auto heads = Supernodes(s);
+  size_t relayed = 0;
+  for (const auto& w : s.workers()) {
+    auto it = heads.find(w.zone());
+    if (it == heads.end()) return false;
+    if (it->second == w.id()) {
+      if (!w.relayed_by().empty()) return false;  // a supernode is direct
+    } else if (w.relayed_by() != it->second) {
+      return false;
+    } else {
+      ++relayed;
+    }
+  }
+  return relayed > 0;
+}
+
+class RelayE2eTest : public ClusterTest {};
+
+TEST_F(RelayE2eTest, MembersGoThroughTheirSupernodeAndRoundsAgree) {
+  constexpr int kRounds = 6;
+  const std::vector<std::string> zones = {"eu", "us", "eu", "us", "eu"};
+  const std::string addr = StartCoordinator(
+      {"--min_participants=5", "--local_steps=40", absl::StrCat("--rounds=", kRounds),
+       "--learning_rate=0.05", "--relay=on", "--adaptive_deadline=false", "--round_timeout=300s"});
+  for (const std::string& zone : zones) StartWorker(addr, {"--zone=" + zone});
+  const v1::RunStatus relayed = WaitForStatus(
+      [&](const v1::RunStatus& s) { return AllRelayedThroughTheirHead(s, zones.size()); },
+      absl::Minutes(3));
+  ASSERT_TRUE(AllRelayedThroughTheirHead(relayed, zones.size())) << relayed.DebugString() << Logs();
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(8));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  EXPECT_EQ(status.last_completed_round(), static_cast<uint64_t>(kRounds));
+  for (const auto& r : status.recent_rounds()) {
+    EXPECT_EQ(r.participants(), zones.size()) << "round " << r.round() << Logs();
+  }
+  for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(60)), 0) << w->Log();
+  // The coordinator heard two Relay streams (one per supernode).
+  const std::string log = coordinator_->Log();
+  size_t streams = 0;
+  for (size_t at = log.find("relay opened by"); at != std::string::npos;
+       at = log.find("relay opened by", at + 1)) {
+    ++streams;
+  }
+  EXPECT_EQ(streams, 2u) << log;
+}
+
+TEST_F(RelayE2eTest, SupernodeKilledItsMembersGoOnWithoutLosingTheRun) {
+  const std::vector<std::string> zones = {"eu", "us", "eu", "us", "eu"};
+  const std::string addr = StartCoordinator({"--min_participants=4", "--local_steps=20",
+                                             "--relay=on", "--heartbeat_lease=4s",
+                                             "--connection_timeout=2s", "--max_connection_retry=2",
+                                             "--round_timeout=20s", "--adaptive_deadline=false"});
+  for (const std::string& zone : zones) StartWorker(addr, {"--zone=" + zone});
+  const v1::RunStatus before = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        return s.last_completed_round() >= 1 && AllRelayedThroughTheirHead(s, zones.size());
+      },
+      absl::Minutes(3));
+  ASSERT_TRUE(AllRelayedThroughTheirHead(before, zones.size())) << before.DebugString() << Logs();
+  const std::string head = Supernodes(before).at("eu");
+  Process* victim = WorkerById(head);
+  ASSERT_NE(victim, nullptr);
+  victim->Signal(SIGKILL);
+  // The four others go on together; none is relayed through the dead one.
+  const v1::RunStatus after =
+      ExpectRoundsGoOn(before.last_completed_round(), 3, 4, absl::Seconds(180));
+  for (const auto& w : after.workers()) {
+    if (w.id() == head) continue;
+    EXPECT_NE(w.relayed_by(), head) << w.id() << after.DebugString();
+  }
+}
+
+TEST_F(RelayE2eTest, OffByDefault) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=3", "--local_steps=10", "--rounds=2", "--adaptive_deadline=false"});
+  for (const std::string& zone : {"eu", "eu", "eu"}) StartWorker(addr, {"--zone=" + zone});
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(3));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  for (const auto& w : status.workers()) EXPECT_EQ(w.relayed_by(), "") << w.id();
+  EXPECT_EQ(coordinator_->Log().find("relay opened by"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shoal
