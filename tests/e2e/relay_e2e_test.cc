@@ -2,7 +2,8 @@
 // "Relay") with the real binaries on 127.0.0.1:
 //  - two zones (3 + 2 workers), --relay=on: the members' sessions go
 //    through their zone's supernode (the status says so), every round
-//    completes with all five, and the hashes agree;
+//    completes with all five, the hashes agree, and only supernodes open
+//    Relay streams;
 //  - a supernode killed (SIGKILL) during training: its members go back to
 //    the coordinator (or to the new supernode), the rounds go on and the
 //    hashes agree;
@@ -72,14 +73,22 @@ TEST_F(RelayE2eTest, MembersGoThroughTheirSupernodeAndRoundsAgree) {
   }
   for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
   for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(60)), 0) << w->Log();
-  // The coordinator heard two Relay streams (one per supernode).
+  // Only supernodes opened Relay streams: at least one per zone, at most
+  // one more per zone when the first measurements re-elect it (the first
+  // head is chosen by id).
   const std::string log = coordinator_->Log();
   size_t streams = 0;
-  for (size_t at = log.find("relay opened by"); at != std::string::npos;
-       at = log.find("relay opened by", at + 1)) {
+  const std::string opened = "relay opened by ";
+  for (size_t at = log.find(opened); at != std::string::npos; at = log.find(opened, at + 1)) {
     ++streams;
+    const std::string relay =
+        log.substr(at + opened.size(), log.find(' ', at + opened.size()) - at - opened.size());
+    EXPECT_NE(log.find(absl::StrCat(": supernode ", relay, " ")), std::string::npos)
+        << relay << " relayed but was never a supernode\n"
+        << log;
   }
-  EXPECT_EQ(streams, 2u) << log;
+  EXPECT_GE(streams, 2u) << log;
+  EXPECT_LE(streams, 4u) << log;
 }
 
 TEST_F(RelayE2eTest, SupernodeKilledItsMembersGoOnWithoutLosingTheRun) {
