@@ -217,6 +217,7 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
         end(id, s);
         continue;
       }
+      if (SharedMessage finished = engine_->FinishedNotice(id)) out.push_back({id, finished});
       SHOAL_VLOG(1) << "session of " << id << " opened through relay " << relay->relay_id();
     } else if (m.message().has_heartbeat()) {
       if (!RoutedThrough(relay, id)) {

@@ -68,6 +68,8 @@ class SessionReactor : public QueuedStream {
       // --relay=on: where this member's control plane should go.
       if (SharedMessage route = service_->engine_->RelayRoute(worker_id_))
         Enqueue(SerializeMessage(*route));
+      if (SharedMessage finished = service_->engine_->FinishedNotice(worker_id_))
+        Enqueue(SerializeMessage(*finished));
       service_->Register(worker_id_, this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {

@@ -194,6 +194,11 @@ class RoundEngine {
   // that fell back to direct learns again where to go). Null when relay is
   // off or the worker is not active.
   SharedMessage RelayRoute(const std::string& worker_id);
+  // The RunFinished for a session `worker_id` opens after the run finished
+  // (it is broadcast once, at the finish: a member whose session broke just
+  // then, a relay's member falling back to direct, would never hear it).
+  // Null while the run goes on or when the worker is not a member.
+  SharedMessage FinishedNotice(const std::string& worker_id) const;
   // Recomputes the barrier counters and the participant/queue indexes from
   // the members and compares them with the maintained ones (tests).
   bool CountersConsistentForTesting() const;

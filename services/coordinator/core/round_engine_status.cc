@@ -334,6 +334,15 @@ SharedMessage RoundEngine::RelayRoute(const std::string& worker_id) {
   return internal::Share(std::move(msg));
 }
 
+SharedMessage RoundEngine::FinishedNotice(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  if (phase_ != shoal::v1::FINISHED || !index_.contains(worker_id)) return nullptr;
+  shoal::v1::CoordinatorMessage msg;
+  msg.mutable_run_finished()->set_last_round(last_completed_round_);
+  msg.mutable_run_finished()->set_reason("the run finished before this session opened");
+  return internal::Share(std::move(msg));
+}
+
 shoal::v1::RunRecord RoundEngine::Record() const {
   absl::MutexLock lock(&mu_);
   return RecordLocked();
