@@ -9,10 +9,13 @@
 //
 // Each reaction opens a `ReactionScope` first; it releases the reactor's
 // address when the reaction returns. OnDone calls `AfterAllReactions` first;
-// it acquires that address. Nothing else is ordered: reactions that gRPC may
-// run at the same time (a bidi stream's OnReadDone and OnWriteDone, OnCancel
-// and either) still look concurrent to TSan, and races between them are
-// still reported. Outside TSan builds both compile to nothing.
+// it acquires that address. The second promise: an operation started with
+// StartRead / StartWrite completes in its reaction after the start
+// (`BeforeStart` before the call, the same tag in the reaction's scope).
+// Nothing else is ordered: reactions that gRPC may run at the same time (a
+// bidi stream's OnReadDone and OnWriteDone, OnCancel and either) still look
+// concurrent to TSan, and races between them are still reported. Outside
+// TSan builds all of it compiles to nothing.
 #ifndef SHOAL_COMMON_REACTOR_HANDOFF_H_
 #define SHOAL_COMMON_REACTOR_HANDOFF_H_
 
@@ -23,9 +26,27 @@
 
 namespace shoal {
 
+// Right before StartRead(buffer) / StartWrite(buffer): what this thread
+// wrote (the message, the reactor's state) happens before the reaction
+// that completes the operation (gRPC's order of an operation and its
+// reaction, kept inside its uninstrumented libraries). `buffer` is the
+// operation's tag: the reaction names the same one.
+inline void BeforeStart([[maybe_unused]] const void* buffer) {
+#ifdef SHOAL_TSAN_ENABLED
+  __tsan_release(const_cast<void*>(buffer));
+#endif
+}
+
 class ReactionScope {
  public:
-  explicit ReactionScope(const void* reactor) : reactor_(const_cast<void*>(reactor)) {}
+  // `buffer`: for OnReadDone / OnWriteDone, the tag its StartRead /
+  // StartWrite was given to BeforeStart.
+  explicit ReactionScope(const void* reactor, [[maybe_unused]] const void* buffer = nullptr)
+      : reactor_(const_cast<void*>(reactor)) {
+#ifdef SHOAL_TSAN_ENABLED
+    if (buffer != nullptr) __tsan_acquire(const_cast<void*>(buffer));
+#endif
+  }
   ~ReactionScope() {
 #ifdef SHOAL_TSAN_ENABLED
     __tsan_release(reactor_);

@@ -92,11 +92,12 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
       Finish(kShuttingDown);
       return;
     }
+    BeforeStart(&in_);
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &in_);
     if (!ok) {
       EndOfStream();
       return;
@@ -117,6 +118,7 @@ class UploadReactor : public grpc::ServerReadReactor<UploadChunk> {
     }
     if (first) SHOAL_VLOG(1) << "upload of " << stream_.id() << " started by " << ctx_->peer();
     in_.Clear();
+    BeforeStart(&in_);
     StartRead(&in_);
   }
 
@@ -215,7 +217,7 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
   }
 
   void OnWriteDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &chunk_);
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
       return;
@@ -247,6 +249,7 @@ class ReadLayerReactor : public grpc::ServerWriteReactor<LayerChunk> {
     chunk_.set_layer(layer_);
     chunk_.set_offset(*offset);
     chunk_.set_crc32c(Crc32c(chunk_.data().data(), chunk_.data().size()));
+    BeforeStart(&chunk_);
     StartWrite(&chunk_);
   }
 

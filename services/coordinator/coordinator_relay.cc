@@ -25,11 +25,12 @@ void SetStatus(const absl::Status& s, RelayedCallResult* result) {
 RelayReactor::RelayReactor(CoordinatorService* service, grpc::CallbackServerContext* ctx)
     : service_(service), ctx_(ctx) {
   ReactionScope reaction(this);
+  BeforeStart(&in_bytes_);
   StartRead(&in_bytes_);
 }
 
 void RelayReactor::OnReadDone(bool ok) {
-  ReactionScope reaction(this);
+  ReactionScope reaction(this, &in_bytes_);
   // A message that does not parse ends the stream like a broken one.
   if (ok) ok = ParseMessage(&in_bytes_, &in_);
   if (!ok) {
@@ -71,6 +72,7 @@ void RelayReactor::OnReadDone(bool ok) {
     return;
   }
   if (entries > 0) service_->HandleRelayBatch(this, in_);
+  BeforeStart(&in_bytes_);
   StartRead(&in_bytes_);
 }
 

@@ -31,11 +31,12 @@ class SessionReactor : public QueuedStream {
   SessionReactor(CoordinatorService* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx) {
     ReactionScope reaction(this);
+    BeforeStart(&in_bytes_);
     StartRead(&in_bytes_);
   }
 
   void OnReadDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &in_bytes_);
     // A message that does not parse ends the stream like a broken one (the
     // typed API reports it as a failed read).
     if (ok) ok = ParseMessage(&in_bytes_, &in_);
@@ -79,6 +80,7 @@ class SessionReactor : public QueuedStream {
         return;
       }
     }
+    BeforeStart(&in_bytes_);
     StartRead(&in_bytes_);
   }
 

@@ -47,7 +47,7 @@ class QueuedStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byte
   }
 
   void OnWriteDone(bool ok) final {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &out_);
     Next next = Next::kNothing;
     {
       absl::MutexLock lock(&mu_);
@@ -92,6 +92,7 @@ class QueuedStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byte
   void Run(Next next) ABSL_LOCKS_EXCLUDED(mu_) {
     switch (next) {
       case Next::kWrite:
+        BeforeStart(&out_);
         StartWrite(&out_);
         break;
       case Next::kFinish:

@@ -111,7 +111,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
 
   // gRPC reactions
   void OnWriteDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &buffer_);
     buffer_.Clear();  // our reference to the lent slice
     if (ok) {
       (snapshot_ ? sent_->snapshot : sent_->exchange)
@@ -324,6 +324,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
       absl::MutexLock lock(&mu_);
       write_pending_ = true;
     }
+    BeforeStart(&buffer_);
     StartWrite(&buffer_);
   }
 
@@ -409,7 +410,7 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   }
 
   void OnWriteDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &buffer_);
     buffer_.Clear();
     if (!ok) {
       FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
@@ -447,6 +448,7 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
                                 new std::shared_ptr<const GossipCopy>(copy_));
     }
     next_ += count;
+    BeforeStart(&buffer_);
     StartWrite(&buffer_);
   }
   void FinishOnce(grpc::Status status) {
@@ -559,11 +561,12 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
  public:
   explicit PushReactor(PushBox* box) : box_(box) {
     ReactionScope reaction(this);
+    BeforeStart(&message_);
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &message_);
     if (!ok) {  // the client's end of the stream
       Done();
       return;
@@ -573,6 +576,7 @@ class PushReactor : public grpc::ServerReadReactor<shoal::v1::PushMessage> {
       Finish(ToGrpcStatus(s));
       return;
     }
+    BeforeStart(&message_);
     StartRead(&message_);
   }
   void OnDone() override {

@@ -757,7 +757,7 @@ class LyingPeer final : public v1::Peer::CallbackService {
       Next();
     }
     void OnWriteDone(bool ok) override {
-      ReactionScope reaction(this);
+      ReactionScope reaction(this, &chunks_);
       if (!ok) {
         Finish(grpc::Status(grpc::StatusCode::CANCELLED, "reader went away"));
         return;
@@ -775,6 +775,7 @@ class LyingPeer final : public v1::Peer::CallbackService {
         Finish(grpc::Status::OK);
         return;
       }
+      BeforeStart(&chunks_);
       StartWrite(&chunks_[next_++]);
     }
     std::vector<TensorChunk> chunks_;
