@@ -10,7 +10,7 @@
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "common/tcp_probe.h"
-#include "services/coordinator/queued_stream.h"
+#include "common/queued_stream.h"
 #include "services/coordinator/relay_reactor.h"
 #include "services/coordinator/stream_wire.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "services/coordinator/coordinator_service.h"
-#include "services/coordinator/queued_stream.h"
+#include "common/queued_stream.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {

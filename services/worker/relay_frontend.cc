@@ -10,7 +10,7 @@
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
 #include "common/reactor_handoff.h"
-#include "services/coordinator/queued_stream.h"
+#include "common/queued_stream.h"
 
 namespace shoal::worker {
 
@@ -60,17 +60,19 @@ struct RelayFrontend::Uplink {
 // A member's Session, served here: its Hello opens the member's relayed
 // session, its heartbeats follow it; directives come back through the
 // QueuedStream. Deletes itself in OnDone.
-class RelayFrontend::MemberStream : public coordinator::QueuedStream {
+class RelayFrontend::MemberStream : public QueuedStream {
  public:
   MemberStream(RelayFrontend* frontend, std::string credential_worker)
       : frontend_(frontend), credential_worker_(std::move(credential_worker)) {
+    ReactionScope reaction(this);
+    BeforeStart(&in_);
     StartRead(&in_);
   }
 
   const std::string& worker_id() const { return worker_id_; }
 
   void OnReadDone(bool ok) override {
-    ReactionScope reaction(this);
+    ReactionScope reaction(this, &in_);
     if (!ok) {
       frontend_->MemberBroken(this, "its stream to the relay ended");
       Close(grpc::Status::OK);
@@ -94,6 +96,7 @@ class RelayFrontend::MemberStream : public coordinator::QueuedStream {
     } else {
       frontend_->FromMember(this, std::move(message));
     }
+    BeforeStart(&in_);
     StartRead(&in_);
   }
 

@@ -72,27 +72,41 @@ std::string RoutedCoordinatorClient::relay() const {
   return relayed_ ? relay_id_ : "";
 }
 
+uint64_t RoutedCoordinatorClient::fall_backs() const {
+  absl::MutexLock lock(&mu_);
+  return fall_backs_;
+}
+
 absl::Status RoutedCoordinatorClient::OpenOn(CoordinatorClient* client, uint64_t gen) {
   std::string worker_id;
   absl::Duration heartbeat;
   MessageHandler on_message;
   HeartbeatFiller fill;
+  const bool direct = client == &direct_;
   {
     absl::MutexLock lock(&mu_);
     worker_id = worker_id_;
     heartbeat = heartbeat_;
     on_message = on_message_;
     fill = fill_;
+    // Before the open: its end may be reported before OpenSession returns.
+    if (direct) direct_gen_ = gen;
   }
-  return client->OpenSession(
+  absl::Status s = client->OpenSession(
       worker_id, heartbeat, on_message, [this, gen](const absl::Status& s) { Closed(gen, s); },
       fill);
+  if (!s.ok() && direct) {
+    absl::MutexLock lock(&mu_);
+    if (direct_gen_ == gen) direct_gen_ = 0;
+  }
+  return s;
 }
 
 void RoutedCoordinatorClient::Closed(uint64_t gen, const absl::Status& status) {
   ClosedHandler report;
   {
     absl::MutexLock lock(&mu_);
+    if (gen == direct_gen_) direct_gen_ = 0;
     if (gen != gen_) return;  // a session a route change replaced
     if (relayed_ && wanted_) {
       tasks_.push_back([this, gen, status] { FallBack(gen, status); });
@@ -113,6 +127,16 @@ void RoutedCoordinatorClient::FallBack(uint64_t gen, const absl::Status& why) {
     failed_address_ = relay_address_;
     failed_at_ = absl::Now();
     relay_id = relay_id_;
+    ++fall_backs_;
+    if (direct_gen_ != 0) {
+      // The direct session is still open: the relayed Hello never
+      // superseded it (or its ABORTED is on its way, and its end is then
+      // reported like any broken session's). Keep it.
+      gen_ = direct_gen_;
+      SHOAL_LOG(WARNING) << "session through relay " << relay_id << " ended (" << why
+                         << "); the direct session is still open, keeping it";
+      return;
+    }
     next = ++gen_;
   }
   SHOAL_LOG(WARNING) << "session through relay " << relay_id << " ended (" << why

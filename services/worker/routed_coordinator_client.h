@@ -48,6 +48,9 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // The relay the session goes through now (empty: direct).
   std::string relay() const;
 
+  // How many times a relayed session failed and the member went direct.
+  uint64_t fall_backs() const;
+
   static constexpr absl::Duration kRelayCooldown = absl::Seconds(10);
 
   absl::StatusOr<shoal::v1::JoinResponse> Join(const shoal::v1::JoinRequest& request) override;
@@ -102,6 +105,13 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // The generation of the current session: ends of older ones are the
   // route changes' own doing and are not reported.
   uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;
+  // The generation of the direct session while it lives (0: none). A move
+  // to a relay leaves it open (the relayed Hello supersedes it at the
+  // coordinator); when the relayed session fails before that, the fall-back
+  // keeps this one instead of re-opening: re-opening cancels it first, and
+  // a cancelled session is a departure for the coordinator.
+  uint64_t direct_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t fall_backs_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   std::thread router_;

@@ -53,11 +53,7 @@ bool AllRelayedThroughTheirHead(const v1::RunStatus& s, size_t workers) {
 
 class RelayE2eTest : public ClusterTest {};
 
-// DISABLED (flaky, under investigation): passed 6 of 7 runs; in one a
-// member whose relay had just shut down at the end of the run did not exit
-// within 60 s (the exit path of RoutedCoordinatorClient after a fall-back).
-// Run with --gtest_also_run_disabled_tests.
-TEST_F(RelayE2eTest, DISABLED_MembersGoThroughTheirSupernodeAndRoundsAgree) {
+TEST_F(RelayE2eTest, MembersGoThroughTheirSupernodeAndRoundsAgree) {
   // Enough rounds (about 0.4 s each) for the status to show the settled
   // routes before the run ends.
   constexpr int kRounds = 20;
@@ -99,11 +95,7 @@ TEST_F(RelayE2eTest, DISABLED_MembersGoThroughTheirSupernodeAndRoundsAgree) {
   EXPECT_GE(streams, 2u) << log;
 }
 
-// DISABLED (flaky, under investigation): passed 3 of 4 runs; in one, two
-// members that were moving between relays when the supernode died were
-// evicted for "could not connect with the peers of round 2 after 2
-// retries", and the rounds did not go on with four.
-TEST_F(RelayE2eTest, DISABLED_SupernodeKilledItsMembersGoOnWithoutLosingTheRun) {
+TEST_F(RelayE2eTest, SupernodeKilledItsMembersGoOnWithoutLosingTheRun) {
   const std::vector<std::string> zones = {"eu", "us", "eu", "us", "eu"};
   const std::string addr = StartCoordinator({"--min_participants=4", "--local_steps=20",
                                              "--relay=on", "--heartbeat_lease=4s",

@@ -376,5 +376,40 @@ TEST_F(RelayFrontendTest, RoutedClientMovesToTheRelayAndBackWhenItDies) {
   EXPECT_EQ(client->relay(), "");
 }
 
+
+// A relayed session that fails before the coordinator heard its Hello (here
+// the supernode's frontend has not joined as a relay yet and refuses it)
+// leaves the member on its direct session, which was never superseded:
+// re-opening it would cancel it first, and the coordinator takes a
+// cancelled session for a departure.
+TEST_F(RelayFrontendTest, RoutedClientKeepsItsDirectSessionWhenTheRelayRefusesTheHello) {
+  Member* supernode = Join(1);
+  Member* a = Join(2);
+  Member* b = Join(3);
+  for (Member* m : {supernode, b}) ASSERT_TRUE(m->Open(coordinator_->address()).ok());
+  StartFrontend(/*relay_id=*/"");
+  CoordinatorClientOptions options;
+  options.address = coordinator_->address();
+  options.rpc_timeout = kRpcTimeout;
+  options.retry_window = kRpcTimeout;
+  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
+  RoutedCoordinatorClient* client = routed.get();
+  a->client = std::move(routed);
+  ASSERT_TRUE(a->OpenOn(client).ok());
+
+  client->UseRelay(supernode->id, frontend_address_);
+  ASSERT_TRUE(WaitUntil([&] { return client->fall_backs() == 1; }, kWait));
+  EXPECT_EQ(client->relay(), "");
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
+  EXPECT_TRUE(coordinator_->engine().IsActive(a->id));
+  // The kept session still carries the member's directives: a round
+  // completes with it.
+  for (const auto& m : members_) ASSERT_TRUE(m->client->JoinRound(m->id, 1).ok()) << m->id;
+  PlayRound(1);
+  EXPECT_EQ(coordinator_->engine().last_completed_round(), 1u);
+  EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
+}
+
 }  // namespace
 }  // namespace shoal

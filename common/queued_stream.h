@@ -1,8 +1,9 @@
-// The write side of the coordinator's raw server streams (Session, Relay):
-// serialized messages queued by any thread and written one at a time, then
-// the stream's end once they are out.
-#ifndef SHOAL_SERVICES_COORDINATOR_QUEUED_STREAM_H_
-#define SHOAL_SERVICES_COORDINATOR_QUEUED_STREAM_H_
+// The write side of raw server streams (the coordinator's Session and
+// Relay, a supernode's relayed member sessions): serialized messages queued
+// by any thread and written one at a time, then the stream's end once they
+// are out.
+#ifndef SHOAL_COMMON_QUEUED_STREAM_H_
+#define SHOAL_COMMON_QUEUED_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -12,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/reactor_handoff.h"
 
-namespace shoal::coordinator {
+namespace shoal {
 
 // A ServerBidiReactor over raw bytes whose writes go through a queue.
 // Enqueue and Close are thread-safe; the subclass owns the read side and
@@ -116,6 +117,6 @@ class QueuedStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byte
   grpc::Status close_status_;
 };
 
-}  // namespace shoal::coordinator
+}  // namespace shoal
 
-#endif  // SHOAL_SERVICES_COORDINATOR_QUEUED_STREAM_H_
+#endif  // SHOAL_COMMON_QUEUED_STREAM_H_
