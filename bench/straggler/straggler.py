@@ -2,9 +2,14 @@
 """bench/run.sh straggler: what one slow machine costs a synchronous run.
 
 4 workers train the MLP on Fashion-MNIST on 127.0.0.1; one of them is
-throttled from outside to 1/4 of its speed by a SIGSTOP/SIGCONT duty cycle
-(it runs 50 ms of every 200 ms; the same scheme as tests/support/duty_cycle.h),
-from the moment every worker has joined and the first round starts. Time to reach the target test accuracy for:
+throttled from outside to 1/4 of its peers' speed by a SIGSTOP/SIGCONT duty
+cycle (the same scheme as tests/support/duty_cycle.h), from the moment every
+worker has joined and the first round starts. With fewer cores than workers
+an unthrottled worker gets cores/(others + duty) of a core, not a whole one,
+so the duty is solved for: duty = slow_fraction x min(1, cores / (workers -
+1 + duty)) (on 2 cores and 4 workers: 0.158, the peers at 0.61 of a core
+each). The slowdown measured in the synchronous arm (the throttled worker's
+median training time / its peers') is printed. Time to reach the target test accuracy for:
 
   today     synchronous, fixed deadline, late work dropped
             (--adaptive_deadline=false --fold_late_work=false)
@@ -156,6 +161,41 @@ def finished_accuracy(st):
     return sum(accs) / len(accs) if accs else 0.0
 
 
+def duty_fraction(slow_fraction, workers, cores):
+    """The duty cycle that leaves one worker at slow_fraction of its peers'
+    speed when `workers` single-threaded workers share `cores` cores: the
+    fixed point of f = s * min(1, cores / (workers - 1 + f))."""
+    f = slow_fraction
+    for _ in range(100):
+        f = slow_fraction * min(1.0, cores / (workers - 1 + f))
+    return f
+
+
+def worker_id_of(log_path):
+    """The id a worker joined as, from its log ("joined run ... as wN")."""
+    try:
+        for line in open(log_path):
+            i = line.find(" joined run ")
+            if i >= 0:
+                rest = line[i:].split(" as ", 1)
+                if len(rest) == 2:
+                    return rest[1].split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def measured_slowdown(status, slow_id):
+    """The throttled worker's median training time over its peers' median
+    (sync arms; None when not measured)."""
+    times = {w.get("id"): float(w.get("train_seconds_median", 0)) for w in status.get("workers", [])}
+    slow = times.pop(slow_id, 0) if slow_id else 0
+    peers = sorted(t for t in times.values() if t > 0)
+    if slow <= 0 or not peers:
+        return None
+    return slow / peers[len(peers) // 2]
+
+
 def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
     """Starts a cluster, throttles worker 4 when asked, polls the status until
     stop_when(status, elapsed) says so or the cap passes. Returns a dict.
@@ -186,7 +226,7 @@ def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
                         # Throttled from here on, not while it joins: a worker
                         # that takes longer than the coordinator's session grace
                         # between Join and opening its session is dropped.
-                        duty = DutyCycle(workers[-1].pid, args.slow_fraction)
+                        duty = DutyCycle(workers[-1].pid, args.duty)
                 if t0 is not None:
                     done = stop_when(st, now - t0)
                     if done:
@@ -213,6 +253,9 @@ def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
             json.dump(last, open(os.path.join(c.dir, "status.json"), "w"), indent=1)
         if duty is not None:
             result["duty_periods"] = duty.periods
+            if last is not None:
+                slow_id = worker_id_of(os.path.join(c.dir, f"worker-{args.workers}.log"))
+                result["slowdown"] = measured_slowdown(last, slow_id)
     finally:
         if duty is not None:
             duty.stop()
@@ -243,7 +286,10 @@ def main():
                     help="which arms to run (levers: e.g. --arms=equal-gossip)")
     ap.add_argument("--gossip_flags", default="",
                     help="extra coordinator flags of the gossip arms, space-separated")
+    ap.add_argument("--cores", type=int, default=os.cpu_count(),
+                    help="cores the workers share (for the duty cycle)")
     args = ap.parse_args()
+    args.duty = duty_fraction(args.slow_fraction, args.workers, args.cores)
     wanted = set(args.arms.split(","))
     # Evaluate as often as the sync arms do (every --local_steps steps):
     # --eval_every counts publications, one every --gossip_every steps.
@@ -270,8 +316,9 @@ def main():
     results = {}
     print(f"straggler: {args.workers} workers, mlp, Fashion-MNIST, {args.local_steps} local steps "
           f"x batch {args.batch_size}, worker {args.workers} throttled to {args.slow_fraction:g} "
-          f"(SIGSTOP/SIGCONT, 200 ms period), target test accuracy {args.target}, "
-          f"cap {args.cap_seconds:.0f} s per arm, {os.cpu_count()} cores")
+          f"of its peers' speed (SIGSTOP/SIGCONT, runs {args.duty:.3f} of every 200 ms on "
+          f"{args.cores} cores), target test accuracy {args.target}, "
+          f"cap {args.cap_seconds:.0f} s per arm")
     print(f"{'arm':<8} {'time_to_target':>15} {'accuracy':>9} {'rounds':>7} {'late':>5} "
           f"{'folded':>7}  note")
     for name, flags in arms:
@@ -284,6 +331,8 @@ def main():
             continue
         note = (f"CAPPED at {args.cap_seconds:.0f} s without reaching {args.target}"
                 if r["capped"] else f"reached {args.target}")
+        if r.get("slowdown"):
+            note += f"; throttled worker trained {r['slowdown']:.1f} x slower than its peers"
         print(f"{name:<8} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} "
               f"{r.get('rounds', 0):>7} {r.get('late', 0):>5} {r.get('folded', 0):>7}  {note}")
 
