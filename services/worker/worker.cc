@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -1147,6 +1148,8 @@ absl::Status Worker::RunGossip() {
     coordinator_->Leave(self, reason).IgnoreError();
     coordinator_->CloseSession();
   };
+  // The final average's list of sources, once the coordinator sent it.
+  std::optional<shoal::v1::GossipFinal> final_list;
   // Directives from the session; returns an exit status when the run ends
   // for this worker.
   auto handle_events = [&](absl::Duration wait) -> std::optional<absl::Status> {
@@ -1190,6 +1193,8 @@ absl::Status Worker::RunGossip() {
         SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every "
                         << config.checkpoint_every() << " local steps (next at step " << ckpt_due
                         << "), from sequence " << ckpt_sequence;
+      } else if (msg.has_gossip_final()) {
+        final_list = msg.gossip_final();
       } else if (msg.has_run_finished()) {
         SHOAL_LOG(INFO) << "run finished: " << msg.run_finished().reason();
         coordinator_->CloseSession();
@@ -1237,6 +1242,110 @@ absl::Status Worker::RunGossip() {
   }
   publish();
 
+  // The final average (docs/GOSSIP.md): serve `own`, this worker's final
+  // model, unchanged until the run ends; when the coordinator's GossipFinal
+  // names the sources, average their final models in that order (every
+  // worker adds the same floats in the same order: the same bits), report
+  // the hash, and wait for the run's end. Every wait is bounded by
+  // gossip_final_wait_ms.
+  auto final_average = [&](std::shared_ptr<const GossipCopy> own) -> absl::Status {
+    const absl::Duration wait =
+        absl::Milliseconds(std::max<uint32_t>(1000, config.gossip_final_wait_ms()));
+    report.set_gossip_done(true);
+    {
+      absl::MutexLock lock(&gossip_mu_);
+      gossip_report_ = report;
+    }
+    SHOAL_LOG(INFO) << "gossip: trained " << steps << " steps; serving the final model, waiting "
+                    << "(at most " << absl::FormatDuration(wait) << ") for the others";
+    // Waits for `ready` or the run's end; nullopt = go on.
+    auto wait_for = [&](const std::function<bool()>& ready,
+                        const std::string& what) -> std::optional<absl::Status> {
+      const absl::Time until = clock_->Now() + wait;
+      while (!ready()) {
+        if (StopRequested()) {
+          stop_token_.Cancel();
+          leave("worker stopped");
+          return absl::OkStatus();
+        }
+        if (clock_->Now() >= until) {
+          SHOAL_LOG(WARNING) << "gossip: " << what << " did not come within "
+                             << absl::FormatDuration(wait) << "; leaving";
+          leave(absl::StrCat("finished ", steps, " gossip steps (", what, " did not come)"));
+          return absl::OkStatus();
+        }
+        if (std::optional<absl::Status> exit = handle_events(absl::Milliseconds(100))) return exit;
+      }
+      return std::nullopt;
+    };
+    if (std::optional<absl::Status> exit =
+            wait_for([&] { return final_list.has_value(); }, "the final average's list")) {
+      return *exit;
+    }
+    std::vector<double> sum(n, 0.0);
+    uint32_t models = 0;
+    std::string error;
+    const absl::Time t0 = clock_->Now();
+    for (const shoal::v1::GossipPeer& source : final_list->sources()) {
+      const float* p = nullptr;
+      GossipFetchResult r;
+      if (source.worker_id() == self) {
+        p = own->params.data();
+      } else {
+        r.status = absl::CancelledError("worker stopped");
+        for (int attempt = 0; attempt < 3 && !StopRequested(); ++attempt) {
+          r = fetcher.FetchNow(source.worker_id(), source.peer_address(), n, g.timeout);
+          if (r.status.ok()) break;
+        }
+        if (!r.status.ok()) {
+          error = std::string(r.status.message());
+          break;
+        }
+        p = r.peer_params;
+      }
+      for (uint64_t i = 0; i < n; ++i) sum[i] += p[i];
+      ++models;
+    }
+    std::shared_ptr<const GossipCopy> upload = own;
+    if (error.empty() && models > 0) {
+      for (uint64_t i = 0; i < n; ++i) params[i] = static_cast<float>(sum[i] / models);
+      const std::string hash = HashParameters(params, n);
+      evaluate();
+      report.set_final_hash(hash);
+      report.set_final_models(models);
+      SHOAL_LOG(INFO) << absl::StrFormat(
+          "gossip: final average of %d models in %.2fs: hash %s test_accuracy=%.4f", models,
+          absl::ToDoubleSeconds(clock_->Now() - t0), hash.substr(0, 16),
+          report.test_accuracy());
+      auto averaged = std::make_shared<GossipCopy>();
+      averaged->publication = own->publication;
+      averaged->clock = clock;
+      averaged->loss = last_loss;
+      averaged->params.assign(params, params + n);
+      upload = std::move(averaged);
+    } else {
+      if (error.empty()) error = "no model to average";
+      report.set_final_error(error);
+      SHOAL_LOG(WARNING) << "gossip: final average failed (" << error
+                         << "); this worker keeps its own model";
+    }
+    {
+      absl::MutexLock lock(&gossip_mu_);
+      gossip_report_ = report;
+    }
+    if (checkpointer != nullptr && ckpt_sequence > 0) {
+      checkpointer->Wait();
+      if (std::optional<GossipUploadResult> r = checkpointer->Take()) on_uploaded(*r);
+      if (ckpt_sequence > 0) on_uploaded(checkpointer->UploadNow(upload_job(upload)));
+    }
+    // Others may still be fetching our final model: serve it until the
+    // coordinator ends the run (handle_events returns at RunFinished).
+    if (std::optional<absl::Status> exit = wait_for([] { return false; }, "the run's end")) {
+      return *exit;
+    }
+    return absl::OkStatus();
+  };
+
   while (true) {
     if (StopRequested()) {
       stop_token_.Cancel();
@@ -1245,9 +1354,20 @@ absl::Status Worker::RunGossip() {
     }
     if (std::optional<absl::Status> exit = handle_events(absl::ZeroDuration())) return *exit;
     if (g.steps > 0 && steps >= g.steps) {
+      if (config.gossip_final_average()) {
+        // A fetch in flight ends within its timeout; its result is dropped:
+        // the final model is what this worker had when it finished.
+        while (!fetcher.idle()) {
+          fetcher.Take();
+          absl::SleepFor(absl::Milliseconds(2));
+        }
+      }
       evaluate();
       next_projection = absl::InfinitePast();
       std::shared_ptr<const GossipCopy> last = publish();
+      if (config.gossip_final_average()) {
+        return final_average(last != nullptr ? std::move(last) : gossip_board_.Current());
+      }
       if (checkpointer != nullptr && ckpt_sequence > 0) {
         // The checkpointer's final model goes to the store too, as a
         // synchronous run's last round does.

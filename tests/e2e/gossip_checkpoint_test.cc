@@ -189,9 +189,10 @@ TEST_F(GossipCheckpointTest, CheckpointerTakeoverExportAndResume) {
   }
 }
 
-// With --gossip_steps the checkpointer uploads its final model before it
-// leaves, whatever the period: here the period is never reached.
-TEST_F(GossipCheckpointTest, AFiniteRunKeepsTheCheckpointersFinalModel) {
+// With --gossip_steps the run ends with the final average (on by default):
+// both workers hold the same bits, and the checkpointer uploads that model
+// before it leaves, whatever the period: here the period is never reached.
+TEST_F(GossipCheckpointTest, AFiniteRunKeepsTheFinalAverage) {
   const std::string store = StartStore();
   const std::string addr = StartCoordinator(
       {"--mode=gossip", "--gossip_every=10", "--eval_every=5", "--gossip_timeout=10s",
@@ -205,6 +206,38 @@ TEST_F(GossipCheckpointTest, AFiniteRunKeepsTheCheckpointersFinalModel) {
   const std::string show = Show(store, s.checkpoint_id());
   EXPECT_EQ(JsonValue(show, "gossip_steps"), "120") << show;
   EXPECT_EQ(JsonValue(show, "worker_id"), s.checkpoint_worker()) << show;
+  EXPECT_NE(s.final_average().find("2 final models averaged by 2 workers; hashes agree"),
+            std::string::npos)
+      << s.final_average() << Logs();
+  ASSERT_EQ(s.workers_size(), 2);
+  const std::string hash = s.workers(0).model_hash();
+  EXPECT_EQ(hash.size(), 64u);
+  for (const auto& w : s.workers()) {
+    EXPECT_EQ(w.model_hash(), hash) << w.id();
+    EXPECT_EQ(w.final_models(), 2u) << w.id();
+    EXPECT_EQ(w.final_error(), "") << w.id();
+  }
+  EXPECT_EQ(JsonValue(show, "model_sha256"), hash) << show;
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(30)), 0) << w->Log();
+}
+
+// --gossip_final_average=false: each worker leaves with its own model when
+// it trained its steps, and the run is finished when the last one left.
+TEST_F(GossipCheckpointTest, WithoutTheFinalAverageEachWorkerLeavesWithItsOwnModel) {
+  const std::string addr =
+      StartCoordinator({"--mode=gossip", "--gossip_every=10", "--eval_every=5",
+                        "--gossip_timeout=10s", "--heartbeat_interval=500ms", "--gossip_steps=60",
+                        "--gossip_final_average=false"});
+  for (int i = 0; i < 2; ++i) StartWorker(addr);
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& st) { return st.phase() == v1::FINISHED; }, absl::Minutes(3));
+  ASSERT_EQ(s.phase(), v1::FINISHED) << Logs();
+  EXPECT_EQ(s.final_average(), "");
+  for (const auto& w : s.workers()) {
+    EXPECT_EQ(w.state(), "left") << w.id();
+    EXPECT_EQ(w.final_models(), 0u) << w.id();
+    EXPECT_NE(w.reason().find("finished 60 gossip steps"), std::string::npos) << w.reason();
+  }
   for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(30)), 0) << w->Log();
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/core/round_engine.h"
 #include "tests/unit/round_engine_test_util.h"
@@ -14,6 +15,7 @@ namespace shoal::coordinator {
 namespace {
 
 using namespace test_util;  // NOLINT
+using ::testing::HasSubstr;
 constexpr auto kPeers = CoordinatorMessage::kPeerUpdate;
 
 class GossipEngineTest : public ::testing::Test {
@@ -118,6 +120,70 @@ TEST_F(GossipEngineTest, StatusShowsGossipFiguresAndConsensusDistance) {
   EXPECT_EQ(w->fetches_timed_out(), 1u);
   EXPECT_EQ(w->last_partner(), w2);
   EXPECT_DOUBLE_EQ(w->last_factor(), 0.5);
+}
+
+// --gossip_steps with the final average: the list goes out once every
+// member is done, the run finishes once every recipient reported, and the
+// phase stays FINISHED when the workers' sessions close afterwards.
+TEST(GossipFinalAverageEngineTest, ListWhenAllAreDoneThenFinishedWhenAllReported) {
+  FakeClock clock;
+  EngineOptions o;
+  o.config.set_mode("gossip");
+  o.config.set_min_participants(2);
+  o.config.set_gossip_steps(100);
+  o.config.set_gossip_final_average(true);
+  o.run_id = "gossip-final";
+  o.heartbeat_lease = absl::Seconds(10);
+  RoundEngine engine(o, &clock);
+  Directives out;
+  std::vector<std::string> ids;
+  for (int port : {1003, 1001, 1002}) {
+    shoal::v1::JoinRequest r;
+    r.set_peer_address(Address(port));
+    auto joined = engine.Join(r);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ids.push_back(joined->response.worker_id());
+    ASSERT_TRUE(engine.Connect(ids.back()).ok());
+    ASSERT_TRUE(engine.JoinRound(ids.back(), 0, &out).ok());
+  }
+  constexpr auto kFinal = CoordinatorMessage::kGossipFinal;
+  shoal::v1::Heartbeat done;
+  done.set_gossip(true);
+  done.set_gossip_done(true);
+  ASSERT_TRUE(engine.Heartbeat(ids[0], done).ok());
+  ASSERT_TRUE(engine.Heartbeat(ids[1], done).ok());
+  out = engine.Tick();
+  EXPECT_TRUE(To(out, kFinal).empty());
+  EXPECT_THAT(engine.Status().final_average(), HasSubstr("still training: " + ids[2]));
+
+  ASSERT_TRUE(engine.Heartbeat(ids[2], done).ok());
+  out = engine.Tick();
+  EXPECT_EQ(To(out, kFinal).size(), 3u);
+  const CoordinatorMessage list = MessageFor(out, ids[0], kFinal);
+  ASSERT_EQ(list.gossip_final().sources_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(list.gossip_final().sources(i).worker_id(), ids[i]);  // w1, w2, w3
+  }
+  EXPECT_EQ(list.gossip_final().sources(0).peer_address(), Address(1003));
+  EXPECT_TRUE(To(engine.Tick(), kFinal).empty()) << "sent once";
+
+  shoal::v1::Heartbeat reported = done;
+  reported.set_final_hash(std::string(64, 'd'));
+  reported.set_final_models(3);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(engine.Heartbeat(ids[i], reported).ok());
+  EXPECT_TRUE(To(engine.Tick(), kFinished).empty());
+  ASSERT_TRUE(engine.Heartbeat(ids[2], reported).ok());
+  out = engine.Tick();
+  EXPECT_EQ(To(out, kFinished).size(), 3u);
+  shoal::v1::RunStatus s = engine.Status();
+  EXPECT_EQ(s.phase(), shoal::v1::FINISHED);
+  EXPECT_EQ(s.final_average(), "3 final models averaged by 3 workers; hashes agree (dddddddddddd)");
+  const auto w = FindWorker(s, ids[1]);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->model_hash(), std::string(64, 'd'));
+  EXPECT_EQ(w->final_models(), 3u);
+  for (const std::string& id : ids) engine.Disconnect(id, "session stream closed");
+  EXPECT_EQ(engine.Status().phase(), shoal::v1::FINISHED);
 }
 
 class GossipCheckpointEngineTest : public GossipEngineTest {

@@ -268,6 +268,35 @@ TEST(FormatStatusTableTest, GossipShowsTheCheckpointerAndTheLatestCheckpoint) {
                         "steps, clock 64000"));
 }
 
+TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
+  RunStatus s;
+  s.set_run_id("g-2");
+  s.set_phase(shoal::v1::FINISHED);
+  s.mutable_config()->set_mode("gossip");
+  s.mutable_config()->set_gossip_final_average(true);
+  for (const char* id : {"w1", "w2"}) {
+    auto* w = s.add_workers();
+    w->set_id(id);
+    w->set_state("waiting");
+    w->set_gossip(true);
+    w->set_eval_clock(64000);
+    w->set_test_accuracy(0.86);
+    w->set_model_hash(std::string(64, 'f'));
+    w->set_final_models(2);
+  }
+  // Before any worker is done: no line, the usual summary.
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("final average")));
+  EXPECT_THAT(FormatSummaryLine(s, 1), HasSubstr("(mean of the workers' last evaluations)"));
+  s.set_final_average("2 final models averaged by 2 workers; hashes agree (ffffffffffff)");
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("  final average: 2 final models averaged by 2 "
+                                              "workers; hashes agree (ffffffffffff)\n"));
+  EXPECT_THAT(FormatSummaryLine(s, 1),
+              HasSubstr("test_accuracy=0.8600 test_loss=0.0000 (the final average) "
+                        "hashes_agree=true model_hash=ffffffffffffffff"));
+  s.mutable_workers(1)->set_model_hash(std::string(64, 'e'));
+  EXPECT_THAT(FormatSummaryLine(s, 1), HasSubstr("hashes_agree=false"));
+}
+
 TEST(FormatZoneTreeTest, FlatRunShowsNoTree) {
   RunStatus s = FinishedRun();
   auto* root = s.add_zones();

@@ -75,6 +75,8 @@ shoal_test(zone_election_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_election_test.
   LIBS coordinator_core)
 shoal_test(relay_assignment_test unit ${CMAKE_CURRENT_LIST_DIR}/relay_assignment_test.cc
   LIBS coordinator_core)
+shoal_test(final_average_test unit ${CMAKE_CURRENT_LIST_DIR}/final_average_test.cc
+  LIBS coordinator_core)
 shoal_test(zone_measurements_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_measurements_test.cc
   LIBS worker_core)
 shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_test.cc

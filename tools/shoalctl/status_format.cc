@@ -21,6 +21,7 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
                                     PhaseName(s.phase()), s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
   absl::StrAppend(&out, "  ", FormatConsensus(s), "\n");
+  if (!s.final_average().empty()) absl::StrAppend(&out, "  final average: ", s.final_average(), "\n");
   if (!s.config().checkpoint_store().empty()) {
     absl::StrAppend(&out, "  checkpointer ", s.checkpointer().empty() ? "-" : s.checkpointer(),
                     " (every ", s.config().checkpoint_every(), " local steps)  latest ",
@@ -66,6 +67,18 @@ void GossipAccuracy(const shoal::v1::RunStatus& s, double* accuracy, double* los
     *accuracy /= *n;
     *loss /= *n;
   }
+}
+
+// The final average's hash when every worker that reported one holds the
+// same (empty: none reported, or they differ).
+std::string FinalHash(const shoal::v1::RunStatus& s) {
+  std::string hash;
+  for (const auto& w : s.workers()) {
+    if (w.state() == "evicted" || w.model_hash().empty()) continue;
+    if (!hash.empty() && w.model_hash() != hash) return "";
+    hash = w.model_hash();
+  }
+  return hash;
 }
 }  // namespace
 
@@ -299,6 +312,15 @@ std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seco
     double accuracy = 0, loss = 0;
     int n = 0;
     GossipAccuracy(s, &accuracy, &loss, &n);
+    if (s.config().gossip_final_average() && !s.final_average().empty()) {
+      // The run ended with one model: every worker evaluated the same one.
+      const std::string hash = FinalHash(s);
+      return absl::StrFormat(
+          "summary: run_id=%s phase=%s mode=gossip workers=%d test_accuracy=%.4f test_loss=%.4f "
+          "(the final average) hashes_agree=%s model_hash=%s elapsed=%.1fs",
+          s.run_id(), PhaseName(s.phase()), n, accuracy, loss, hash.empty() ? "false" : "true",
+          hash.substr(0, 16), elapsed_seconds);
+    }
     return absl::StrFormat(
         "summary: run_id=%s phase=%s mode=gossip workers=%d test_accuracy=%.4f test_loss=%.4f "
         "(mean of the workers' last evaluations) elapsed=%.1fs",

@@ -413,6 +413,10 @@ class RoundEngine {
   // member as a PeerUpdate.
   bool gossip() const { return options_.config.mode() == "gossip"; }
   void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gossip with gossip_final_average: sends the GossipFinal once every
+  // member is done, and finishes the run once they all reported
+  // (core/final_average.h). Called by Tick.
+  void MaybeFinalAverage(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gossip mode with a checkpoint store: keeps one gossiping member as the
   // checkpointer (DecideGossipCheckpointer) and tells a new one with a
   // CheckpointRequest (gossip = true). Called on every peer-list change.
@@ -492,6 +496,11 @@ class RoundEngine {
   uint64_t peer_list_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Gossip mode: members that left after their --gossip_steps.
   uint64_t gossip_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  // The final average: whether the GossipFinal went out, to whom, and what
+  // the status says of it.
+  bool final_sent_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> final_recipients_ ABSL_GUARDED_BY(mu_);
+  std::string final_summary_ ABSL_GUARDED_BY(mu_);
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);

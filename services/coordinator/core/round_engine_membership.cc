@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/zone.h"
+#include "services/coordinator/core/final_average.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_engine_internal.h"
@@ -390,7 +391,7 @@ void RoundEngine::RemoveMember(std::string worker_id, MemberState why, const std
     const bool was_gossiping = it != index_.end() && it->second->gossiping;
     Depart(worker_id, why, reason, out);
     if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) ++gossip_finished_;
-    if (members_.empty()) {
+    if (members_.empty() && phase_ != shoal::v1::FINISHED) {
       phase_ = shoal::v1::WAITING_FOR_MEMBERS;
       // With --gossip_steps the run ends when its last worker finished them.
       if (gossip_finished_ > 0) {
@@ -443,6 +444,52 @@ void RoundEngine::SendPeerUpdate(Directives* out) {
     if (m.gossiping) out->push_back({id, shared});
   }
   AssignGossipCheckpointer(out);
+}
+
+void RoundEngine::MaybeFinalAverage(Directives* out) {
+  if (!options_.config.gossip_final_average() || phase_ == shoal::v1::FINISHED) return;
+  std::vector<FinalAverageMember> members;
+  members.reserve(members_.size());
+  for (const auto& [id, m] : members_) {
+    FinalAverageMember f;
+    f.worker_id = id;
+    f.address = m.address;
+    f.outbound_only = m.outbound_only;
+    f.done = m.gossiping && m.progress.gossip_done();
+    f.recipient = final_recipients_.count(id) > 0;
+    f.hash = m.progress.final_hash();
+    f.models = m.progress.final_models();
+    f.error = m.progress.final_error();
+    members.push_back(std::move(f));
+  }
+  FinalAverageDecision d = DecideFinalAverage(members, final_sent_);
+  if (d.summary != final_summary_) {
+    final_summary_ = d.summary;
+    MarkStatusChanged();
+  }
+  switch (d.action) {
+    case FinalAverageDecision::Action::kWait:
+      return;
+    case FinalAverageDecision::Action::kSend: {
+      CoordinatorMessage msg;
+      for (const FinalAverageMember& s : d.sources) {
+        auto* p = msg.mutable_gossip_final()->add_sources();
+        p->set_worker_id(s.worker_id);
+        p->set_peer_address(s.address);
+      }
+      const SharedMessage shared = Share(std::move(msg));
+      for (const FinalAverageMember& m : members) {
+        final_recipients_.insert(m.worker_id);
+        out->push_back({m.worker_id, shared});
+      }
+      final_sent_ = true;
+      SHOAL_LOG(INFO) << "gossip: every member trained its steps; " << d.summary;
+      return;
+    }
+    case FinalAverageDecision::Action::kFinish:
+      Finish(absl::StrCat("gossip: ", d.summary), out);
+      return;
+  }
 }
 
 }  // namespace shoal::coordinator

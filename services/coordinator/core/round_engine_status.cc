@@ -177,6 +177,9 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
       w->set_last_partner(h.last_partner());
       w->set_last_factor(h.last_factor());
       w->set_gossip_steps(h.gossip_steps());
+      if (!h.final_hash().empty()) w->set_model_hash(h.final_hash());
+      w->set_final_models(h.final_models());
+      w->set_final_error(h.final_error());
     }
     if (active && m.progress.syncing()) {
       w->set_sync_bytes_done(m.progress.sync_bytes_done());
@@ -214,6 +217,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     s.set_consensus_distance(ConsensusDistance(projections, &used));
     s.set_consensus_workers(used);
     s.set_checkpointer(gossip_checkpointer_);
+    s.set_final_average(final_summary_);
     s.set_checkpoint_clock(checkpoint_clock_);
     s.set_checkpoint_steps(checkpoint_steps_);
     s.set_checkpoint_worker(checkpoint_worker_);
