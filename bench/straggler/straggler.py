@@ -15,7 +15,12 @@ median training time / its peers') is printed. Time to reach the target test acc
             (--adaptive_deadline=false --fold_late_work=false)
   fold      synchronous, adaptive deadline + late work folded by staleness
   gossip    coordinator --mode=gossip ("gossip: not available" when the
-            coordinator refuses the flag)
+            coordinator refuses the flag); its accuracy is the consensus
+            model's (the average of the workers' current models, which the
+            run's final average would be; --consensus_eval_every), as the
+            synchronous arms' is the round's averaged model; the time the
+            mean of the workers' own evaluations crossed the target is
+            printed too
 
 and, with no throttled worker, the test accuracy of sync and gossip after the
 same number of samples. Every arm is capped (--cap_seconds); a capped arm says
@@ -142,6 +147,13 @@ class Cluster:
                 p.wait()
 
 
+def consensus_of(st):
+    """The latest consensus evaluation of a gossip run (None before one)."""
+    if int(st.get("consensus_models", 0)) > 0:
+        return float(st.get("consensus_test_accuracy", 0))
+    return None
+
+
 def accuracy_of(st):
     """The run's latest test accuracy: the newest evaluated round (sync), or
     the mean of the workers' latest evaluations (gossip, no rounds)."""
@@ -230,8 +242,8 @@ def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
                 if t0 is not None:
                     done = stop_when(st, now - t0)
                     if done:
-                        result.update(done)
                         result["seconds"] = now - t0
+                        result.update(done)  # a stop that timed its own crossing wins
                         break
             if now - start > args.cap_seconds:
                 result["capped"] = True
@@ -286,6 +298,8 @@ def main():
                     help="which arms to run (levers: e.g. --arms=equal-gossip)")
     ap.add_argument("--gossip_flags", default="",
                     help="extra coordinator flags of the gossip arms, space-separated")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each straggler arm (interleaved); the median time counts")
     ap.add_argument("--cores", type=int, default=os.cpu_count(),
                     help="cores the workers share (for the duty cycle)")
     args = ap.parse_args()
@@ -303,6 +317,24 @@ def main():
             return {"accuracy": acc, "round": rnd}
         return None
 
+    def reach_gossip():
+        """Gossip: done when the consensus model reached the target (its
+        time counts) and the mean of the workers' own evaluations did too
+        (printed)."""
+        seen = {}
+
+        def stop(st, elapsed):
+            consensus = consensus_of(st)
+            if "seconds" not in seen and consensus is not None and consensus >= args.target:
+                seen.update(seconds=elapsed, accuracy=consensus)
+            mean, _ = accuracy_of(st)
+            if "mean_seconds" not in seen and mean >= args.target:
+                seen.update(mean_seconds=elapsed, mean_accuracy=mean)
+            if "seconds" in seen and "mean_seconds" in seen:
+                return dict(seen)
+            return None
+        return stop
+
     arms = [
         ("today", ["--adaptive_deadline=false", "--fold_late_work=false"]),
         ("fold", ["--adaptive_deadline=true", "--fold_late_work=true",
@@ -310,7 +342,8 @@ def main():
                   "--deadline_floor=500ms"]),
         # Evaluation runs inside a gossip worker's training loop, every
         # --local_steps steps as in the sync arms.
-        ("gossip", ["--mode=gossip", f"--eval_every={args.gossip_eval_every}"] + gossip_extra),
+        ("gossip", ["--mode=gossip", f"--eval_every={args.gossip_eval_every}",
+                    f"--consensus_eval_every={args.gossip_eval_every}"] + gossip_extra),
     ]
     arms = [a for a in arms if a[0] in wanted]
     results = {}
@@ -321,20 +354,40 @@ def main():
           f"cap {args.cap_seconds:.0f} s per arm")
     print(f"{'arm':<8} {'time_to_target':>15} {'accuracy':>9} {'rounds':>7} {'late':>5} "
           f"{'folded':>7}  note")
-    for name, flags in arms:
-        log(f"straggler: arm {name} ...")
-        r = run_arm(args, name, flags, True, reach)
-        results[name] = r
-        if not r["available"]:
-            print(f"{name:<8} {'-':>15} {'-':>9} {'-':>7} {'-':>5} {'-':>7}  "
-                  f"{name}: not available ({r.get('why', '')})")
+    runs = {name: [] for name, _ in arms}
+    for rep in range(args.repeats):
+        for name, flags in arms:
+            if runs[name] and not runs[name][-1]["available"]:
+                continue
+            label = name if args.repeats == 1 else f"{name}#{rep + 1}"
+            log(f"straggler: arm {label} ...")
+            stop = reach_gossip() if name == "gossip" else reach
+            r = run_arm(args, label, flags, True, stop)
+            runs[name].append(r)
+            if not r["available"]:
+                print(f"{label:<8} {'-':>15} {'-':>9} {'-':>7} {'-':>5} {'-':>7}  "
+                      f"{name}: not available ({r.get('why', '')})")
+                continue
+            note = (f"CAPPED at {args.cap_seconds:.0f} s without reaching {args.target}"
+                    if r["capped"] else f"reached {args.target}")
+            if r.get("slowdown"):
+                note += f"; throttled worker trained {r['slowdown']:.1f} x slower than its peers"
+            if "mean_seconds" in r:
+                note += (f" (consensus model); the mean of the workers' own models reached it "
+                         f"at {r['mean_seconds']:.1f}s")
+            print(f"{label:<8} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} "
+                  f"{r.get('rounds', 0):>7} {r.get('late', 0):>5} {r.get('folded', 0):>7}  {note}",
+                  flush=True)
+    for name, rs in runs.items():
+        ok = [r for r in rs if r["available"]]
+        if not ok:
+            results[name] = rs[-1] if rs else {"available": False}
             continue
-        note = (f"CAPPED at {args.cap_seconds:.0f} s without reaching {args.target}"
-                if r["capped"] else f"reached {args.target}")
-        if r.get("slowdown"):
-            note += f"; throttled worker trained {r['slowdown']:.1f} x slower than its peers"
-        print(f"{name:<8} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} "
-              f"{r.get('rounds', 0):>7} {r.get('late', 0):>5} {r.get('folded', 0):>7}  {note}")
+        ok.sort(key=lambda r: r["seconds"])
+        results[name] = ok[len(ok) // 2]  # the median run
+    if args.repeats > 1:
+        print("median of %d runs: %s" % (args.repeats, "  ".join(
+            f"{n}={results[n]['seconds']:.1f}s" for n in runs if results[n].get("available"))))
 
     # No straggler: accuracy after the same number of samples.
     samples = args.equal_rounds * args.workers * args.local_steps * args.batch_size

@@ -195,6 +195,10 @@ ABSL_FLAG(uint32_t, gossip_checkpoint_every, 1000,
           "first publication at or past each multiple of N; 0 = never.");
 ABSL_FLAG(uint64_t, gossip_steps, 0,
           "Gossip: local steps each worker trains before it leaves (0 = until stopped).");
+ABSL_FLAG(uint32_t, consensus_eval_every, 0,
+          "Gossip: every N of its publications, one worker (the one that trained the most "
+          "steps) fetches every peer's current model and evaluates their average (the "
+          "consensus model; status: consensus_test_accuracy); 0 = off.");
 ABSL_FLAG(bool, gossip_final_average, true,
           "Gossip with --gossip_steps: the run ends with one model: when every worker trained "
           "its steps, each averages all workers' final models in the same order, so all hold "
@@ -375,6 +379,7 @@ int main(int argc, char** argv) {
     c.set_divergence_threshold(absl::GetFlag(FLAGS_divergence_threshold));
     c.set_gossip_steps(absl::GetFlag(FLAGS_gossip_steps));
     c.set_gossip_final_average(c.gossip_steps() > 0 && absl::GetFlag(FLAGS_gossip_final_average));
+    c.set_consensus_eval_every(absl::GetFlag(FLAGS_consensus_eval_every));
     c.set_gossip_final_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(
         absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_round_timeout)), 1, 1LL << 31)));
     // One field, two units: rounds in synchronous mode, the checkpointer's

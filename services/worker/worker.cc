@@ -1148,6 +1148,42 @@ absl::Status Worker::RunGossip() {
     coordinator_->Leave(self, reason).IgnoreError();
     coordinator_->CloseSession();
   };
+  // The consensus evaluation (docs/GOSSIP.md, "Consensus accuracy"), by the
+  // member the coordinator names (the most trained): its own fetcher, so
+  // that a background fetch in flight is not disturbed.
+  bool consensus_evaluator = false;
+  GossipFetcher consensus_fetcher(peers_.get(), self, clock_, &stop_token_);
+  auto evaluate_consensus = [&] {
+    if (!consensus_evaluator) return;
+    const absl::Time t0 = clock_->Now();
+    std::vector<double> sum(params, params + n);
+    double clocks = clock;
+    uint32_t models = 1;
+    for (const auto& [id, address] : peers) {
+      GossipFetchResult r = consensus_fetcher.FetchNow(id, address, n, g.timeout);
+      if (!r.status.ok()) {
+        SHOAL_VLOG(1) << "consensus evaluation without " << id << ": " << r.status.message();
+        continue;
+      }
+      for (uint64_t i = 0; i < n; ++i) sum[i] += r.peer_params[i];
+      clocks += r.peer_clock;
+      ++models;
+    }
+    // Evaluated in place: the own model is put back before training goes on.
+    const std::vector<float> own(params, params + n);
+    for (uint64_t i = 0; i < n; ++i) params[i] = static_cast<float>(sum[i] / models);
+    const shoal::v1::Metrics m = trainer_->Evaluate();
+    std::copy(own.begin(), own.end(), params);
+    report.set_consensus_accuracy(m.test_accuracy());
+    report.set_consensus_loss(m.test_loss());
+    report.set_consensus_models(models);
+    report.set_consensus_clock(clocks);
+    SHOAL_LOG(INFO) << absl::StrFormat(
+        "gossip step %d consensus of %d models (clocks %.0f): test_accuracy=%.4f test_loss=%.4f "
+        "(%.2fs)",
+        steps, models, clocks, m.test_accuracy(), m.test_loss(),
+        absl::ToDoubleSeconds(clock_->Now() - t0));
+  };
   // The final average's list of sources, once the coordinator sent it.
   std::optional<shoal::v1::GossipFinal> final_list;
   // Directives from the session; returns an exit status when the run ends
@@ -1175,6 +1211,7 @@ absl::Status Worker::RunGossip() {
         }
         chooser.SetPeers(peers);
         have_peer_list = true;
+        consensus_evaluator = msg.peer_update().consensus_evaluator() == self;
         SHOAL_LOG(INFO) << "gossip peers (version " << msg.peer_update().version()
                         << "): " << peers.size();
       } else if (msg.has_checkpoint_request() && msg.checkpoint_request().gossip()) {
@@ -1451,6 +1488,10 @@ absl::Status Worker::RunGossip() {
     loss_count = 0;
     M().train_loss.Set(last_loss);
     if ((steps / g.gossip_every) % eval_every == 0) evaluate();
+    if (config.consensus_eval_every() > 0 &&
+        (steps / g.gossip_every) % config.consensus_eval_every() == 0) {
+      evaluate_consensus();
+    }
     std::shared_ptr<const GossipCopy> base = publish();
     if (ckpt_sequence > 0 && CheckpointDue(steps, ckpt_due) && base != nullptr &&
         checkpointer->idle()) {

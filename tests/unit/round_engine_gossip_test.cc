@@ -61,6 +61,7 @@ TEST_F(GossipEngineTest, PeerListGoesToEveryMemberOnEachChangeAndNoRoundStarts) 
   const CoordinatorMessage m = MessageFor(out, w1, kPeers);
   EXPECT_EQ(PeersIn(m), (std::vector<std::string>{w1, w2}));
   EXPECT_EQ(m.peer_update().peers(1).peer_address(), Address(1002));
+  EXPECT_EQ(m.peer_update().consensus_evaluator(), "");  // --consensus_eval_every off
   const uint64_t v = m.peer_update().version();
   out.clear();
   const std::string w3 = Join(1003, &out);
@@ -184,6 +185,58 @@ TEST(GossipFinalAverageEngineTest, ListWhenAllAreDoneThenFinishedWhenAllReported
   EXPECT_EQ(w->final_models(), 3u);
   for (const std::string& id : ids) engine.Disconnect(id, "session stream closed");
   EXPECT_EQ(engine.Status().phase(), shoal::v1::FINISHED);
+}
+
+// --consensus_eval_every: the coordinator names the most trained member
+// the consensus evaluator, keeps it until another trained 1.5 x its steps
+// (or it left), and tells everyone with a PeerUpdate; without the flag
+// nobody is named.
+TEST(GossipConsensusEvaluatorTest, TheMostTrainedMemberEvaluatesStickily) {
+  FakeClock clock;
+  EngineOptions o;
+  o.config.set_mode("gossip");
+  o.config.set_min_participants(2);
+  o.config.set_consensus_eval_every(50);
+  o.run_id = "gossip-consensus";
+  o.heartbeat_lease = absl::Seconds(10);
+  RoundEngine engine(o, &clock);
+  Directives out;
+  std::vector<std::string> ids;
+  for (int port : {1001, 1002, 1003}) {
+    shoal::v1::JoinRequest r;
+    r.set_peer_address(Address(port));
+    auto joined = engine.Join(r);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ids.push_back(joined->response.worker_id());
+    ASSERT_TRUE(engine.Connect(ids.back()).ok());
+    ASSERT_TRUE(engine.JoinRound(ids.back(), 0, &out).ok());
+  }
+  auto steps = [&](int i, uint64_t n) {
+    shoal::v1::Heartbeat hb;
+    hb.set_gossip(true);
+    hb.set_gossip_steps(n);
+    ASSERT_TRUE(engine.Heartbeat(ids[i], hb).ok());
+  };
+  auto evaluator_in = [&](const Directives& d, const std::string& id) {
+    return MessageFor(d, id, kPeers).peer_update().consensus_evaluator();
+  };
+  // Nobody trained yet: the first eligible member, told to everyone.
+  out = engine.Tick();
+  ASSERT_EQ(To(out, kPeers).size(), 3u);
+  EXPECT_EQ(evaluator_in(out, ids[2]), ids[0]);
+  EXPECT_TRUE(To(engine.Tick(), kPeers).empty()) << "no change, no update";
+  // w2 ahead, but not by 1.5 x: w1 stays.
+  steps(0, 100);
+  steps(1, 150);
+  EXPECT_TRUE(To(engine.Tick(), kPeers).empty());
+  // w3 far ahead (w1 is the slow one): it takes over.
+  steps(2, 400);
+  out = engine.Tick();
+  EXPECT_EQ(evaluator_in(out, ids[0]), ids[2]);
+  // It leaves: the most trained of the others.
+  out = engine.Disconnect(ids[2], "stream broken");
+  out = engine.Tick();
+  EXPECT_EQ(evaluator_in(out, ids[0]), ids[1]);
 }
 
 class GossipCheckpointEngineTest : public GossipEngineTest {

@@ -297,6 +297,20 @@ TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
   EXPECT_THAT(FormatSummaryLine(s, 1), HasSubstr("hashes_agree=false"));
 }
 
+TEST(FormatStatusTableTest, GossipConsensusAccuracyWhenEvaluated) {
+  RunStatus s;
+  s.mutable_config()->set_mode("gossip");
+  s.set_consensus_distance(0.25);
+  s.set_consensus_workers(3);
+  EXPECT_EQ(FormatConsensus(s), "consensus_distance 0.25000 (3 workers)");
+  s.set_consensus_models(3);
+  s.set_consensus_test_accuracy(0.8512);
+  s.set_consensus_worker("w1");
+  EXPECT_EQ(FormatConsensus(s),
+            "consensus_distance 0.25000 (3 workers)  consensus_accuracy 0.8512 (3 models, by w1)");
+  EXPECT_THAT(FormatStatusTable(s), HasSubstr("consensus_accuracy 0.8512 (3 models, by w1)"));
+}
+
 TEST(FormatZoneTreeTest, FlatRunShowsNoTree) {
   RunStatus s = FinishedRun();
   auto* root = s.add_zones();

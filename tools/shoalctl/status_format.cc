@@ -85,11 +85,17 @@ std::string FinalHash(const shoal::v1::RunStatus& s) {
 bool IsGossip(const shoal::v1::RunStatus& s) { return s.config().mode() == "gossip"; }
 
 std::string FormatConsensus(const shoal::v1::RunStatus& s) {
-  if (s.consensus_distance() < 0 || s.consensus_workers() < 2) {
-    return absl::StrCat("consensus_distance - (", s.consensus_workers(), " projections)");
+  std::string out =
+      s.consensus_distance() < 0 || s.consensus_workers() < 2
+          ? absl::StrCat("consensus_distance - (", s.consensus_workers(), " projections)")
+          : absl::StrFormat("consensus_distance %.5f (%d workers)", s.consensus_distance(),
+                            s.consensus_workers());
+  if (s.consensus_models() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("  consensus_accuracy %.4f (%d models, by %s)",
+                                          s.consensus_test_accuracy(), s.consensus_models(),
+                                          s.consensus_worker()));
   }
-  return absl::StrFormat("consensus_distance %.5f (%d workers)", s.consensus_distance(),
-                         s.consensus_workers());
+  return out;
 }
 
 std::string FormatGossipLine(const shoal::v1::RunStatus& s) {

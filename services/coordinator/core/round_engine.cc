@@ -226,7 +226,10 @@ Directives RoundEngine::Tick() {
   ExpireLeases(now, &out);
   WatchCheckpoint(now, &out);
   if (!gossip()) ApplyRoundDeadline(now, &out);
-  if (gossip()) MaybeFinalAverage(&out);
+  if (gossip()) {
+    UpdateConsensusEvaluator(&out);
+    MaybeFinalAverage(&out);
+  }
   if (election_stale_) Reelect(ElectionTrigger::kMembership);
   // Routes changed by an election since the last tick (relay on).
   for (Directive& d : relay_changes_) out.push_back(std::move(d));

@@ -417,6 +417,10 @@ class RoundEngine {
   // member is done, and finishes the run once they all reported
   // (core/final_average.h). Called by Tick.
   void MaybeFinalAverage(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With consensus_eval_every: names the consensus evaluator, the member
+  // that trained the most steps (sticky: another takes over only with 1.5 x
+  // its steps, or when it is gone); a change goes out as a PeerUpdate.
+  void UpdateConsensusEvaluator(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gossip mode with a checkpoint store: keeps one gossiping member as the
   // checkpointer (DecideGossipCheckpointer) and tells a new one with a
   // CheckpointRequest (gossip = true). Called on every peer-list change.
@@ -501,6 +505,7 @@ class RoundEngine {
   bool final_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> final_recipients_ ABSL_GUARDED_BY(mu_);
   std::string final_summary_ ABSL_GUARDED_BY(mu_);
+  std::string consensus_evaluator_ ABSL_GUARDED_BY(mu_);
   uint32_t connection_retries_ ABSL_GUARDED_BY(mu_) = 0;
   bool sharing_started_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<shoal::v1::RoundSummary> recent_rounds_ ABSL_GUARDED_BY(mu_);

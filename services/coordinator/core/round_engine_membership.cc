@@ -430,6 +430,7 @@ void RoundEngine::SendPeerUpdate(Directives* out) {
   CoordinatorMessage msg;
   auto* update = msg.mutable_peer_update();
   update->set_version(++peer_list_version_);
+  update->set_consensus_evaluator(consensus_evaluator_);
   for (const auto& [id, m] : members_) {
     // Nobody can fetch from a worker behind NAT; it fetches from the others.
     if (!m.gossiping || m.outbound_only) continue;
@@ -490,6 +491,36 @@ void RoundEngine::MaybeFinalAverage(Directives* out) {
       Finish(absl::StrCat("gossip: ", d.summary), out);
       return;
   }
+}
+
+void RoundEngine::UpdateConsensusEvaluator(Directives* out) {
+  if (options_.config.consensus_eval_every() == 0 || phase_ == shoal::v1::FINISHED) return;
+  const Member* current = nullptr;
+  const Member* best = nullptr;
+  std::string best_id;
+  for (const auto& [id, m] : members_) {
+    if (!m.gossiping || m.outbound_only) continue;
+    if (id == consensus_evaluator_) current = &m;
+    if (best == nullptr || m.progress.gossip_steps() > best->progress.gossip_steps()) {
+      best = &m;
+      best_id = id;
+    }
+  }
+  std::string pick = consensus_evaluator_;
+  if (current == nullptr) {
+    pick = best_id;  // none yet, or it left: the most trained (or none)
+  } else if (best != nullptr && best != current &&
+             best->progress.gossip_steps() > 1.5 * current->progress.gossip_steps() + 10) {
+    pick = best_id;
+  }
+  if (pick == consensus_evaluator_) return;
+  SHOAL_LOG(INFO) << "gossip: the consensus evaluator is " << (pick.empty() ? "nobody" : pick)
+                  << (best != nullptr ? absl::StrCat(" (", best->progress.gossip_steps(),
+                                                     " steps, the most trained)")
+                                      : std::string());
+  consensus_evaluator_ = pick;
+  MarkStatusChanged();
+  SendPeerUpdate(out);
 }
 
 }  // namespace shoal::coordinator

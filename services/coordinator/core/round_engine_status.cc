@@ -218,6 +218,16 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     s.set_consensus_workers(used);
     s.set_checkpointer(gossip_checkpointer_);
     s.set_final_average(final_summary_);
+    // The freshest consensus evaluation (the evaluator may have changed).
+    for (const auto& [id, m] : members_) {
+      const shoal::v1::Heartbeat& h = m.progress;
+      if (h.consensus_models() == 0 || h.consensus_clock() < s.consensus_clock()) continue;
+      s.set_consensus_test_accuracy(h.consensus_accuracy());
+      s.set_consensus_test_loss(h.consensus_loss());
+      s.set_consensus_models(h.consensus_models());
+      s.set_consensus_clock(h.consensus_clock());
+      s.set_consensus_worker(id);
+    }
     s.set_checkpoint_clock(checkpoint_clock_);
     s.set_checkpoint_steps(checkpoint_steps_);
     s.set_checkpoint_worker(checkpoint_worker_);
