@@ -990,6 +990,71 @@ TEST_F(MembershipTest, LateWorkFoldedIntoACompletedRoundAppearsInStatus) {
   EXPECT_EQ(FindWorker(engine_->Status(), ids[0])->folded_updates(), 0u);
 }
 
+// The early cut: once a worker's own measurements (here its latest fold's
+// training time) say it will miss the adaptive deadline, the round goes on
+// as soon as the others are ready instead of waiting for the deadline; after
+// a fold that shows it got faster it is waited for again.
+TEST_F(MembershipTest, AWorkerExpectedToMissTheDeadlineIsNotWaitedFor) {
+  Start({.min_participants = 2, .round_timeout = absl::Seconds(60)});
+  const std::vector<std::string> ids = StartRoundOne(3);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+    RunRound(ids, r, Hash(static_cast<char>('0' + r)));
+  }
+  auto fold = [&](uint64_t round, double seconds) {
+    v1::ReportReadyRequest request;
+    request.set_worker_id(ids[2]);
+    request.set_round(round);
+    request.set_total_elements(kTotal);
+    request.set_folded(true);
+    request.set_folded_base_round(round - 2);
+    request.set_folded_trained_round(round - 1);
+    request.set_folded_train_seconds(seconds);
+    request.set_folded_weight(0.5);
+    Directives out;
+    EXPECT_TRUE(engine_->ReportReady(request, &out).ok());
+  };
+  // Round 4: measured like the others (3 s), so it is waited for until the
+  // deadline (6 s), and misses it.
+  EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+  ReadyOk(ids[0], 4);
+  EXPECT_THAT(To(ReadyOk(ids[1], 4), kMissed), IsEmpty());
+  EXPECT_THAT(To(Pass(absl::Seconds(3), ids), kMissed), ElementsAre(ids[2]));
+  AllConnected(4);
+  AllDone({ids[0], ids[1]}, 4, Hash('4'));
+  // Round 5: it folds its late work, which took 11.5 s of training.
+  fold(5, 11.5);
+  ReadyOk(ids[0], 5);
+  ReadyOk(ids[1], 5);
+  AllConnected(5);
+  AllDone(ids, 5, Hash('5'));
+  // Round 6: 11.5 s > the 6 s deadline: the last on-time report cuts the
+  // round at once.
+  EXPECT_THAT(Pass(absl::Seconds(3), ids), IsEmpty());
+  ReadyOk(ids[0], 6);
+  const Directives cut = ReadyOk(ids[1], 6);
+  EXPECT_THAT(To(cut, kMissed), ElementsAre(ids[2]));
+  EXPECT_THAT(MessageFor(cut, ids[2], kMissed).round_missed().reason(),
+              HasSubstr("cut early: by their own ready times they would miss it"));
+  EXPECT_THAT(To(cut, kPlan), ElementsAre(ids[0], ids[1]));
+  AllConnected(6);
+  AllDone({ids[0], ids[1]}, 6, Hash('6'));
+  const WorkerStatus slow = *FindWorker(engine_->Status(), ids[2]);
+  EXPECT_EQ(slow.state(), "training");
+  EXPECT_EQ(slow.rounds_missed(), 0u);  // slow, not lost: it does not count
+  EXPECT_EQ(slow.rounds_late(), 2u);
+  // Round 7: its fold shows 2 s of training; round 8 waits for it again.
+  fold(7, 2.0);
+  ReadyOk(ids[0], 7);
+  ReadyOk(ids[1], 7);
+  AllConnected(7);
+  AllDone(ids, 7, Hash('7'));
+  EXPECT_THAT(Pass(absl::Seconds(2), ids), IsEmpty());
+  ReadyOk(ids[0], 8);
+  EXPECT_THAT(To(ReadyOk(ids[1], 8), kMissed), IsEmpty());
+  EXPECT_THAT(To(ReadyOk(ids[2], 8), kPlan), ElementsAre(ids[0], ids[1], ids[2]));
+}
+
 TEST_F(MembershipTest, FoldRefusedWhenTheRunDropsLateWork) {
   Start({.min_participants = 2, .round_timeout = absl::Seconds(60), .fold_late_work = false});
   const std::vector<std::string> ids = StartRoundOne(2);
