@@ -273,16 +273,10 @@ ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
   return d;
 }
 
-bool ExpectedToMiss(absl::Duration expected, absl::Time round_started, absl::Time deadline) {
-  return expected > kEarlyCutMargin * (deadline - round_started);
-}
-
 bool ExpectedToMissTheDeadline(const EarlyCutInput& in) {
   if (in.ready == 0 || in.not_ready.empty()) return false;
-  for (const std::optional<absl::Duration>& expected : in.not_ready) {
-    if (!expected.has_value() || !ExpectedToMiss(*expected, in.round_started, in.deadline)) {
-      return false;
-    }
+  for (const std::optional<absl::Duration>& median : in.not_ready) {
+    if (!median.has_value() || in.round_started + *median <= in.deadline) return false;
   }
   return true;
 }

@@ -227,9 +227,9 @@ ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
 // ready yet, with the median of its own recent ready times (nullopt: not
 // measured in after_rounds rounds). True when at least one participant is
 // ready and every one not ready is expected to miss `deadline` by its own
-// measurements (ExpectedToMiss): waiting until the deadline would gain
-// nothing, so the round goes on now. An unmeasured one is never expected to
-// miss it.
+// measurements (round_started + its median is past it): waiting until the
+// deadline would gain nothing, so the round goes on now. An unmeasured one
+// is never expected to miss it.
 struct EarlyCutInput {
   absl::Time round_started;
   absl::Time deadline = absl::InfiniteFuture();
@@ -237,12 +237,6 @@ struct EarlyCutInput {
   std::vector<std::optional<absl::Duration>> not_ready;
 };
 bool ExpectedToMissTheDeadline(const EarlyCutInput& in);
-// A participant expected to take `expected` (from the round start) misses
-// `deadline` by more than noise: expected > kEarlyCutMargin x the time the
-// deadline allows. The margin keeps a worker that was narrowly late once
-// (its fold took a little longer than the deadline) from being cut.
-inline constexpr double kEarlyCutMargin = 1.25;
-bool ExpectedToMiss(absl::Duration expected, absl::Time round_started, absl::Time deadline);
 
 // The median of `samples` (the mean of the middle two for an even count);
 // zero when empty.

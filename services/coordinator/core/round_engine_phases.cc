@@ -642,8 +642,7 @@ void RoundEngine::UpdateReadyDeadline(absl::Time now) {
   if (decision.adaptive) {
     for (const std::string& id : participants_) {
       const std::optional<absl::Duration> expected = ExpectedReadyTime(At(id));
-      expected_late_ += expected.has_value() &&
-                        ExpectedToMiss(*expected, round_started_at_, decision.deadline);
+      expected_late_ += expected.has_value() && round_started_at_ + *expected > decision.deadline;
     }
   }
   if (decision.deadline != ready_deadline_.deadline || decision.reason != ready_deadline_.reason) {
