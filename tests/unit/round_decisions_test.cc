@@ -747,31 +747,5 @@ TEST(CheckFoldedReadyTest, RefusesWhatTheRuleDoesNotAllow) {
             absl::StatusCode::kInvalidArgument);
 }
 
-
-TEST(EarlyCutTest, OnlyWhenEveryoneNotReadyIsExpectedToMissTheDeadline) {
-  const absl::Time start = absl::UnixEpoch();
-  EarlyCutInput in;
-  in.round_started = start;
-  in.deadline = start + absl::Seconds(6);
-  in.ready = 2;
-  in.not_ready = {absl::Seconds(11.5)};
-  EXPECT_TRUE(ExpectedToMissTheDeadline(in));
-  in.not_ready = {absl::Seconds(11.5), absl::Seconds(7)};
-  EXPECT_TRUE(ExpectedToMissTheDeadline(in));
-  // One that may still make it is waited for.
-  in.not_ready = {absl::Seconds(11.5), absl::Seconds(6)};
-  EXPECT_FALSE(ExpectedToMissTheDeadline(in));
-  // So is one not measured yet.
-  in.not_ready = {absl::Seconds(11.5), std::nullopt};
-  EXPECT_FALSE(ExpectedToMissTheDeadline(in));
-  // Nobody ready: nothing to go on with; nobody left: nothing to cut.
-  in.not_ready = {absl::Seconds(11.5)};
-  in.ready = 0;
-  EXPECT_FALSE(ExpectedToMissTheDeadline(in));
-  in.ready = 2;
-  in.not_ready.clear();
-  EXPECT_FALSE(ExpectedToMissTheDeadline(in));
-}
-
 }  // namespace
 }  // namespace shoal::coordinator

@@ -273,14 +273,6 @@ ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
   return d;
 }
 
-bool ExpectedToMissTheDeadline(const EarlyCutInput& in) {
-  if (in.ready == 0 || in.not_ready.empty()) return false;
-  for (const std::optional<absl::Duration>& median : in.not_ready) {
-    if (!median.has_value() || in.round_started + *median <= in.deadline) return false;
-  }
-  return true;
-}
-
 RoundDeadlineDecision DecideRoundDeadline(const RoundDeadlineInput& in,
                                           absl::Duration round_timeout, absl::Time now) {
   using Action = RoundDeadlineDecision::Action;

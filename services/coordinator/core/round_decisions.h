@@ -223,21 +223,6 @@ struct ReadyDeadlineDecision {
 ReadyDeadlineDecision DecideReadyDeadline(const ReadyDeadlineInput& in,
                                           const AdaptiveDeadlineOptions& options, absl::Time now);
 
-// The early cut of the adaptive deadline. `not_ready`: each participant not
-// ready yet, with the median of its own recent ready times (nullopt: not
-// measured in after_rounds rounds). True when at least one participant is
-// ready and every one not ready is expected to miss `deadline` by its own
-// measurements (round_started + its median is past it): waiting until the
-// deadline would gain nothing, so the round goes on now. An unmeasured one
-// is never expected to miss it.
-struct EarlyCutInput {
-  absl::Time round_started;
-  absl::Time deadline = absl::InfiniteFuture();
-  size_t ready = 0;
-  std::vector<std::optional<absl::Duration>> not_ready;
-};
-bool ExpectedToMissTheDeadline(const EarlyCutInput& in);
-
 // The median of `samples` (the mean of the middle two for an even count);
 // zero when empty.
 absl::Duration MedianDuration(std::vector<absl::Duration> samples);

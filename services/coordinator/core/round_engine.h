@@ -271,11 +271,6 @@ class RoundEngine {
     double last_fold_weight = 0;
     uint64_t last_fold_round = 0;
     double last_fold_train_seconds = 0;
-    // The training time of its latest fold while no on-time ready report
-    // came since (0 = its latest report was on time): what the early cut
-    // expects of it, so that a straggler that got faster is waited for
-    // again after one fold.
-    double late_train_seconds = 0;
     // The ready deadline (after the round start) of the last round it took
     // part in or sat out; 0 = none yet.
     double deadline_seconds = 0;
@@ -385,14 +380,6 @@ class RoundEngine {
   // Recomputes the ready deadline (DecideReadyDeadline) while TRAINING and
   // makes it the running deadline.
   void UpdateReadyDeadline(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The early cut (ExpectedToMissTheDeadline): every participant not ready
-  // is expected to miss the adaptive deadline by its own ready times.
-  bool CutEarly() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the early cut expects of a participant's ready time: its latest
-  // fold's training time, else the median of its ready times (nullopt: not
-  // measured in after_rounds rounds).
-  std::optional<absl::Duration> ExpectedReadyTime(const Member& m) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.adaptive_deadline with options_.round_timeout.
   AdaptiveDeadlineOptions AdaptiveOptions() const;
   // How many recent samples a member keeps (at least after_rounds).
@@ -497,11 +484,6 @@ class RoundEngine {
   // the status after the round moved on).
   absl::Time hard_ready_deadline_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Duration> first_ready_ ABSL_GUARDED_BY(mu_);
-  // Participants of this round whose own median ready time is past the
-  // adaptive deadline (0: none, or no adaptive deadline). Set with the
-  // deadline; ReportReady checks for the early cut only when the ones not
-  // ready are at most this many.
-  size_t expected_late_ ABSL_GUARDED_BY(mu_) = 0;
   ReadyDeadlineDecision ready_deadline_ ABSL_GUARDED_BY(mu_);
   // The running timeout: training deadline, connection deadline or exchange
   // deadline, depending on the phase.

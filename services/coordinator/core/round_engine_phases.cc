@@ -145,9 +145,7 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   // so neither says anything of the worker's speed.
   if (!member->ready && !fold.has_value() && member->carried_round != round_) {
     AddSample(member->ready_times, now - member->training_since, SampleWindow());
-    member->late_train_seconds = 0;
   }
-  if (fold.has_value()) member->late_train_seconds = request.folded_train_seconds();
   if (fold.has_value()) {
     member->fold_round = round_;
     member->fold_staleness = fold->staleness;
@@ -165,11 +163,6 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
     UpdateReadyDeadline(now);
   }
   MaybeSendPlan(out);
-  // Only those expected to miss the adaptive deadline are left: go on now.
-  if (phase_ == shoal::v1::TRAINING && expected_late_ > 0 &&
-      participants_.size() - ready_count_ <= expected_late_) {
-    ApplyRoundDeadline(now, out);
-  }
   return absl::OkStatus();
 }
 
@@ -638,13 +631,6 @@ void RoundEngine::UpdateReadyDeadline(absl::Time now) {
     }
   }
   ReadyDeadlineDecision decision = DecideReadyDeadline(in, adaptive, now);
-  expected_late_ = 0;
-  if (decision.adaptive) {
-    for (const std::string& id : participants_) {
-      const std::optional<absl::Duration> expected = ExpectedReadyTime(At(id));
-      expected_late_ += expected.has_value() && round_started_at_ + *expected > decision.deadline;
-    }
-  }
   if (decision.deadline != ready_deadline_.deadline || decision.reason != ready_deadline_.reason) {
     MarkStatusChanged();
     SHOAL_LOG(INFO) << "round " << round_ << ": ready deadline "
@@ -655,45 +641,16 @@ void RoundEngine::UpdateReadyDeadline(absl::Time now) {
   deadline_ = ready_deadline_.deadline;
 }
 
-std::optional<absl::Duration> RoundEngine::ExpectedReadyTime(const Member& m) const {
-  if (m.late_train_seconds > 0) return absl::Seconds(m.late_train_seconds);
-  if (m.ready_times.size() < std::max<uint32_t>(1, options_.adaptive_deadline.after_rounds)) {
-    return std::nullopt;
-  }
-  return MedianDuration({m.ready_times.begin(), m.ready_times.end()});
-}
-
-bool RoundEngine::CutEarly() const {
-  if (phase_ != shoal::v1::TRAINING || !ready_deadline_.adaptive || expected_late_ == 0) {
-    return false;
-  }
-  EarlyCutInput in;
-  in.round_started = round_started_at_;
-  in.deadline = ready_deadline_.deadline;
-  in.ready = ready_count_;
-  for (const std::string& id : participants_) {
-    const Member& m = At(id);
-    if (!m.ready) in.not_ready.push_back(ExpectedReadyTime(m));
-  }
-  return ExpectedToMissTheDeadline(in);
-}
-
 void RoundEngine::ApplyRoundDeadline(absl::Time now, Directives* out) {
-  // Listing the late participants is O(N): only once the deadline passed,
-  // or when only those expected to miss it are left (CutEarly).
-  const bool cut = now < deadline_ && CutEarly();
-  if (now < deadline_ && !cut) return;
+  // Listing the late participants is O(N): only once the deadline passed.
+  if (now < deadline_) return;
   RoundDeadlineInput in;
   in.stage = StageOf(phase_, sharing_started_);
-  in.deadline = cut ? now : deadline_;
+  in.deadline = deadline_;
   in.participants = participants_.size();
   if (in.stage == RoundStage::kTraining) {
     in.adaptive = ready_deadline_.adaptive;
     in.adaptive_reason = ready_deadline_.reason;
-    if (cut) {
-      absl::StrAppend(&in.adaptive_reason,
-                      "; cut early: by their own ready times they would miss it");
-    }
   }
   if (in.stage == RoundStage::kTraining || in.stage == RoundStage::kSharing) {
     for (const std::string& id : participants_) {
