@@ -123,6 +123,20 @@ TEST_F(GossipEngineTest, StatusShowsGossipFiguresAndConsensusDistance) {
   EXPECT_DOUBLE_EQ(w->last_factor(), 0.5);
 }
 
+// Members joined at these ports, gossiping (their ids in *ids, in order).
+void JoinGossipers(RoundEngine* engine, const std::vector<int>& ports,
+                   std::vector<std::string>* ids, Directives* out) {
+  for (int port : ports) {
+    shoal::v1::JoinRequest r;
+    r.set_peer_address(Address(port));
+    auto joined = engine->Join(r);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ids->push_back(joined->response.worker_id());
+    ASSERT_TRUE(engine->Connect(ids->back()).ok());
+    ASSERT_TRUE(engine->JoinRound(ids->back(), 0, out).ok());
+  }
+}
+
 // --gossip_steps with the final average: the list goes out once every
 // member is done, the run finishes once every recipient reported, and the
 // phase stays FINISHED when the workers' sessions close afterwards.
@@ -138,15 +152,7 @@ TEST(GossipFinalAverageEngineTest, ListWhenAllAreDoneThenFinishedWhenAllReported
   RoundEngine engine(o, &clock);
   Directives out;
   std::vector<std::string> ids;
-  for (int port : {1003, 1001, 1002}) {
-    shoal::v1::JoinRequest r;
-    r.set_peer_address(Address(port));
-    auto joined = engine.Join(r);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    ids.push_back(joined->response.worker_id());
-    ASSERT_TRUE(engine.Connect(ids.back()).ok());
-    ASSERT_TRUE(engine.JoinRound(ids.back(), 0, &out).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(JoinGossipers(&engine, {1003, 1001, 1002}, &ids, &out));
   constexpr auto kFinal = CoordinatorMessage::kGossipFinal;
   shoal::v1::Heartbeat done;
   done.set_gossip(true);
@@ -202,15 +208,7 @@ TEST(GossipConsensusEvaluatorTest, TheMostTrainedMemberEvaluatesStickily) {
   RoundEngine engine(o, &clock);
   Directives out;
   std::vector<std::string> ids;
-  for (int port : {1001, 1002, 1003}) {
-    shoal::v1::JoinRequest r;
-    r.set_peer_address(Address(port));
-    auto joined = engine.Join(r);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    ids.push_back(joined->response.worker_id());
-    ASSERT_TRUE(engine.Connect(ids.back()).ok());
-    ASSERT_TRUE(engine.JoinRound(ids.back(), 0, &out).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(JoinGossipers(&engine, {1001, 1002, 1003}, &ids, &out));
   auto steps = [&](int i, uint64_t n) {
     shoal::v1::Heartbeat hb;
     hb.set_gossip(true);
