@@ -1,5 +1,7 @@
 // CoordinatorService, the relay: a supernode's one stream carries its zone
 // members' sessions and unary calls (docs/SUPERNODES.md "Relay").
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/reactor_handoff.h"
@@ -134,8 +136,9 @@ void CoordinatorService::EndRelayed(RelayReactor* relay, const std::string& work
   relay->Enqueue(down.Build());
 }
 
-absl::Status CoordinatorService::OpenRelayed(RelayReactor* relay, const std::string& worker_id,
+absl::Status CoordinatorService::OpenRelayed(RelayReactor* relay, const shoal::v1::Hello& hello,
                                              SharedMessage first) {
+  const std::string& worker_id = hello.worker_id();
   absl::MutexLock lock(&mu_);
   auto members = relays_.find(relay);
   if (members == relays_.end()) return absl::UnavailableError("the relay stream is closing");
@@ -162,23 +165,85 @@ absl::Status CoordinatorService::OpenRelayed(RelayReactor* relay, const std::str
   }
   relayed_[worker_id] = relay;
   members->second.insert(worker_id);
-  // The member list first, then what was kept for the member while it had
-  // no session (as a direct session's Register does).
+  // The member list first, then what its last relayed session did not
+  // deliver, then what was kept for the member while it had no session (as
+  // a direct session's Register does). All of it is this session's, logged.
+  std::vector<grpc::ByteBuffer> resent = ResumeLocked(worker_id, hello);
+  if (hello.session() != 0) relayed_logs_[worker_id].session = hello.session();
   grpc::ByteBuffer first_bytes;
   std::vector<grpc::ByteBuffer> kept;
   RelayDownBuilder down;
   if (first != nullptr) {
     first_bytes = SerializeMessage(*first);
     down.AddDirective(&first_bytes, worker_id);
+    LogRelayedLocked(worker_id, {first, {}, false});
   }
   if (auto pending = pending_.find(worker_id); pending != pending_.end()) {
     kept.assign(std::make_move_iterator(pending->second.begin()),
                 std::make_move_iterator(pending->second.end()));
     pending_.erase(pending);
   }
-  for (const grpc::ByteBuffer& bytes : kept) down.AddDirective(&bytes, worker_id);
+  for (std::vector<grpc::ByteBuffer>* list : {&resent, &kept}) {
+    for (const grpc::ByteBuffer& bytes : *list) {
+      down.AddDirective(&bytes, worker_id);
+      LogRelayedLocked(worker_id, {nullptr, bytes, true});
+    }
+  }
   if (!down.empty()) relay->Enqueue(down.Build());
   return absl::OkStatus();
+}
+
+void CoordinatorService::LogRelayedLocked(const std::string& worker_id, LoggedDirective entry) {
+  auto it = relayed_logs_.find(worker_id);
+  if (it == relayed_logs_.end()) return;
+  RelayedLog& log = it->second;
+  log.entries.push_back(std::move(entry));
+  if (log.entries.size() > kMaxRelayedLog) {
+    log.entries.pop_front();
+    ++log.base;
+  }
+}
+
+std::vector<grpc::ByteBuffer> CoordinatorService::ResumeLocked(const std::string& worker_id,
+                                                               const shoal::v1::Hello& hello) {
+  std::vector<grpc::ByteBuffer> out;
+  auto it = relayed_logs_.find(worker_id);
+  if (it == relayed_logs_.end()) return out;
+  RelayedLog log = std::move(it->second);
+  relayed_logs_.erase(it);
+  const shoal::v1::SessionResume* taken = nullptr;
+  for (const shoal::v1::SessionResume& r : hello.resume()) {
+    if (r.session() == log.session) taken = &r;
+  }
+  // A Hello that does not count that session (a worker without the
+  // relay's resume, or one whose count belongs to another session): the
+  // session's directives are not sent again.
+  if (taken == nullptr) return out;
+  const uint64_t received = taken->received();
+  const uint64_t sent = log.base + log.entries.size();
+  if (received < log.base) {
+    SHOAL_LOG(WARNING) << worker_id << " took " << received << " directives of its relayed "
+                       << "session; the first " << log.base - received
+                       << " it missed are past the " << kMaxRelayedLog
+                       << " kept and are not sent again";
+  }
+  for (uint64_t i = std::max(received, log.base); i < sent; ++i) {
+    const LoggedDirective& entry = log.entries[i - log.base];
+    if (!entry.resend) continue;
+    if (entry.message == nullptr) {
+      out.push_back(entry.bytes);
+      continue;
+    }
+    // The open of the new session sends the current member list and route.
+    if (entry.message->has_member_update() || entry.message->has_use_relay()) continue;
+    out.push_back(SerializeMessage(*entry.message));
+  }
+  if (received < sent) {
+    SHOAL_LOG(INFO) << worker_id << "'s relayed session ended with " << sent - received
+                    << " directives undelivered; " << out.size()
+                    << " go out again on its new session";
+  }
+  return out;
 }
 
 bool CoordinatorService::RoutedThrough(RelayReactor* relay, const std::string& worker_id) {
@@ -214,7 +279,7 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
         continue;
       }
       absl::Status s = engine_->Connect(id);
-      if (s.ok()) s = OpenRelayed(relay, id, engine_->MemberList(id));
+      if (s.ok()) s = OpenRelayed(relay, m.message().hello(), engine_->MemberList(id));
       if (!s.ok()) {
         end(id, s);
         continue;

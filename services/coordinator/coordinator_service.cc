@@ -71,7 +71,7 @@ class SessionReactor : public QueuedStream {
         Enqueue(SerializeMessage(*route));
       if (SharedMessage finished = service_->engine_->FinishedNotice(worker_id_))
         Enqueue(SerializeMessage(*finished));
-      service_->Register(worker_id_, this);
+      service_->Register(worker_id_, in_.hello(), this);
       SHOAL_VLOG(1) << "session opened by " << worker_id_ << " from " << ctx_->peer();
     } else if (in_.has_heartbeat()) {
       absl::Status s = service_->engine_->Heartbeat(worker_id_, in_.heartbeat());
@@ -122,7 +122,8 @@ class SessionReactor : public QueuedStream {
 
 CoordinatorService::~CoordinatorService() { CloseAllSessions(); }
 
-void CoordinatorService::Register(const std::string& worker_id, SessionReactor* session) {
+void CoordinatorService::Register(const std::string& worker_id, const shoal::v1::Hello& hello,
+                                  SessionReactor* session) {
   SessionReactor* old = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -143,7 +144,9 @@ void CoordinatorService::Register(const std::string& worker_id, SessionReactor* 
       relayed_.erase(relayed);
       EndRelayed(relay, worker_id, grpc::StatusCode::ABORTED, "superseded by a direct session");
     }
-    // Directives sent before the Hello was processed go out now.
+    // What its last relayed session did not deliver, then the directives
+    // sent while it had no session, before the Hello was processed.
+    for (grpc::ByteBuffer& bytes : ResumeLocked(worker_id, hello)) session->Enqueue(bytes);
     auto pending = pending_.find(worker_id);
     if (pending != pending_.end()) {
       for (auto& msg : pending->second) session->Enqueue(std::move(msg));
@@ -187,6 +190,7 @@ void CoordinatorService::Deliver(const Directives& directives) {
     if (it == sessions_.end() && !relayed_.empty()) {
       if (auto relayed = relayed_.find(d.worker_id); relayed != relayed_.end()) {
         downs[relayed->second].AddDirective(&bytes, d.worker_id);
+        LogRelayedLocked(d.worker_id, {d.message, {}, true});
         continue;
       }
     }
@@ -222,6 +226,13 @@ void CoordinatorService::Tick() {
       ++it;
     } else {
       pending_.erase(it++);
+    }
+  }
+  for (auto it = relayed_logs_.begin(); it != relayed_logs_.end();) {
+    if (engine_->IsActive(it->first)) {
+      ++it;
+    } else {
+      relayed_logs_.erase(it++);
     }
   }
   for (auto it = sessions_.begin(); it != sessions_.end();) {

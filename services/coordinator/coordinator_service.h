@@ -134,7 +134,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
  private:
   friend class SessionReactor;
   friend class RelayReactor;
-  void Register(const std::string& worker_id, SessionReactor* session);
+  // `hello`: the session's Hello (its resume counts).
+  void Register(const std::string& worker_id, const shoal::v1::Hello& hello,
+                SessionReactor* session);
   // True when `session` was the registered one.
   bool Unregister(const std::string& worker_id, SessionReactor* session);
 
@@ -170,7 +172,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // ending any other session of it; `first` (may be null) goes out before
   // the directives kept for it. Not OK: the member's relayed session ends
   // with that status.
-  absl::Status OpenRelayed(RelayReactor* relay, const std::string& worker_id, SharedMessage first);
+  absl::Status OpenRelayed(RelayReactor* relay, const shoal::v1::Hello& hello,
+                           SharedMessage first);
   // Whether `worker_id`'s session is routed through `relay`.
   bool RoutedThrough(RelayReactor* relay, const std::string& worker_id);
   // Drops the route when it goes through `relay`; true when it did.
@@ -194,6 +197,29 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // Drops the routes of `relay` (mu_ held).
   void RemoveRelayLocked(RelayReactor* relay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- Directives in flight on a relay (docs/SUPERNODES.md). A relayed
+  // session whose Hello numbers it (Hello.session) keeps the directives
+  // sent on it, the latest kMaxRelayedLog; the member's next Hello says how
+  // many it took, and the rest go out again first on its new session.
+  struct LoggedDirective {
+    SharedMessage message;    // a Deliver's directive, or
+    grpc::ByteBuffer bytes;   // one sent as bytes (kept while it had none)
+    bool resend = true;       // false: the new session's open sends it afresh
+  };
+  struct RelayedLog {
+    uint64_t session = 0;  // the member's Hello.session
+    uint64_t base = 0;     // directives of the session before entries.front()
+    std::deque<LoggedDirective> entries;
+  };
+  static constexpr size_t kMaxRelayedLog = 32;
+  void LogRelayedLocked(const std::string& worker_id, LoggedDirective entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The member's new session's Hello: consumes the log of its last relayed
+  // session and returns what that session did not deliver, in order.
+  std::vector<grpc::ByteBuffer> ResumeLocked(const std::string& worker_id,
+                                             const shoal::v1::Hello& hello)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   RoundEngine* const engine_;
   const Clock* const clock_;
   const std::function<void()> on_change_;
@@ -209,6 +235,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // registered yet (lock order: mu_, then the engine's).
   static constexpr size_t kMaxPending = 64;
   absl::flat_hash_map<std::string, std::deque<grpc::ByteBuffer>> pending_ ABSL_GUARDED_BY(mu_);
+  // Per member: its last numbered relayed session's directives.
+  absl::flat_hash_map<std::string, RelayedLog> relayed_logs_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // The engine's departures() when Tick last matched the sessions against
   // the members (nobody to close while it has not moved).

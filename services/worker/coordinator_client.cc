@@ -178,6 +178,16 @@ absl::Status GrpcCoordinatorClient::Leave(const std::string& worker_id, const st
 absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
                                                 absl::Duration heartbeat, MessageHandler on_message,
                                                 ClosedHandler on_closed, HeartbeatFiller fill) {
+  shoal::v1::Hello hello;
+  hello.set_worker_id(worker_id);
+  return OpenSessionWith(hello, heartbeat, std::move(on_message), std::move(on_closed),
+                         std::move(fill));
+}
+
+absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& first,
+                                                    absl::Duration heartbeat,
+                                                    MessageHandler on_message,
+                                                    ClosedHandler on_closed, HeartbeatFiller fill) {
   CloseSession();
   auto session = std::make_unique<Session>();
   // The session is long-lived by design: no deadline. It is bounded by the
@@ -187,7 +197,7 @@ absl::Status GrpcCoordinatorClient::OpenSession(const std::string& worker_id,
   shoal::v1::Coordinator::Stub* used = stub();
   session->stream = used->Session(&session->ctx);
   shoal::v1::WorkerMessage hello;
-  hello.mutable_hello()->set_worker_id(worker_id);
+  *hello.mutable_hello() = first;
   if (!session->stream->Write(hello)) {
     session->ctx.TryCancel();
     grpc::Status s = session->stream->Finish();

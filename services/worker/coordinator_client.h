@@ -86,6 +86,11 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,
                            MessageHandler on_message, ClosedHandler on_closed,
                            HeartbeatFiller fill = nullptr) override;
+  // OpenSession with a Hello of the caller's (its session number and
+  // resume counts: the relay's routing, RoutedCoordinatorClient).
+  absl::Status OpenSessionWith(const shoal::v1::Hello& hello, absl::Duration heartbeat,
+                               MessageHandler on_message, ClosedHandler on_closed,
+                               HeartbeatFiller fill = nullptr);
   void CloseSession() override;
 
  private:

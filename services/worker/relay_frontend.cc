@@ -127,7 +127,7 @@ class RelayFrontend::MemberStream : public QueuedStream {
     // Set before OpenMember: a directive may be routed to this stream as
     // soon as it is in the map.
     worker_id_ = id;
-    grpc::Status s = frontend_->OpenMember(this, id);
+    grpc::Status s = frontend_->OpenMember(this, message.hello());
     if (!s.ok()) worker_id_.clear();
     return s;
   }
@@ -201,7 +201,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RelayFrontend::Sess
   return stream;
 }
 
-grpc::Status RelayFrontend::OpenMember(MemberStream* stream, const std::string& worker_id) {
+grpc::Status RelayFrontend::OpenMember(MemberStream* stream, const shoal::v1::Hello& hello) {
+  const std::string& worker_id = hello.worker_id();
   absl::MutexLock lock(&mu_);
   if (stop_) return Unavailable("the relay is shutting down");
   if (relay_id_.empty()) return Unavailable("the relay has not joined the run yet");
@@ -214,7 +215,7 @@ grpc::Status RelayFrontend::OpenMember(MemberStream* stream, const std::string& 
   }
   auto* entry = outbox_.add_sessions();
   entry->set_worker_id(worker_id);
-  entry->mutable_message()->mutable_hello()->set_worker_id(worker_id);
+  *entry->mutable_message()->mutable_hello() = hello;
   SHOAL_VLOG(1) << "relay: " << worker_id << " opened its session here";
   return grpc::Status::OK;
 }

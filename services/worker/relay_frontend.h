@@ -138,7 +138,9 @@ class RelayFrontend final : public relay_internal::FrontendBase {
   void CancelCall(uint64_t call_id);
 
   // From member streams.
-  grpc::Status OpenMember(MemberStream* stream, const std::string& worker_id);
+  // `hello` goes up as the member sent it (its session number and resume
+  // counts are the coordinator's to read).
+  grpc::Status OpenMember(MemberStream* stream, const shoal::v1::Hello& hello);
   void FromMember(MemberStream* stream, shoal::v1::WorkerMessage message);
   void MemberBroken(MemberStream* stream, const std::string& reason);
   void MemberDone(MemberStream* stream);

@@ -1,6 +1,7 @@
 #include "services/worker/routed_coordinator_client.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -30,7 +31,8 @@ RoutedCoordinatorClient::RoutedCoordinatorClient(CoordinatorClientOptions direct
                                                  const MemberCredentialHolder* credential,
                                                  absl::Duration relay_retry_window)
     : relay_options_(RelayOptions(direct, credential, relay_retry_window)),
-      direct_(std::move(direct)) {
+      direct_(std::move(direct)),
+      session_base_(std::mt19937_64(std::random_device{}())() >> 2) {
   router_ = std::thread([this] { Router(); });
 }
 
@@ -77,24 +79,48 @@ uint64_t RoutedCoordinatorClient::fall_backs() const {
   return fall_backs_;
 }
 
-absl::Status RoutedCoordinatorClient::OpenOn(CoordinatorClient* client, uint64_t gen) {
-  std::string worker_id;
+absl::Status RoutedCoordinatorClient::OpenOn(GrpcCoordinatorClient* client, uint64_t gen) {
+  shoal::v1::Hello hello;
   absl::Duration heartbeat;
   MessageHandler on_message;
   HeartbeatFiller fill;
   const bool direct = client == &direct_;
   {
     absl::MutexLock lock(&mu_);
-    worker_id = worker_id_;
+    hello.set_worker_id(worker_id_);
+    hello.set_session(session_base_ + gen);
+    for (const Taken& t : taken_) {
+      auto* resume = hello.add_resume();
+      resume->set_session(session_base_ + t.gen);
+      resume->set_received(t.received);
+    }
     heartbeat = heartbeat_;
     on_message = on_message_;
     fill = fill_;
     // Before the open: its end may be reported before OpenSession returns.
-    if (direct) direct_gen_ = gen;
+    if (direct) {
+      direct_gen_ = gen;
+    } else {
+      taken_.push_back({gen, 0});
+      if (taken_.size() > kMaxResumes) taken_.pop_front();
+    }
   }
-  absl::Status s = client->OpenSession(
-      worker_id, heartbeat, on_message, [this, gen](const absl::Status& s) { Closed(gen, s); },
-      fill);
+  if (!direct) {
+    // Counted while current; dropped once replaced (resent on the new one).
+    on_message = [this, gen, deliver = std::move(on_message)](
+                     const shoal::v1::CoordinatorMessage& message) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (gen != gen_) return;
+        for (Taken& t : taken_) {
+          if (t.gen == gen) ++t.received;
+        }
+      }
+      deliver(message);
+    };
+  }
+  absl::Status s = client->OpenSessionWith(
+      hello, heartbeat, on_message, [this, gen](const absl::Status& s) { Closed(gen, s); }, fill);
   if (!s.ok() && direct) {
     absl::MutexLock lock(&mu_);
     if (direct_gen_ == gen) direct_gen_ = 0;

@@ -71,7 +71,7 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // directly when the relay refuses it as unavailable or not its member's.
   absl::Status Routed(const std::function<absl::Status(CoordinatorClient*)>& call);
   // Opens the session through `client` with handlers of generation `gen`.
-  absl::Status OpenOn(CoordinatorClient* client, uint64_t gen);
+  absl::Status OpenOn(GrpcCoordinatorClient* client, uint64_t gen);
   void Closed(uint64_t gen, const absl::Status& status);
   void Post(std::function<void()> task);
   void Router();
@@ -112,6 +112,21 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // a cancelled session is a departure for the coordinator.
   uint64_t direct_gen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t fall_backs_ ABSL_GUARDED_BY(mu_) = 0;
+  // The latest relayed sessions (newest last, at most kMaxResumes) and how
+  // many directives each delivered while it was the current one. Every
+  // Hello carries them: the coordinator sends again what the last relayed
+  // session did not deliver (a relay that died with directives in
+  // flight). Directives of a relayed session that a newer one replaced
+  // are dropped here: the coordinator resends them on the new one.
+  struct Taken {
+    uint64_t gen = 0;
+    uint64_t received = 0;
+  };
+  std::deque<Taken> taken_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kMaxResumes = 4;
+  // Hello.session = session_base_ + gen: random, so that a restarted
+  // worker's numbers do not match its predecessor's.
+  const uint64_t session_base_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   std::thread router_;

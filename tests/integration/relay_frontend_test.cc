@@ -24,6 +24,7 @@
 #include "services/worker/routed_coordinator_client.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tests/support/coordinator_fixture.h"
+#include "tests/support/tcp_proxy.h"
 #include "tests/support/test_support.h"
 
 namespace shoal {
@@ -49,6 +50,22 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
 constexpr uint64_t kTotal = 1000;
 
+// The round a directive is about (0 for the others).
+uint64_t RoundOf(const CoordinatorMessage& m) {
+  switch (m.kind_case()) {
+    case CoordinatorMessage::kRoundStart:
+      return m.round_start().round();
+    case CoordinatorMessage::kRoundPlan:
+      return m.round_plan().round();
+    case CoordinatorMessage::kStartSharing:
+      return m.start_sharing().round();
+    case CoordinatorMessage::kRoundComplete:
+      return m.round_complete().round();
+    default:
+      return 0;
+  }
+}
+
 // A worker's view: the real client, what came down its session, how the
 // session ended.
 struct Member {
@@ -59,19 +76,16 @@ struct Member {
   std::unique_ptr<worker::CoordinatorClient> client;
 
   bool Has(CoordinatorMessage::KindCase kind, uint64_t round) const {
+    return Count(kind, round) > 0;
+  }
+  // How many directives of `kind` for `round` came down.
+  int Count(CoordinatorMessage::KindCase kind, uint64_t round) const {
     absl::MutexLock lock(&mu);
+    int n = 0;
     for (const CoordinatorMessage& m : log) {
-      if (m.kind_case() != kind) continue;
-      if (kind == CoordinatorMessage::kRoundStart && m.round_start().round() == round) return true;
-      if (kind == CoordinatorMessage::kRoundPlan && m.round_plan().round() == round) return true;
-      if (kind == CoordinatorMessage::kStartSharing && m.start_sharing().round() == round) {
-        return true;
-      }
-      if (kind == CoordinatorMessage::kRoundComplete && m.round_complete().round() == round) {
-        return true;
-      }
+      if (m.kind_case() == kind && RoundOf(m) == round) ++n;
     }
-    return false;
+    return n;
   }
   uint32_t Attempt(uint64_t round) const {
     absl::MutexLock lock(&mu);
@@ -155,6 +169,7 @@ class RelayFrontendTest : public ::testing::Test {
     ASSERT_NE(frontend_server_, nullptr);
     ASSERT_GT(port, 0);
     frontend_address_ = absl::StrCat("127.0.0.1:", port);
+    frontend_port_ = port;
   }
 
   // The supernode dies: its server and its Relay stream go.
@@ -229,6 +244,7 @@ class RelayFrontendTest : public ::testing::Test {
   std::unique_ptr<RelayFrontend> frontend_;
   std::unique_ptr<grpc::Server> frontend_server_;
   std::string frontend_address_;
+  int frontend_port_ = 0;
   std::vector<std::unique_ptr<Member>> members_;
 };
 
@@ -408,6 +424,79 @@ TEST_F(RelayFrontendTest, RoutedClientKeepsItsDirectSessionWhenTheRelayRefusesTh
   for (const auto& m : members_) ASSERT_TRUE(m->client->JoinRound(m->id, 1).ok()) << m->id;
   PlayRound(1);
   EXPECT_EQ(coordinator_->engine().last_completed_round(), 1u);
+  EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
+}
+
+// The supernode dies with a directive in flight: the coordinator sent the
+// member's RoundPlan down the relay, and the link to the member had stalled
+// (a proxy holds it back). The member's direct Hello says how many
+// directives it took through the relay; the coordinator sends the plan
+// again, once, and the round completes with the member.
+TEST_F(RelayFrontendTest, ADirectiveLostWithTheSupernodeComesAgainOnTheDirectSession) {
+  Member* supernode = Join(1);
+  Member* a = Join(2);
+  Member* b = Join(3);
+  for (Member* m : {supernode, b}) ASSERT_TRUE(m->Open(coordinator_->address()).ok());
+  StartFrontend(supernode->id);
+  testing::TcpProxy link(frontend_port_);
+  ASSERT_GT(link.port(), 0);
+  CoordinatorClientOptions options;
+  options.address = coordinator_->address();
+  options.rpc_timeout = kRpcTimeout;
+  options.retry_window = kRpcTimeout;
+  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
+  RoutedCoordinatorClient* client = routed.get();
+  a->client = std::move(routed);
+  ASSERT_TRUE(a->OpenOn(client).ok());
+  client->UseRelay(supernode->id, link.address());
+  ASSERT_TRUE(WaitUntil([&] { return frontend_->members() == 1; }, kWait));
+  for (const auto& m : members_) ASSERT_TRUE(m->client->JoinRound(m->id, 1).ok()) << m->id;
+  ASSERT_TRUE(AllHave(CoordinatorMessage::kRoundStart, 1));
+
+  link.Freeze();
+  // Directly (the member's relayed calls would stall with the link).
+  for (const auto& m : members_) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(kRpcTimeout));
+    v1::ReportReadyRequest q;
+    q.set_worker_id(m->id);
+    q.set_round(1);
+    q.set_total_elements(kTotal);
+    v1::ReportReadyResponse r;
+    ASSERT_TRUE(stub_->ReportReady(&ctx, q, &r).ok()) << m->id;
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return supernode->Has(CoordinatorMessage::kRoundPlan, 1) &&
+               b->Has(CoordinatorMessage::kRoundPlan, 1);
+      },
+      kWait));
+  absl::SleepFor(absl::Milliseconds(300));  // the relay forwards it into the stalled link
+  EXPECT_FALSE(a->Has(CoordinatorMessage::kRoundPlan, 1));
+  StopFrontend();
+  link.Stop();
+  ASSERT_TRUE(WaitUntil([&] { return client->relay().empty(); }, kWait));
+  ASSERT_TRUE(AllHave(CoordinatorMessage::kRoundPlan, 1)) << "the plan the supernode lost";
+  for (const auto& m : members_) {
+    v1::ConnectionsReadyRequest q;
+    q.set_worker_id(m->id);
+    q.set_round(1);
+    q.set_attempt(m->Attempt(1));
+    ASSERT_TRUE(m->client->ConnectionsReady(q).ok()) << m->id;
+  }
+  ASSERT_TRUE(AllHave(CoordinatorMessage::kStartSharing, 1));
+  for (const auto& m : members_) {
+    v1::ReportRoundDoneRequest q;
+    q.set_worker_id(m->id);
+    q.set_round(1);
+    q.set_model_hash(std::string(64, 'a'));
+    q.set_exchange_seconds(0.01);
+    ASSERT_TRUE(m->client->ReportRoundDone(q).ok()) << m->id;
+  }
+  ASSERT_TRUE(AllHave(CoordinatorMessage::kRoundComplete, 1));
+  EXPECT_EQ(coordinator_->engine().last_completed_round(), 1u);
+  EXPECT_EQ(a->Count(CoordinatorMessage::kRoundStart, 1), 1) << "nothing it took comes again";
+  EXPECT_EQ(a->Count(CoordinatorMessage::kRoundPlan, 1), 1);
   EXPECT_FALSE(a->Closed().has_value()) << *a->Closed();
 }
 

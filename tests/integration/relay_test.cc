@@ -92,6 +92,23 @@ class Log {
   bool Has(CoordinatorMessage::KindCase kind, uint64_t round) const {
     return Find(kind, round).has_value();
   }
+  int Count(CoordinatorMessage::KindCase kind, uint64_t round) const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(std::count_if(messages_.begin(), messages_.end(), [&](const auto& m) {
+      return m.kind_case() == kind && RoundOf(m) == round;
+    }));
+  }
+  // How many directives came before the first of `kind` for `round` (all
+  // of them when none did).
+  uint64_t Before(CoordinatorMessage::KindCase kind, uint64_t round) const {
+    absl::MutexLock lock(&mu_);
+    uint64_t n = 0;
+    for (const CoordinatorMessage& m : messages_) {
+      if (m.kind_case() == kind && RoundOf(m) == round) break;
+      ++n;
+    }
+    return n;
+  }
 
  private:
   mutable absl::Mutex mu_;
@@ -145,12 +162,14 @@ class TestRelay {
     return stream_->Write(up);
   }
 
-  // Opens `id`'s session through this relay (and heartbeats it from then on).
-  void Open(const std::string& id) {
+  // Opens `id`'s session through this relay (and heartbeats it from then
+  // on); `hello`'s session number and resume counts go with it.
+  void Open(const std::string& id, v1::Hello hello = {}) {
     v1::RelayUp up;
     auto* s = up.add_sessions();
     s->set_worker_id(id);
-    s->mutable_message()->mutable_hello()->set_worker_id(id);
+    hello.set_worker_id(id);
+    *s->mutable_message()->mutable_hello() = std::move(hello);
     Send(up);
     absl::MutexLock lock(&mu_);
     open_.insert(id);
@@ -351,8 +370,9 @@ class RelayTest : public ::testing::Test {
     return relays_.back().get();
   }
 
-  // A worker with its own direct session (`id` empty: it joins first).
-  DirectWorker* AddDirect(int n, const std::string& id = "") {
+  // A worker with its own direct session (`id` empty: it joins first);
+  // `hello`'s session number and resume counts go with its Hello.
+  DirectWorker* AddDirect(int n, const std::string& id = "", v1::Hello hello = {}) {
     auto w = std::make_unique<DirectWorker>();
     CoordinatorClientOptions options;
     options.address = server_->address();
@@ -361,8 +381,9 @@ class RelayTest : public ::testing::Test {
     w->client = std::make_unique<GrpcCoordinatorClient>(options);
     w->id = id.empty() ? Join(n) : id;
     Log* log = &w->log;
-    absl::Status s = w->client->OpenSession(
-        w->id, kHeartbeat, [log](const CoordinatorMessage& m) { log->Add(m); },
+    hello.set_worker_id(w->id);
+    absl::Status s = w->client->OpenSessionWith(
+        hello, kHeartbeat, [log](const CoordinatorMessage& m) { log->Add(m); },
         [](const absl::Status&) {});
     EXPECT_TRUE(s.ok()) << s;
     direct_.push_back(std::move(w));
@@ -604,6 +625,105 @@ TEST_F(RelayTest, MemberReopensDirectlyAfterItsRelayBrokeAndTheRoundCompletes) {
       },
       kWait));
   EXPECT_EQ(server_->engine().last_completed_round(), 1u);
+}
+
+// A Hello that numbers the session and says how many directives the
+// member took from its earlier one.
+v1::Hello Resuming(uint64_t session, uint64_t earlier, uint64_t received) {
+  v1::Hello hello;
+  hello.set_session(session);
+  auto* resume = hello.add_resume();
+  resume->set_session(earlier);
+  resume->set_received(received);
+  return hello;
+}
+
+// The bug of issue 12 item 5: a supernode that dies with a directive in
+// flight (the coordinator had sent it the member's RoundPlan, the member
+// never got it) while the coordinator still counts the relay as alive.
+TEST_F(RelayTest, DirectivesTheRelayDidNotDeliverGoOutAgainOnTheMembersNextSession) {
+  Start(/*min_participants=*/2, /*rounds=*/1);
+  DirectWorker* direct = AddDirect(1);
+  const std::string m = Join(2);
+  TestRelay* relay = AddRelay(m);
+  v1::Hello first;
+  first.set_session(7);
+  relay->Open(m, first);
+  ASSERT_TRUE(relay->Opened(m));
+  ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
+  ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
+  ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
+                        kWait));
+  ASSERT_EQ(relay->ReportReady(m, 1).code(), 0);
+  v1::ReportReadyRequest ready;
+  ready.set_worker_id(direct->id);
+  ready.set_round(1);
+  ready.set_total_elements(kTotal);
+  ASSERT_TRUE(direct->client->ReportReady(ready).ok());
+  // The plan went down the relay's stream; the member took only what came
+  // before it.
+  ASSERT_TRUE(
+      WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundPlan, 1); }, kWait));
+  const uint64_t taken = relay->log(m).Before(CoordinatorMessage::kRoundPlan, 1);
+  ASSERT_GE(taken, 1u);  // at least the RoundStart
+
+  // The member re-opens directly, before the coordinator saw the relay die.
+  DirectWorker* back = AddDirect(2, m, Resuming(8, 7, taken));
+  ASSERT_TRUE(WaitUntil([&] { return back->log.Has(CoordinatorMessage::kRoundPlan, 1); }, kWait))
+      << "the plan the relay did not deliver";
+  const uint32_t attempt =
+      back->log.Find(CoordinatorMessage::kRoundPlan, 1)->round_plan().attempt();
+  for (DirectWorker* w : {direct, back}) {
+    v1::ConnectionsReadyRequest q;
+    q.set_worker_id(w->id);
+    q.set_round(1);
+    q.set_attempt(attempt);
+    ASSERT_TRUE(w->client->ConnectionsReady(q).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] { return back->log.Has(CoordinatorMessage::kStartSharing, 1); },
+                        kWait));
+  // What the member took is not sent again.
+  EXPECT_EQ(back->log.Count(CoordinatorMessage::kRoundStart, 1), 0);
+  EXPECT_EQ(back->log.Count(CoordinatorMessage::kRoundPlan, 1), 1);
+  relay->Break();
+}
+
+TEST_F(RelayTest, ADeadRelaysDirectivesGoOutAgainOnlyPastTheMembersCount) {
+  Start(/*min_participants=*/2, /*rounds=*/1);
+  DirectWorker* direct = AddDirect(1);
+  const std::string r = Join(2);
+  const std::string m = Join(3);
+  TestRelay* relay = AddRelay(r);
+  v1::Hello first;
+  first.set_session(21);
+  relay->Open(m, first);
+  ASSERT_TRUE(relay->Opened(m));
+  ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
+  ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
+  ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
+                        kWait));
+  // The member took everything; its relay dies.
+  const uint64_t taken = relay->log(m).Before(CoordinatorMessage::kRoundPlan, 1);
+  relay->Break();
+  TestRelay* other = AddRelay(direct->id);
+  other->Open(m, Resuming(22, 21, taken));
+  ASSERT_TRUE(other->Opened(m));
+  ASSERT_EQ(other->ReportReady(m, 1).code(), 0);
+  v1::ReportReadyRequest ready;
+  ready.set_worker_id(direct->id);
+  ready.set_round(1);
+  ready.set_total_elements(kTotal);
+  ASSERT_TRUE(direct->client->ReportReady(ready).ok());
+  ASSERT_TRUE(
+      WaitUntil([&] { return other->log(m).Has(CoordinatorMessage::kRoundPlan, 1); }, kWait));
+  EXPECT_EQ(other->log(m).Count(CoordinatorMessage::kRoundStart, 1), 0)
+      << "the member took it from the dead relay";
+  // The new relayed session keeps its own count: a next session that did
+  // not take the plan from it gets the plan again.
+  DirectWorker* again =
+      AddDirect(3, m, Resuming(23, 22, other->log(m).Before(CoordinatorMessage::kRoundPlan, 1)));
+  ASSERT_TRUE(WaitUntil([&] { return again->log.Has(CoordinatorMessage::kRoundPlan, 1); }, kWait));
+  EXPECT_EQ(again->log.Count(CoordinatorMessage::kRoundStart, 1), 0);
 }
 
 TEST_F(RelayTest, MemberThatDoesNotComeBackIsEvictedAfterTheLease) {
