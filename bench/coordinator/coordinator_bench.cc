@@ -598,6 +598,9 @@ class SimRelay : public grpc::ClientBidiReactor<shoal::v1::RelayUp, shoal::v1::R
       auto* s = up.add_sessions();
       s->set_worker_id(members_[i]);
       s->mutable_message()->mutable_hello()->set_worker_id(members_[i]);
+      // Numbered, as a real member's is: the coordinator keeps the
+      // session's directives for a resume (its cost is measured too).
+      s->mutable_message()->mutable_hello()->set_session(i + 1);
       auto* c = up.add_calls();
       c->set_call_id(next_call_++);
       c->set_worker_id(members_[i]);
