@@ -86,7 +86,7 @@ class SessionLog {
   std::optional<CoordinatorMessage> Find(CoordinatorMessage::KindCase kind, uint64_t round) const {
     absl::MutexLock lock(&mu_);
     for (const CoordinatorMessage& m : messages_) {
-      if (m.kind_case() == kind && RoundOf(m) == round) return m;
+      if (m.kind_case() == kind && testing::DirectiveRound(m) == round) return m;
     }
     return std::nullopt;
   }
@@ -104,30 +104,7 @@ class SessionLog {
   }
 
  private:
-  static uint64_t RoundOf(const CoordinatorMessage& m) {
-    switch (m.kind_case()) {
-      case CoordinatorMessage::kRoundStart:
-        return m.round_start().round();
-      case CoordinatorMessage::kRoundPlan:
-        return m.round_plan().round();
-      case CoordinatorMessage::kRoundComplete:
-        return m.round_complete().round();
-      case CoordinatorMessage::kRunFinished:
-        return m.run_finished().last_round();
-      case CoordinatorMessage::kRoundAborted:
-        return m.round_aborted().round();
-      case CoordinatorMessage::kStartSharing:
-        return m.start_sharing().round();
-      case CoordinatorMessage::kRetryConnections:
-        return m.retry_connections().round();
-      case CoordinatorMessage::kConnectionFail:
-        return m.connection_fail().round();
-      case CoordinatorMessage::kRoundMissed:
-        return m.round_missed().round();
-      default:
-        return 0;
-    }
-  }
+
 
   mutable absl::Mutex mu_;
   std::vector<CoordinatorMessage> messages_ ABSL_GUARDED_BY(mu_);

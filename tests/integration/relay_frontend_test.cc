@@ -50,22 +50,6 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
 constexpr uint64_t kTotal = 1000;
 
-// The round a directive is about (0 for the others).
-uint64_t RoundOf(const CoordinatorMessage& m) {
-  switch (m.kind_case()) {
-    case CoordinatorMessage::kRoundStart:
-      return m.round_start().round();
-    case CoordinatorMessage::kRoundPlan:
-      return m.round_plan().round();
-    case CoordinatorMessage::kStartSharing:
-      return m.start_sharing().round();
-    case CoordinatorMessage::kRoundComplete:
-      return m.round_complete().round();
-    default:
-      return 0;
-  }
-}
-
 // A worker's view: the real client, what came down its session, how the
 // session ended.
 struct Member {
@@ -83,7 +67,7 @@ struct Member {
     absl::MutexLock lock(&mu);
     int n = 0;
     for (const CoordinatorMessage& m : log) {
-      if (m.kind_case() == kind && RoundOf(m) == round) ++n;
+      if (m.kind_case() == kind && testing::DirectiveRound(m) == round) ++n;
     }
     return n;
   }
@@ -194,6 +178,21 @@ class RelayFrontendTest : public ::testing::Test {
     members_.push_back(std::make_unique<Member>());
     members_.back()->id = response.worker_id();
     return members_.back().get();
+  }
+
+  // Gives `m` the worker's routed client (direct until a UseRelay) and
+  // opens its session; null when the open failed.
+  RoutedCoordinatorClient* OpenRouted(Member* m) {
+    CoordinatorClientOptions options;
+    options.address = coordinator_->address();
+    options.rpc_timeout = kRpcTimeout;
+    options.retry_window = kRpcTimeout;
+    auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
+    RoutedCoordinatorClient* client = routed.get();
+    m->client = std::move(routed);
+    absl::Status s = m->OpenOn(client);
+    EXPECT_TRUE(s.ok()) << s;
+    return s.ok() ? client : nullptr;
   }
 
   bool AllHave(CoordinatorMessage::KindCase kind, uint64_t round) {
@@ -345,14 +344,8 @@ TEST_F(RelayFrontendTest, RoutedClientMovesToTheRelayAndBackWhenItDies) {
   Member* b = Join(3);
   for (Member* m : {supernode, b}) ASSERT_TRUE(m->Open(coordinator_->address()).ok());
   StartFrontend(supernode->id);
-  CoordinatorClientOptions options;
-  options.address = coordinator_->address();
-  options.rpc_timeout = kRpcTimeout;
-  options.retry_window = kRpcTimeout;
-  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
-  RoutedCoordinatorClient* client = routed.get();
-  a->client = std::move(routed);
-  ASSERT_TRUE(a->OpenOn(client).ok());
+  RoutedCoordinatorClient* client = OpenRouted(a);
+  ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->relay(), "");
 
   client->UseRelay(supernode->id, frontend_address_);
@@ -404,14 +397,8 @@ TEST_F(RelayFrontendTest, RoutedClientKeepsItsDirectSessionWhenTheRelayRefusesTh
   Member* b = Join(3);
   for (Member* m : {supernode, b}) ASSERT_TRUE(m->Open(coordinator_->address()).ok());
   StartFrontend(/*relay_id=*/"");
-  CoordinatorClientOptions options;
-  options.address = coordinator_->address();
-  options.rpc_timeout = kRpcTimeout;
-  options.retry_window = kRpcTimeout;
-  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
-  RoutedCoordinatorClient* client = routed.get();
-  a->client = std::move(routed);
-  ASSERT_TRUE(a->OpenOn(client).ok());
+  RoutedCoordinatorClient* client = OpenRouted(a);
+  ASSERT_NE(client, nullptr);
 
   client->UseRelay(supernode->id, frontend_address_);
   ASSERT_TRUE(WaitUntil([&] { return client->fall_backs() == 1; }, kWait));
@@ -440,14 +427,8 @@ TEST_F(RelayFrontendTest, ADirectiveLostWithTheSupernodeComesAgainOnTheDirectSes
   StartFrontend(supernode->id);
   testing::TcpProxy link(frontend_port_);
   ASSERT_GT(link.port(), 0);
-  CoordinatorClientOptions options;
-  options.address = coordinator_->address();
-  options.rpc_timeout = kRpcTimeout;
-  options.retry_window = kRpcTimeout;
-  auto routed = std::make_unique<RoutedCoordinatorClient>(options, /*credential=*/nullptr);
-  RoutedCoordinatorClient* client = routed.get();
-  a->client = std::move(routed);
-  ASSERT_TRUE(a->OpenOn(client).ok());
+  RoutedCoordinatorClient* client = OpenRouted(a);
+  ASSERT_NE(client, nullptr);
   client->UseRelay(supernode->id, link.address());
   ASSERT_TRUE(WaitUntil([&] { return frontend_->members() == 1; }, kWait));
   for (const auto& m : members_) ASSERT_TRUE(m->client->JoinRound(m->id, 1).ok()) << m->id;

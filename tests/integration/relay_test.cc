@@ -57,24 +57,6 @@ std::string Hash(char c) { return std::string(64, c); }
 // Recorded by the coordinator, never dialled.
 std::string PeerAddress(int n) { return absl::StrCat("127.0.0.1:", 41000 + n); }
 
-// The round a directive is about (0 for the others).
-uint64_t RoundOf(const CoordinatorMessage& m) {
-  switch (m.kind_case()) {
-    case CoordinatorMessage::kRoundStart:
-      return m.round_start().round();
-    case CoordinatorMessage::kRoundPlan:
-      return m.round_plan().round();
-    case CoordinatorMessage::kRoundComplete:
-      return m.round_complete().round();
-    case CoordinatorMessage::kRunFinished:
-      return m.run_finished().last_round();
-    case CoordinatorMessage::kStartSharing:
-      return m.start_sharing().round();
-    default:
-      return 0;
-  }
-}
-
 // Directives of one session, recorded from a reader thread.
 class Log {
  public:
@@ -85,7 +67,7 @@ class Log {
   std::optional<CoordinatorMessage> Find(CoordinatorMessage::KindCase kind, uint64_t round) const {
     absl::MutexLock lock(&mu_);
     for (const CoordinatorMessage& m : messages_) {
-      if (m.kind_case() == kind && RoundOf(m) == round) return m;
+      if (m.kind_case() == kind && testing::DirectiveRound(m) == round) return m;
     }
     return std::nullopt;
   }
@@ -95,7 +77,7 @@ class Log {
   int Count(CoordinatorMessage::KindCase kind, uint64_t round) const {
     absl::MutexLock lock(&mu_);
     return static_cast<int>(std::count_if(messages_.begin(), messages_.end(), [&](const auto& m) {
-      return m.kind_case() == kind && RoundOf(m) == round;
+      return m.kind_case() == kind && testing::DirectiveRound(m) == round;
     }));
   }
   // How many directives came before the first of `kind` for `round` (all
@@ -104,7 +86,7 @@ class Log {
     absl::MutexLock lock(&mu_);
     uint64_t n = 0;
     for (const CoordinatorMessage& m : messages_) {
-      if (m.kind_case() == kind && RoundOf(m) == round) break;
+      if (m.kind_case() == kind && testing::DirectiveRound(m) == round) break;
       ++n;
     }
     return n;
@@ -392,6 +374,38 @@ class RelayTest : public ::testing::Test {
 
   bool Active(const std::string& id) { return server_->engine().IsActive(id); }
 
+  // `w` reports `round` trained, on its direct client.
+  void ReadyDirect(DirectWorker* w, uint64_t round) {
+    v1::ReportReadyRequest ready;
+    ready.set_worker_id(w->id);
+    ready.set_round(round);
+    ready.set_total_elements(kTotal);
+    ASSERT_TRUE(w->client->ReportReady(ready).ok()) << w->id;
+  }
+
+  // `w` reached its peers for `round`'s plan `attempt`, on its direct client.
+  void ConnectedDirect(DirectWorker* w, uint64_t round, uint32_t attempt) {
+    v1::ConnectionsReadyRequest q;
+    q.set_worker_id(w->id);
+    q.set_round(round);
+    q.set_attempt(attempt);
+    ASSERT_TRUE(w->client->ConnectionsReady(q).ok()) << w->id;
+  }
+
+  // Round 1 starts for `direct` and for `m`, whose session (numbered
+  // `session`) goes through `relay`.
+  void StartRoundWithRelayedMember(DirectWorker* direct, TestRelay* relay, const std::string& m,
+                                   uint64_t session) {
+    v1::Hello hello;
+    hello.set_session(session);
+    relay->Open(m, hello);
+    ASSERT_TRUE(relay->Opened(m));
+    ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
+    ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
+    ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
+                          kWait));
+  }
+
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::string token_;
@@ -585,11 +599,7 @@ TEST_F(RelayTest, MemberReopensDirectlyAfterItsRelayBrokeAndTheRoundCompletes) {
   relay->Break();
   EXPECT_TRUE(Active(m));
   // The plan goes out while the member has no session: kept for it.
-  v1::ReportReadyRequest ready;
-  ready.set_worker_id(direct->id);
-  ready.set_round(1);
-  ready.set_total_elements(kTotal);
-  ASSERT_TRUE(direct->client->ReportReady(ready).ok());
+  ASSERT_NO_FATAL_FAILURE(ReadyDirect(direct, 1));
   ASSERT_TRUE(WaitUntil([&] { return direct->log.Has(CoordinatorMessage::kRoundPlan, 1); }, kWait));
 
   // Within the lease, the member re-opens its session directly.
@@ -598,13 +608,7 @@ TEST_F(RelayTest, MemberReopensDirectlyAfterItsRelayBrokeAndTheRoundCompletes) {
       << "the plan kept while the member had no session";
   const uint32_t attempt =
       back->log.Find(CoordinatorMessage::kRoundPlan, 1)->round_plan().attempt();
-  for (DirectWorker* w : {direct, back}) {
-    v1::ConnectionsReadyRequest q;
-    q.set_worker_id(w->id);
-    q.set_round(1);
-    q.set_attempt(attempt);
-    ASSERT_TRUE(w->client->ConnectionsReady(q).ok());
-  }
+  for (DirectWorker* w : {direct, back}) ASSERT_NO_FATAL_FAILURE(ConnectedDirect(w, 1, attempt));
   ASSERT_TRUE(WaitUntil(
       [&] {
         return direct->log.Has(CoordinatorMessage::kStartSharing, 1) &&
@@ -646,20 +650,9 @@ TEST_F(RelayTest, DirectivesTheRelayDidNotDeliverGoOutAgainOnTheMembersNextSessi
   DirectWorker* direct = AddDirect(1);
   const std::string m = Join(2);
   TestRelay* relay = AddRelay(m);
-  v1::Hello first;
-  first.set_session(7);
-  relay->Open(m, first);
-  ASSERT_TRUE(relay->Opened(m));
-  ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
-  ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
-  ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
-                        kWait));
+  ASSERT_NO_FATAL_FAILURE(StartRoundWithRelayedMember(direct, relay, m, /*session=*/7));
   ASSERT_EQ(relay->ReportReady(m, 1).code(), 0);
-  v1::ReportReadyRequest ready;
-  ready.set_worker_id(direct->id);
-  ready.set_round(1);
-  ready.set_total_elements(kTotal);
-  ASSERT_TRUE(direct->client->ReportReady(ready).ok());
+  ASSERT_NO_FATAL_FAILURE(ReadyDirect(direct, 1));
   // The plan went down the relay's stream; the member took only what came
   // before it.
   ASSERT_TRUE(
@@ -673,13 +666,7 @@ TEST_F(RelayTest, DirectivesTheRelayDidNotDeliverGoOutAgainOnTheMembersNextSessi
       << "the plan the relay did not deliver";
   const uint32_t attempt =
       back->log.Find(CoordinatorMessage::kRoundPlan, 1)->round_plan().attempt();
-  for (DirectWorker* w : {direct, back}) {
-    v1::ConnectionsReadyRequest q;
-    q.set_worker_id(w->id);
-    q.set_round(1);
-    q.set_attempt(attempt);
-    ASSERT_TRUE(w->client->ConnectionsReady(q).ok());
-  }
+  for (DirectWorker* w : {direct, back}) ASSERT_NO_FATAL_FAILURE(ConnectedDirect(w, 1, attempt));
   ASSERT_TRUE(WaitUntil([&] { return back->log.Has(CoordinatorMessage::kStartSharing, 1); },
                         kWait));
   // What the member took is not sent again.
@@ -694,14 +681,7 @@ TEST_F(RelayTest, ADeadRelaysDirectivesGoOutAgainOnlyPastTheMembersCount) {
   const std::string r = Join(2);
   const std::string m = Join(3);
   TestRelay* relay = AddRelay(r);
-  v1::Hello first;
-  first.set_session(21);
-  relay->Open(m, first);
-  ASSERT_TRUE(relay->Opened(m));
-  ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
-  ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
-  ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
-                        kWait));
+  ASSERT_NO_FATAL_FAILURE(StartRoundWithRelayedMember(direct, relay, m, /*session=*/21));
   // The member took everything; its relay dies.
   const uint64_t taken = relay->log(m).Before(CoordinatorMessage::kRoundPlan, 1);
   relay->Break();
@@ -709,11 +689,7 @@ TEST_F(RelayTest, ADeadRelaysDirectivesGoOutAgainOnlyPastTheMembersCount) {
   other->Open(m, Resuming(22, 21, taken));
   ASSERT_TRUE(other->Opened(m));
   ASSERT_EQ(other->ReportReady(m, 1).code(), 0);
-  v1::ReportReadyRequest ready;
-  ready.set_worker_id(direct->id);
-  ready.set_round(1);
-  ready.set_total_elements(kTotal);
-  ASSERT_TRUE(direct->client->ReportReady(ready).ok());
+  ASSERT_NO_FATAL_FAILURE(ReadyDirect(direct, 1));
   ASSERT_TRUE(
       WaitUntil([&] { return other->log(m).Has(CoordinatorMessage::kRoundPlan, 1); }, kWait));
   EXPECT_EQ(other->log(m).Count(CoordinatorMessage::kRoundStart, 1), 0)

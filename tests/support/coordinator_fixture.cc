@@ -28,4 +28,30 @@ absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartTestCoordin
   return coordinator::CoordinatorServer::Start(options, RealClock::Get());
 }
 
+uint64_t DirectiveRound(const shoal::v1::CoordinatorMessage& m) {
+  using shoal::v1::CoordinatorMessage;
+  switch (m.kind_case()) {
+    case CoordinatorMessage::kRoundStart:
+      return m.round_start().round();
+    case CoordinatorMessage::kRoundPlan:
+      return m.round_plan().round();
+    case CoordinatorMessage::kStartSharing:
+      return m.start_sharing().round();
+    case CoordinatorMessage::kRoundComplete:
+      return m.round_complete().round();
+    case CoordinatorMessage::kRunFinished:
+      return m.run_finished().last_round();
+    case CoordinatorMessage::kRoundAborted:
+      return m.round_aborted().round();
+    case CoordinatorMessage::kRetryConnections:
+      return m.retry_connections().round();
+    case CoordinatorMessage::kConnectionFail:
+      return m.connection_fail().round();
+    case CoordinatorMessage::kRoundMissed:
+      return m.round_missed().round();
+    default:
+      return 0;
+  }
+}
+
 }  // namespace shoal::testing

@@ -4,11 +4,13 @@
 #ifndef SHOAL_TESTS_SUPPORT_COORDINATOR_FIXTURE_H_
 #define SHOAL_TESTS_SUPPORT_COORDINATOR_FIXTURE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "services/coordinator/coordinator_server.h"
+#include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::testing {
 
@@ -22,6 +24,10 @@ coordinator::CoordinatorOptions TestCoordinatorOptions(const std::string& run_id
 // Starts a CoordinatorServer with `options` on the real clock.
 absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartTestCoordinator(
     const coordinator::CoordinatorOptions& options);
+
+// The round a directive is about (RunFinished: its last round); 0 for those
+// about no round (member lists, peer updates, routes, checkpoints).
+uint64_t DirectiveRound(const shoal::v1::CoordinatorMessage& m);
 
 }  // namespace shoal::testing
 
