@@ -312,6 +312,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     reactor->Finish(ToGrpcStatus(result.status()));
     return reactor;
   }
+  {
+    // A worker that joins (again) starts afresh: what its earlier relayed
+    // session did not deliver belongs to the membership it had.
+    absl::MutexLock lock(&mu_);
+    relayed_logs_.erase(result->response.worker_id());
+  }
   Deliver(result->directives);
   *response = std::move(result->response);
   reactor->Finish(grpc::Status::OK);
