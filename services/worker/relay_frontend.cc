@@ -11,6 +11,7 @@
 #include "common/member_credentials_grpc.h"
 #include "common/reactor_handoff.h"
 #include "common/queued_stream.h"
+#include "services/worker/coordinator_client.h"
 
 namespace shoal::worker {
 
@@ -54,6 +55,7 @@ struct RelayFrontend::Uplink {
   absl::Mutex write_mu;
   bool finished ABSL_GUARDED_BY(write_mu) = false;
   bool hello_sent = false;  // pump only, under RelayFrontend::mu_
+  size_t target = 0;        // set before the reader starts
   std::thread reader;
 };
 
@@ -159,8 +161,17 @@ class RelayFrontend::CallReactor : public grpc::ServerUnaryReactor {
   std::atomic<uint64_t> call_id_{0};
 };
 
+std::vector<RelayFrontend::Target> RelayFrontend::Targets(const RelayFrontendOptions& options) {
+  std::vector<Target> targets;
+  for (const auto& [address, channel] : options.replicas) {
+    targets.push_back({address, shoal::v1::Coordinator::NewStub(channel)});
+  }
+  if (targets.empty()) targets.push_back({"", shoal::v1::Coordinator::NewStub(options.coordinator)});
+  return targets;
+}
+
 RelayFrontend::RelayFrontend(RelayFrontendOptions options)
-    : options_(std::move(options)), stub_(shoal::v1::Coordinator::NewStub(options_.coordinator)) {
+    : options_(std::move(options)), targets_(Targets(options_)) {
   pump_ = std::thread([this] { Pump(); });
 }
 
@@ -414,6 +425,7 @@ void RelayFrontend::Pump() {
     std::vector<std::shared_ptr<Uplink>> retired;
     std::vector<CallReactor*> expired;
     bool need_stream = false;
+    size_t target = 0;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -438,6 +450,7 @@ void RelayFrontend::Pump() {
         }
       }
       need_stream = uplink_ == nullptr && !OutboxEmptyLocked();
+      target = current_;
     }
     for (CallReactor* reactor : expired) {
       reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -450,7 +463,8 @@ void RelayFrontend::Pump() {
       // Long-lived like a Session: no deadline; it ends by Shutdown's
       // cancel or by the coordinator. Opened outside mu_ (it may block).
       auto fresh = std::make_shared<Uplink>();
-      fresh->stream = stub_->Relay(&fresh->ctx);
+      fresh->target = target;
+      fresh->stream = targets_[target].stub->Relay(&fresh->ctx);
       absl::MutexLock lock(&mu_);
       if (stop_) {
         fresh->ctx.TryCancel();
@@ -459,7 +473,9 @@ void RelayFrontend::Pump() {
       }
       uplink_ = fresh;
       streams_opened_.fetch_add(1);
-      SHOAL_LOG(INFO) << "relay " << relay_id_ << ": opened its Relay stream";
+      SHOAL_LOG(INFO) << "relay " << relay_id_ << ": opened its Relay stream"
+                      << (targets_.size() > 1 ? absl::StrCat(" to ", targets_[target].address)
+                                              : std::string());
       Uplink* raw = fresh.get();
       raw->reader = std::thread([this, raw] { ReadUplink(raw); });
     }
@@ -484,9 +500,15 @@ void RelayFrontend::Pump() {
 void RelayFrontend::ReadUplink(Uplink* uplink) {
   RelayDown down;
   while (uplink->stream->Read(&down)) Route(down);
-  uplink->ctx.TryCancel();  // a write in flight returns now
   grpc::Status status;
-  {
+  if (uplink->write_mu.TryLock()) {
+    // No write in flight: the coordinator's own status (a standby's
+    // refusal names the leader in its trailers).
+    uplink->finished = true;
+    status = uplink->stream->Finish();
+    uplink->write_mu.Unlock();
+  } else {
+    uplink->ctx.TryCancel();  // a write in flight returns now
     absl::MutexLock lock(&uplink->write_mu);
     uplink->finished = true;
     status = uplink->stream->Finish();
@@ -546,6 +568,24 @@ void RelayFrontend::UplinkBroken(Uplink* uplink, const grpc::Status& status) {
       SHOAL_LOG(WARNING) << "relay " << relay_id_ << ": the Relay stream ended ("
                          << status.error_code() << " " << status.error_message() << "); "
                          << sessions_.size() << " member sessions end";
+    }
+    if (targets_.size() > 1 && !stop_ && current_ == uplink->target &&
+        (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::CANCELLED)) {
+      // Coordinator replicas: to the leader a standby named, else the next.
+      std::string leader;
+      const auto& trailers = uplink->ctx.GetServerTrailingMetadata();
+      if (auto it = trailers.find(kLeaderHintKey); it != trailers.end()) {
+        leader.assign(it->second.data(), it->second.size());
+      }
+      size_t next = (uplink->target + 1) % targets_.size();
+      for (size_t i = 0; i < targets_.size(); ++i) {
+        if (!leader.empty() && targets_[i].address == leader) next = i;
+      }
+      current_ = next;
+      SHOAL_LOG(INFO) << "relay " << relay_id_ << ": the next Relay stream goes to "
+                      << targets_[next].address
+                      << (leader.empty() ? "" : " (the leader a standby named)");
     }
     for (auto& [id, stream] : sessions_) stream->Close(why);
     sessions_.clear();

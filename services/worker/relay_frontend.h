@@ -53,6 +53,12 @@ struct RelayFrontendOptions {
   // The coordinator the Relay stream goes to (a channel that carries the
   // run token, common/grpc_util.h MakeChannel).
   std::shared_ptr<grpc::Channel> coordinator;
+  // The coordinator replicas (--coordinator's addresses, in order, each
+  // with its channel), when there are several: the Relay stream follows
+  // the leader. A standby's refusal names it (trailing metadata
+  // shoal-leader); a stream that breaks UNAVAILABLE without a name moves
+  // to the next address. Empty: `coordinator` only.
+  std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> replicas;
   // Who may call (--token_file); open by default.
   TokenGate gate;
   // Member credentials (the worker's MemberSet); null or not enabled: the
@@ -155,8 +161,14 @@ class RelayFrontend final : public relay_internal::FrontendBase {
   void TakeBatchLocked(shoal::v1::RelayUp* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OutboxEmptyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  struct Target {
+    std::string address;  // empty: the one `coordinator` channel
+    std::unique_ptr<shoal::v1::Coordinator::Stub> stub;
+  };
+  static std::vector<Target> Targets(const RelayFrontendOptions& options);
+
   const RelayFrontendOptions options_;
-  const std::unique_ptr<shoal::v1::Coordinator::Stub> stub_;
+  const std::vector<Target> targets_;
   std::atomic<uint64_t> streams_opened_{0};
 
   mutable absl::Mutex mu_;
@@ -167,6 +179,8 @@ class RelayFrontend final : public relay_internal::FrontendBase {
   // The current Relay stream (null: none; the pump opens one when the
   // outbox has something), and broken ones whose reader the pump joins.
   std::shared_ptr<Uplink> uplink_ ABSL_GUARDED_BY(mu_);
+  // The target the next Relay stream opens to (an index into targets_).
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<Uplink>> retired_ ABSL_GUARDED_BY(mu_);
   // Open member sessions by worker id. A stream is in the map until it
   // ends; its Enqueue/Close run under mu_ (gRPC runs OnDone, which takes

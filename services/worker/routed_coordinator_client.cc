@@ -56,10 +56,25 @@ void RoutedCoordinatorClient::Router() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
-      mu_.Await(absl::Condition(&ready));
+      if (deferred_address_.empty()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        mu_.AwaitWithDeadline(absl::Condition(&ready), failed_at_ + kRelayCooldown);
+      }
       if (stop_) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else if (!deferred_address_.empty() && absl::Now() - failed_at_ >= kRelayCooldown) {
+        // The cooldown is over: the put-off UseRelay now.
+        task = [this, id = std::move(deferred_id_), address = std::move(deferred_address_)] {
+          MoveTo(id, address);
+        };
+        deferred_id_.clear();
+        deferred_address_.clear();
+      } else {
+        continue;
+      }
     }
     task();
   }
@@ -186,6 +201,8 @@ void RoutedCoordinatorClient::MoveTo(const std::string& relay_id, const std::str
   {
     absl::MutexLock lock(&mu_);
     dropped.swap(retired_);
+    deferred_id_.clear();  // a newer UseRelay replaces a put-off one
+    deferred_address_.clear();
     if (address.empty()) {
       relay_id_.clear();
       relay_address_.clear();
@@ -198,7 +215,9 @@ void RoutedCoordinatorClient::MoveTo(const std::string& relay_id, const std::str
       if (relayed_ && address == relay_address_) return;
       if (address == failed_address_ && absl::Now() - failed_at_ < kRelayCooldown) {
         SHOAL_VLOG(1) << "relay " << relay_id << " at " << address
-                      << " failed recently; staying direct";
+                      << " failed recently; staying direct until the cooldown is over";
+        deferred_id_ = relay_id;
+        deferred_address_ = address;
         return;
       }
     }

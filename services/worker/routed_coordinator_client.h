@@ -42,8 +42,9 @@ class RoutedCoordinatorClient : public CoordinatorClient {
 
   // A UseRelay arrived: go through `address` (empty: go direct). Returns at
   // once; the router thread moves the session. A relay address that failed
-  // less than kRelayCooldown ago is not tried again (the member stays
-  // direct until the next UseRelay).
+  // less than kRelayCooldown ago is not tried at once: the member stays
+  // direct and tries it when the cooldown is over (unless another UseRelay
+  // came meanwhile).
   void UseRelay(const std::string& relay_id, const std::string& address);
   // The relay the session goes through now (empty: direct).
   std::string relay() const;
@@ -94,6 +95,9 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   std::string relay_address_ ABSL_GUARDED_BY(mu_);
   bool relayed_ ABSL_GUARDED_BY(mu_) = false;
   std::string failed_address_ ABSL_GUARDED_BY(mu_);
+  // A UseRelay put off by the cooldown (empty address: none).
+  std::string deferred_id_ ABSL_GUARDED_BY(mu_);
+  std::string deferred_address_ ABSL_GUARDED_BY(mu_);
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The session the worker asked for (OpenSession's arguments).
   bool wanted_ ABSL_GUARDED_BY(mu_) = false;

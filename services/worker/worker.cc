@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
@@ -37,7 +38,8 @@ namespace shoal::worker {
 namespace {
 
 // The first of --coordinator's comma-separated addresses: where a
-// supernode's Relay stream goes (replicas: docs/SUPERNODES.md "Relay").
+// supernode's Relay stream goes first (with replicas it follows the leader:
+// docs/SUPERNODES.md "Relay").
 std::string FirstAddress(const std::string& addresses) {
   return std::string(absl::string_view(addresses).substr(0, addresses.find(',')));
 }
@@ -152,6 +154,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   // Idle (no thread busy, no stream) until members of its zone use it.
   RelayFrontendOptions ropts;
   ropts.coordinator = MakeChannel(FirstAddress(w->options_.coordinator));
+  for (absl::string_view address :
+       absl::StrSplit(w->options_.coordinator, ',', absl::SkipWhitespace())) {
+    // Replicas: the Relay stream follows the leader (docs/SUPERNODES.md).
+    ropts.replicas.emplace_back(std::string(address), MakeChannel(std::string(address)));
+  }
+  if (ropts.replicas.size() < 2) ropts.replicas.clear();
   ropts.gate = w->options_.gate;
   ropts.members = &w->members_;
   ropts.call_timeout = w->options_.rpc_timeout;

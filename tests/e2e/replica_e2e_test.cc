@@ -298,6 +298,44 @@ TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   EXPECT_EQ(ids_after, ids) << after.DebugString();
 }
 
+// With --relay=on a supernode's Relay stream follows the leader as the
+// workers' own client does: here every worker lists the standby first,
+// which refuses the stream and names the leader (before, the stream kept
+// going to the first address and the members stayed direct).
+TEST_F(ReplicaTest, TheRelayStreamGoesToTheLeaderTheStandbyNames) {
+  ASSERT_NO_FATAL_FAILURE(StartEtcd(1));
+  // Rounds of a few hundred ms: the election settles on one head.
+  StartReplica(0, {"--relay=on", "--local_steps=200"});
+  StartReplica(1, {"--relay=on", "--local_steps=200"});
+  ASSERT_TRUE(WaitUntil([&] { return Leader() >= 0; }, absl::Seconds(30))) << ReplicaLogs();
+  const int leader = Leader();
+  const std::string standby_first = absl::StrCat(addresses_[1 - leader], ",", addresses_[leader]);
+  for (int i = 0; i < 3; ++i) StartWorker(standby_first, {"--zone=eu"});
+  v1::RunStatus status;
+  std::string head;
+  const bool relayed = WaitUntil(
+      [&] {
+        if (!StatusOf(leader, &status) || status.workers_size() < 3) return false;
+        head.clear();
+        for (const auto& z : status.zones()) {
+          if (z.path() == "eu") head = z.supernode();
+        }
+        if (head.empty()) return false;
+        int through = 0;
+        for (const auto& w : status.workers()) through += w.relayed_by() == head ? 1 : 0;
+        return through == 2;
+      },
+      absl::Minutes(3));
+  ASSERT_TRUE(relayed) << status.DebugString() << ReplicaLogs();
+  EXPECT_GE(status.last_completed_round(), 1u);
+  bool named = false;
+  for (auto& w : workers_) {
+    named |= w->Log().find(absl::StrCat("the next Relay stream goes to ", addresses_[leader],
+                                        " (the leader a standby named)")) != std::string::npos;
+  }
+  EXPECT_TRUE(named) << Logs();
+}
+
 TEST_F(ReplicaTest, ThreeMemberEtcdLosingOneChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartEtcd(3));
   StartReplica(0);
