@@ -127,6 +127,10 @@ ABSL_FLAG(double, supernode_switch_factor, 1.5,
 ABSL_FLAG(uint32_t, supernode_switch_rounds, 3,
           "Supernode election: consecutive completed rounds a challenger must beat the "
           "supernode by --supernode_switch_factor (at least 1).");
+ABSL_FLAG(absl::Duration, supernode_min_tenure, absl::Seconds(30),
+          "A supernode keeps its seat at least this long before a challenger that beat it "
+          "(--supernode_switch_factor, --supernode_switch_rounds) takes over; a head that "
+          "leaves or dies is replaced at once. 0 = no minimum.");
 ABSL_FLAG(std::string, checkpoint_store, "",
           "Address of shoal-checkpoint; empty = no checkpoints. With --run_id and an empty "
           "--state_dir, a run that has checkpoints there resumes from the newest one.");
@@ -284,10 +288,13 @@ int main(int argc, char** argv) {
   engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
   engine.election.switch_factor = absl::GetFlag(FLAGS_supernode_switch_factor);
   engine.election.switch_evaluations = absl::GetFlag(FLAGS_supernode_switch_rounds);
+  engine.election.min_tenure = absl::GetFlag(FLAGS_supernode_min_tenure);
   if (!(engine.election.switch_factor > 1) || !std::isfinite(engine.election.switch_factor) ||
-      engine.election.switch_evaluations < 1) {
-    SHOAL_LOG(ERROR) << "--supernode_switch_factor must be a number > 1 and "
-                        "--supernode_switch_rounds at least 1";
+      engine.election.switch_evaluations < 1 ||
+      engine.election.min_tenure < absl::ZeroDuration()) {
+    SHOAL_LOG(ERROR) << "--supernode_switch_factor must be a number > 1, "
+                        "--supernode_switch_rounds at least 1 and --supernode_min_tenure not "
+                        "negative";
     return 2;
   }
   auto& c = engine.config;

@@ -169,6 +169,11 @@ void RoutedCoordinatorClient::FallBack(uint64_t gen, const absl::Status& why) {
     failed_at_ = absl::Now();
     relay_id = relay_id_;
     ++fall_backs_;
+    // Tried again when the cooldown is over, unless a UseRelay moves the
+    // route meanwhile (the coordinator may never send this one again: a
+    // kept direct session brings no route).
+    deferred_id_ = relay_id_;
+    deferred_address_ = relay_address_;
     if (direct_gen_ != 0) {
       // The direct session is still open: the relayed Hello never
       // superseded it (or its ABORTED is on its way, and its end is then

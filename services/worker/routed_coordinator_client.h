@@ -44,7 +44,8 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // once; the router thread moves the session. A relay address that failed
   // less than kRelayCooldown ago is not tried at once: the member stays
   // direct and tries it when the cooldown is over (unless another UseRelay
-  // came meanwhile).
+  // came meanwhile). A relayed session that fails is likewise tried again
+  // after the cooldown.
   void UseRelay(const std::string& relay_id, const std::string& address);
   // The relay the session goes through now (empty: direct).
   std::string relay() const;

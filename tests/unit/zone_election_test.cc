@@ -197,6 +197,32 @@ TEST_F(ZoneElectionTest, HysteresisNeedsSeveralEvaluationsAboveTheFactor) {
   EXPECT_EQ(Z("eu").challenger, "");
 }
 
+TEST_F(ZoneElectionTest, AChallengerWaitsForTheMinimumTenure) {
+  options_.min_tenure = absl::Seconds(30);
+  std::vector<ElectionMember> members = {M("w1", "eu", 0.01, 100 * kMB),
+                                         M("w2", "eu", 0.01, 100 * kMB)};
+  Elect(members);
+  ASSERT_EQ(Z("eu").supernode, "w1");
+  members[1].bandwidth_bps = 800 * kMB;
+  // Short rounds: 5 evaluations within the tenure keep w1, the streak grows.
+  for (int i = 1; i <= 5; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    Elect(members, ElectionTrigger::kMeasurements);
+    EXPECT_EQ(Z("eu").supernode, "w1") << i;
+    EXPECT_EQ(Z("eu").challenger_streak, static_cast<uint32_t>(i));
+  }
+  // Past it, the next measurement evaluation switches.
+  clock_.Advance(absl::Seconds(5));
+  Elect(members, ElectionTrigger::kMeasurements);
+  EXPECT_EQ(Z("eu").supernode, "w2");
+  EXPECT_THAT(Z("eu").cause, HasSubstr("in 6 evaluations"));
+  // A head that dies is replaced at once, tenure or not.
+  members[1].alive = false;
+  clock_.Advance(absl::Seconds(1));
+  Elect(members);
+  EXPECT_EQ(Z("eu").supernode, "w1");
+}
+
 TEST_F(ZoneElectionTest, SmallOrInterruptedAdvantagesDoNotSwitch) {
   std::vector<ElectionMember> members = {M("w1", "eu", 0.01, 100 * kMB),
                                          M("w2", "eu", 0.01, 100 * kMB)};

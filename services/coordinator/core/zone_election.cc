@@ -227,7 +227,8 @@ ElectionResult ElectZones(const std::vector<ElectionMember>& members,
         zone.challenger = prev->challenger;
         zone.challenger_streak = prev->challenger_streak;
       }
-      if (!zone.challenger.empty() && zone.challenger_streak >= options.switch_evaluations) {
+      if (!zone.challenger.empty() && zone.challenger_streak >= options.switch_evaluations &&
+          now - zone.elected_at >= options.min_tenure) {
         const Candidate* winner = find(zone.challenger);
         zone.cause =
             absl::StrFormat("%s beat %s by %.2gx in %d evaluations", zone.challenger, incumbent,

@@ -27,7 +27,8 @@
 //   smallest id.
 // - Stickiness: a supernode stays while it is a candidate. A challenger
 //   replaces it only after beating its score by more than switch_factor in
-//   switch_evaluations consecutive measurement evaluations (both measured).
+//   switch_evaluations consecutive measurement evaluations (both measured),
+//   and not before it has held the seat for min_tenure.
 //   Membership evaluations neither count nor break such a streak. One
 //   exception: a supernode chosen before anyone was measured (by id) is
 //   re-chosen freely, once, at the first measurement evaluation where it
@@ -66,8 +67,13 @@ struct ElectionMember {
 struct ElectionOptions {
   // A challenger must beat the supernode's score by more than this factor...
   double switch_factor = 1.5;
-  // ...in this many consecutive measurement evaluations.
+  // ...in this many consecutive measurement evaluations...
   uint32_t switch_evaluations = 3;
+  // ...and not before the supernode has held its seat this long (the
+  // streak may grow meanwhile; the first measurement evaluation after it
+  // switches). Very short rounds measure noisily: without it a zone of
+  // look-alike workers changed heads every few seconds.
+  absl::Duration min_tenure = absl::ZeroDuration();
   // Exponents of the bandwidth and speed ratios in the score.
   double bandwidth_weight = 2.0 / 3.0;
   double compute_weight = 1.0 / 3.0;
