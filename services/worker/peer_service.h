@@ -102,7 +102,7 @@ class PeerService final
   // A contribution pushed by a participant behind NAT (docs/SUPERNODES.md
   // "NAT"): checked piece by piece, put in the box only when whole.
   grpc::ServerReadReactor<shoal::v1::PushMessage>* Push(grpc::CallbackServerContext* ctx,
-                                                         shoal::v1::PushResponse* response) override;
+                                                        shoal::v1::PushResponse* response) override;
 
   // A piece of an encoded slice from the EncodedStore (a copy of at most
   // 1 MiB; the store's blobs are immutable).
@@ -168,6 +168,10 @@ class PeerService final
   };
   absl::Mutex file_mu_;
   std::shared_ptr<const ModelFileCopy> model_file_ ABSL_GUARDED_BY(file_mu_);
+  // The encoded copy of a gossip publication a ReadEncoded of kind GOSSIP
+  // asks for (NOT_FOUND outside gossip mode, FAILED_PRECONDITION when the
+  // run gossips float32 or the publication was replaced).
+  absl::StatusOr<Blob> FindGossipEncoding(const shoal::v1::ReadEncodedRequest& request) const;
   std::atomic<const GossipBoard*> gossip_board_{nullptr};
   std::atomic<GossipFault> gossip_fault_{GossipFault::kNone};
 };

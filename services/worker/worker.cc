@@ -30,7 +30,6 @@
 #include "services/worker/core/transfer_checks.h"
 #include "services/worker/gossip_checkpointer.h"
 #include "services/worker/gossip_fetcher.h"
-#include "services/worker/hierarchical_averager.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "shoal/v1/peer.grpc.pb.h"
 
@@ -204,7 +203,6 @@ Worker::~Worker() {
   if (state_) state_->SetShuttingDown();
   if (server_) server_->Shutdown(absl::Seconds(1));
   averager_.reset();
-  flat_averager_.reset();
   memory_.reset();  // waits for (or leaks) the snapshot's lent chunks
   // The parameters belong to the trainer; gRPC may still hold slices
   // pointing into them for a moment after the shutdown.
@@ -259,6 +257,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   if (!aggregation.ok()) return aggregation.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
+  gossip_board_.SetCodec(codec_.get());
   if (!topts.model_file.empty()) {
     // Workers joining later read it from here rather than the coordinator.
     peer_service_->SetModelFile(std::move(topts.model_file), joined.config().model_file_sha256());
@@ -278,11 +277,16 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   oopts.lr = static_cast<float>(config.outer_lr());
   oopts.momentum = static_cast<float>(config.outer_momentum());
   outer_ = std::make_unique<OuterStep>(oopts, n);
+  // What travels (exchanger.h): the round's change when the run has a codec
+  // or an outer optimizer, else the model itself.
   const bool encoded = !codec_->raw() || *outer_kind != OuterOptimizer::kNone;
+  ExchangeParts parts;
+  parts.codec = codec_.get();
+  parts.store = encoded_store_.get();
+  parts.outer = outer_.get();
+  parts.base = memory_->snapshot();
   if (encoded) {
-    encoded_parts_.store = encoded_store_.get();
-    encoded_parts_.outer = outer_.get();
-    encoded_parts_.base = memory_->snapshot();
+    encoded_parts_ = parts;
     PublishOuterState(0);
   }
   ExchangeOptions exchange = options_.exchange;
@@ -291,22 +295,15 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   // at most the whole model (8 bytes an element for encodings).
   push_box_->SetMaxBytes(2 * 8 * n + (uint64_t{16} << 20));
   exchange.push_box = push_box_.get();
-  averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), exchange, codec_.get(),
-                                          encoded ? &encoded_parts_ : nullptr);
-  if (config.hierarchy() && !encoded) {
-    // Plans with RoundPlan.hierarchy run its stages; the others stay flat.
-    // (The coordinator refuses the hierarchy with the encoded exchange.)
-    flat_averager_ = std::move(averager_);
-    averager_ = std::make_unique<HierarchicalAverager>(
-        peers_.get(), state_.get(), encoded_store_.get(), exchange, flat_averager_.get());
-  }
+  // One pipeline for every plan: flat or hierarchical, any codec.
+  averager_ = std::make_unique<Exchanger>(peers_.get(), state_.get(), exchange, parts);
   protocol_.SetInitialModel(hash);
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
                   << " images, model=" << joined.config().model() << " (" << n
                   << " parameters, hash " << hash.substr(0, 12) << "), averaging "
-                  << averager_->name() << "/" << codec_->name() << " by "
-                  << AggregationName(*aggregation)
+                  << (config.hierarchy() ? "hierarchical" : averager_->name()) << "/"
+                  << codec_->name() << " by " << AggregationName(*aggregation)
                   << (encoded ? absl::StrCat(" encoded, outer optimizer ",
                                              config.outer_optimizer().empty()
                                                  ? "none"
@@ -1060,6 +1057,8 @@ absl::Status Worker::RunGossip() {
   PeerChooser chooser(clock_, seed);
   GossipFetcher fetcher(peers_.get(), self, clock_, &stop_token_);
   fetcher.set_push_own(outbound_only_);
+  // Pulls travel in the run's codec (docs/GOSSIP.md, "Compressed pulls").
+  fetcher.set_codec(codec_.get());
   // Checkpoints (docs/GOSSIP.md, "Checkpoints"): while the coordinator has
   // made this worker the checkpointer, ckpt_sequence is the sequence number
   // of its next upload (0 = not the checkpointer) and ckpt_due the local
@@ -1079,7 +1078,8 @@ absl::Status Worker::RunGossip() {
   SHOAL_LOG(INFO) << "gossip mode: publish every " << g.gossip_every
                   << " steps, fetch p=" << g.fetch_probability << ", timeout "
                   << absl::FormatDuration(g.timeout) << ", interpolation " << config.interpolation()
-                  << ", divergence threshold " << g.divergence_threshold
+                  << ", divergence threshold " << g.divergence_threshold << ", pulls "
+                  << codec_->name()
                   << (g.steps ? absl::StrCat(", ", g.steps, " steps") : std::string());
 
   double clock = 0;
@@ -1161,6 +1161,7 @@ absl::Status Worker::RunGossip() {
   // that a background fetch in flight is not disturbed.
   bool consensus_evaluator = false;
   GossipFetcher consensus_fetcher(peers_.get(), self, clock_, &stop_token_);
+  consensus_fetcher.set_codec(codec_.get());
   auto evaluate_consensus = [&] {
     if (!consensus_evaluator) return;
     const absl::Time t0 = clock_->Now();
@@ -1328,6 +1329,7 @@ absl::Status Worker::RunGossip() {
       return *exit;
     }
     std::vector<double> sum(n, 0.0);
+    std::vector<float> own_decoded;
     uint32_t models = 0;
     std::string error;
     const absl::Time t0 = clock_->Now();
@@ -1336,6 +1338,20 @@ absl::Status Worker::RunGossip() {
       GossipFetchResult r;
       if (source.worker_id() == self) {
         p = own->params.data();
+        if (own->encoded != nullptr) {
+          // Our own final model as the others decode it: every worker adds
+          // the same floats.
+          own_decoded.resize(n);
+          absl::Status d = codec_->DecodeSlice(
+              absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(own->encoded->data()),
+                                  own->encoded->size()),
+              n, own_decoded.data());
+          if (!d.ok()) {
+            error = std::string(d.message());
+            break;
+          }
+          p = own_decoded.data();
+        }
       } else {
         r.status = absl::CancelledError("worker stopped");
         for (int attempt = 0; attempt < 3 && !StopRequested(); ++attempt) {
@@ -1360,8 +1376,7 @@ absl::Status Worker::RunGossip() {
       report.set_final_models(models);
       SHOAL_LOG(INFO) << absl::StrFormat(
           "gossip: final average of %d models in %.2fs: hash %s test_accuracy=%.4f", models,
-          absl::ToDoubleSeconds(clock_->Now() - t0), hash.substr(0, 16),
-          report.test_accuracy());
+          absl::ToDoubleSeconds(clock_->Now() - t0), hash.substr(0, 16), report.test_accuracy());
       auto averaged = std::make_shared<GossipCopy>();
       averaged->publication = own->publication;
       averaged->clock = clock;
@@ -1450,7 +1465,7 @@ absl::Status Worker::RunGossip() {
         report.set_fetches_done(report.fetches_done() + 1);
         report.set_last_partner(r->peer_id);
         report.set_last_factor(a);
-        M().received_bytes.Add(static_cast<double>(n * sizeof(float)));
+        M().received_bytes.Add(static_cast<double>(r->wire_bytes));
         SHOAL_VLOG(1) << absl::StrFormat("gossip: merged %s's model (clock %.0f) a=%.3f in %.3fs",
                                          r->peer_id, r->peer_clock, a,
                                          absl::ToDoubleSeconds(r->took));

@@ -208,10 +208,10 @@ class Worker {
   std::unique_ptr<ModelMemory> memory_;  // with the trainer
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<OuterStep> outer_;  // the run's outer optimizer (encoded exchange)
-  EncodedExchange encoded_parts_;
-  // The flat sharded exchange, which `averager_` wraps when the run has
-  // --hierarchy=on (declared first: destroyed after it).
-  std::unique_ptr<Averager> flat_averager_;
+  // Set when changes travel (a codec or an outer optimizer): the outer
+  // state is then published with every committed round.
+  ExchangeParts encoded_parts_;
+  // The averaging pipeline (exchanger.h).
   std::unique_ptr<Averager> averager_;
   SyncProgress sync_progress_;
   // Gossip mode: the published copies the Peer service serves, and what
