@@ -306,9 +306,9 @@ class RelayTest : public ::testing::Test {
  protected:
   void Start(uint32_t min_participants, uint64_t rounds, const std::string& token = "") {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-relay");
-    options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
-    options.engine.config.set_min_participants(min_participants);
-    options.engine.config.set_rounds(rounds);
+    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
+    options.engine.config.mutable_sync()->set_min_participants(min_participants);
+    options.engine.config.mutable_sync()->set_rounds(rounds);
     options.engine.heartbeat_lease = kLease;
     options.engine.session_grace = absl::Seconds(60);
     options.tick_interval = absl::Milliseconds(50);

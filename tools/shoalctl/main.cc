@@ -116,7 +116,7 @@ int Watch(Coordinators* stub) {
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
-        std::cout << shoal::ctl::FormatRoundLine(r, status->config().rounds()) << std::endl;
+        std::cout << shoal::ctl::FormatRoundLine(r, status->config().sync().rounds()) << std::endl;
         printed = r.round();
       }
       if (status->phase() == shoal::v1::FINISHED) {

@@ -9,11 +9,11 @@
 namespace shoal::coordinator {
 
 absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& c) {
-  if (!(c.fetch_probability() >= 0 && c.fetch_probability() <= 1)) {
+  if (!(c.gossip().fetch_probability() >= 0 && c.gossip().fetch_probability() <= 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--fetch_probability=", c.fetch_probability(), " is not within [0, 1]"));
+        absl::StrCat("--fetch_probability=", c.gossip().fetch_probability(), " is not within [0, 1]"));
   }
-  const std::string& i = c.interpolation();
+  const std::string& i = c.gossip().interpolation();
   bool ok = i == "clock" || i == "loss" || i == "constant" || i.empty();
   if (!ok && absl::StartsWith(i, "constant:")) {
     double a = 0;
@@ -23,9 +23,9 @@ absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("--interpolation=", i, " is not one of constant:A (0 < A <= 1), clock, loss"));
   }
-  if (!(c.divergence_threshold() >= 0)) {
+  if (!(c.gossip().divergence_threshold() >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--divergence_threshold=", c.divergence_threshold(), " is negative (0 turns it off)"));
+        "--divergence_threshold=", c.gossip().divergence_threshold(), " is negative (0 turns it off)"));
   }
   return absl::OkStatus();
 }

@@ -411,7 +411,7 @@ class RoundEngine {
   // Gossip mode (docs/GOSSIP.md): no rounds; JoinRound puts a member in
   // the peer list, and every change of the list goes to every gossiping
   // member as a PeerUpdate.
-  bool gossip() const { return options_.config.mode() == "gossip"; }
+  bool gossip() const { return options_.config.has_gossip(); }
   void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gossip with gossip_final_average: sends the GossipFinal once every
   // member is done, and finishes the run once they all reported
