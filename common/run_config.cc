@@ -55,8 +55,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   const shoal::v1::ModelConfig& model = c.model();
   const std::string& name = model.name();
   if (name != "mlp" && name != "cnn" && name != "torchscript") {
-    return Refuse(absl::StrCat("model.name (--model) must be mlp, cnn or torchscript, got '", name,
-                               "'"));
+    return Refuse(
+        absl::StrCat("model.name (--model) must be mlp, cnn or torchscript, got '", name, "'"));
   }
   const bool torchscript = name == "torchscript";
   if (torchscript && model.file_sha256().empty()) {
@@ -64,12 +64,14 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   }
   if (!torchscript && (!model.file().empty() || !model.file_sha256().empty() ||
                        model.file_bytes() != 0 || model.input_shape_size() != 0)) {
-    return Refuse(absl::StrCat("model.file, model.file_sha256, model.file_bytes and "
-                               "model.input_shape are for model.name torchscript only, not '",
-                               name, "'"));
+    return Refuse(
+        absl::StrCat("model.file, model.file_sha256, model.file_bytes and "
+                     "model.input_shape are for model.name torchscript only, not '",
+                     name, "'"));
   }
   if (torchscript && model.input_shape_size() != 3) {
-    return Refuse("model.input_shape (--input_shape) must have 3 numbers (channels, height, width)");
+    return Refuse(
+        "model.input_shape (--input_shape) must have 3 numbers (channels, height, width)");
   }
   for (uint32_t d : model.input_shape()) {
     if (d < 1 || d > kMaxInputDim) {
@@ -81,8 +83,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   const shoal::v1::TrainingConfig& t = c.training();
   if (const std::string& o = t.optimizer();
       !o.empty() && o != "sgd" && o != "adam" && o != "adamw") {
-    return Refuse(absl::StrCat(
-        "training.optimizer (--optimizer) must be sgd, adam or adamw, got '", o, "'"));
+    return Refuse(
+        absl::StrCat("training.optimizer (--optimizer) must be sgd, adam or adamw, got '", o, "'"));
   }
   if (!(t.learning_rate() > 0) || !std::isfinite(t.learning_rate())) {
     return Refuse("training.learning_rate (--learning_rate) must be a number > 0");
@@ -104,25 +106,26 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     return Refuse("sync.min_participants (--min_participants) must be > 0");
   }
   if (!gossip && sync.max_staleness() > kMaxStalenessLimit) {
-    return Refuse(absl::StrCat("sync.max_staleness (--max_staleness) must be at most ",
-                               kMaxStalenessLimit));
+    return Refuse(
+        absl::StrCat("sync.max_staleness (--max_staleness) must be at most ", kMaxStalenessLimit));
   }
 
   const shoal::v1::GossipMode& g = c.gossip();
   if (gossip && !(g.fetch_probability() >= 0 && g.fetch_probability() <= 1)) {
-    return Refuse(absl::StrCat("gossip.fetch_probability (--fetch_probability) must be in [0, 1], "
-                               "got ",
-                               g.fetch_probability()));
+    return Refuse(
+        absl::StrCat("gossip.fetch_probability (--fetch_probability) must be in [0, 1], "
+                     "got ",
+                     g.fetch_probability()));
   }
   if (gossip) {
     if (absl::Status s = ParseInterpolationSpec(g.interpolation()).status(); !s.ok()) {
       return Unparsed("gossip.interpolation (--interpolation)", s);
     }
   }
-  if (gossip &&
-      (!(g.divergence_threshold() >= 0) || !std::isfinite(g.divergence_threshold()))) {
-    return Refuse("gossip.divergence_threshold (--divergence_threshold) must be >= 0 (0 turns it "
-                  "off)");
+  if (gossip && (!(g.divergence_threshold() >= 0) || !std::isfinite(g.divergence_threshold()))) {
+    return Refuse(
+        "gossip.divergence_threshold (--divergence_threshold) must be >= 0 (0 turns it "
+        "off)");
   }
 
   const shoal::v1::ExchangeConfig& x = c.exchange();
@@ -149,8 +152,9 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     return Refuse("timeouts.heartbeat_interval_ms (--heartbeat_interval) must be > 0");
   }
   if (to.heartbeat_lease_ms() <= to.heartbeat_interval_ms()) {
-    return Refuse("timeouts.heartbeat_lease_ms (--heartbeat_lease) must be longer than "
-                  "timeouts.heartbeat_interval_ms (--heartbeat_interval)");
+    return Refuse(
+        "timeouts.heartbeat_lease_ms (--heartbeat_lease) must be longer than "
+        "timeouts.heartbeat_interval_ms (--heartbeat_interval)");
   }
   if (to.round_timeout_ms() == 0) {
     return Refuse("timeouts.round_timeout_ms (--round_timeout) must be > 0");
@@ -167,8 +171,9 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   }
   const shoal::v1::ElectionConfig& e = to.election();
   if (!(e.switch_factor() > 1) || !std::isfinite(e.switch_factor())) {
-    return Refuse("timeouts.election.switch_factor (--supernode_switch_factor) must be a number "
-                  "> 1");
+    return Refuse(
+        "timeouts.election.switch_factor (--supernode_switch_factor) must be a number "
+        "> 1");
   }
   if (e.switch_rounds() < 1) {
     return Refuse("timeouts.election.switch_rounds (--supernode_switch_rounds) must be at least 1");
@@ -192,8 +197,10 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
       {!gossip && MinContributions(*aggregation) > sync.min_participants(),
        absl::StrCat("exchange.aggregation (--aggregation) ", x.aggregation(), " drops ",
                     aggregation->trim, " values at each end, so it needs at least ",
-                    MinContributions(*aggregation), " participants per round; "
-                    "sync.min_participants (--min_participants) is ", sync.min_participants())},
+                    MinContributions(*aggregation),
+                    " participants per round; "
+                    "sync.min_participants (--min_participants) is ",
+                    sync.min_participants())},
       {hierarchy && !fp32,
        "topology.hierarchy (--hierarchy=on) runs the raw fp32 exchange only: use exchange.codec "
        "fp32 (--codec=fp32) (docs/SUPERNODES.md, \"The hierarchical round\")"},

@@ -39,8 +39,9 @@ class Walker {
                     const std::string& path) {
     if (node.IsNull()) return absl::OkStatus();
     if (!node.IsMap()) {
-      return Error(node, path.empty() ? "the file must be a mapping of groups (model, training, ...)"
-                                      : absl::StrCat("key '", path, "' must be a mapping of keys"));
+      return Error(node, path.empty()
+                             ? "the file must be a mapping of groups (model, training, ...)"
+                             : absl::StrCat("key '", path, "' must be a mapping of keys"));
     }
     const google::protobuf::Descriptor* d = msg->GetDescriptor();
     std::set<std::string> seen;
@@ -55,8 +56,9 @@ class Walker {
       if (field == nullptr) {
         std::vector<std::string> known;
         for (int i = 0; i < d->field_count(); ++i) known.push_back(d->field(i)->name());
-        return Error(key, absl::StrCat("unknown key '", full, "' (", path.empty() ? "groups" : "keys",
-                                       " here: ", absl::StrJoin(known, ", "), ")"));
+        return Error(key,
+                     absl::StrCat("unknown key '", full, "' (", path.empty() ? "groups" : "keys",
+                                  " here: ", absl::StrJoin(known, ", "), ")"));
       }
       if (const google::protobuf::OneofDescriptor* oneof = field->containing_oneof()) {
         for (int i = 0; i < oneof->field_count(); ++i) {
@@ -86,7 +88,8 @@ class Walker {
                      const FieldDescriptor* field, const std::string& path) {
     const Reflection* r = msg->GetReflection();
     if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (field->is_repeated()) return Error(value, absl::StrCat("key '", path, "' is not supported"));
+      if (field->is_repeated())
+        return Error(value, absl::StrCat("key '", path, "' is not supported"));
       return Walk(value, r->MutableMessage(msg, field), path);
     }
     if (field->is_repeated()) {
@@ -210,7 +213,8 @@ class Walker {
 
 absl::StatusOr<YAML::Node> Load(const std::string& text, const std::string& name) {
   const size_t first = text.find_first_not_of(" \t\r\n");
-  const bool json = absl::EndsWith(name, ".json") || (first != std::string::npos && text[first] == '{');
+  const bool json =
+      absl::EndsWith(name, ".json") || (first != std::string::npos && text[first] == '{');
   try {
     return YAML::Load(text);
   } catch (const YAML::Exception& e) {
@@ -224,9 +228,8 @@ absl::StatusOr<YAML::Node> Load(const std::string& text, const std::string& name
 
 absl::StatusOr<RunConfigFile> ParseRunConfigFile(const std::string& text, const std::string& name) {
   if (text.size() > kMaxFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": ", text.size(), " bytes, more than a run config's limit of ",
-                     kMaxFileBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", text.size(), " bytes, more than a run config's limit of ", kMaxFileBytes));
   }
   ASSIGN_OR_RETURN(YAML::Node root, Load(text, name));
   RunConfigFile file;
@@ -241,7 +244,8 @@ absl::StatusOr<RunConfigFile> ReadRunConfigFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int e = errno;
-    const std::string what = absl::StrCat("cannot read the run config ", path, ": ", std::strerror(e));
+    const std::string what =
+        absl::StrCat("cannot read the run config ", path, ": ", std::strerror(e));
     return e == ENOENT ? absl::NotFoundError(what) : absl::FailedPreconditionError(what);
   }
   std::stringstream ss;
@@ -285,8 +289,8 @@ absl::StatusOr<MergedRunConfig> MergeRunConfig(const std::vector<RunConfigFlag>&
     std::vector<std::string> skipped;
     RETURN_IF_ERROR(ApplyRunConfigFile(*file, &c, /*keep_mode=*/true, &skipped));
     for (const std::string& key : skipped) {
-      merged.notes.push_back(absl::StrCat(file->name, ": '", key, "' ignored: --mode=",
-                                          ModeName(c), " was given"));
+      merged.notes.push_back(
+          absl::StrCat(file->name, ": '", key, "' ignored: --mode=", ModeName(c), " was given"));
     }
   }
   // The flags given on the command line override the file.

@@ -136,8 +136,9 @@ absl::StatusOr<InterpolationSpec> ParseInterpolationSpec(const std::string& text
     double a = 0;
     if (!absl::SimpleAtod(absl::string_view(text).substr(kConstant.size()), &a) || !(a > 0) ||
         a > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "interpolation '", text, "': the constant must be a number in (0, 1], e.g. constant:0.5"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("interpolation '", text,
+                       "': the constant must be a number in (0, 1], e.g. constant:0.5"));
     }
     spec.constant = a;
     return spec;

@@ -8,8 +8,8 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "services/coordinator/coordinator_server.h"
-#include "services/coordinator/replica_front.h"
 #include "services/coordinator/core/run_settings.h"
+#include "services/coordinator/replica_front.h"
 #include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {

@@ -8,9 +8,9 @@
 #include "common/run_config.h"
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
+#include "services/coordinator/core/run_settings.h"
 #include "services/coordinator/replica_front.h"
 #include "services/coordinator/token_gate.h"
-#include "services/coordinator/core/run_settings.h"
 
 namespace shoal::coordinator {
 namespace {

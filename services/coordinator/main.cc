@@ -230,8 +230,8 @@ using Mode = RunConfigFlag::Mode;
 
 absl::StatusOr<uint32_t> Ms(const char* flag, absl::Duration d) {
   if (d < absl::ZeroDuration() || d > absl::Milliseconds(std::numeric_limits<uint32_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", absl::FormatDuration(d),
-                                                   " must be between 0 and 49 days"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", absl::FormatDuration(d), " must be between 0 and 49 days"));
   }
   return static_cast<uint32_t>(absl::ToInt64Milliseconds(d));
 }
@@ -653,7 +653,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<RunConfig> config = EffectiveRunConfig(&model_file);
   if (absl::GetFlag(FLAGS_check_config)) {
     if (!config.ok()) {
-      std::fprintf(stderr, "invalid run config: %s\n", std::string(config.status().message()).c_str());
+      std::fprintf(stderr, "invalid run config: %s\n",
+                   std::string(config.status().message()).c_str());
       return 2;
     }
     std::printf("%s\n", shoal::RunConfigJson(*config).c_str());

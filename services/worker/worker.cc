@@ -251,7 +251,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   const shoal::v1::RunConfig& config = joined.config();
   absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(config.exchange().codec());
   if (!codec.ok()) return codec.status();
-  absl::StatusOr<OuterOptimizer> outer_kind = ParseOuterOptimizer(config.exchange().outer_optimizer().kind());
+  absl::StatusOr<OuterOptimizer> outer_kind =
+      ParseOuterOptimizer(config.exchange().outer_optimizer().kind());
   if (!outer_kind.ok()) return outer_kind.status();
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
@@ -312,10 +313,14 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                                                  ? "none"
                                                  : config.exchange().outer_optimizer().kind())
                               : std::string());
-  SHOAL_LOG(INFO) << "data split " << (config.training().data_split().empty() ? "iid" : config.training().data_split())
-                  << " shard " << joined.data_rank() % std::max<uint32_t>(1, config.training().data_shards())
+  SHOAL_LOG(INFO) << "data split "
+                  << (config.training().data_split().empty() ? "iid"
+                                                             : config.training().data_split())
+                  << " shard "
+                  << joined.data_rank() % std::max<uint32_t>(1, config.training().data_shards())
                   << "/" << std::max<uint32_t>(1, config.training().data_shards()) << " (seed "
-                  << config.training().seed() << "): " << LabelCountsSummary(trainer_->shard_label_counts());
+                  << config.training().seed()
+                  << "): " << LabelCountsSummary(trainer_->shard_label_counts());
   return absl::OkStatus();
 }
 
@@ -514,7 +519,8 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
 absl::Status Worker::OpenSession() {
   return coordinator_->OpenSession(
       protocol_.worker_id(),
-      absl::Milliseconds(std::max<uint32_t>(100, protocol_.config().timeouts().heartbeat_interval_ms())),
+      absl::Milliseconds(
+          std::max<uint32_t>(100, protocol_.config().timeouts().heartbeat_interval_ms())),
       [this](const shoal::v1::CoordinatorMessage& msg) {
         if (msg.has_checkpoint_request() && !msg.checkpoint_request().upload_grant().empty() &&
             store_ != nullptr) {
@@ -724,7 +730,8 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       done.set_bytes_received(last_stats_.bytes_received);
       done.set_bytes_sent(last_stats_.bytes_published);
       done.set_compression_ratio(ratio);
-      zone_measurements_.AddTraining(done.train_seconds(), protocol_.config().training().local_steps());
+      zone_measurements_.AddTraining(done.train_seconds(),
+                                     protocol_.config().training().local_steps());
       zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
       done.set_step_seconds(zone_measurements_.step_seconds());
       done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
@@ -949,7 +956,8 @@ void Worker::Upload(const Action& a) {
     manifest.set_round(request.round());
     manifest.set_model(config.model().name());
     manifest.set_model_sha256(request.model_hash());
-    const uint64_t seen = request.round() * config.training().local_steps() * config.training().batch_size();
+    const uint64_t seen =
+        request.round() * config.training().local_steps() * config.training().batch_size();
     manifest.set_epoch(trainer_->shard_size() ? seen / trainer_->shard_size() : 0);
     std::vector<checkpoint::ByteSpan> spans;
     AppendModelLayers(trainer_->layers(), memory_->snapshot(), &manifest, &spans);
@@ -1078,8 +1086,9 @@ absl::Status Worker::RunGossip() {
   const uint32_t eval_every = std::max<uint32_t>(1, config.training().eval_every());
   SHOAL_LOG(INFO) << "gossip mode: publish every " << g.gossip_every
                   << " steps, fetch p=" << g.fetch_probability << ", timeout "
-                  << absl::FormatDuration(g.timeout) << ", interpolation " << config.gossip().interpolation()
-                  << ", divergence threshold " << g.divergence_threshold
+                  << absl::FormatDuration(g.timeout) << ", interpolation "
+                  << config.gossip().interpolation() << ", divergence threshold "
+                  << g.divergence_threshold
                   << (g.steps ? absl::StrCat(", ", g.steps, " steps") : std::string());
 
   double clock = 0;
@@ -1236,8 +1245,8 @@ absl::Status Worker::RunGossip() {
         ckpt_run_id = request.run_id();
         ckpt_due = NextCheckpointStep(steps, config.gossip().checkpoint_every());
         SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every "
-                        << config.gossip().checkpoint_every() << " local steps (next at step " << ckpt_due
-                        << "), from sequence " << ckpt_sequence;
+                        << config.gossip().checkpoint_every() << " local steps (next at step "
+                        << ckpt_due << "), from sequence " << ckpt_sequence;
       } else if (msg.has_gossip_final()) {
         final_list = msg.gossip_final();
       } else if (msg.has_run_finished()) {
@@ -1360,8 +1369,7 @@ absl::Status Worker::RunGossip() {
       report.set_final_models(models);
       SHOAL_LOG(INFO) << absl::StrFormat(
           "gossip: final average of %d models in %.2fs: hash %s test_accuracy=%.4f", models,
-          absl::ToDoubleSeconds(clock_->Now() - t0), hash.substr(0, 16),
-          report.test_accuracy());
+          absl::ToDoubleSeconds(clock_->Now() - t0), hash.substr(0, 16), report.test_accuracy());
       auto averaged = std::make_shared<GossipCopy>();
       averaged->publication = own->publication;
       averaged->clock = clock;

@@ -104,8 +104,6 @@ class SessionLog {
   }
 
  private:
-
-
   mutable absl::Mutex mu_;
   std::vector<CoordinatorMessage> messages_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
@@ -125,7 +123,8 @@ class CoordinatorRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-integration");
-    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
+    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(kHeartbeat));
     options.engine.heartbeat_lease = kLease;
     // Long: several tests use workers that never open a session.
     options.engine.session_grace = absl::Seconds(60);

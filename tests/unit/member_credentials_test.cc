@@ -261,9 +261,8 @@ TEST_F(EngineCredentialsTest, ExpiredLeaseRevokesAndLateSessionsGetTheFullList) 
 TEST_F(EngineCredentialsTest, CheckpointRequestsCarryAGrantTheStoreAccepts) {
   coordinator::EngineOptions o;
   o.config.mutable_model()->set_name("mlp");
-  o.config.set_mode("gossip");
+  o.config.mutable_gossip()->set_checkpoint_every(100);
   o.config.mutable_checkpoints()->set_store("127.0.0.1:50052");
-  o.config.mutable_checkpoints()->set_every(100);
   o.run_id = "run-g";
   o.upload_key = "upload-key-0123456789abcdef";
   o.gossip_grant_ttl = absl::Hours(1);

@@ -252,10 +252,10 @@ TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {
 TEST(FormatStatusTableTest, GossipShowsTheCheckpointerAndTheLatestCheckpoint) {
   RunStatus s;
   s.set_run_id("g-1");
-  s.mutable_config()->set_mode("gossip");
+  s.mutable_config()->mutable_gossip();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("checkpointer")));  // no store
   s.mutable_config()->mutable_checkpoints()->set_store("127.0.0.1:50052");
-  s.mutable_config()->mutable_checkpoints()->set_every(500);
+  s.mutable_config()->mutable_gossip()->set_checkpoint_every(500);
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("checkpointer - (every 500 local steps)  latest -"));
   s.set_checkpointer("w2");
   s.set_checkpoint_id("g-1-r4");
@@ -272,7 +272,6 @@ TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
   RunStatus s;
   s.set_run_id("g-2");
   s.set_phase(shoal::v1::FINISHED);
-  s.mutable_config()->set_mode("gossip");
   s.mutable_config()->mutable_gossip()->set_final_average(true);
   for (const char* id : {"w1", "w2"}) {
     auto* w = s.add_workers();
@@ -299,7 +298,7 @@ TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
 
 TEST(FormatStatusTableTest, GossipConsensusAccuracyWhenEvaluated) {
   RunStatus s;
-  s.mutable_config()->set_mode("gossip");
+  s.mutable_config()->mutable_gossip();
   s.set_consensus_distance(0.25);
   s.set_consensus_workers(3);
   EXPECT_EQ(FormatConsensus(s), "consensus_distance 0.25000 (3 workers)");

@@ -520,8 +520,8 @@ TEST(WorkerProtocolTest, FailedCatchUpKeepsTheModel) {
 // it contributes its own model as before.
 TEST(WorkerProtocolTest, FailedCatchUpSitsOutAnEncodedRoundButNotAnFp32One) {
   shoal::v1::RunConfig encoded = Config();
-  encoded.set_codec("int8");
-  encoded.set_outer_optimizer("nesterov");
+  encoded.mutable_exchange()->set_codec("int8");
+  encoded.mutable_exchange()->mutable_outer_optimizer()->set_kind("nesterov");
   Harness h(encoded);
   h.catch_up_result = absl::UnavailableError("the snapshot was replaced during the read");
   EXPECT_THAT(h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})), ElementsAre("catch-up:3"));

@@ -21,7 +21,8 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
                                     PhaseName(s.phase()), s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
   absl::StrAppend(&out, "  ", FormatConsensus(s), "\n");
-  if (!s.final_average().empty()) absl::StrAppend(&out, "  final average: ", s.final_average(), "\n");
+  if (!s.final_average().empty())
+    absl::StrAppend(&out, "  final average: ", s.final_average(), "\n");
   if (!s.config().checkpoints().store().empty()) {
     absl::StrAppend(&out, "  checkpointer ", s.checkpointer().empty() ? "-" : s.checkpointer(),
                     " (every ", s.config().gossip().checkpoint_every(), " local steps)  latest ",
@@ -188,9 +189,9 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   bool any_deadline = false;
   for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
   if (any_deadline) {
-    absl::StrAppend(&out,
-                    "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
-                    ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
+    absl::StrAppend(
+        &out, "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
+        ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
     for (const auto& w : s.workers()) {
       std::string last = "-";
       if (w.folded_updates() > 0) {

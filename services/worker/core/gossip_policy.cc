@@ -35,15 +35,18 @@ absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& confi
   if (config.gossip().every() > 0) g.gossip_every = config.gossip().every();
   if (config.gossip().fetch_probability() < 0 || config.gossip().fetch_probability() > 1 ||
       std::isnan(config.gossip().fetch_probability())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fetch_probability ", config.gossip().fetch_probability(), " is not within [0, 1]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fetch_probability ", config.gossip().fetch_probability(), " is not within [0, 1]"));
   }
   g.fetch_probability = config.gossip().fetch_probability();
-  if (config.gossip().timeout_ms() > 0) g.timeout = absl::Milliseconds(config.gossip().timeout_ms());
+  if (config.gossip().timeout_ms() > 0)
+    g.timeout = absl::Milliseconds(config.gossip().timeout_ms());
   if (absl::Status s = ParseInterpolation(config.gossip().interpolation(), &g); !s.ok()) return s;
-  if (config.gossip().divergence_threshold() < 0 || std::isnan(config.gossip().divergence_threshold())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "divergence_threshold ", config.gossip().divergence_threshold(), " is negative (0 turns it off)"));
+  if (config.gossip().divergence_threshold() < 0 ||
+      std::isnan(config.gossip().divergence_threshold())) {
+    return absl::InvalidArgumentError(absl::StrCat("divergence_threshold ",
+                                                   config.gossip().divergence_threshold(),
+                                                   " is negative (0 turns it off)"));
   }
   g.divergence_threshold = config.gossip().divergence_threshold();
   g.steps = config.gossip().steps();

@@ -144,7 +144,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   } else if (config.model().name() == "torchscript") {
     const std::vector<int64_t> input_shape = {1, data->train.rows, data->train.cols};
     if (config.model().input_shape_size() > 0) {
-      std::vector<int64_t> want(config.model().input_shape().begin(), config.model().input_shape().end());
+      std::vector<int64_t> want(config.model().input_shape().begin(),
+                                config.model().input_shape().end());
       if (want != input_shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the run's model takes images of shape [", absl::StrJoin(want, ", "),
@@ -208,7 +209,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   const std::string& opt = config.training().optimizer();
   if (opt.empty() || opt == "sgd") {
     impl->optimizer = std::make_unique<torch::optim::SGD>(
-        trainable, torch::optim::SGDOptions(config.training().learning_rate()).momentum(config.training().momentum()));
+        trainable, torch::optim::SGDOptions(config.training().learning_rate())
+                       .momentum(config.training().momentum()));
   } else if (opt == "adam") {
     impl->optimizer = std::make_unique<torch::optim::Adam>(
         trainable, torch::optim::AdamOptions(config.training().learning_rate()));
@@ -239,8 +241,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
   const uint32_t shards = std::max<uint32_t>(1, config.training().data_shards());
-  absl::StatusOr<std::vector<int64_t>> shard_rows =
-      ShardRows(*split, data->train.labels, shards, options.data_rank % shards, config.training().seed());
+  absl::StatusOr<std::vector<int64_t>> shard_rows = ShardRows(
+      *split, data->train.labels, shards, options.data_rank % shards, config.training().seed());
   if (!shard_rows.ok()) return shard_rows.status();
   const std::vector<int64_t> rows = std::move(*shard_rows);
   impl->shard_label_counts = LabelCounts(data->train.labels, rows);

@@ -283,8 +283,8 @@ bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
     SHOAL_LOG(WARNING) << "late work of round " << late_.trained_round << " (base "
                        << late_.base_round << ") dropped: "
                        << (older ? absl::StrCat("the run is back at round ", base_round)
-                                 : absl::StrCat("staleness ", staleness,
-                                                " > --max_staleness=", config_.sync().max_staleness()));
+                                 : absl::StrCat("staleness ", staleness, " > --max_staleness=",
+                                                config_.sync().max_staleness()));
     out->push_back(Make(Action::kDropLateWork, late_.trained_round));
     late_ = {};
     ++late_dropped_;
@@ -499,9 +499,10 @@ Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
     // a model nobody else has. Raw fp32 averaging folds its model in
     // instead. It sits the round out (no ready report) and catches up at
     // the next round start.
-    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.exchange().codec() << "/"
-                       << config_.exchange().outer_optimizer().kind() << " exchange needs the round's base (round "
-                       << round << ") and this worker holds round " << model_round_;
+    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.exchange().codec()
+                       << "/" << config_.exchange().outer_optimizer().kind()
+                       << " exchange needs the round's base (round " << round
+                       << ") and this worker holds round " << model_round_;
     ++rounds_sat_out_for_base_;
     return out;
   }
