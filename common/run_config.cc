@@ -94,7 +94,6 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   }
   if (t.batch_size() == 0) return Refuse("training.batch_size (--batch_size) must be > 0");
   if (t.local_steps() == 0) return Refuse("training.local_steps (--local_steps) must be > 0");
-  if (t.data_shards() == 0) return Refuse("training.data_shards (--data_shards) must be > 0");
   if (t.eval_every() == 0) return Refuse("training.eval_every (--eval_every) must be > 0");
   if (absl::Status s = ParseDataSplit(t.data_split()).status(); !s.ok()) {
     return Unparsed("training.data_split (--data_split)", s);
@@ -105,6 +104,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   if (!gossip && sync.min_participants() == 0) {
     return Refuse("sync.min_participants (--min_participants) must be > 0");
   }
+  // After min_participants: it is data_shards' default.
+  if (t.data_shards() == 0) return Refuse("training.data_shards (--data_shards) must be > 0");
   if (!gossip && sync.max_staleness() > kMaxStalenessLimit) {
     return Refuse(
         absl::StrCat("sync.max_staleness (--max_staleness) must be at most ", kMaxStalenessLimit));
