@@ -61,7 +61,7 @@ struct ExchangeOptions {
   // Time source of the deadline (the real clock when null).
   const Clock* clock = nullptr;
   // How the owner combines the contributions of its slice: the run's
-  // RunConfig.aggregation (core/aggregation.h), set by the worker from the
+  // RunConfig.exchange.aggregation (core/aggregation.h), set by the worker from the
   // run config, never from its own flags. The mean sums contributions as
   // they arrive; the robust rules keep each apart until all are in.
   AggregationSpec aggregation;
