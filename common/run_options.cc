@@ -120,6 +120,33 @@ uint32_t MinContributions(const AggregationSpec& spec) {
   return spec.kind == AggregationSpec::Kind::kTrimmedMean ? 2 * spec.trim + 1 : 1;
 }
 
+absl::StatusOr<InterpolationSpec> ParseInterpolationSpec(const std::string& text) {
+  InterpolationSpec spec;
+  if (text.empty() || text == "constant") return spec;
+  if (text == "clock") {
+    spec.kind = InterpolationSpec::Kind::kClock;
+    return spec;
+  }
+  if (text == "loss") {
+    spec.kind = InterpolationSpec::Kind::kLoss;
+    return spec;
+  }
+  constexpr absl::string_view kConstant = "constant:";
+  if (absl::StartsWith(text, kConstant)) {
+    double a = 0;
+    if (!absl::SimpleAtod(absl::string_view(text).substr(kConstant.size()), &a) || !(a > 0) ||
+        a > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("interpolation '", text,
+                       "': the constant must be a number in (0, 1], e.g. constant:0.5"));
+    }
+    spec.constant = a;
+    return spec;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("interpolation '", text, "' is not one of constant:A, clock, loss"));
+}
+
 absl::StatusOr<std::vector<int64_t>> ParseInputShape(const std::string& text) {
   std::vector<int64_t> shape;
   for (absl::string_view part : absl::StrSplit(text, ',')) {

@@ -1,8 +1,8 @@
 // The run-config strings of issue 16 (docs/COMPRESSION.md): how a round's
 // change travels (--codec), what the averaged change does to the model
 // (--outer_optimizer) and how the training data is split (--data_split);
-// and of issue 14 (docs/SECURITY.md): how a slice's owner combines the
-// contributions it receives (--aggregation).
+// of issue 14 (docs/SECURITY.md): how a slice's owner combines the
+// contributions it receives (--aggregation); and gossip's interpolation.
 // Parsed in one place so that the coordinator refuses a bad flag at start
 // and every worker reads the run config the same way.
 #ifndef SHOAL_COMMON_RUN_OPTIONS_H_
@@ -57,6 +57,16 @@ std::string AggregationName(const AggregationSpec& spec);
 // for trimmed_mean:K, 1 otherwise. With fewer the owner falls back to the
 // median (docs/SECURITY.md).
 uint32_t MinContributions(const AggregationSpec& spec);
+
+// Gossip's interpolation factor (docs/GOSSIP.md): "constant:A" with
+// 0 < A <= 1 ("constant" or empty: 0.5), "clock", "loss".
+struct InterpolationSpec {
+  enum class Kind { kConstant, kClock, kLoss };
+  Kind kind = Kind::kConstant;
+  double constant = 0.5;  // kConstant
+};
+// INVALID_ARGUMENT otherwise, naming what is accepted.
+absl::StatusOr<InterpolationSpec> ParseInterpolationSpec(const std::string& text);
 
 // The coordinator's --input_shape for a TorchScript model: "C,H,W", three
 // integers in [1, kMaxInputDim]. INVALID_ARGUMENT otherwise.

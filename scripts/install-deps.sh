@@ -17,6 +17,8 @@ PKGS=(
   clang-format iproute2 procps grpc-proto
   python3-yaml
   prometheus-cpp-dev
+  # The coordinator's run config file (--config, docs/CONFIG.md): YAML and JSON.
+  libyaml-cpp-dev
   # etcd's v3 API .proto files (and the two packages of protos they import):
   # the coordinator's etcd client is generated from them at build time.
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev

@@ -234,12 +234,19 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 # nothing else on the machine (another run of this script) collides with it.
 read -r CPORT CPORT_B KPORT ETCD_PORT ETCD_PEER_PORT CMPORT CMPORT_B KMPORT <<<"$(free_ports 8)"
 PROJECT="shoal-test-deploy-$$-$(date +%s)"
+# The run config (docs/CONFIG.md): deploy/run.yaml with 2 participants and a
+# checkpoint every 5 rounds.
+cat >"$WORK/run.yaml" <<'RUN'
+model: {name: mlp}
+training: {local_steps: 50}
+sync: {min_participants: 2, rounds: 0}
+checkpoints: {store: "checkpoint:50052", every: 5}
+RUN
 export SHOAL_IMAGE="$IMAGE" SHOAL_COORDINATOR_PORT="$CPORT" SHOAL_COORDINATOR_B_PORT="$CPORT_B" \
   SHOAL_CHECKPOINT_PORT="$KPORT" SHOAL_ETCD_PORT="$ETCD_PORT" SHOAL_ETCD_PEER_PORT="$ETCD_PEER_PORT" \
   SHOAL_COORDINATOR_METRICS_PORT="$CMPORT" SHOAL_COORDINATOR_B_METRICS_PORT="$CMPORT_B" \
   SHOAL_CHECKPOINT_METRICS_PORT="$KMPORT" SHOAL_LEASE_TTL=3s \
-  SHOAL_RUN_ID="$PROJECT" SHOAL_MIN_PARTICIPANTS=2 SHOAL_LOCAL_STEPS=50 SHOAL_ROUNDS=0 \
-  SHOAL_CHECKPOINT_EVERY=5 SHOAL_CHECKPOINT_RETAIN=3
+  SHOAL_RUN_ID="$PROJECT" SHOAL_RUN_CONFIG="$WORK/run.yaml" SHOAL_CHECKPOINT_RETAIN=3
 COMPOSE_P=($COMPOSE -p "$PROJECT" "${COMPOSE_FILES[@]}")
 COORDINATORS="127.0.0.1:$CPORT,127.0.0.1:$CPORT_B"
 

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "services/coordinator/coordinator_server.h"
+#include "services/coordinator/core/run_settings.h"
 #include "services/coordinator/replica_front.h"
 #include "services/coordinator/token_gate.h"
 
@@ -102,7 +103,7 @@ void CoordinatorServer::ReplicaLoop(absl::Duration period) {
         const shoal::v1::RunRecord& r = **record;
         v.set_run_id(r.run_id());
         *v.mutable_config() = r.config();
-        v.set_min_participants(r.config().min_participants());
+        v.set_min_participants(r.config().sync().min_participants());
         v.set_last_completed_round(r.last_completed_round());
         v.set_round(r.last_completed_round() + 1);
         v.set_model_hash(r.model_hash());
@@ -159,13 +160,15 @@ void CoordinatorServer::Promote() {
       return;
     }
     eo.run_id = r.run_id();
-    eo.config = r.config();
+    std::string note;
+    eo.config = ResumedRunConfig(r.config(), eo.config, &note);
+    if (!note.empty()) SHOAL_LOG(WARNING) << note;
     eo.resume = r;
     SHOAL_LOG(INFO) << "leader: resuming run " << r.run_id() << " after round "
                     << r.last_completed_round();
-  } else if (options_.run_id_from_flag && !eo.config.checkpoint_store().empty()) {
+  } else if (options_.run_id_from_flag && !eo.config.checkpoints().store().empty()) {
     absl::StatusOr<std::optional<shoal::v1::RunRecord>> from_store =
-        ResumeFromStore(eo.config.checkpoint_store(), eo.run_id);
+        ResumeFromStore(eo.config.checkpoints().store(), eo.run_id);
     if (from_store.ok() && from_store->has_value()) {
       shoal::v1::RunRecord r = **from_store;
       *r.mutable_config() = eo.config;
@@ -196,7 +199,7 @@ void CoordinatorServer::Promote() {
   CoordinatorService* service = owned_services_.back().get();
   // A TorchScript run: this replica serves the file it was started with;
   // workers check every byte against the run's digest.
-  service->SetModelFile(options_.model_file, eo.config.model_file_sha256());
+  service->SetModelFile(options_.model_file, eo.config.model().file_sha256());
   service->set_relay_limits(options_.relay);
   shoal::v1::RunStatus extra;
   extra.set_replica_role("leader");

@@ -5,9 +5,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/run_options.h"
+#include "common/run_config.h"
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
+#include "services/coordinator/core/run_settings.h"
 #include "services/coordinator/replica_front.h"
 #include "services/coordinator/token_gate.h"
 
@@ -91,86 +92,7 @@ class StatusMetrics {
   uint64_t last_round_seen_ = 0;
 };
 
-// Beyond this many rounds a late update's weight (1 / (1 + s)) is noise.
-constexpr uint32_t kMaxStalenessLimit = 1000;
-
 }  // namespace
-
-absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
-  if (c.model() != "mlp" && c.model() != "cnn" && c.model() != "torchscript") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--model must be 'mlp', 'cnn' or 'torchscript:PATH', got '", c.model(), "'"));
-  }
-  if ((c.model() == "torchscript") != !c.model_file_sha256().empty()) {
-    return absl::InvalidArgumentError(
-        "a TorchScript model needs its file's SHA-256, and only a TorchScript model has one");
-  }
-  if (!c.optimizer().empty() && c.optimizer() != "sgd" && c.optimizer() != "adam" &&
-      c.optimizer() != "adamw") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--optimizer must be 'sgd', 'adam' or 'adamw', got '", c.optimizer(), "'"));
-  }
-  if (!(c.learning_rate() > 0)) return absl::InvalidArgumentError("--learning_rate must be > 0");
-  if (c.momentum() < 0 || c.momentum() >= 1) {
-    return absl::InvalidArgumentError("--momentum must be in [0, 1)");
-  }
-  if (c.batch_size() == 0) return absl::InvalidArgumentError("--batch_size must be > 0");
-  if (c.local_steps() == 0) return absl::InvalidArgumentError("--local_steps must be > 0");
-  if (c.min_participants() == 0) {
-    return absl::InvalidArgumentError("--min_participants must be > 0");
-  }
-  if (c.data_shards() == 0) return absl::InvalidArgumentError("--data_shards must be > 0");
-  if (c.eval_every() == 0) return absl::InvalidArgumentError("--eval_every must be > 0");
-  absl::StatusOr<CodecSpec> codec = ParseCodecSpec(c.codec());
-  if (!codec.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--codec: ", codec.status().message()));
-  }
-  absl::StatusOr<OuterOptimizer> outer = ParseOuterOptimizer(c.outer_optimizer());
-  if (!outer.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--outer_optimizer: ", outer.status().message()));
-  }
-  if (*outer != OuterOptimizer::kNone && !(c.outer_lr() > 0 && c.outer_lr() <= 10)) {
-    return absl::InvalidArgumentError("--outer_lr must be in (0, 10]");
-  }
-  if (c.outer_momentum() < 0 || c.outer_momentum() >= 1) {
-    return absl::InvalidArgumentError("--outer_momentum must be in [0, 1)");
-  }
-  absl::StatusOr<DataSplit> split = ParseDataSplit(c.data_split());
-  if (!split.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--data_split: ", split.status().message()));
-  }
-  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(c.aggregation());
-  if (!aggregation.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--aggregation: ", aggregation.status().message()));
-  }
-  if (MinContributions(*aggregation) > c.min_participants()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--aggregation=", c.aggregation(), " drops ", aggregation->trim,
-                     " values at each end, so it needs at least ", MinContributions(*aggregation),
-                     " participants per round; --min_participants is ", c.min_participants()));
-  }
-  if (c.mode() == "gossip" && aggregation->kind != AggregationSpec::Kind::kMean) {
-    return absl::InvalidArgumentError(
-        "--aggregation shapes the synchronous exchange's slice owners; --mode=gossip has none "
-        "(use --aggregation=mean)");
-  }
-  if (c.hierarchy() && c.mode() == "gossip") {
-    return absl::InvalidArgumentError(
-        "--hierarchy=on shapes the rounds of --mode=sync; gossip has no rounds");
-  }
-  if (c.mode() == "gossip" && *outer != OuterOptimizer::kNone) {
-    return absl::InvalidArgumentError(
-        "--outer_optimizer steps from a round's agreed base; --mode=gossip has no rounds and "
-        "no agreed base (use --outer_optimizer=none)");
-  }
-  if (c.max_staleness() > kMaxStalenessLimit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_staleness must be at most ", kMaxStalenessLimit));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::string& store,
                                                                     const std::string& run_id) {
@@ -208,7 +130,10 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::s
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorOptions options, const Clock* clock) {
-  if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
+  // The config the run shows and records is what its engine uses.
+  RecordRunSettings(options.engine, &options.engine.config);
+  NormalizeRunConfig(&options.engine.config);
+  if (absl::Status s = ValidateRunConfig(options.engine.config); !s.ok()) return s;
 
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->clock_ = clock;
@@ -285,17 +210,15 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
           "--state_dir ", options.state_dir, " holds run ", r.run_id(),
           ", not --run_id=", options.engine.run_id, "; use another --state_dir for a new run"));
     }
-    if (r.config().SerializeAsString() != options.engine.config.SerializeAsString()) {
-      SHOAL_LOG(WARNING) << "the run record's configuration differs from the flags; the run "
-                            "continues with the recorded one";
-    }
+    std::string note;
+    options.engine.config = ResumedRunConfig(r.config(), options.engine.config, &note);
+    if (!note.empty()) SHOAL_LOG(WARNING) << note;
     options.engine.run_id = r.run_id();
-    options.engine.config = r.config();
     options.engine.resume = r;
-  } else if (options.run_id_from_flag && !options.engine.config.checkpoint_store().empty()) {
+  } else if (options.run_id_from_flag && !options.engine.config.checkpoints().store().empty()) {
     // A full restart: no record here, but the store may hold the run.
     absl::StatusOr<std::optional<shoal::v1::RunRecord>> from_store =
-        ResumeFromStore(options.engine.config.checkpoint_store(), options.engine.run_id);
+        ResumeFromStore(options.engine.config.checkpoints().store(), options.engine.run_id);
     if (!from_store.ok()) return from_store.status();
     if (from_store->has_value()) {
       shoal::v1::RunRecord r = **from_store;
@@ -303,12 +226,12 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
       options.engine.resume = r;
     }
   }
-  if (const auto& c = options.engine.config; c.model() == "torchscript") {
+  if (const auto& c = options.engine.config; c.model().name() == "torchscript") {
     const std::string got = Sha256Hex(options.model_file.data(), options.model_file.size());
-    if (got != c.model_file_sha256() || options.model_file.size() != c.model_file_bytes()) {
+    if (got != c.model().file_sha256() || options.model_file.size() != c.model().file_bytes()) {
       return absl::FailedPreconditionError(
           absl::StrCat("the model file (", options.model_file.size(), " bytes, SHA-256 ", got,
-                       ") does not match the run's (SHA-256 ", c.model_file_sha256(),
+                       ") does not match the run's (SHA-256 ", c.model().file_sha256(),
                        "): a resumed run keeps its model file"));
     }
   }
@@ -317,7 +240,7 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
   owned_services_.push_back(
       std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
   CoordinatorService* service = owned_services_.back().get();
-  service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
+  service->SetModelFile(options.model_file, options.engine.config.model().file_sha256());
   service->set_relay_limits(options.relay);
   {
     absl::MutexLock lock(&active_mu_);

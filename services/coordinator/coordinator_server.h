@@ -35,8 +35,8 @@ struct CoordinatorOptions {
   // "host:port" (port 0 = any); empty = off. The same string as
   // metrics_listen = one server for both.
   std::string http_listen;
-  // config.model() == "torchscript": the file's bytes (their SHA-256 is
-  // config.model_file_sha256(), checked by Start), served by GetModelFile.
+  // config.model().name() == "torchscript": the file's bytes (their SHA-256 is
+  // config.model().file_sha256(), checked by Start), served by GetModelFile.
   std::string model_file;
   // Replicas (docs/REPLICAS.md): etcd members ("host:port"); empty = a
   // single coordinator (--state_dir). Exclusive with state_dir.
@@ -70,9 +70,6 @@ class JoinLimiter;
 // the store cannot be reached.
 absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::string& store,
                                                                     const std::string& run_id);
-
-// Checks a run configuration; INVALID_ARGUMENT with the offending flag.
-absl::Status ValidateConfig(const shoal::v1::RunConfig& config);
 
 class CoordinatorServer {
  public:

@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <random>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
@@ -17,14 +20,24 @@
 #include "common/logging.h"
 #include "common/model_file.h"
 #include "common/mutex_mode.h"
+#include "common/run_config.h"
+#include "common/run_config_file.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
 #include "services/coordinator/coordinator_server.h"
-#include "services/coordinator/core/gossip_status.h"
+#include "services/coordinator/core/run_settings.h"
 #include "services/worker/core/torchscript_model.h"
 
+ABSL_FLAG(std::string, config, "",
+          "The run config file (YAML, or JSON: a .json name or text starting with '{'): keys "
+          "are the run config's fields nested by group (model, training, sync or gossip, "
+          "exchange, topology, timeouts, checkpoints; docs/CONFIG.md). Flags given on the "
+          "command line override its keys; flags left at their default do not.");
+ABSL_FLAG(bool, check_config, false,
+          "Check the run config (--config merged with the flags, a TorchScript file included), "
+          "print the effective config as JSON and exit: 0 when it is valid, 2 otherwise.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on (host:port; port 0 picks a free port).");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -209,15 +222,449 @@ ABSL_FLAG(bool, gossip_final_average, true,
           "the same bits (a done worker waits at most --round_timeout for the others). "
           "false = each worker leaves with its own model.");
 
+namespace {
+
+using shoal::RunConfigFlag;
+using shoal::v1::RunConfig;
+using Mode = RunConfigFlag::Mode;
+
+absl::StatusOr<uint32_t> Ms(const char* flag, absl::Duration d) {
+  if (d < absl::ZeroDuration() || d > absl::Milliseconds(std::numeric_limits<uint32_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", absl::FormatDuration(d), " must be between 0 and 49 days"));
+  }
+  return static_cast<uint32_t>(absl::ToInt64Milliseconds(d));
+}
+
+absl::StatusOr<bool> OnOff(const char* flag, const std::string& v) {
+  if (v != "on" && v != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", v, " is not one of on, off"));
+  }
+  return v == "on";
+}
+
+// A flag that sets a run-config key: `set` gets the flag's current value.
+template <typename T, typename Set>
+RunConfigFlag Key(const absl::Flag<T>& flag, std::string key, Mode mode, Set set) {
+  const std::string name(absl::GetFlagReflectionHandle(flag).Name());
+  RunConfigFlag f;
+  f.flag = name;
+  f.key = std::move(key);
+  f.mode = mode;
+  // Abseil 20220623 has no public "was this flag given" (the method of
+  // CommandLineFlag is private); this is what its own --flagfile handling
+  // asks, and it counts flags from a --flagfile too.
+  f.given = absl::flags_internal::WasPresentOnCommandLine(name);
+  f.apply = [&flag, set](RunConfig* c) -> absl::Status { return set(c, absl::GetFlag(flag)); };
+  return f;
+}
+
+template <typename T, typename Set>
+RunConfigFlag Key(const absl::Flag<T>& flag, std::string key, Set set) {
+  return Key(flag, std::move(key), Mode::kAny, set);
+}
+
+// Every flag that sets a key of the run config (docs/CONFIG.md has the same
+// table for operators).
+std::vector<RunConfigFlag> RunConfigFlags() {
+  return {
+      Key(FLAGS_mode, "mode",
+          [](RunConfig* c, const std::string& v) {
+            if (v == "gossip") {
+              c->mutable_gossip();
+            } else if (v == "sync") {
+              c->mutable_sync();
+            } else {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("--mode=", v, " is not one of sync, gossip"));
+            }
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_model, "model.name",
+          [](RunConfig* c, const std::string& v) {
+            shoal::v1::ModelConfig* m = c->mutable_model();
+            constexpr absl::string_view kTorchScript = "torchscript:";
+            if (absl::StartsWith(v, kTorchScript)) {
+              m->set_name("torchscript");
+              m->set_file(v.substr(kTorchScript.size()));
+            } else {
+              m->set_name(v);
+              m->clear_file();
+            }
+            // Computed from the file at start.
+            m->clear_file_sha256();
+            m->clear_file_bytes();
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_input_shape, "model.input_shape",
+          [](RunConfig* c, const std::string& v) -> absl::Status {
+            // Only a TorchScript model has one; a file that names one and
+            // gives no shape takes the flag's (see main).
+            if (c->model().name() != "torchscript") return absl::OkStatus();
+            absl::StatusOr<std::vector<int64_t>> shape = shoal::ParseInputShape(v);
+            if (!shape.ok()) return shape.status();
+            c->mutable_model()->clear_input_shape();
+            for (int64_t d : *shape) c->mutable_model()->add_input_shape(static_cast<uint32_t>(d));
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_optimizer, "training.optimizer",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_training()->set_optimizer(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_learning_rate, "training.learning_rate",
+          [](RunConfig* c, double v) {
+            c->mutable_training()->set_learning_rate(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_momentum, "training.momentum",
+          [](RunConfig* c, double v) {
+            c->mutable_training()->set_momentum(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_batch_size, "training.batch_size",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_training()->set_batch_size(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_local_steps, "training.local_steps",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_training()->set_local_steps(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_seed, "training.seed",
+          [](RunConfig* c, uint64_t v) {
+            c->mutable_training()->set_seed(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_data_shards, "training.data_shards",
+          [](RunConfig* c, uint32_t v) {
+            // 0: sync.min_participants (NormalizeRunConfig). Gossip has no
+            // quorum; there --min_participants keeps meaning the shards, as
+            // it did before the run config had groups.
+            if (v == 0 && c->has_gossip()) v = absl::GetFlag(FLAGS_min_participants);
+            c->mutable_training()->set_data_shards(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_data_split, "training.data_split",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_training()->set_data_split(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_eval_every, "training.eval_every",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_training()->set_eval_every(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_min_participants, "sync.min_participants", Mode::kSync,
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_sync()->set_min_participants(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_rounds, "sync.rounds", Mode::kSync,
+          [](RunConfig* c, uint64_t v) {
+            c->mutable_sync()->set_rounds(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_fold_late_work, "sync.fold_late_work", Mode::kSync,
+          [](RunConfig* c, bool v) {
+            c->mutable_sync()->set_fold_late_work(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_max_staleness, "sync.max_staleness", Mode::kSync,
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_sync()->set_max_staleness(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_gossip_every, "gossip.every", Mode::kGossip,
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_gossip()->set_every(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_fetch_probability, "gossip.fetch_probability", Mode::kGossip,
+          [](RunConfig* c, double v) {
+            c->mutable_gossip()->set_fetch_probability(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_gossip_timeout, "gossip.timeout_ms", Mode::kGossip,
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("gossip_timeout", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_gossip()->set_timeout_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_interpolation, "gossip.interpolation", Mode::kGossip,
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_gossip()->set_interpolation(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_divergence_threshold, "gossip.divergence_threshold", Mode::kGossip,
+          [](RunConfig* c, double v) {
+            c->mutable_gossip()->set_divergence_threshold(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_gossip_steps, "gossip.steps", Mode::kGossip,
+          [](RunConfig* c, uint64_t v) {
+            c->mutable_gossip()->set_steps(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_gossip_final_average, "gossip.final_average", Mode::kGossip,
+          [](RunConfig* c, bool v) {
+            c->mutable_gossip()->set_final_average(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_consensus_eval_every, "gossip.consensus_eval_every", Mode::kGossip,
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_gossip()->set_consensus_eval_every(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_gossip_checkpoint_every, "gossip.checkpoint_every", Mode::kGossip,
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_gossip()->set_checkpoint_every(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_codec, "exchange.codec",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_exchange()->set_codec(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_outer_optimizer, "exchange.outer_optimizer.kind",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_exchange()->mutable_outer_optimizer()->set_kind(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_outer_lr, "exchange.outer_optimizer.lr",
+          [](RunConfig* c, double v) {
+            c->mutable_exchange()->mutable_outer_optimizer()->set_lr(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_outer_momentum, "exchange.outer_optimizer.momentum",
+          [](RunConfig* c, double v) {
+            c->mutable_exchange()->mutable_outer_optimizer()->set_momentum(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_aggregation, "exchange.aggregation",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_exchange()->set_aggregation(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_hierarchy, "topology.hierarchy",
+          [](RunConfig* c, const std::string& v) -> absl::Status {
+            absl::StatusOr<bool> on = OnOff("hierarchy", v);
+            if (!on.ok()) return on.status();
+            c->mutable_topology()->set_hierarchy(*on);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_relay, "topology.relay",
+          [](RunConfig* c, const std::string& v) -> absl::Status {
+            absl::StatusOr<bool> on = OnOff("relay", v);
+            if (!on.ok()) return on.status();
+            c->mutable_topology()->set_relay(*on);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_heartbeat_interval, "timeouts.heartbeat_interval_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("heartbeat_interval", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->set_heartbeat_interval_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_heartbeat_lease, "timeouts.heartbeat_lease_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("heartbeat_lease", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->set_heartbeat_lease_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_connection_timeout, "timeouts.connection_timeout_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("connection_timeout", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->set_connection_timeout_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_round_timeout, "timeouts.round_timeout_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("round_timeout", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->set_round_timeout_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_max_connection_retry, "timeouts.max_connection_retry",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_timeouts()->set_max_connection_retry(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_max_missed_rounds, "timeouts.max_missed_rounds",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_timeouts()->set_max_missed_rounds(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_adaptive_deadline, "timeouts.adaptive_deadline.enabled",
+          [](RunConfig* c, bool v) {
+            c->mutable_timeouts()->mutable_adaptive_deadline()->set_enabled(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_adaptive_deadline_rounds, "timeouts.adaptive_deadline.rounds",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_timeouts()->mutable_adaptive_deadline()->set_rounds(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_deadline_factor, "timeouts.adaptive_deadline.factor",
+          [](RunConfig* c, double v) {
+            c->mutable_timeouts()->mutable_adaptive_deadline()->set_factor(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_deadline_floor, "timeouts.adaptive_deadline.floor_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("deadline_floor", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->mutable_adaptive_deadline()->set_floor_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_checkpoint_timeout, "timeouts.checkpoint_timeout_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("checkpoint_timeout", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->set_checkpoint_timeout_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_supernode_switch_factor, "timeouts.election.switch_factor",
+          [](RunConfig* c, double v) {
+            c->mutable_timeouts()->mutable_election()->set_switch_factor(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_supernode_switch_rounds, "timeouts.election.switch_rounds",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_timeouts()->mutable_election()->set_switch_rounds(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_supernode_min_tenure, "timeouts.election.min_tenure_ms",
+          [](RunConfig* c, absl::Duration v) -> absl::Status {
+            absl::StatusOr<uint32_t> v_ms = Ms("supernode_min_tenure", v);
+            if (!v_ms.ok()) return v_ms.status();
+            c->mutable_timeouts()->mutable_election()->set_min_tenure_ms(*v_ms);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_checkpoint_store, "checkpoints.store",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_checkpoints()->set_store(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_checkpoint_every, "checkpoints.every",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_checkpoints()->set_every(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_checkpointers, "checkpoints.checkpointers",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_checkpoints()->set_checkpointers(v);
+            return absl::OkStatus();
+          }),
+  };
+}
+
+// The TorchScript file of the run: read, checked with LibTorch, its digest,
+// size and (when the config gives none) --input_shape recorded in `c`.
+// Returns the file's bytes ("" for the built-in models).
+absl::StatusOr<std::string> LoadModelFile(RunConfig* c) {
+  shoal::v1::ModelConfig* m = c->mutable_model();
+  if (m->name() != "torchscript") return std::string();
+  const std::string& path = m->file();
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "model.name torchscript needs model.file (--model=torchscript:PATH)");
+  }
+  if (m->input_shape_size() == 0) {
+    absl::StatusOr<std::vector<int64_t>> shape =
+        shoal::ParseInputShape(absl::GetFlag(FLAGS_input_shape));
+    if (!shape.ok()) return shape.status();
+    for (int64_t d : *shape) m->add_input_shape(static_cast<uint32_t>(d));
+  }
+  const std::vector<int64_t> shape(m->input_shape().begin(), m->input_shape().end());
+  absl::StatusOr<std::string> bytes = shoal::worker::ReadModelFile(path);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("model.file ", path, ": ", bytes.status().message()));
+  }
+  if (bytes->size() > shoal::kMaxModelFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " has ", bytes->size(),
+                                                   " bytes, more than the limit of ",
+                                                   shoal::kMaxModelFileBytes));
+  }
+  absl::StatusOr<shoal::worker::TorchScriptSummary> summary =
+      shoal::worker::CheckTorchScriptModel(*bytes, shape, path);
+  if (!summary.ok()) return summary.status();
+  const std::string sha = shoal::Sha256Hex(bytes->data(), bytes->size());
+  if (!m->file_sha256().empty() && m->file_sha256() != sha) {
+    return absl::InvalidArgumentError(absl::StrCat("model.file_sha256 is ", m->file_sha256(),
+                                                   " but ", path, " has SHA-256 ", sha));
+  }
+  if (m->file_bytes() != 0 && m->file_bytes() != bytes->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.file_bytes is ", m->file_bytes(), " but ",
+                                                   path, " has ", bytes->size(), " bytes"));
+  }
+  m->set_file_sha256(sha);
+  m->set_file_bytes(bytes->size());
+  SHOAL_LOG(INFO) << "TorchScript model " << path << ": " << bytes->size() << " bytes, SHA-256 "
+                  << sha << ", " << summary->parameter_tensors << " trainable tensors ("
+                  << summary->parameters << " parameters), " << summary->float_buffers
+                  << " float buffers, " << summary->integer_buffers << " integer buffers, "
+                  << summary->output_shape.back() << " outputs";
+  return *std::move(bytes);
+}
+
+// The effective run config: the flags' defaults, --config, the flags given;
+// then the model file; then the one validator.
+absl::StatusOr<RunConfig> EffectiveRunConfig(std::string* model_file) {
+  std::optional<shoal::RunConfigFile> file;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<shoal::RunConfigFile> read = shoal::ReadRunConfigFile(path);
+    if (!read.ok()) return read.status();
+    file = *std::move(read);
+  }
+  absl::StatusOr<shoal::MergedRunConfig> merged =
+      shoal::MergeRunConfig(RunConfigFlags(), file ? &*file : nullptr);
+  if (!merged.ok()) return merged.status();
+  for (const std::string& note : merged->notes) SHOAL_LOG(WARNING) << note;
+  RunConfig c = std::move(merged->config);
+  absl::StatusOr<std::string> bytes = LoadModelFile(&c);
+  if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = shoal::ValidateRunConfig(c); !s.ok()) return s;
+  *model_file = *std::move(bytes);
+  return c;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "keeps membership, rounds and status of a Shoal training run.\n"
       "Usage: shoal-coordinator --listen=127.0.0.1:50051 --min_participants=3 --local_steps=50 "
-      "--rounds=20");
+      "--rounds=20\n"
+      "       shoal-coordinator --config=run.yaml [flags overriding its keys]\n"
+      "       shoal-coordinator --config=run.yaml --check_config");
   shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
   absl::ParseCommandLine(argc, argv);
   shoal::SetLogTag("coordinator");
+
+  std::string model_file;
+  absl::StatusOr<RunConfig> config = EffectiveRunConfig(&model_file);
+  if (absl::GetFlag(FLAGS_check_config)) {
+    if (!config.ok()) {
+      std::fprintf(stderr, "invalid run config: %s\n",
+                   std::string(config.status().message()).c_str());
+      return 2;
+    }
+    std::printf("%s\n", shoal::RunConfigJson(*config).c_str());
+    return 0;
+  }
+  if (!config.ok()) {
+    SHOAL_LOG(ERROR) << "cannot start: " << config.status().message();
+    return 2;
+  }
+
   if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;
     return 2;
@@ -269,148 +716,29 @@ int main(int argc, char** argv) {
     std::random_device rd;
     engine.run_id = absl::StrFormat("run-%d-%04x", absl::ToUnixSeconds(absl::Now()), rd() & 0xFFFF);
   }
-  engine.heartbeat_lease = absl::GetFlag(FLAGS_heartbeat_lease);
-  engine.session_grace = absl::GetFlag(FLAGS_heartbeat_lease);
-  engine.round_timeout = absl::GetFlag(FLAGS_round_timeout);
-  engine.connection_timeout = absl::GetFlag(FLAGS_connection_timeout);
-  engine.max_connection_retry = absl::GetFlag(FLAGS_max_connection_retry);
-  engine.max_missed_rounds = absl::GetFlag(FLAGS_max_missed_rounds);
   engine.max_members = absl::GetFlag(FLAGS_max_members);
   engine.join_probe_timeout = absl::GetFlag(FLAGS_probe_joiners_timeout);
   options.max_joins_per_minute = absl::GetFlag(FLAGS_max_joins_per_minute);
   options.relay.max_members = absl::GetFlag(FLAGS_relay_max_members);
   options.relay.max_batch = absl::GetFlag(FLAGS_relay_max_batch);
-  engine.adaptive_deadline.enabled = absl::GetFlag(FLAGS_adaptive_deadline);
-  engine.adaptive_deadline.after_rounds = absl::GetFlag(FLAGS_adaptive_deadline_rounds);
-  engine.adaptive_deadline.factor = absl::GetFlag(FLAGS_deadline_factor);
-  engine.adaptive_deadline.floor = absl::GetFlag(FLAGS_deadline_floor);
-  engine.checkpointers = absl::GetFlag(FLAGS_checkpointers);
-  engine.checkpoint_timeout = absl::GetFlag(FLAGS_checkpoint_timeout);
-  engine.election.switch_factor = absl::GetFlag(FLAGS_supernode_switch_factor);
-  engine.election.switch_evaluations = absl::GetFlag(FLAGS_supernode_switch_rounds);
-  engine.election.min_tenure = absl::GetFlag(FLAGS_supernode_min_tenure);
-  if (!(engine.election.switch_factor > 1) || !std::isfinite(engine.election.switch_factor) ||
-      engine.election.switch_evaluations < 1 ||
-      engine.election.min_tenure < absl::ZeroDuration()) {
-    SHOAL_LOG(ERROR) << "--supernode_switch_factor must be a number > 1, "
-                        "--supernode_switch_rounds at least 1 and --supernode_min_tenure not "
-                        "negative";
-    return 2;
-  }
-  auto& c = engine.config;
-  c.set_model(absl::GetFlag(FLAGS_model));
-  c.set_optimizer(absl::GetFlag(FLAGS_optimizer));
-  if (absl::StartsWith(c.model(), "torchscript:")) {
-    const std::string path = c.model().substr(strlen("torchscript:"));
-    absl::StatusOr<std::vector<int64_t>> parsed_shape =
-        shoal::ParseInputShape(absl::GetFlag(FLAGS_input_shape));
-    if (!parsed_shape.ok()) {
-      SHOAL_LOG(ERROR) << parsed_shape.status().message();
-      return 2;
-    }
-    const std::vector<int64_t>& shape = *parsed_shape;
-    absl::StatusOr<std::string> bytes = shoal::worker::ReadModelFile(path);
-    if (!bytes.ok()) {
-      SHOAL_LOG(ERROR) << "cannot start: --model=torchscript:" << path << ": "
-                       << bytes.status().message();
-      return 2;
-    }
-    if (bytes->size() > shoal::kMaxModelFileBytes) {
-      SHOAL_LOG(ERROR) << "cannot start: " << path << " has " << bytes->size()
-                       << " bytes, more than the limit of " << shoal::kMaxModelFileBytes;
-      return 2;
-    }
-    absl::StatusOr<shoal::worker::TorchScriptSummary> summary =
-        shoal::worker::CheckTorchScriptModel(*bytes, shape, path);
-    if (!summary.ok()) {
-      SHOAL_LOG(ERROR) << "cannot start: " << summary.status().message();
-      return 2;
-    }
-    c.set_model("torchscript");
-    c.set_model_file_sha256(shoal::Sha256Hex(bytes->data(), bytes->size()));
-    c.set_model_file_bytes(bytes->size());
-    for (int64_t v : shape) c.add_input_shape(static_cast<uint32_t>(v));
-    SHOAL_LOG(INFO) << "TorchScript model " << path << ": " << bytes->size() << " bytes, SHA-256 "
-                    << c.model_file_sha256() << ", " << summary->parameter_tensors
-                    << " trainable tensors (" << summary->parameters << " parameters), "
-                    << summary->float_buffers << " float buffers, " << summary->integer_buffers
-                    << " integer buffers, " << summary->output_shape.back() << " outputs";
-    options.model_file = std::move(*bytes);
-  }
-  c.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
-  c.set_momentum(absl::GetFlag(FLAGS_momentum));
-  c.set_batch_size(absl::GetFlag(FLAGS_batch_size));
-  c.set_local_steps(absl::GetFlag(FLAGS_local_steps));
-  c.set_min_participants(absl::GetFlag(FLAGS_min_participants));
-  c.set_rounds(absl::GetFlag(FLAGS_rounds));
-  c.set_seed(absl::GetFlag(FLAGS_seed));
-  const uint32_t shards = absl::GetFlag(FLAGS_data_shards);
-  c.set_data_shards(shards == 0 ? c.min_participants() : shards);
-  c.set_eval_every(absl::GetFlag(FLAGS_eval_every));
-  c.set_checkpoint_store(absl::GetFlag(FLAGS_checkpoint_store));
-  c.set_checkpoint_every(absl::GetFlag(FLAGS_checkpoint_every));
-  c.set_connection_timeout_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_connection_timeout)));
-  c.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval)));
-  c.set_codec(absl::GetFlag(FLAGS_codec));
-  c.set_outer_optimizer(absl::GetFlag(FLAGS_outer_optimizer));
-  c.set_outer_lr(absl::GetFlag(FLAGS_outer_lr));
-  c.set_outer_momentum(absl::GetFlag(FLAGS_outer_momentum));
-  c.set_data_split(absl::GetFlag(FLAGS_data_split));
-  c.set_aggregation(absl::GetFlag(FLAGS_aggregation));
-  const std::string hierarchy = absl::GetFlag(FLAGS_hierarchy);
-  if (hierarchy != "on" && hierarchy != "off") {
-    SHOAL_LOG(ERROR) << "--hierarchy=" << hierarchy << " is not one of on, off";
-    return 2;
-  }
-  c.set_hierarchy(hierarchy == "on");
-  const std::string relay = absl::GetFlag(FLAGS_relay);
-  if (relay != "on" && relay != "off") {
-    SHOAL_LOG(ERROR) << "--relay=" << relay << " is not one of on, off";
-    return 2;
-  }
-  c.set_relay(relay == "on");
-  c.set_fold_late_work(absl::GetFlag(FLAGS_fold_late_work));
-  c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
-
-  c.set_mode(absl::GetFlag(FLAGS_mode));
-  if (c.mode() != "sync" && c.mode() != "gossip") {
-    SHOAL_LOG(ERROR) << "--mode=" << c.mode() << " is not one of sync, gossip";
-    return 2;
-  }
-  if (c.mode() == "gossip") {
-    c.set_gossip_every(std::max<uint32_t>(1, absl::GetFlag(FLAGS_gossip_every)));
-    c.set_fetch_probability(absl::GetFlag(FLAGS_fetch_probability));
-    c.set_gossip_timeout_ms(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_gossip_timeout))));
-    c.set_interpolation(absl::GetFlag(FLAGS_interpolation));
-    c.set_divergence_threshold(absl::GetFlag(FLAGS_divergence_threshold));
-    c.set_gossip_steps(absl::GetFlag(FLAGS_gossip_steps));
-    c.set_gossip_final_average(c.gossip_steps() > 0 && absl::GetFlag(FLAGS_gossip_final_average));
-    c.set_consensus_eval_every(absl::GetFlag(FLAGS_consensus_eval_every));
-    c.set_gossip_final_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(
-        absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_round_timeout)), 1, 1LL << 31)));
-    // One field, two units: rounds in synchronous mode, the checkpointer's
-    // local steps in gossip mode.
-    c.set_checkpoint_every(absl::GetFlag(FLAGS_gossip_checkpoint_every));
-    if (absl::Status s = shoal::coordinator::ValidateGossipConfig(c); !s.ok()) {
-      SHOAL_LOG(ERROR) << s.message();
-      return 2;
-    }
-  }
+  engine.config = *std::move(config);
+  shoal::coordinator::ApplyRunSettings(engine.config, &engine);
+  options.model_file = std::move(model_file);
 
   auto server = shoal::coordinator::CoordinatorServer::Start(options, shoal::RealClock::Get());
   if (!server.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << server.status().message();
     return 2;
   }
+  // The effective config: a resumed run's is its record's (timeouts and
+  // checkpoints as given); a standby shows the one it was given.
+  shoal::coordinator::RoundEngine* active = (*server)->active_engine();
+  const RunConfig effective = active != nullptr ? active->Status().config() : engine.config;
   SHOAL_LOG(INFO) << "shoal-coordinator listening on " << (*server)->address()
-                  << " run_id=" << engine.run_id << " model=" << c.model()
-                  << " min_participants=" << c.min_participants()
-                  << " local_steps=" << c.local_steps() << " rounds=" << c.rounds()
-                  << " codec=" << c.codec() << " outer_optimizer=" << c.outer_optimizer()
-                  << " data_split=" << c.data_split() << " aggregation=" << c.aggregation()
-                  << " hierarchy=" << (c.hierarchy() ? "on" : "off")
-                  << " relay=" << (c.relay() ? "on" : "off") << " mode=" << c.mode();
+                  << " run_id=" << engine.run_id << " mode=" << shoal::ModeName(effective);
+  for (const std::string& line : shoal::RunConfigLines(effective)) {
+    SHOAL_LOG(INFO) << "config " << line;
+  }
   while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
   }
   (*server)->Shutdown(absl::Seconds(2));

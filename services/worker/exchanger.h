@@ -68,7 +68,7 @@ struct ExchangeOptions {
   // Time source of the deadline (the real clock when null).
   const Clock* clock = nullptr;
   // How owners combine the contributions of their slice: the run's
-  // RunConfig aggregation (core/aggregation.h), set by the worker from the
+  // RunConfig.exchange.aggregation (core/aggregation.h), set by the worker from the
   // run config, never from its own flags.
   AggregationSpec aggregation;
   // Contributions pushed by participants behind NAT (SliceAssignment.

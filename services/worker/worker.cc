@@ -239,7 +239,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.data_rank = joined.data_rank();
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
-  if (joined.config().model() == "torchscript") {
+  if (joined.config().model().name() == "torchscript") {
     absl::StatusOr<std::string> file = FetchRunModelFile(joined);
     if (!file.ok()) return file.status();
     topts.model_file = std::move(*file);
@@ -247,23 +247,24 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
   if (!trainer.ok()) return trainer.status();
   const shoal::v1::RunConfig& config = joined.config();
-  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(config.codec());
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(config.exchange().codec());
   if (!codec.ok()) return codec.status();
-  absl::StatusOr<OuterOptimizer> outer_kind = ParseOuterOptimizer(config.outer_optimizer());
+  absl::StatusOr<OuterOptimizer> outer_kind =
+      ParseOuterOptimizer(config.exchange().outer_optimizer().kind());
   if (!outer_kind.ok()) return outer_kind.status();
-  absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
+  absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
-  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(config.aggregation());
+  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(config.exchange().aggregation());
   if (!aggregation.ok()) return aggregation.status();
   trainer_ = std::move(*trainer);
   codec_ = std::move(*codec);
   gossip_board_.SetCodec(codec_.get());
   if (!topts.model_file.empty()) {
     // Workers joining later read it from here rather than the coordinator.
-    peer_service_->SetModelFile(std::move(topts.model_file), joined.config().model_file_sha256());
+    peer_service_->SetModelFile(std::move(topts.model_file), joined.config().model().file_sha256());
   }
   const uint64_t n = trainer_->num_elements();
-  state_->Bind(trainer_->parameters(), n, joined.config().model());
+  state_->Bind(trainer_->parameters(), n, joined.config().model().name());
   // Peers catching up pull (and verify) the model layer by layer.
   std::vector<LayerSpan> spans;
   for (const LayerInfo& l : trainer_->layers()) spans.push_back({l.name, l.offset, l.elements});
@@ -274,8 +275,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   memory_ = std::make_unique<ModelMemory>(state_.get(), trainer_->parameters(), n, hash);
   OuterOptions oopts;
   oopts.kind = *outer_kind;
-  oopts.lr = static_cast<float>(config.outer_lr());
-  oopts.momentum = static_cast<float>(config.outer_momentum());
+  oopts.lr = static_cast<float>(config.exchange().outer_optimizer().lr());
+  oopts.momentum = static_cast<float>(config.exchange().outer_optimizer().momentum());
   outer_ = std::make_unique<OuterStep>(oopts, n);
   // What travels (exchanger.h): the round's change when the run has a codec
   // or an outer optimizer, else the model itself.
@@ -300,19 +301,23 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   protocol_.SetInitialModel(hash);
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
-                  << " images, model=" << joined.config().model() << " (" << n
+                  << " images, model=" << joined.config().model().name() << " (" << n
                   << " parameters, hash " << hash.substr(0, 12) << "), averaging "
-                  << (config.hierarchy() ? "hierarchical" : averager_->name()) << "/"
+                  << (config.topology().hierarchy() ? "hierarchical" : averager_->name()) << "/"
                   << codec_->name() << " by " << AggregationName(*aggregation)
                   << (encoded ? absl::StrCat(" encoded, outer optimizer ",
-                                             config.outer_optimizer().empty()
+                                             config.exchange().outer_optimizer().kind().empty()
                                                  ? "none"
-                                                 : config.outer_optimizer())
+                                                 : config.exchange().outer_optimizer().kind())
                               : std::string());
-  SHOAL_LOG(INFO) << "data split " << (config.data_split().empty() ? "iid" : config.data_split())
-                  << " shard " << joined.data_rank() % std::max<uint32_t>(1, config.data_shards())
-                  << "/" << std::max<uint32_t>(1, config.data_shards()) << " (seed "
-                  << config.seed() << "): " << LabelCountsSummary(trainer_->shard_label_counts());
+  SHOAL_LOG(INFO) << "data split "
+                  << (config.training().data_split().empty() ? "iid"
+                                                             : config.training().data_split())
+                  << " shard "
+                  << joined.data_rank() % std::max<uint32_t>(1, config.training().data_shards())
+                  << "/" << std::max<uint32_t>(1, config.training().data_shards()) << " (seed "
+                  << config.training().seed()
+                  << "): " << LabelCountsSummary(trainer_->shard_label_counts());
   return absl::OkStatus();
 }
 
@@ -382,9 +387,9 @@ absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinRespo
         total / 1048576.0, from, rate / 1048576.0, (total - done) / std::max(rate, 1.0));
   };
   absl::StatusOr<FetchedModelFile> file =
-      FetchModelFile(sources, c.model_file_sha256(), c.model_file_bytes(), progress);
+      FetchModelFile(sources, c.model().file_sha256(), c.model().file_bytes(), progress);
   if (!file.ok()) return file.status();
-  SHOAL_LOG(INFO) << "model file " << c.model_file_sha256().substr(0, 12) << " ("
+  SHOAL_LOG(INFO) << "model file " << c.model().file_sha256().substr(0, 12) << " ("
                   << file->bytes.size() << " bytes) from " << file->source << ", SHA-256 verified";
   return std::move(file->bytes);
 }
@@ -453,9 +458,9 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
           if (!first_join)
             SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as "
                             << joined->worker_id();
-          if (store_ == nullptr && !joined->config().checkpoint_store().empty()) {
+          if (store_ == nullptr && !joined->config().checkpoints().store().empty()) {
             store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(
-                joined->config().checkpoint_store());
+                joined->config().checkpoints().store());
           }
           Actions next = protocol_.OnJoined(*joined);
           for (Action& a : next) {
@@ -511,7 +516,8 @@ std::optional<absl::Status> Worker::JoinWithRetry(const Action& first) {
 absl::Status Worker::OpenSession() {
   return coordinator_->OpenSession(
       protocol_.worker_id(),
-      absl::Milliseconds(std::max<uint32_t>(100, protocol_.config().heartbeat_interval_ms())),
+      absl::Milliseconds(
+          std::max<uint32_t>(100, protocol_.config().timeouts().heartbeat_interval_ms())),
       [this](const shoal::v1::CoordinatorMessage& msg) {
         if (msg.has_checkpoint_request() && !msg.checkpoint_request().upload_grant().empty() &&
             store_ != nullptr) {
@@ -623,7 +629,7 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
     case Action::kTrain: {
       const absl::Time t0 = clock_->Now();
       const double loss = memory_->Train(a.round, [&](float* params) {
-        const double l = trainer_->TrainSteps(protocol_.config().local_steps());
+        const double l = trainer_->TrainSteps(protocol_.config().training().local_steps());
         if (options_.contribution_transform) {
           options_.contribution_transform(a.round, params, trainer_->num_elements());
         }
@@ -721,7 +727,8 @@ std::optional<absl::Status> Worker::ExecuteOne(Action& a, Actions* next) {
       done.set_bytes_received(last_stats_.bytes_received);
       done.set_bytes_sent(last_stats_.bytes_published);
       done.set_compression_ratio(ratio);
-      zone_measurements_.AddTraining(done.train_seconds(), protocol_.config().local_steps());
+      zone_measurements_.AddTraining(done.train_seconds(),
+                                     protocol_.config().training().local_steps());
       zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
       done.set_step_seconds(zone_measurements_.step_seconds());
       done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
@@ -767,7 +774,7 @@ std::vector<std::string> Worker::UnreachablePeers(const shoal::v1::RoundPlan& pl
                                                   uint32_t retry) {
   // Report within the coordinator's connection timeout.
   absl::Duration budget = options_.probe_timeout;
-  const uint32_t connection_timeout_ms = protocol_.config().connection_timeout_ms();
+  const uint32_t connection_timeout_ms = protocol_.config().timeouts().connection_timeout_ms();
   if (connection_timeout_ms > 0) {
     budget = std::min(budget, absl::Milliseconds(connection_timeout_ms) / 2);
   }
@@ -944,9 +951,10 @@ void Worker::Upload(const Action& a) {
     shoal::v1::Manifest manifest;
     manifest.set_run_id(request.run_id());
     manifest.set_round(request.round());
-    manifest.set_model(config.model());
+    manifest.set_model(config.model().name());
     manifest.set_model_sha256(request.model_hash());
-    const uint64_t seen = request.round() * config.local_steps() * config.batch_size();
+    const uint64_t seen =
+        request.round() * config.training().local_steps() * config.training().batch_size();
     manifest.set_epoch(trainer_->shard_size() ? seen / trainer_->shard_size() : 0);
     std::vector<checkpoint::ByteSpan> spans;
     AppendModelLayers(trainer_->layers(), memory_->snapshot(), &manifest, &spans);
@@ -1053,7 +1061,7 @@ absl::Status Worker::RunGossip() {
   const uint64_t n = trainer_->num_elements();
   float* const params = trainer_->parameters();
   const std::string self = protocol_.worker_id();
-  const uint64_t seed = config.seed() * 1000003ULL + std::hash<std::string>()(self);
+  const uint64_t seed = config.training().seed() * 1000003ULL + std::hash<std::string>()(self);
   PeerChooser chooser(clock_, seed);
   GossipFetcher fetcher(peers_.get(), self, clock_, &stop_token_);
   fetcher.set_push_own(outbound_only_);
@@ -1073,13 +1081,13 @@ absl::Status Worker::RunGossip() {
   std::string ckpt_run_id;
   std::mt19937_64 rng(seed ^ 0x90551bULL);
   std::bernoulli_distribution fetch_now(g.fetch_probability);
-  const double batch = std::max<uint32_t>(1, config.batch_size());
-  const uint32_t eval_every = std::max<uint32_t>(1, config.eval_every());
+  const double batch = std::max<uint32_t>(1, config.training().batch_size());
+  const uint32_t eval_every = std::max<uint32_t>(1, config.training().eval_every());
   SHOAL_LOG(INFO) << "gossip mode: publish every " << g.gossip_every
                   << " steps, fetch p=" << g.fetch_probability << ", timeout "
-                  << absl::FormatDuration(g.timeout) << ", interpolation " << config.interpolation()
-                  << ", divergence threshold " << g.divergence_threshold << ", pulls "
-                  << codec_->name()
+                  << absl::FormatDuration(g.timeout) << ", interpolation "
+                  << config.gossip().interpolation() << ", divergence threshold "
+                  << g.divergence_threshold << ", pulls " << codec_->name()
                   << (g.steps ? absl::StrCat(", ", g.steps, " steps") : std::string());
 
   double clock = 0;
@@ -1093,7 +1101,7 @@ absl::Status Worker::RunGossip() {
   std::map<std::string, std::string> peers;
   bool have_peer_list = false;
   const absl::Duration heartbeat_period =
-      absl::Milliseconds(std::max<uint32_t>(100, config.heartbeat_interval_ms()));
+      absl::Milliseconds(std::max<uint32_t>(100, config.timeouts().heartbeat_interval_ms()));
   absl::Time next_projection = absl::InfinitePast();
 
   auto publish = [&]() -> std::shared_ptr<const GossipCopy> {
@@ -1104,7 +1112,7 @@ absl::Status Worker::RunGossip() {
     report.set_gossip_steps(steps);
     // The projection costs O(n x 32): at most once per heartbeat period.
     if (clock_->Now() >= next_projection) {
-      const std::vector<float> projection = ProjectModel(params, n, config.seed());
+      const std::vector<float> projection = ProjectModel(params, n, config.training().seed());
       report.clear_projection();
       for (float v : projection) report.add_projection(v);
       next_projection = clock_->Now() + heartbeat_period;
@@ -1145,7 +1153,7 @@ absl::Status Worker::RunGossip() {
     GossipUploadJob job;
     job.run_id = ckpt_run_id;
     job.worker_id = self;
-    job.model = config.model();
+    job.model = config.model().name();
     job.sequence = ckpt_sequence;
     job.steps = steps;
     job.copy = std::move(copy);
@@ -1235,10 +1243,10 @@ absl::Status Worker::RunGossip() {
         }
         ckpt_sequence = std::max<uint64_t>(1, request.round());
         ckpt_run_id = request.run_id();
-        ckpt_due = NextCheckpointStep(steps, config.checkpoint_every());
+        ckpt_due = NextCheckpointStep(steps, config.gossip().checkpoint_every());
         SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every "
-                        << config.checkpoint_every() << " local steps (next at step " << ckpt_due
-                        << "), from sequence " << ckpt_sequence;
+                        << config.gossip().checkpoint_every() << " local steps (next at step "
+                        << ckpt_due << "), from sequence " << ckpt_sequence;
       } else if (msg.has_gossip_final()) {
         final_list = msg.gossip_final();
       } else if (msg.has_run_finished()) {
@@ -1293,10 +1301,10 @@ absl::Status Worker::RunGossip() {
   // names the sources, average their final models in that order (every
   // worker adds the same floats in the same order: the same bits), report
   // the hash, and wait for the run's end. Every wait is bounded by
-  // gossip_final_wait_ms.
+  // timeouts.round_timeout_ms.
   auto final_average = [&](std::shared_ptr<const GossipCopy> own) -> absl::Status {
     const absl::Duration wait =
-        absl::Milliseconds(std::max<uint32_t>(1000, config.gossip_final_wait_ms()));
+        absl::Milliseconds(std::max<uint32_t>(1000, config.timeouts().round_timeout_ms()));
     report.set_gossip_done(true);
     {
       absl::MutexLock lock(&gossip_mu_);
@@ -1414,7 +1422,7 @@ absl::Status Worker::RunGossip() {
     }
     if (std::optional<absl::Status> exit = handle_events(absl::ZeroDuration())) return *exit;
     if (g.steps > 0 && steps >= g.steps) {
-      if (config.gossip_final_average()) {
+      if (config.gossip().final_average()) {
         // A fetch in flight ends within its timeout; its result is dropped:
         // the final model is what this worker had when it finished.
         while (!fetcher.idle()) {
@@ -1425,7 +1433,7 @@ absl::Status Worker::RunGossip() {
       evaluate();
       next_projection = absl::InfinitePast();
       std::shared_ptr<const GossipCopy> last = publish();
-      if (config.gossip_final_average()) {
+      if (config.gossip().final_average()) {
         return final_average(last != nullptr ? std::move(last) : gossip_board_.Current());
       }
       if (checkpointer != nullptr && ckpt_sequence > 0) {
@@ -1444,7 +1452,7 @@ absl::Status Worker::RunGossip() {
       }
       // Let one heartbeat carry the final figures before leaving.
       absl::SleepFor(absl::Milliseconds(std::min<uint32_t>(
-          2000, std::max<uint32_t>(100, config.heartbeat_interval_ms()) * 3 / 2)));
+          2000, std::max<uint32_t>(100, config.timeouts().heartbeat_interval_ms()) * 3 / 2)));
       SHOAL_LOG(INFO) << "gossip: finished " << steps << " steps";
       leave(absl::StrCat("finished ", steps, " gossip steps"));
       return absl::OkStatus();
@@ -1511,8 +1519,8 @@ absl::Status Worker::RunGossip() {
     loss_count = 0;
     M().train_loss.Set(last_loss);
     if ((steps / g.gossip_every) % eval_every == 0) evaluate();
-    if (config.consensus_eval_every() > 0 &&
-        (steps / g.gossip_every) % config.consensus_eval_every() == 0) {
+    if (config.gossip().consensus_eval_every() > 0 &&
+        (steps / g.gossip_every) % config.gossip().consensus_eval_every() == 0) {
       evaluate_consensus();
     }
     std::shared_ptr<const GossipCopy> base = publish();
@@ -1521,7 +1529,7 @@ absl::Status Worker::RunGossip() {
       // The published copy is held for the whole upload: training goes on
       // in the parameters, peers keep reading the same bytes.
       checkpointer->Start(upload_job(base));
-      ckpt_due = NextCheckpointStep(steps, config.checkpoint_every());
+      ckpt_due = NextCheckpointStep(steps, config.gossip().checkpoint_every());
     }
     if (base != nullptr && fetcher.idle() && chooser.size() > 0 && fetch_now(rng)) {
       const std::optional<std::string> id = chooser.Choose();

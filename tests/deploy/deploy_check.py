@@ -148,3 +148,39 @@ def last_values(flags):
 def die(msg):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(1)
+
+
+# Flags that never go to `--check_config` (paths of the container, and the
+# file itself, which is handed over separately).
+_NOT_FOR_CHECK = {"flagfile", "config", "check_config"}
+
+
+def effective_run_config(bin_dir, text, flags):
+    """The run config the coordinator builds from the run config file `text`
+    (docs/CONFIG.md) and `flags` ({name: value}, the container's), by running
+    `shoal-coordinator --config=FILE --check_config` on them: (dict, None), or
+    (None, the coordinator's message) when it refuses them. Flags whose value
+    is only known in the container ($(VAR), the container's address) are
+    left out."""
+    import json
+    import tempfile
+    path = os.path.join(bin_dir, "shoal-coordinator")
+    args = [path]
+    for name, value in sorted(flags.items()):
+        if name in _NOT_FOR_CHECK or (value is not None and ("$(" in value
+                                                             or "CONTAINER_ADDRESS" in value)):
+            continue
+        args.append(f"--{name}" if value is None else f"--{name}={value}")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="run-config-") as f:
+        f.write(text)
+        f.flush()
+        proc = subprocess.run(args + [f"--config={f.name}", "--check_config"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              check=False)
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        return None, (err[-1] if err else f"exit code {proc.returncode}")
+    try:
+        return json.loads(proc.stdout.decode()), None
+    except ValueError as e:
+        return None, f"--check_config printed no JSON: {e}"

@@ -69,9 +69,19 @@ CASES = [
      "      - --http_listen=127.0.0.1:${SHOAL_COORDINATOR_B_METRICS_PORT:-9093}\n"
      "      - --etcd=127.0.0.1:2381\n",
      "expected the etcd members' client addresses"),
-    # The first of the two replicas' --rounds.
-    ("compose", "docker-compose.replicas.yml", "      - --rounds=${SHOAL_ROUNDS:-0}\n",
-     "      - --rounds=5\n", "run different configurations: --rounds"),
+    # A run flag on the first of the two replicas only.
+    ("compose", "docker-compose.replicas.yml",
+     "      - --checkpoint_store=127.0.0.1:${SHOAL_CHECKPOINT_PORT:-50052}\n",
+     "      - --checkpoint_store=127.0.0.1:${SHOAL_CHECKPOINT_PORT:-50052}\n      - --rounds=5\n",
+     "run different configurations: --rounds"),
+    # The run config file (docs/CONFIG.md): a key the coordinator does not
+    # know, a value its validator refuses, a file that is not mounted.
+    ("k8s", "k8s/run.yaml", "  local_steps: 50\n", "  local_stepz: 50\n",
+     "unknown key 'training.local_stepz'"),
+    ("compose", "run.yaml", "  min_participants: 3\n", "  min_participants: 0\n",
+     "sync.min_participants (--min_participants) must be > 0"),
+    ("compose", "docker-compose.yml", "      - ${SHOAL_RUN_CONFIG:-./run.yaml}:/etc/shoal/run.yaml:ro\n",
+     "", "--config=/etc/shoal/run.yaml is not a file mounted read-only"),
     ("compose", "docker-compose.replicas.yml",
      "      - --data-dir=/var/lib/shoal/etcd\n", "      - --data-dir=/var/lib/etcd-elsewhere\n",
      "is not on a named volume or a tmpfs"),

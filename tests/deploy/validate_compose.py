@@ -9,7 +9,9 @@ one run configuration, workers name both replicas).
 Merges the override the way compose does for the keys the files use,
 interpolates ${VAR:-default} with the defaults (as with an empty
 environment), then checks that every flag handed to a binary is one of its
-flags, that published ports and addresses agree with the --listen and
+flags, that the coordinators' run config file (--config, deploy/run.yaml) is
+mounted read-only and accepted by `shoal-coordinator --check_config` with
+their flags (the replicas with the same effective config), that published ports and addresses agree with the --listen and
 --metrics_listen flags (also through the network holder whose namespace the coordinator and the
 store share), that no service started with host networking publishes ports
 (docker-compose 1.29 refuses that), that workers can be scaled (no fixed
@@ -241,6 +243,7 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c, replicas=1):
                                      f"which is not started")
 
     info = {}  # service -> (binary, flags dict, listen (host, port))
+    run_configs = {}  # coordinator service -> its effective run config (docs/CONFIG.md)
     etcd = {}  # service -> check_etcd's answer
     for svc_name, svc in services.items():
         where = f"{name}: {svc_name}"
@@ -292,6 +295,29 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c, replicas=1):
         host, port = hp
         ports = [parse_port(p) for p in svc.get("ports") or []]
         env = service_env(svc)
+
+        # The coordinator's run config file (--config): a file of the
+        # repository bind-mounted read-only, that the coordinator accepts
+        # with these flags (--check_config).
+        if binary == "shoal-coordinator":
+            path = vals.get("config")
+            if c.ok(path, f"{where}: no --config (the run config, docs/CONFIG.md)"):
+                src = service_mounts(svc).get(path)
+                mounted = [v for v in svc.get("volumes") or []
+                           if isinstance(v, str) and v.split(":")[1:2] == [path]]
+                if c.ok(src and mounted and mounted[0].endswith(":ro"),
+                        f"{where}: --config={path} is not a file mounted read-only "
+                        f"(SOURCE:{path}:ro)"):
+                    host_file = os.path.normpath(os.path.join(base_dir, src))
+                    if c.ok(os.path.isfile(host_file),
+                            f"{where}: --config={path} is mounted from {src}, which is not a "
+                            f"file next to the compose file"):
+                        with open(host_file) as f:
+                            text = f.read()
+                        cfg, err = dc.effective_run_config(bin_dir, text, vals)
+                        if c.ok(err is None, f"{where}: shoal-coordinator --check_config refuses "
+                                             f"{src} with its flags: {err}"):
+                            run_configs[svc_name] = cfg
 
         if host_mode:
             c.ok(host == "127.0.0.1", f"{where}: --listen should be on 127.0.0.1, is {host}")
@@ -363,6 +389,13 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c, replicas=1):
          f"{1 if replicas > 1 else 0}")
     if replicas > 1:
         check_replicas(name, services, info, coordinators, etcd, c)
+        if all(s in run_configs for s in coordinators):
+            first = coordinators[0]
+            for other in coordinators[1:]:
+                diff = sorted(k for k in set(run_configs[first]) | set(run_configs[other])
+                              if run_configs[first].get(k) != run_configs[other].get(k))
+                c.ok(not diff, f"{name}: {first} and {other} run different run configs: "
+                               f"{', '.join(diff)} differ")
 
     def published(svc_name):
         """Container ports published for a service (by itself or its holder)."""
@@ -437,11 +470,13 @@ def check_doc(name, raw, host_mode, base_dir, bin_dir, c, replicas=1):
              f"{want_coord}")
     deps = services["worker"].get("depends_on") or []
     for svc_name in coordinators:
-        vals = info[svc_name][1]
-        c.ok(vals.get("checkpoint_store") == want_ckpt,
-             f"{name}: {svc_name} --checkpoint_store={vals.get('checkpoint_store')}, "
-             f"expected {want_ckpt}")
-        c.ok("checkpoint_every" in vals, f"{name}: {svc_name} has no --checkpoint_every")
+        checkpoints = (run_configs.get(svc_name) or {}).get("checkpoints") or {}
+        if svc_name in run_configs:
+            c.ok(checkpoints.get("store") == want_ckpt,
+                 f"{name}: {svc_name} checkpoints.store (--checkpoint_store) is "
+                 f"{checkpoints.get('store')}, expected {want_ckpt}")
+            c.ok(checkpoints.get("every", 0) > 0,
+                 f"{name}: {svc_name} checkpoints.every (--checkpoint_every) is 0: no checkpoints")
         c.ok(svc_name in deps, f"{name}: worker should depend on {svc_name}")
 
 

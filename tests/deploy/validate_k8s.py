@@ -4,7 +4,9 @@
 Renders the kustomize base with `kubectl kustomize` and checks what a cluster
 would only show at run time: the objects, that every flag handed to a binary
 (in args or in the ConfigMap's flag files) is one of that binary's flags,
-that ports, probes and Services agree with the --listen addresses (and the
+that the coordinator's run config file (--config, in the ConfigMap) is one
+`shoal-coordinator --check_config` accepts with its flags, that ports,
+probes and Services agree with the --listen addresses (and the
 metrics ports with --metrics_listen and the prometheus.io annotations), and that
 workers advertise their headless-Service DNS names and find the coordinator
 and the checkpoint store at their Services.
@@ -160,6 +162,7 @@ def main():
     # ---- per container: flags, ports, probes, resources, volumes ----
     listen = {}  # binary -> port
     values = {}  # binary -> {flag: value} ($(VAR) unexpanded)
+    run_config = None  # the coordinator's effective run config (docs/CONFIG.md)
     for binary, (w, ct) in role.items():
         where = f"{w} container {ct.get('name')}"
         known = dc.binary_flags(args.bin_dir, binary)
@@ -224,6 +227,16 @@ def main():
             flags.append((name, value))
         vals = dc.last_values(flags)
         values[binary] = vals
+
+        # The coordinator's run config file (--config): in the ConfigMap, and
+        # the coordinator accepts it with these flags (--check_config).
+        if binary == "shoal-coordinator":
+            path = vals.get("config")
+            data, err = flagfile_text(path) if path else (None, "no --config (the run config)")
+            if c.ok(err is None, f"{where}: --config={path}: {err}"):
+                run_config, err = dc.effective_run_config(args.bin_dir, data, vals)
+                c.ok(err is None, f"{where}: shoal-coordinator --check_config refuses "
+                                  f"--config={path} with its flags: {err}")
 
         # $(VAR) in args must name env vars of the container (else Kubernetes leaves it as is).
         for a in ct.get("args") or []:
@@ -406,8 +419,10 @@ def main():
 
     names_service(wv.get("coordinator"), coord_svcs, f"{work_w}: --coordinator")
     cv = values["shoal-coordinator"]
-    if c.ok("checkpoint_store" in cv, f"{coord_w}: no --checkpoint_store"):
-        names_service(cv["checkpoint_store"], ckpt_svcs, f"{coord_w}: --checkpoint_store")
+    if run_config is not None:
+        store = (run_config.get("checkpoints") or {}).get("store")
+        if c.ok(store, f"{coord_w}: no checkpoints.store (--checkpoint_store) in its run config"):
+            names_service(store, ckpt_svcs, f"{coord_w}: checkpoints.store (--checkpoint_store)")
 
     # ---- coordinator replicas on etcd ----
     c.ok("state_dir" not in cv, f"{coord_w}: --state_dir and --etcd exclude each other")

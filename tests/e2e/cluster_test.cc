@@ -153,13 +153,16 @@ TEST_F(ClusterTest, CoordinatorRejectsBadFlagsAndBusyPorts) {
       {BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", "--min_participants=0"},
       dir_.path() + "/bad.log");
   EXPECT_EQ(bad->Wait(absl::Seconds(20)), 2);
-  EXPECT_NE(bad->Log().find("--min_participants must be > 0"), std::string::npos) << bad->Log();
+  EXPECT_NE(bad->Log().find("sync.min_participants (--min_participants) must be > 0"),
+            std::string::npos)
+      << bad->Log();
 
   auto bad_model =
       Process::Start({BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", "--model=resnet"},
                      dir_.path() + "/bad-model.log");
   EXPECT_EQ(bad_model->Wait(absl::Seconds(20)), 2);
-  EXPECT_NE(bad_model->Log().find("--model must be"), std::string::npos) << bad_model->Log();
+  EXPECT_NE(bad_model->Log().find("model.name (--model) must be"), std::string::npos)
+      << bad_model->Log();
 
   const std::string addr = StartCoordinator({"--min_participants=1"});
   auto busy = Process::Start({BinDir() + "/shoal-coordinator", "--listen=" + addr},

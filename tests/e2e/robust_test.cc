@@ -158,7 +158,7 @@ TEST_F(RobustTest, TrimmedMeanReachesTheTargetAndHashesAgree) {
   ASSERT_GT(status.recent_rounds_size(), 0) << Logs();
   EXPECT_GE(LastAccuracy(status), 0.85) << Logs();
   for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
-  EXPECT_EQ(status.config().aggregation(), "trimmed_mean:1");
+  EXPECT_EQ(status.config().exchange().aggregation(), "trimmed_mean:1");
   int code = -1;
   const std::string table = Run(BinDir() + "/shoalctl status --coordinator=" + address_, &code);
   EXPECT_EQ(code, 0);

@@ -102,7 +102,7 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
   EXPECT_GT(w->last_fold_round(), at);
   EXPECT_GT(w->last_fold_train_seconds(), 0);
   EXPECT_GT(w->deadline_seconds(), 0);
-  EXPECT_TRUE(s.config().fold_late_work());
+  EXPECT_TRUE(s.config().sync().fold_late_work());
 
   // The rounds while it was throttled: none waited anywhere near
   // --round_timeout. The bound comes from the unthrottled rounds: the

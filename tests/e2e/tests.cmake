@@ -87,3 +87,7 @@ shoal_test(relay_e2e_test e2e e2e/relay_e2e_test.cc LIBS shoal_protos shoal_comm
 add_dependencies(relay_e2e_test shoal-coordinator shoal-worker)
 shoal_test(member_e2e_test e2e e2e/member_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(member_e2e_test shoal-coordinator shoal-worker)
+# The run config file (issue 25, docs/CONFIG.md): --config, flags over it,
+# --check_config, GetRunStatus's effective config, shoalctl config.
+shoal_test(config_e2e_test e2e e2e/config_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(config_e2e_test shoal-coordinator shoal-worker shoalctl)

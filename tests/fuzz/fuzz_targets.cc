@@ -320,7 +320,7 @@ void RunRecordTarget(const uint8_t* data, size_t size) {
   static FakeClock clock;
   coordinator::EngineOptions options;
   options.run_id = r.run_id();
-  options.config.set_min_participants(1);
+  options.config.mutable_sync()->set_min_participants(1);
   options.resume = r;
   coordinator::RoundEngine engine(options, &clock);
   const shoal::v1::RunStatus status = engine.Status();
@@ -456,7 +456,7 @@ void AddressTarget(const uint8_t* data, size_t size) {
   static FakeClock clock;
   coordinator::EngineOptions options;
   options.run_id = "fuzz";
-  options.config.set_min_participants(2);
+  options.config.mutable_sync()->set_min_participants(2);
   coordinator::RoundEngine engine(options, &clock);
   shoal::v1::JoinRequest join;
   join.set_peer_address(address);
@@ -1056,7 +1056,7 @@ void JoinRequestTarget(const uint8_t* data, size_t size) {
   static FakeClock clock;
   coordinator::EngineOptions options;
   options.run_id = "fuzz";
-  options.config.set_min_participants(2);
+  options.config.mutable_sync()->set_min_participants(2);
   options.max_members = 16;
   coordinator::RoundEngine engine(options, &clock);
   std::map<std::string, std::string> live;  // id -> address, as joined

@@ -104,8 +104,6 @@ class SessionLog {
   }
 
  private:
-
-
   mutable absl::Mutex mu_;
   std::vector<CoordinatorMessage> messages_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
@@ -125,7 +123,8 @@ class CoordinatorRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-integration");
-    options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
+    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(kHeartbeat));
     options.engine.heartbeat_lease = kLease;
     // Long: several tests use workers that never open a session.
     options.engine.session_grace = absl::Seconds(60);
@@ -388,11 +387,11 @@ TEST_F(CoordinatorRpcTest, TwoWorkersRunTwoRoundsToTheEnd) {
     EXPECT_EQ(again->run_id(), "run-integration");
     EXPECT_EQ(again->next_round(), 1u);
     EXPECT_EQ(again->model_round(), 0u);
-    EXPECT_EQ(again->config().model(), "mlp");
-    EXPECT_EQ(again->config().min_participants(), 2u);
-    EXPECT_EQ(again->config().rounds(), 2u);
-    EXPECT_EQ(again->config().seed(), 42u);
-    EXPECT_EQ(again->config().heartbeat_interval_ms(), 20u);
+    EXPECT_EQ(again->config().model().name(), "mlp");
+    EXPECT_EQ(again->config().sync().min_participants(), 2u);
+    EXPECT_EQ(again->config().sync().rounds(), 2u);
+    EXPECT_EQ(again->config().training().seed(), 42u);
+    EXPECT_EQ(again->config().timeouts().heartbeat_interval_ms(), 20u);
   }
 
   OpenSession(w1);

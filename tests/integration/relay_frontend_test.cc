@@ -118,9 +118,10 @@ class RelayFrontendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-relay-frontend");
-    options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
-    options.engine.config.set_min_participants(3);
-    options.engine.config.set_rounds(2);
+    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(kHeartbeat));
+    options.engine.config.mutable_sync()->set_min_participants(3);
+    options.engine.config.mutable_sync()->set_rounds(2);
     options.engine.heartbeat_lease = absl::Seconds(5);
     options.engine.session_grace = absl::Seconds(60);
     options.tick_interval = absl::Milliseconds(50);
@@ -384,7 +385,6 @@ TEST_F(RelayFrontendTest, RoutedClientMovesToTheRelayAndBackWhenItDies) {
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(client->relay(), "");
 }
-
 
 // A relayed session that fails before the coordinator heard its Hello (here
 // the supernode's frontend has not joined as a relay yet and refuses it)

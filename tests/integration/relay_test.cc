@@ -306,9 +306,10 @@ class RelayTest : public ::testing::Test {
  protected:
   void Start(uint32_t min_participants, uint64_t rounds, const std::string& token = "") {
     CoordinatorOptions options = testing::TestCoordinatorOptions("run-relay");
-    options.engine.config.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(kHeartbeat));
-    options.engine.config.set_min_participants(min_participants);
-    options.engine.config.set_rounds(rounds);
+    options.engine.config.mutable_timeouts()->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(kHeartbeat));
+    options.engine.config.mutable_sync()->set_min_participants(min_participants);
+    options.engine.config.mutable_sync()->set_rounds(rounds);
     options.engine.heartbeat_lease = kLease;
     options.engine.session_grace = absl::Seconds(60);
     options.tick_interval = absl::Milliseconds(50);
@@ -402,8 +403,8 @@ class RelayTest : public ::testing::Test {
     ASSERT_TRUE(relay->Opened(m));
     ASSERT_TRUE(direct->client->JoinRound(direct->id, 1).ok());
     ASSERT_EQ(relay->JoinRound(m, 1).code(), 0);
-    ASSERT_TRUE(WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); },
-                          kWait));
+    ASSERT_TRUE(
+        WaitUntil([&] { return relay->log(m).Has(CoordinatorMessage::kRoundStart, 1); }, kWait));
   }
 
   std::unique_ptr<CoordinatorServer> server_;
@@ -667,8 +668,8 @@ TEST_F(RelayTest, DirectivesTheRelayDidNotDeliverGoOutAgainOnTheMembersNextSessi
   const uint32_t attempt =
       back->log.Find(CoordinatorMessage::kRoundPlan, 1)->round_plan().attempt();
   for (DirectWorker* w : {direct, back}) ASSERT_NO_FATAL_FAILURE(ConnectedDirect(w, 1, attempt));
-  ASSERT_TRUE(WaitUntil([&] { return back->log.Has(CoordinatorMessage::kStartSharing, 1); },
-                        kWait));
+  ASSERT_TRUE(
+      WaitUntil([&] { return back->log.Has(CoordinatorMessage::kStartSharing, 1); }, kWait));
   // What the member took is not sent again.
   EXPECT_EQ(back->log.Count(CoordinatorMessage::kRoundStart, 1), 0);
   EXPECT_EQ(back->log.Count(CoordinatorMessage::kRoundPlan, 1), 1);

@@ -114,14 +114,14 @@ ImageSet Synthetic(uint32_t count, uint32_t seed) {
 
 TrainerOptions Options(const std::string& file, const std::string& optimizer) {
   TrainerOptions o;
-  o.config.set_model("torchscript");
-  o.config.set_optimizer(optimizer);
-  o.config.set_learning_rate(optimizer == "sgd" ? 0.05 : 0.002);
-  o.config.set_momentum(0.9);
-  o.config.set_batch_size(32);
-  o.config.set_seed(1);
-  o.config.set_data_shards(1);
-  for (uint32_t d : {1, 28, 28}) o.config.add_input_shape(d);
+  o.config.mutable_model()->set_name("torchscript");
+  o.config.mutable_training()->set_optimizer(optimizer);
+  o.config.mutable_training()->set_learning_rate(optimizer == "sgd" ? 0.05 : 0.002);
+  o.config.mutable_training()->set_momentum(0.9);
+  o.config.mutable_training()->set_batch_size(32);
+  o.config.mutable_training()->set_seed(1);
+  o.config.mutable_training()->set_data_shards(1);
+  for (uint32_t d : {1, 28, 28}) o.config.mutable_model()->add_input_shape(d);
   o.model_file = file;
   return o;
 }
@@ -177,8 +177,8 @@ TEST_F(TorchScriptTest, TrainerRefusesADatasetOfAnotherShapeAndUnknownOptimizers
   data.train = Synthetic(64, 1);
   data.test = Synthetic(16, 2);
   TrainerOptions o = Options(File("good.pt"), "sgd");
-  o.config.clear_input_shape();
-  for (uint32_t d : {3, 32, 32}) o.config.add_input_shape(d);
+  o.config.mutable_model()->clear_input_shape();
+  for (uint32_t d : {3, 32, 32}) o.config.mutable_model()->add_input_shape(d);
   auto shape = Trainer::Create(o, &data);
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(shape.status().message(), "[3, 32, 32]")) << shape.status();

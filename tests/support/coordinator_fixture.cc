@@ -9,17 +9,17 @@ coordinator::CoordinatorOptions TestCoordinatorOptions(const std::string& run_id
   options.listen = "127.0.0.1:0";
   options.engine.run_id = run_id;
   auto& c = options.engine.config;
-  c.set_model("mlp");
-  c.set_learning_rate(0.05);
-  c.set_momentum(0.9);
-  c.set_batch_size(32);
-  c.set_local_steps(5);
-  c.set_min_participants(2);
-  c.set_rounds(2);
-  c.set_seed(42);
-  c.set_data_shards(2);
-  c.set_eval_every(1);
-  c.set_heartbeat_interval_ms(500);
+  c.mutable_model()->set_name("mlp");
+  c.mutable_training()->set_learning_rate(0.05);
+  c.mutable_training()->set_momentum(0.9);
+  c.mutable_training()->set_batch_size(32);
+  c.mutable_training()->set_local_steps(5);
+  c.mutable_sync()->set_min_participants(2);
+  c.mutable_sync()->set_rounds(2);
+  c.mutable_training()->set_seed(42);
+  c.mutable_training()->set_data_shards(2);
+  c.mutable_training()->set_eval_every(1);
+  c.mutable_timeouts()->set_heartbeat_interval_ms(500);
   return options;
 }
 

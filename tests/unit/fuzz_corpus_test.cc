@@ -155,7 +155,7 @@ TEST(FuzzRegressionTest, HugePreviousWorkerIdDoesNotWrapTheNumbering) {
   FakeClock clock;
   coordinator::EngineOptions options;
   options.run_id = "run";
-  options.config.set_min_participants(2);
+  options.config.mutable_sync()->set_min_participants(2);
   coordinator::RoundEngine engine(options, &clock);
   std::set<std::string> ids;
   for (int i = 0; i < 5; ++i) {
@@ -180,7 +180,7 @@ TEST(FuzzRegressionTest, RejoinAtAnotherMembersAddressReplacesIt) {
   FakeClock clock;
   coordinator::EngineOptions options;
   options.run_id = "run";
-  options.config.set_min_participants(3);
+  options.config.mutable_sync()->set_min_participants(3);
   coordinator::RoundEngine engine(options, &clock);
   auto join = [&](const std::string& address, const std::string& previous) {
     shoal::v1::JoinRequest j;

@@ -91,30 +91,21 @@ TEST(GossipInterpolation, KeepsTheStepsTakenDuringTheFetch) {
 
 TEST(GossipConfigParse, RejectsBadKnobs) {
   shoal::v1::RunConfig c;
-  c.set_mode("gossip");
-  c.set_fetch_probability(0.5);
-  c.set_interpolation("clock");
+  c.mutable_gossip()->set_fetch_probability(0.5);
+  c.mutable_gossip()->set_interpolation("clock");
   EXPECT_TRUE(ParseGossipConfig(c).ok());
-  c.set_mode("async");
+  c.mutable_gossip()->set_fetch_probability(1.5);
   EXPECT_EQ(ParseGossipConfig(c).status().code(), absl::StatusCode::kInvalidArgument);
-  c.set_mode("gossip");
-  c.set_fetch_probability(1.5);
-  EXPECT_EQ(ParseGossipConfig(c).status().code(), absl::StatusCode::kInvalidArgument);
-  c.set_fetch_probability(1);
+  c.mutable_gossip()->set_fetch_probability(1);
   for (const char* bad : {"constant:0", "constant:1.5", "constant:x", "nearest"}) {
-    c.set_interpolation(bad);
+    c.mutable_gossip()->set_interpolation(bad);
     EXPECT_EQ(ParseGossipConfig(c).status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_EQ(coordinator::ValidateGossipConfig(c).code(), absl::StatusCode::kInvalidArgument)
-        << bad;
   }
-  c.set_interpolation("constant:1");
-  c.set_divergence_threshold(-1);
+  c.mutable_gossip()->set_interpolation("constant:1");
+  c.mutable_gossip()->set_divergence_threshold(-1);
   EXPECT_EQ(ParseGossipConfig(c).status().code(), absl::StatusCode::kInvalidArgument);
-  c.set_divergence_threshold(0.2);
-  EXPECT_TRUE(coordinator::ValidateGossipConfig(c).ok());
-  // Checkpoints are no longer refused in gossip mode.
-  c.set_checkpoint_store("127.0.0.1:50052");
-  EXPECT_TRUE(coordinator::ValidateGossipConfig(c).ok());
+  c.mutable_gossip()->set_divergence_threshold(0.2);
+  EXPECT_TRUE(ParseGossipConfig(c).ok());
 }
 
 TEST(GossipCheckpointPeriod, NextMultipleOfTheLocalSteps) {

@@ -152,8 +152,8 @@ class EngineCredentialsTest : public ::testing::Test {
  protected:
   void Start(bool credentials) {
     coordinator::EngineOptions o;
-    o.config.set_model("mlp");
-    o.config.set_min_participants(2);
+    o.config.mutable_model()->set_name("mlp");
+    o.config.mutable_sync()->set_min_participants(2);
     o.run_id = "run-c";
     o.member_credentials = credentials;
     o.credential_secret = Secrets();
@@ -260,10 +260,9 @@ TEST_F(EngineCredentialsTest, ExpiredLeaseRevokesAndLateSessionsGetTheFullList) 
 
 TEST_F(EngineCredentialsTest, CheckpointRequestsCarryAGrantTheStoreAccepts) {
   coordinator::EngineOptions o;
-  o.config.set_model("mlp");
-  o.config.set_mode("gossip");
-  o.config.set_checkpoint_store("127.0.0.1:50052");
-  o.config.set_checkpoint_every(100);
+  o.config.mutable_model()->set_name("mlp");
+  o.config.mutable_gossip()->set_checkpoint_every(100);
+  o.config.mutable_checkpoints()->set_store("127.0.0.1:50052");
   o.run_id = "run-g";
   o.upload_key = "upload-key-0123456789abcdef";
   o.gossip_grant_ttl = absl::Hours(1);

@@ -107,8 +107,8 @@ TEST(ReplicaTest, StandbySeesTheLeaderKeyGoneBeforeItsNextStep) {
 EngineOptions LeaderEngine(Replica* replica, std::optional<shoal::v1::RunRecord> resume) {
   EngineOptions eo;
   eo.run_id = "run-1";
-  eo.config.set_min_participants(2);
-  eo.config.set_local_steps(10);
+  eo.config.mutable_sync()->set_min_participants(2);
+  eo.config.mutable_training()->set_local_steps(10);
   eo.resume = std::move(resume);
   eo.before_round_start = [replica](const shoal::v1::RunRecord& record, uint64_t version) {
     return replica->CanStartRounds() && replica->SaveRecord(record, version).ok();

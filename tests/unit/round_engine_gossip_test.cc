@@ -23,9 +23,8 @@ class GossipEngineTest : public ::testing::Test {
   GossipEngineTest() : engine_(Options(), &clock_) {}
   static EngineOptions Options() {
     EngineOptions o;
-    o.config.set_mode("gossip");
-    o.config.set_min_participants(2);
-    o.config.set_local_steps(5);
+    o.config.mutable_gossip();
+    o.config.mutable_training()->set_local_steps(5);
     o.run_id = "gossip-run";
     o.heartbeat_lease = absl::Seconds(10);
     return o;
@@ -143,10 +142,8 @@ void JoinGossipers(RoundEngine* engine, const std::vector<int>& ports,
 TEST(GossipFinalAverageEngineTest, ListWhenAllAreDoneThenFinishedWhenAllReported) {
   FakeClock clock;
   EngineOptions o;
-  o.config.set_mode("gossip");
-  o.config.set_min_participants(2);
-  o.config.set_gossip_steps(100);
-  o.config.set_gossip_final_average(true);
+  o.config.mutable_gossip()->set_steps(100);
+  o.config.mutable_gossip()->set_final_average(true);
   o.run_id = "gossip-final";
   o.heartbeat_lease = absl::Seconds(10);
   RoundEngine engine(o, &clock);
@@ -200,9 +197,7 @@ TEST(GossipFinalAverageEngineTest, ListWhenAllAreDoneThenFinishedWhenAllReported
 TEST(GossipConsensusEvaluatorTest, TheMostTrainedMemberEvaluatesStickily) {
   FakeClock clock;
   EngineOptions o;
-  o.config.set_mode("gossip");
-  o.config.set_min_participants(2);
-  o.config.set_consensus_eval_every(50);
+  o.config.mutable_gossip()->set_consensus_eval_every(50);
   o.run_id = "gossip-consensus";
   o.heartbeat_lease = absl::Seconds(10);
   RoundEngine engine(o, &clock);
@@ -241,8 +236,8 @@ class GossipCheckpointEngineTest : public GossipEngineTest {
  protected:
   static EngineOptions WithStore(std::optional<shoal::v1::RunRecord> resume = std::nullopt) {
     EngineOptions o = Options();
-    o.config.set_checkpoint_store("127.0.0.1:50052");
-    o.config.set_checkpoint_every(100);
+    o.config.mutable_checkpoints()->set_store("127.0.0.1:50052");
+    o.config.mutable_gossip()->set_checkpoint_every(100);
     o.resume = std::move(resume);
     return o;
   }
@@ -327,7 +322,7 @@ TEST_F(GossipCheckpointEngineTest, NoCheckpointerWithoutAStoreOrAPeriod) {
   EXPECT_TRUE(To(out, kCheckpoint).empty());
   EXPECT_TRUE(engine_.Status().checkpointer().empty());
   EngineOptions o = WithStore();
-  o.config.set_checkpoint_every(0);
+  o.config.mutable_gossip()->set_checkpoint_every(0);
   RoundEngine never(o, &clock_);
   shoal::v1::JoinRequest r;
   r.set_peer_address(Address(1001));

@@ -76,10 +76,10 @@ class MembershipTest : public ::testing::Test {
 
   void Start(const Options& o = Options()) {
     EngineOptions options;
-    options.config.set_model("mlp");
-    options.config.set_min_participants(o.min_participants);
-    options.config.set_rounds(o.rounds);
-    options.config.set_seed(7);
+    options.config.mutable_model()->set_name("mlp");
+    options.config.mutable_sync()->set_min_participants(o.min_participants);
+    options.config.mutable_sync()->set_rounds(o.rounds);
+    options.config.mutable_training()->set_seed(7);
     options.run_id = "run-m";
     options.heartbeat_lease = absl::Seconds(10);
     options.session_grace = absl::Seconds(10);
@@ -92,11 +92,11 @@ class MembershipTest : public ::testing::Test {
     options.adaptive_deadline.factor = 2.0;
     options.adaptive_deadline.floor = absl::Seconds(2);
     options.resume = o.resume;
-    options.config.set_checkpoint_store(o.checkpoint_store);
-    options.config.set_checkpoint_every(o.checkpoint_every);
-    options.config.set_fold_late_work(o.fold_late_work);
-    options.config.set_max_staleness(o.max_staleness);
-    options.config.set_hierarchy(o.hierarchy);
+    options.config.mutable_checkpoints()->set_store(o.checkpoint_store);
+    options.config.mutable_checkpoints()->set_every(o.checkpoint_every);
+    options.config.mutable_sync()->set_fold_late_work(o.fold_late_work);
+    options.config.mutable_sync()->set_max_staleness(o.max_staleness);
+    options.config.mutable_topology()->set_hierarchy(o.hierarchy);
     options.checkpoint_timeout = absl::Seconds(30);
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
@@ -263,7 +263,7 @@ class MembershipTest : public ::testing::Test {
                               uint64_t next_worker_number) {
     v1::RunRecord r;
     r.set_run_id("run-m");
-    r.mutable_config()->set_model("mlp");
+    r.mutable_config()->mutable_model()->set_name("mlp");
     r.set_last_completed_round(last_completed);
     r.set_model_hash(hash);
     r.set_next_worker_number(next_worker_number);
@@ -1418,8 +1418,8 @@ TEST_F(MembershipTest, RecordReflectsTheRunAndItsVersionTracksChanges) {
   Start({.min_participants = 2, .rounds = 2});
   v1::RunRecord r = engine_->Record();
   EXPECT_EQ(r.run_id(), "run-m");
-  EXPECT_EQ(r.config().model(), "mlp");
-  EXPECT_EQ(r.config().rounds(), 2u);
+  EXPECT_EQ(r.config().model().name(), "mlp");
+  EXPECT_EQ(r.config().sync().rounds(), 2u);
   EXPECT_EQ(r.last_completed_round(), 0u);
   EXPECT_EQ(r.model_hash(), "");
   EXPECT_EQ(r.next_worker_number(), 1u);

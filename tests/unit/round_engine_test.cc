@@ -36,10 +36,10 @@ class RoundEngineTest : public ::testing::Test {
              uint32_t max_members = 0) {
     EngineOptions options;
     options.max_members = max_members;
-    options.config.set_model("mlp");
-    options.config.set_min_participants(min_participants);
-    options.config.set_rounds(rounds);
-    options.config.set_seed(7);
+    options.config.mutable_model()->set_name("mlp");
+    options.config.mutable_sync()->set_min_participants(min_participants);
+    options.config.mutable_sync()->set_rounds(rounds);
+    options.config.mutable_training()->set_seed(7);
     options.run_id = "run-test";
     options.heartbeat_lease = absl::Seconds(10);
     options.session_grace = absl::Seconds(10);
@@ -182,8 +182,8 @@ TEST_F(RoundEngineTest, JoinAssignsSequentialIdsAndDataRanks) {
     EXPECT_EQ(r.worker_id(), absl::StrCat("w", i + 1));
     EXPECT_EQ(r.data_rank(), static_cast<uint32_t>(i));
     EXPECT_EQ(r.run_id(), "run-test");
-    EXPECT_EQ(r.config().min_participants(), 3u);
-    EXPECT_EQ(r.config().seed(), 7u);
+    EXPECT_EQ(r.config().sync().min_participants(), 3u);
+    EXPECT_EQ(r.config().training().seed(), 7u);
     EXPECT_EQ(r.next_round(), 1u);
     EXPECT_EQ(r.model_round(), 0u);
     EXPECT_THAT(joined->directives, IsEmpty());
@@ -875,7 +875,7 @@ TEST_F(RoundEngineTest, StatusDescribesRunWorkersAndRounds) {
   EXPECT_EQ(status.last_completed_round(), 0u);
   EXPECT_EQ(status.min_participants(), 2u);
   EXPECT_EQ(status.members(), 0u);
-  EXPECT_EQ(status.config().model(), "mlp");
+  EXPECT_EQ(status.config().model().name(), "mlp");
   EXPECT_EQ(status.started_unix_ms(), absl::ToUnixMillis(clock_.Now()));
   EXPECT_THAT(status.workers(), IsEmpty());
   EXPECT_THAT(status.recent_rounds(), IsEmpty());

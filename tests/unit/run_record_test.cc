@@ -23,8 +23,8 @@ using ::testing::HasSubstr;
 shoal::v1::RunRecord MakeRecord(uint64_t round, const std::string& hash) {
   shoal::v1::RunRecord r;
   r.set_run_id("run-abc");
-  r.mutable_config()->set_model("mlp");
-  r.mutable_config()->set_min_participants(2);
+  r.mutable_config()->mutable_model()->set_name("mlp");
+  r.mutable_config()->mutable_sync()->set_min_participants(2);
   r.set_last_completed_round(round);
   r.set_model_hash(hash);
   r.set_next_worker_number(4);
@@ -89,8 +89,8 @@ TEST(RunRecordStoreTest, SaveThenLoadRoundTrips) {
   ASSERT_TRUE(loaded->has_value());
   const shoal::v1::RunRecord& r = **loaded;
   EXPECT_EQ(r.run_id(), "run-abc");
-  EXPECT_EQ(r.config().model(), "mlp");
-  EXPECT_EQ(r.config().min_participants(), 2u);
+  EXPECT_EQ(r.config().model().name(), "mlp");
+  EXPECT_EQ(r.config().sync().min_participants(), 2u);
   EXPECT_EQ(r.last_completed_round(), 7u);
   EXPECT_EQ(r.model_hash(), std::string(64, 'c'));
   EXPECT_EQ(r.next_worker_number(), 4u);

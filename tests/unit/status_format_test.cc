@@ -63,10 +63,10 @@ RunStatus FinishedRun() {
   s.set_model_hash(kHash);
   s.set_detail("done");
   s.set_started_unix_ms(1700000000000);
-  s.mutable_config()->set_model("mlp");
-  s.mutable_config()->set_learning_rate(0.05);
-  s.mutable_config()->set_rounds(5);
-  s.mutable_config()->set_seed(7);
+  s.mutable_config()->mutable_model()->set_name("mlp");
+  s.mutable_config()->mutable_training()->set_learning_rate(0.05);
+  s.mutable_config()->mutable_sync()->set_rounds(5);
+  s.mutable_config()->mutable_training()->set_seed(7);
   AddRound(&s, 3, true, 0.8512, 0.41);
   AddRound(&s, 4, true, 0.88456, 0.3377);
   AddRound(&s, 5, false, 0.0, 0.0);
@@ -192,17 +192,17 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
 TEST(FormatStatusTableTest, ShowsARobustAggregationOnly) {
   RunStatus s = FinishedRun();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("aggregation")));
-  s.mutable_config()->set_aggregation("mean");
+  s.mutable_config()->mutable_exchange()->set_aggregation("mean");
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("aggregation")));
-  s.mutable_config()->set_aggregation("trimmed_mean:2");
+  s.mutable_config()->mutable_exchange()->set_aggregation("trimmed_mean:2");
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("aggregation trimmed_mean:2 at slice owners"));
 }
 
 TEST(FormatStatusTableTest, ShowsLateWorkFoldedPerWorker) {
   RunStatus s = FinishedRun();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("late work")));
-  s.mutable_config()->set_fold_late_work(true);
-  s.mutable_config()->set_max_staleness(4);
+  s.mutable_config()->mutable_sync()->set_fold_late_work(true);
+  s.mutable_config()->mutable_sync()->set_max_staleness(4);
   auto* fast = s.mutable_workers(0);
   fast->set_ready_seconds_median(1.02);
   fast->set_deadline_seconds(2.05);
@@ -252,10 +252,10 @@ TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {
 TEST(FormatStatusTableTest, GossipShowsTheCheckpointerAndTheLatestCheckpoint) {
   RunStatus s;
   s.set_run_id("g-1");
-  s.mutable_config()->set_mode("gossip");
+  s.mutable_config()->mutable_gossip();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("checkpointer")));  // no store
-  s.mutable_config()->set_checkpoint_store("127.0.0.1:50052");
-  s.mutable_config()->set_checkpoint_every(500);
+  s.mutable_config()->mutable_checkpoints()->set_store("127.0.0.1:50052");
+  s.mutable_config()->mutable_gossip()->set_checkpoint_every(500);
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("checkpointer - (every 500 local steps)  latest -"));
   s.set_checkpointer("w2");
   s.set_checkpoint_id("g-1-r4");
@@ -272,8 +272,7 @@ TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
   RunStatus s;
   s.set_run_id("g-2");
   s.set_phase(shoal::v1::FINISHED);
-  s.mutable_config()->set_mode("gossip");
-  s.mutable_config()->set_gossip_final_average(true);
+  s.mutable_config()->mutable_gossip()->set_final_average(true);
   for (const char* id : {"w1", "w2"}) {
     auto* w = s.add_workers();
     w->set_id(id);
@@ -299,7 +298,7 @@ TEST(FormatStatusTableTest, GossipFinalAverageInTheTableAndTheSummary) {
 
 TEST(FormatStatusTableTest, GossipConsensusAccuracyWhenEvaluated) {
   RunStatus s;
-  s.mutable_config()->set_mode("gossip");
+  s.mutable_config()->mutable_gossip();
   s.set_consensus_distance(0.25);
   s.set_consensus_workers(3);
   EXPECT_EQ(FormatConsensus(s), "consensus_distance 0.25000 (3 workers)");

@@ -94,3 +94,5 @@ shoal_test(member_credentials_test unit ${CMAKE_CURRENT_LIST_DIR}/member_credent
 # by message, each member's order kept): bytes in, bytes out, no sockets.
 shoal_test(stream_wire_test unit ${CMAKE_CURRENT_LIST_DIR}/stream_wire_test.cc
   LIBS coordinator_service)
+shoal_test(run_config_test unit ${CMAKE_CURRENT_LIST_DIR}/run_config_test.cc
+  LIBS shoal_run_config_file coordinator_core)

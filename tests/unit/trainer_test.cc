@@ -52,12 +52,12 @@ FashionMnist SyntheticData(uint32_t train = 256, uint32_t test = 64) {
 TrainerOptions Options(const std::string& model, uint64_t seed = 42, uint32_t data_rank = 0,
                        uint32_t data_shards = 1) {
   TrainerOptions o;
-  o.config.set_model(model);
-  o.config.set_learning_rate(0.05);
-  o.config.set_momentum(0.9);
-  o.config.set_batch_size(32);
-  o.config.set_seed(seed);
-  o.config.set_data_shards(data_shards);
+  o.config.mutable_model()->set_name(model);
+  o.config.mutable_training()->set_learning_rate(0.05);
+  o.config.mutable_training()->set_momentum(0.9);
+  o.config.mutable_training()->set_batch_size(32);
+  o.config.mutable_training()->set_seed(seed);
+  o.config.mutable_training()->set_data_shards(data_shards);
   o.data_rank = data_rank;
   o.threads = 1;
   return o;
@@ -229,7 +229,7 @@ TEST(TrainerTest, LabelSkewShardsCoverTheTrainingSet) {
   std::vector<uint64_t> per_label;
   for (uint32_t rank = 0; rank < 3; ++rank) {
     TrainerOptions o = Options("mlp", 1, rank, /*data_shards=*/3);
-    o.config.set_data_split("label_skew:0.3");
+    o.config.mutable_training()->set_data_split("label_skew:0.3");
     auto t = MustCreate(o, &data);
     ASSERT_TRUE(t);
     total += t->shard_size();
@@ -244,7 +244,7 @@ TEST(TrainerTest, LabelSkewShardsCoverTheTrainingSet) {
   EXPECT_EQ(total, 257u);
   EXPECT_EQ(per_label, LabelCounts(data.train.labels, IidShardRows(257, 1, 0)));
   TrainerOptions bad = Options("mlp", 1, 0, 3);
-  bad.config.set_data_split("label_skew:-1");
+  bad.config.mutable_training()->set_data_split("label_skew:-1");
   EXPECT_EQ(Trainer::Create(bad, &data).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

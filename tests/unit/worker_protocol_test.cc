@@ -28,10 +28,10 @@ constexpr char kSelfAddress[] = "10.0.0.1:7000";
 
 shoal::v1::RunConfig Config() {
   shoal::v1::RunConfig c;
-  c.set_model("mlp");
-  c.set_local_steps(10);
-  c.set_rounds(100);
-  c.set_eval_every(5);
+  c.mutable_model()->set_name("mlp");
+  c.mutable_training()->set_local_steps(10);
+  c.mutable_sync()->set_rounds(100);
+  c.mutable_training()->set_eval_every(5);
   return c;
 }
 
@@ -520,8 +520,8 @@ TEST(WorkerProtocolTest, FailedCatchUpKeepsTheModel) {
 // it contributes its own model as before.
 TEST(WorkerProtocolTest, FailedCatchUpSitsOutAnEncodedRoundButNotAnFp32One) {
   shoal::v1::RunConfig encoded = Config();
-  encoded.set_codec("int8");
-  encoded.set_outer_optimizer("nesterov");
+  encoded.mutable_exchange()->set_codec("int8");
+  encoded.mutable_exchange()->mutable_outer_optimizer()->set_kind("nesterov");
   Harness h(encoded);
   h.catch_up_result = absl::UnavailableError("the snapshot was replaced during the read");
   EXPECT_THAT(h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})), ElementsAre("catch-up:3"));
@@ -622,7 +622,7 @@ TEST(WorkerProtocolTest, EndsOfTheRun) {
 
 TEST(WorkerProtocolTest, RejoinWithAnotherConfigurationExits) {
   Harness h;
-  h.coordinator.join_response.mutable_config()->set_local_steps(99);
+  h.coordinator.join_response.mutable_config()->mutable_training()->set_local_steps(99);
   h.SessionClosed();
   EXPECT_TRUE(h.exited);
   EXPECT_TRUE(absl::IsFailedPrecondition(h.exit));
@@ -641,8 +641,8 @@ TEST(WorkerProtocolTest, InterruptingDirectives) {
 
 shoal::v1::RunConfig FoldConfig(uint32_t max_staleness = 3) {
   shoal::v1::RunConfig c = Config();
-  c.set_fold_late_work(true);
-  c.set_max_staleness(max_staleness);
+  c.mutable_sync()->set_fold_late_work(true);
+  c.mutable_sync()->set_max_staleness(max_staleness);
   return c;
 }
 

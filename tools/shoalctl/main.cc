@@ -1,6 +1,7 @@
 // shoalctl: the operator CLI.
 //   shoalctl status --coordinator=ADDR [--json]
 //   shoalctl watch  --coordinator=ADDR [--timeout=10m]
+//   shoalctl config --coordinator=ADDR
 //   shoalctl checkpoints list|show|export|delete --store=ADDR ...
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/flags_usage.h"
 #include "common/grpc_util.h"
+#include "common/run_config.h"
 #include "common/signals.h"
 #include "common/status_util.h"
 #include "common/tls_flags.h"
@@ -34,6 +36,7 @@ namespace {
 constexpr char kUsage[] =
     "shoalctl: operate a Shoal training run.\n"
     "  shoalctl status --coordinator=ADDR [--json]   the run's status as a table or JSON\n"
+    "  shoalctl config --coordinator=ADDR   the run's effective config as JSON (a --config file)\n"
     "  shoalctl watch --coordinator=ADDR [--timeout=30m]\n"
     "      prints one line per completed round until the run finishes, then a summary line\n"
     "      with test_accuracy=<value>\n"
@@ -87,6 +90,19 @@ int Status(Coordinators* stub) {
   return 0;
 }
 
+// The run's effective config (RunStatus.config), as the JSON a coordinator's
+// --config reads back (docs/CONFIG.md).
+int Config(Coordinators* stub) {
+  auto status = GetStatus(stub);
+  if (!status.ok()) {
+    std::cerr << "shoalctl: cannot get status from " << absl::GetFlag(FLAGS_coordinator) << ": "
+              << status.status() << "\n";
+    return 1;
+  }
+  std::cout << shoal::RunConfigJson(status->config()) << "\n";
+  return 0;
+}
+
 int Watch(Coordinators* stub) {
   const absl::Time start = absl::Now();
   const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
@@ -116,7 +132,7 @@ int Watch(Coordinators* stub) {
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
-        std::cout << shoal::ctl::FormatRoundLine(r, status->config().rounds()) << std::endl;
+        std::cout << shoal::ctl::FormatRoundLine(r, status->config().sync().rounds()) << std::endl;
         printed = r.round();
       }
       if (status->phase() == shoal::v1::FINISHED) {
@@ -173,6 +189,7 @@ int main(int argc, char** argv) {
   }
   if (command == "status") return Status(&coordinators);
   if (command == "watch") return Watch(&coordinators);
+  if (command == "config") return Config(&coordinators);
   std::cerr << "shoalctl: unknown command '" << command << "'\n" << kUsage << "\n";
   return 2;
 }

@@ -21,10 +21,11 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
                                     PhaseName(s.phase()), s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
   absl::StrAppend(&out, "  ", FormatConsensus(s), "\n");
-  if (!s.final_average().empty()) absl::StrAppend(&out, "  final average: ", s.final_average(), "\n");
-  if (!s.config().checkpoint_store().empty()) {
+  if (!s.final_average().empty())
+    absl::StrAppend(&out, "  final average: ", s.final_average(), "\n");
+  if (!s.config().checkpoints().store().empty()) {
     absl::StrAppend(&out, "  checkpointer ", s.checkpointer().empty() ? "-" : s.checkpointer(),
-                    " (every ", s.config().checkpoint_every(), " local steps)  latest ",
+                    " (every ", s.config().gossip().checkpoint_every(), " local steps)  latest ",
                     s.checkpoint_id().empty() ? "-" : s.checkpoint_id());
     if (!s.checkpoint_worker().empty()) {
       absl::StrAppend(&out, absl::StrFormat(" by %s at %d steps, clock %.0f", s.checkpoint_worker(),
@@ -82,7 +83,7 @@ std::string FinalHash(const shoal::v1::RunStatus& s) {
 }
 }  // namespace
 
-bool IsGossip(const shoal::v1::RunStatus& s) { return s.config().mode() == "gossip"; }
+bool IsGossip(const shoal::v1::RunStatus& s) { return s.config().has_gossip(); }
 
 std::string FormatConsensus(const shoal::v1::RunStatus& s) {
   std::string out =
@@ -119,7 +120,7 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
       s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
   // Robust aggregation (issue 14): shown when it is not the plain mean.
-  if (const std::string& agg = s.config().aggregation(); !agg.empty() && agg != "mean") {
+  if (const std::string& agg = s.config().exchange().aggregation(); !agg.empty() && agg != "mean") {
     absl::StrAppend(&out, "  aggregation ", agg, " at slice owners\n");
   }
   if (!s.replica_role().empty()) {
@@ -188,9 +189,9 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   bool any_deadline = false;
   for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
   if (any_deadline) {
-    absl::StrAppend(&out,
-                    "late work (--fold_late_work=", s.config().fold_late_work() ? "true" : "false",
-                    ", --max_staleness=", s.config().max_staleness(), "):\n");
+    absl::StrAppend(
+        &out, "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
+        ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
     for (const auto& w : s.workers()) {
       std::string last = "-";
       if (w.folded_updates() > 0) {
@@ -318,7 +319,7 @@ std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seco
     double accuracy = 0, loss = 0;
     int n = 0;
     GossipAccuracy(s, &accuracy, &loss, &n);
-    if (s.config().gossip_final_average() && !s.final_average().empty()) {
+    if (s.config().gossip().final_average() && !s.final_average().empty()) {
       // The run ended with one model: every worker evaluated the same one.
       const std::string hash = FinalHash(s);
       return absl::StrFormat(

@@ -2,33 +2,9 @@
 
 #include <cmath>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace shoal::coordinator {
-
-absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& c) {
-  if (!(c.fetch_probability() >= 0 && c.fetch_probability() <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--fetch_probability=", c.fetch_probability(), " is not within [0, 1]"));
-  }
-  const std::string& i = c.interpolation();
-  bool ok = i == "clock" || i == "loss" || i == "constant" || i.empty();
-  if (!ok && absl::StartsWith(i, "constant:")) {
-    double a = 0;
-    ok = absl::SimpleAtod(i.substr(9), &a) && a > 0 && a <= 1;
-  }
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--interpolation=", i, " is not one of constant:A (0 < A <= 1), clock, loss"));
-  }
-  if (!(c.divergence_threshold() >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--divergence_threshold=", c.divergence_threshold(), " is negative (0 turns it off)"));
-  }
-  return absl::OkStatus();
-}
 
 double ConsensusDistance(
     const std::vector<const google::protobuf::RepeatedField<float>*>& projections, uint32_t* used) {

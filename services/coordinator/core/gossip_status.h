@@ -1,7 +1,8 @@
-// Gossip mode on the coordinator (docs/GOSSIP.md): the checks of the gossip
-// knobs of a run config and the run-wide consensus distance computed from
-// the model projections the workers report with their heartbeats. Pure
-// functions, no state; and the choice of the gossip checkpointer.
+// Gossip mode on the coordinator (docs/GOSSIP.md): the run-wide consensus
+// distance computed from the model projections the workers report with their
+// heartbeats, and the choice of the gossip checkpointer. Pure functions, no
+// state. (The gossip knobs are checked with the rest of the run config:
+// common/run_config.h.)
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 
@@ -13,11 +14,6 @@
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
-
-// INVALID_ARGUMENT naming the bad knob: fetch_probability outside [0, 1],
-// interpolation not constant:A (0 < A <= 1) / clock / loss, a negative
-// divergence_threshold.
-absl::Status ValidateGossipConfig(const shoal::v1::RunConfig& config);
 
 // The root mean square Euclidean distance of `projections` (one per worker,
 // equal lengths; others are skipped) to their mean: 0 when all agree. -1

@@ -345,8 +345,8 @@ CheckpointUploaderDecision DecideCheckpointUploader(absl::Span<const CheckpointC
 // ------------------------------------------------------------ Late work
 
 struct FoldedReadyInput {
-  bool fold_late_work = false;  // RunConfig.fold_late_work
-  uint32_t max_staleness = 0;   // RunConfig.max_staleness
+  bool fold_late_work = false;  // RunConfig.sync.fold_late_work
+  uint32_t max_staleness = 0;   // RunConfig.sync.max_staleness
   uint64_t round = 0;           // the current round
   uint64_t base_round = 0;      // its base model round (last completed)
   // From the ReportReadyRequest.

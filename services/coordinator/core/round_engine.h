@@ -189,7 +189,7 @@ class RoundEngine {
   // session `worker_id` just opened (send it first; updates may arrive in
   // any order). Null when credentials are off or the worker is not active.
   SharedMessage MemberList(const std::string& worker_id) const;
-  // With RunConfig.relay: the UseRelay for the direct session `worker_id`
+  // With RunConfig.topology.relay: the UseRelay for the direct session `worker_id`
   // just opened (its current route, "go direct" included, so a member
   // that fell back to direct learns again where to go). Null when relay is
   // off or the worker is not active.
@@ -411,7 +411,7 @@ class RoundEngine {
   // Gossip mode (docs/GOSSIP.md): no rounds; JoinRound puts a member in
   // the peer list, and every change of the list goes to every gossiping
   // member as a PeerUpdate.
-  bool gossip() const { return options_.config.mode() == "gossip"; }
+  bool gossip() const { return options_.config.has_gossip(); }
   void SendPeerUpdate(Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gossip with gossip_final_average: sends the GossipFinal once every
   // member is done, and finishes the run once they all reported
@@ -435,7 +435,7 @@ class RoundEngine {
   void Reelect(ElectionTrigger trigger) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A departure: re-elects at once when `worker_id` held a role.
   void ReelectAfterDeparture(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // With RunConfig.relay, after an election: the members' routes
+  // With RunConfig.topology.relay, after an election: the members' routes
   // (relay_assignment.h); those that changed are queued in relay_changes_
   // as UseRelay directives, which the next Tick hands out.
   void UpdateRelayRoutes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -535,7 +535,7 @@ class RoundEngine {
   ElectionResult election_ ABSL_GUARDED_BY(mu_);
   bool election_stale_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, const char*> roles_ ABSL_GUARDED_BY(mu_);
-  // RunConfig.relay: every member's route after the latest election, and
+  // RunConfig.topology.relay: every member's route after the latest election, and
   // the UseRelay directives not handed out yet.
   std::vector<RelayAssignment> relay_routes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> relay_route_of_ ABSL_GUARDED_BY(mu_);

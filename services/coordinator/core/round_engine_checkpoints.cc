@@ -105,7 +105,8 @@ void RoundEngine::WatchCheckpoint(absl::Time now, Directives* out) {
 }
 
 void RoundEngine::AssignGossipCheckpointer(Directives* out) {
-  if (options_.config.checkpoint_store().empty() || options_.config.checkpoint_every() == 0) {
+  if (options_.config.checkpoints().store().empty() ||
+      options_.config.gossip().checkpoint_every() == 0) {
     return;
   }
   std::vector<GossipCheckpointerCandidate> candidates;
@@ -134,7 +135,7 @@ void RoundEngine::AssignGossipCheckpointer(Directives* out) {
   }
   out->push_back({d.worker_id, Share(std::move(msg))});
   SHOAL_LOG(INFO) << "gossip checkpointer: " << d.worker_id << " (" << d.reason
-                  << "), uploads every " << options_.config.checkpoint_every()
+                  << "), uploads every " << options_.config.gossip().checkpoint_every()
                   << " local steps from sequence " << checkpoint_round_ + 1;
 }
 

@@ -182,7 +182,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   }
   r.set_checkpoint_id(checkpoint_id_);
   r.set_checkpoint_round(checkpoint_round_);
-  if (!options_.config.model_file_sha256().empty()) {
+  if (!options_.config.model().file_sha256().empty()) {
     // Spread the file's readers over the members: a window of 8 starting at
     // a place that moves with every join.
     std::vector<const std::string*> open;
@@ -280,7 +280,7 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
     case Action::kQueueForThisRound:
       Enqueue(worker_id);
       SHOAL_LOG(INFO) << "member " << worker_id << " waits for round " << round_ << " ("
-                      << queued_.size() << "/" << options_.config.min_participants() << ")";
+                      << queued_.size() << "/" << options_.config.sync().min_participants() << ")";
       MaybeStartRound(out);
       break;
     case Action::kJoinRunningRound:
@@ -311,7 +311,7 @@ void RoundEngine::MissRound(const std::string& worker_id, const std::string& rea
   // Alive: its session is open and it sent a heartbeat within the last
   // three intervals (a stopped or hung process does not, long before its
   // lease runs out; a slow one does).
-  const int64_t interval_ms = options_.config.heartbeat_interval_ms();
+  const int64_t interval_ms = options_.config.timeouts().heartbeat_interval_ms();
   const absl::Duration interval =
       interval_ms > 0 ? absl::Milliseconds(interval_ms) : absl::Seconds(1);
   in.alive = m.connected &&
@@ -448,7 +448,7 @@ void RoundEngine::SendPeerUpdate(Directives* out) {
 }
 
 void RoundEngine::MaybeFinalAverage(Directives* out) {
-  if (!options_.config.gossip_final_average() || phase_ == shoal::v1::FINISHED) return;
+  if (!options_.config.gossip().final_average() || phase_ == shoal::v1::FINISHED) return;
   std::vector<FinalAverageMember> members;
   members.reserve(members_.size());
   for (const auto& [id, m] : members_) {
@@ -494,7 +494,7 @@ void RoundEngine::MaybeFinalAverage(Directives* out) {
 }
 
 void RoundEngine::UpdateConsensusEvaluator(Directives* out) {
-  if (options_.config.consensus_eval_every() == 0 || phase_ == shoal::v1::FINISHED) return;
+  if (options_.config.gossip().consensus_eval_every() == 0 || phase_ == shoal::v1::FINISHED) return;
   const Member* current = nullptr;
   const Member* best = nullptr;
   std::string best_id;

@@ -52,7 +52,7 @@ CoordinatorMessage RoundEngine::RoundStartMessage(bool with_holders) const {
 void RoundEngine::MaybeStartRound(Directives* out) {
   if (rounds_held_) return;
   const RoundStartDecision decision =
-      DecideRoundStart(phase_, round_, queued_.size(), options_.config.min_participants());
+      DecideRoundStart(phase_, round_, queued_.size(), options_.config.sync().min_participants());
   if (!decision.start) return;
   if (options_.before_round_start) {
     // A change made earlier in this call (the round that just completed)
@@ -126,8 +126,8 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   std::optional<FoldedReady> fold;
   if (request.folded()) {
     FoldedReadyInput in;
-    in.fold_late_work = options_.config.fold_late_work();
-    in.max_staleness = options_.config.max_staleness();
+    in.fold_late_work = options_.config.sync().fold_late_work();
+    in.max_staleness = options_.config.sync().max_staleness();
     in.round = round_;
     in.base_round = last_completed_round_;
     in.folded_base_round = request.folded_base_round();
@@ -206,7 +206,7 @@ void RoundEngine::SendPlan(Directives* out) {
   // A participant behind NAT cannot serve a stage's copies: such rounds
   // stay flat (docs/SUPERNODES.md, "NAT").
   const bool any_outbound = std::find(outbound.begin(), outbound.end(), true) != outbound.end();
-  if (options_.config.hierarchy() && !any_outbound) {
+  if (options_.config.topology().hierarchy() && !any_outbound) {
     // The stages name participants by plan index, so they travel with the
     // compact plan too (a few bytes per participant).
     std::vector<HierarchyParticipant> hp;
@@ -527,10 +527,10 @@ void RoundEngine::MaybeCompleteRound(Directives* out) {
   const SharedMessage shared_done = Share(std::move(done));
   for (const std::string& id : participants_) out->push_back({id, shared_done});
 
-  const uint64_t limit = options_.config.rounds();
+  const uint64_t limit = options_.config.sync().rounds();
   const bool last = limit > 0 && last_completed_round_ >= limit;
-  const uint32_t every = options_.config.checkpoint_every();
-  if (!options_.config.checkpoint_store().empty() && every > 0 &&
+  const uint32_t every = options_.config.checkpoints().every();
+  if (!options_.config.checkpoints().store().empty() && every > 0 &&
       (last_completed_round_ % every == 0 || last)) {
     checkpoint_tried_.clear();
     AssignCheckpoint(last_completed_round_, out);

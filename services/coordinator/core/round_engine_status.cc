@@ -32,7 +32,7 @@ const char* RoundEngine::StateName(MemberState s) {
 }
 
 std::string RoundEngine::PhaseDetail() const {
-  const uint32_t min = std::max<uint32_t>(1, options_.config.min_participants());
+  const uint32_t min = std::max<uint32_t>(1, options_.config.sync().min_participants());
   if (gossip()) {
     size_t gossiping = 0;
     for (const auto& [id, m] : members_) gossiping += m.gossiping ? 1 : 0;
@@ -89,7 +89,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   s.set_phase(phase_);
   s.set_round(round_);
   s.set_last_completed_round(last_completed_round_);
-  s.set_min_participants(options_.config.min_participants());
+  s.set_min_participants(options_.config.sync().min_participants());
   s.set_members(members_.size());
   for (const auto& id : participants_) s.add_participants(id);
   *s.mutable_config() = options_.config;
@@ -297,7 +297,7 @@ void RoundEngine::Reelect(ElectionTrigger trigger) {
   }
   election_ = std::move(next);
   if (changed) MarkStatusChanged();
-  if (options_.config.relay()) UpdateRelayRoutes();
+  if (options_.config.topology().relay()) UpdateRelayRoutes();
 }
 
 void RoundEngine::UpdateRelayRoutes() {
@@ -330,7 +330,7 @@ void RoundEngine::UpdateRelayRoutes() {
 
 SharedMessage RoundEngine::RelayRoute(const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
-  if (!options_.config.relay() || !index_.contains(worker_id)) return nullptr;
+  if (!options_.config.topology().relay() || !index_.contains(worker_id)) return nullptr;
   // No election here (a burst of session opens would run one each): a
   // member the latest election did not see gets its route from the next
   // Tick's.

@@ -69,11 +69,12 @@ function chart(el, series, opts) {
 
 function render(s) {
   const cfg = s.config || {};
-  $('run').textContent = `run ${s.run_id || '?'} · model ${cfg.model || '?'}` + (s.replica_role ? ` · ${s.replica_role}` : '');
+  const rounds = num((cfg.sync || {}).rounds);
+  $('run').textContent = `run ${s.run_id || '?'} · model ${(cfg.model || {}).name || '?'}` + (cfg.gossip ? ' · gossip' : '') + (s.replica_role ? ` · ${s.replica_role}` : '');
   const phase = s.phase || 'PHASE_UNSPECIFIED';
   $('phase').textContent = phase;
   $('phase').className = 'phase ' + phase;
-  $('round').textContent = `round ${num(s.round)} · completed ${num(s.last_completed_round)}` + (num(cfg.rounds) ? ` of ${num(cfg.rounds)}` : '');
+  $('round').textContent = `round ${num(s.round)} · completed ${num(s.last_completed_round)}` + (rounds ? ` of ${rounds}` : '');
   $('members').textContent = `${num(s.members)} members · ${(s.participants || []).length} participants · ${num(s.queued)} queued`;
   $('detail').textContent = s.detail || '';
 

@@ -1,6 +1,6 @@
 // How the owner of a slice combines the N contributions of its slice into
 // the slice's average (issue 14, docs/SECURITY.md): `--aggregation` on the
-// coordinator, carried to every worker in RunConfig.aggregation.
+// coordinator, carried to every worker in RunConfig.exchange.aggregation.
 //
 //  - mean: the sum of the N values divided by N. The exchanges keep their
 //    own summation for it (services/worker/exchanger.cc), so a run with

@@ -6,61 +6,50 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/run_options.h"
 
 namespace shoal::worker {
 
-bool IsGossipMode(const shoal::v1::RunConfig& config) { return config.mode() == "gossip"; }
+bool IsGossipMode(const shoal::v1::RunConfig& config) { return config.has_gossip(); }
 
 absl::Status ParseInterpolation(const std::string& text, GossipConfig* out) {
-  if (text.empty() || text == "constant") {
-    out->interpolation = Interpolation::kConstant;
-    out->constant = 0.5;
-    return absl::OkStatus();
+  absl::StatusOr<InterpolationSpec> spec = ParseInterpolationSpec(text);
+  if (!spec.ok()) return spec.status();
+  switch (spec->kind) {
+    case InterpolationSpec::Kind::kConstant:
+      out->interpolation = Interpolation::kConstant;
+      out->constant = spec->constant;
+      break;
+    case InterpolationSpec::Kind::kClock:
+      out->interpolation = Interpolation::kClock;
+      break;
+    case InterpolationSpec::Kind::kLoss:
+      out->interpolation = Interpolation::kLoss;
+      break;
   }
-  if (text == "clock") {
-    out->interpolation = Interpolation::kClock;
-    return absl::OkStatus();
-  }
-  if (text == "loss") {
-    out->interpolation = Interpolation::kLoss;
-    return absl::OkStatus();
-  }
-  if (absl::StartsWith(text, "constant:")) {
-    double a = 0;
-    if (!absl::SimpleAtod(text.substr(9), &a) || !(a > 0) || a > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("interpolation '", text,
-                       "': the constant must be a number in (0, 1], e.g. constant:0.5"));
-    }
-    out->interpolation = Interpolation::kConstant;
-    out->constant = a;
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("interpolation '", text, "' is not one of constant:A, clock, loss"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& config) {
-  if (!config.mode().empty() && config.mode() != "sync" && config.mode() != "gossip") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mode '", config.mode(), "' is not one of sync, gossip"));
-  }
   GossipConfig g;
-  if (config.gossip_every() > 0) g.gossip_every = config.gossip_every();
-  if (config.fetch_probability() < 0 || config.fetch_probability() > 1 ||
-      std::isnan(config.fetch_probability())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fetch_probability ", config.fetch_probability(), " is not within [0, 1]"));
-  }
-  g.fetch_probability = config.fetch_probability();
-  if (config.gossip_timeout_ms() > 0) g.timeout = absl::Milliseconds(config.gossip_timeout_ms());
-  if (absl::Status s = ParseInterpolation(config.interpolation(), &g); !s.ok()) return s;
-  if (config.divergence_threshold() < 0 || std::isnan(config.divergence_threshold())) {
+  if (config.gossip().every() > 0) g.gossip_every = config.gossip().every();
+  if (config.gossip().fetch_probability() < 0 || config.gossip().fetch_probability() > 1 ||
+      std::isnan(config.gossip().fetch_probability())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "divergence_threshold ", config.divergence_threshold(), " is negative (0 turns it off)"));
+        "fetch_probability ", config.gossip().fetch_probability(), " is not within [0, 1]"));
   }
-  g.divergence_threshold = config.divergence_threshold();
-  g.steps = config.gossip_steps();
+  g.fetch_probability = config.gossip().fetch_probability();
+  if (config.gossip().timeout_ms() > 0)
+    g.timeout = absl::Milliseconds(config.gossip().timeout_ms());
+  if (absl::Status s = ParseInterpolation(config.gossip().interpolation(), &g); !s.ok()) return s;
+  if (config.gossip().divergence_threshold() < 0 ||
+      std::isnan(config.gossip().divergence_threshold())) {
+    return absl::InvalidArgumentError(absl::StrCat("divergence_threshold ",
+                                                   config.gossip().divergence_threshold(),
+                                                   " is negative (0 turns it off)"));
+  }
+  g.divergence_threshold = config.gossip().divergence_threshold();
+  g.steps = config.gossip().steps();
   return g;
 }
 

@@ -26,7 +26,7 @@ namespace shoal::worker {
 
 enum class Interpolation { kConstant, kClock, kLoss };
 
-// Gossip knobs of a run (RunConfig fields 30-49), with defaults filled in.
+// Gossip knobs of a run (RunConfig.gossip), with defaults filled in.
 struct GossipConfig {
   uint32_t gossip_every = 10;
   double fetch_probability = 1.0;
@@ -37,12 +37,12 @@ struct GossipConfig {
   uint64_t steps = 0;               // 0 = until stopped
 };
 
-// True when the run is in gossip mode ("gossip"); "" and "sync" are
+// True when the run is in gossip mode (RunConfig.gossip is set); otherwise
 // synchronous rounds.
 bool IsGossipMode(const shoal::v1::RunConfig& config);
 
-// The run's gossip knobs; INVALID_ARGUMENT names the bad one (a mode other
-// than sync/gossip, a probability outside [0, 1], a constant outside (0, 1],
+// The run's gossip knobs; INVALID_ARGUMENT names the bad one (a probability
+// outside [0, 1], a constant outside (0, 1],
 // an unknown interpolation, a negative threshold). Unset (0) knobs take the
 // defaults of GossipConfig.
 absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& config);

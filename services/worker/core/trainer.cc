@@ -108,12 +108,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   torch::set_num_threads(std::max(1, options.threads));
   // Same seed, same module construction order: identical initial models on
   // every worker of the run, with no transfer.
-  torch::manual_seed(config.seed());
+  torch::manual_seed(config.training().seed());
   // (name, tensor) of everything the flat buffer holds, in order; trainable
   // ones first.
   std::vector<std::pair<std::string, torch::Tensor>> params, float_buffers, int_buffers;
-  if (config.model() == "mlp" || config.model() == "cnn") {
-    if (config.model() == "mlp") {
+  if (config.model().name() == "mlp" || config.model().name() == "cnn") {
+    if (config.model().name() == "mlp") {
       auto m = std::make_shared<MlpImpl>();
       impl->forward = [m](torch::Tensor x) { return m->forward(x); };
       impl->module = m;
@@ -141,10 +141,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     for (const auto& item : impl->module->named_parameters()) {
       params.emplace_back(item.key(), item.value());
     }
-  } else if (config.model() == "torchscript") {
+  } else if (config.model().name() == "torchscript") {
     const std::vector<int64_t> input_shape = {1, data->train.rows, data->train.cols};
-    if (config.input_shape_size() > 0) {
-      std::vector<int64_t> want(config.input_shape().begin(), config.input_shape().end());
+    if (config.model().input_shape_size() > 0) {
+      std::vector<int64_t> want(config.model().input_shape().begin(),
+                                config.model().input_shape().end());
       if (want != input_shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the run's model takes images of shape [", absl::StrJoin(want, ", "),
@@ -174,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
       }
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model().name(), "'"));
   }
 
   // Move every parameter and float buffer into one flat buffer and make it
@@ -205,21 +206,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   }
   std::vector<torch::Tensor> trainable;
   for (const auto& [name, t] : params) trainable.push_back(t);
-  const std::string& opt = config.optimizer();
+  const std::string& opt = config.training().optimizer();
   if (opt.empty() || opt == "sgd") {
     impl->optimizer = std::make_unique<torch::optim::SGD>(
-        trainable, torch::optim::SGDOptions(config.learning_rate()).momentum(config.momentum()));
+        trainable, torch::optim::SGDOptions(config.training().learning_rate())
+                       .momentum(config.training().momentum()));
   } else if (opt == "adam") {
     impl->optimizer = std::make_unique<torch::optim::Adam>(
-        trainable, torch::optim::AdamOptions(config.learning_rate()));
+        trainable, torch::optim::AdamOptions(config.training().learning_rate()));
   } else if (opt == "adamw") {
     impl->optimizer = std::make_unique<torch::optim::AdamW>(
-        trainable, torch::optim::AdamWOptions(config.learning_rate()));
+        trainable, torch::optim::AdamWOptions(config.training().learning_rate()));
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown optimizer '", opt, "' (sgd, adam or adamw)"));
   }
-  if (config.model() == "torchscript") {
+  if (config.model().name() == "torchscript") {
     int64_t max_label = 0;
     for (const ImageSet* set : {&data->train, &data->test}) {
       for (uint8_t l : set->labels) max_label = std::max<int64_t>(max_label, l);
@@ -236,11 +238,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 
   // This worker's disjoint shard (data_split.h): every data_shards-th image
   // (iid) or its part of the run's Dirichlet label-skew split.
-  absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
+  absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
-  const uint32_t shards = std::max<uint32_t>(1, config.data_shards());
-  absl::StatusOr<std::vector<int64_t>> shard_rows =
-      ShardRows(*split, data->train.labels, shards, options.data_rank % shards, config.seed());
+  const uint32_t shards = std::max<uint32_t>(1, config.training().data_shards());
+  absl::StatusOr<std::vector<int64_t>> shard_rows = ShardRows(
+      *split, data->train.labels, shards, options.data_rank % shards, config.training().seed());
   if (!shard_rows.ok()) return shard_rows.status();
   const std::vector<int64_t> rows = std::move(*shard_rows);
   impl->shard_label_counts = LabelCounts(data->train.labels, rows);
@@ -255,7 +257,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   impl->test_y = Labels(data->test, test_rows);
   impl->order.resize(rows.size());
   std::iota(impl->order.begin(), impl->order.end(), 0);
-  impl->rng.seed(config.seed() * 1000003 + options.data_rank);
+  impl->rng.seed(config.training().seed() * 1000003 + options.data_rank);
   std::shuffle(impl->order.begin(), impl->order.end(), impl->rng);
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -268,7 +270,7 @@ double Trainer::TrainSteps(uint32_t steps) {
     torch::Tensor v = s.flat.narrow(0, b.offset, b.tensor.numel()).round();
     b.tensor.copy_(v.view(b.tensor.sizes()));
   }
-  const int64_t batch = s.options.config.batch_size();
+  const int64_t batch = s.options.config.training().batch_size();
   double loss_sum = 0;
   for (uint32_t step = 0; step < steps; ++step) {
     if (s.cursor + batch > s.order.size()) {  // next epoch over the shard

@@ -39,8 +39,8 @@ struct TrainerOptions {
   int threads = 1;
   // Evaluate on at most this many test images (0 = all).
   uint32_t eval_limit = 0;
-  // config.model() == "torchscript": the file's bytes (verified against
-  // config.model_file_sha256() by the caller).
+  // config.model().name() == "torchscript": the file's bytes (verified against
+  // config.model().file_sha256() by the caller).
   std::string model_file;
 };
 

@@ -268,8 +268,8 @@ void WorkerProtocol::StartWork(Actions* out) {
 bool WorkerProtocol::ExchangesChanges() const {
   // Encoded exchanges (a codec other than fp32, or an outer optimizer)
   // send the round's change from its base; fp32 without one sends weights.
-  const std::string& codec = config_.codec();
-  const std::string& outer = config_.outer_optimizer();
+  const std::string& codec = config_.exchange().codec();
+  const std::string& outer = config_.exchange().outer_optimizer().kind();
   return !(codec.empty() || codec == "fp32") || !(outer.empty() || outer == "none");
 }
 
@@ -278,13 +278,13 @@ bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
   // restarted without its record); the update belongs to another history.
   const bool older = base_round < late_.base_round;
   const uint64_t staleness = older ? 0 : base_round - late_.base_round;
-  const double weight = older ? 0 : StalenessWeight(staleness, config_.max_staleness());
+  const double weight = older ? 0 : StalenessWeight(staleness, config_.sync().max_staleness());
   if (weight <= 0) {
     SHOAL_LOG(WARNING) << "late work of round " << late_.trained_round << " (base "
                        << late_.base_round << ") dropped: "
                        << (older ? absl::StrCat("the run is back at round ", base_round)
-                                 : absl::StrCat("staleness ", staleness,
-                                                " > --max_staleness=", config_.max_staleness()));
+                                 : absl::StrCat("staleness ", staleness, " > --max_staleness=",
+                                                config_.sync().max_staleness()));
     out->push_back(Make(Action::kDropLateWork, late_.trained_round));
     late_ = {};
     ++late_dropped_;
@@ -349,7 +349,7 @@ Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& resu
   // The session tells us what comes next.
   Actions out;
   const bool was_fold = late_.held && late_.folded_into == round_;
-  if (!was_fold && config_.fold_late_work() && absl::IsFailedPrecondition(result) &&
+  if (!was_fold && config_.sync().fold_late_work() && absl::IsFailedPrecondition(result) &&
       round_ > model_round_) {
     // Too late for this round (the deadline passed, or the run moved on):
     // the update is kept for a later round.
@@ -456,8 +456,8 @@ Actions WorkerProtocol::OnExchanged(uint64_t round, uint32_t attempt, const absl
   Action done = Make(Action::kReportDone, round);
   done.attempt = attempt;
   done.hash = hash;
-  const bool last = config_.rounds() > 0 && round >= config_.rounds();
-  done.evaluate = round % std::max<uint32_t>(1, config_.eval_every()) == 0 || last;
+  const bool last = config_.sync().rounds() > 0 && round >= config_.sync().rounds();
+  done.evaluate = round % std::max<uint32_t>(1, config_.training().eval_every()) == 0 || last;
   done.done.set_worker_id(worker_id_);
   done.done.set_round(round);
   done.done.set_attempt(attempt);
@@ -499,9 +499,10 @@ Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
     // a model nobody else has. Raw fp32 averaging folds its model in
     // instead. It sits the round out (no ready report) and catches up at
     // the next round start.
-    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.codec() << "/"
-                       << config_.outer_optimizer() << " exchange needs the round's base (round "
-                       << round << ") and this worker holds round " << model_round_;
+    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.exchange().codec()
+                       << "/" << config_.exchange().outer_optimizer().kind()
+                       << " exchange needs the round's base (round " << round
+                       << ") and this worker holds round " << model_round_;
     ++rounds_sat_out_for_base_;
     return out;
   }

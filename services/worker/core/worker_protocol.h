@@ -21,7 +21,7 @@
 //    (kRestoreContribution) after a participant was lost;
 //  - the participant list of the latest full plan (PlanList), which
 //    expands plans that name it by version;
-//  - late work (RunConfig.fold_late_work): the update of a round whose
+//  - late work (RunConfig.sync.fold_late_work): the update of a round whose
 //    ready report came after the deadline (trained minus its base, kept by
 //    kKeepLateWork) until it is folded into a later round. At the next
 //    RoundStart the worker pulls the newest model as usual, does not train,
