@@ -7,9 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "services/coordinator/coordinator_endpoint.h"
 #include "services/coordinator/coordinator_server.h"
-#include "services/coordinator/replica_front.h"
-#include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {
 
@@ -28,17 +27,9 @@ absl::Status CoordinatorServer::StartReplica(CoordinatorOptions options) {
   absl::StatusOr<std::unique_ptr<EtcdClient>> etcd = MakeGrpcEtcdClient(eopts);
   if (!etcd.ok()) return etcd.status();
   etcd_ = std::move(*etcd);
-  front_ = std::make_unique<ReplicaFront>([this] { return StandbyStatus(); },
-                                          [this] { return LeaderHint(); });
-  grpc::Service* registered = front_.get();
-  if (!options.gate.open() || options.max_joins_per_minute > 0) {
-    if (options.max_joins_per_minute > 0) {
-      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
-    }
-    gated_ = std::make_unique<GatedCoordinator>(front_.get(), options.gate, join_limiter_.get());
-    registered = gated_.get();
-  }
-  auto grpc_server = GrpcServer::Start(options.listen, {registered});
+  // A standby until elected: no active service.
+  endpoint_ = MakeEndpoint(options, /*replica=*/true);
+  auto grpc_server = GrpcServer::Start(options.listen, {endpoint_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, false);
@@ -192,7 +183,7 @@ void CoordinatorServer::Promote() {
   // Nothing starts before the record is written under this term.
   (void)engine->HoldRounds(true);
   owned_services_.push_back(std::make_unique<CoordinatorService>(
-      engine, clock_, [this, engine] { (void)PersistToEtcd(engine); }));
+      engine, clock_, [this, engine] { (void)PersistToEtcd(engine); }, prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   // A TorchScript run: this replica serves the file it was started with;
   // workers check every byte against the run's digest.
@@ -219,7 +210,7 @@ void CoordinatorServer::Promote() {
     return replica_->CanStartRounds();
   }();
   (void)engine->HoldRounds(!can);  // no member yet: nothing to deliver
-  front_->SetActive(service);
+  endpoint_->SetActive(service);
   {
     absl::MutexLock lock(&view_mu_);
     leader_hint_ = options_.advertise;
@@ -228,7 +219,7 @@ void CoordinatorServer::Promote() {
 }
 
 void CoordinatorServer::Demote() {
-  front_->SetActive(nullptr);
+  endpoint_->SetActive(nullptr);
   server_->SetServing(kCoordinatorHealthName, false);
   CoordinatorService* service;
   {

@@ -8,8 +8,7 @@
 #include "common/run_options.h"
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
-#include "services/coordinator/replica_front.h"
-#include "services/coordinator/token_gate.h"
+#include "services/coordinator/coordinator_endpoint.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -220,9 +219,16 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::s
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorOptions options, const Clock* clock) {
   if (absl::Status s = ValidateConfig(options.engine.config); !s.ok()) return s;
+  // Every method of the proto has its entry in the service's table.
+  if (absl::Status s = CoordinatorService::CheckMethods(); !s.ok()) return s;
 
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->clock_ = clock;
+  if (options.engine.join_probe_timeout > absl::ZeroDuration()) {
+    absl::StatusOr<std::unique_ptr<TcpProber>> prober = TcpProber::Start(clock);
+    if (!prober.ok()) return prober.status();
+    server->prober_ = std::move(*prober);
+  }
   if (!options.etcd.empty()) {
     if (!options.state_dir.empty()) {
       return absl::InvalidArgumentError(
@@ -325,8 +331,8 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
   }
   owned_engines_.push_back(std::make_unique<RoundEngine>(options.engine, clock_));
   RoundEngine* engine = owned_engines_.back().get();
-  owned_services_.push_back(
-      std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
+  owned_services_.push_back(std::make_unique<CoordinatorService>(
+      engine, clock_, [this] { Persist(); }, prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
   service->set_relay_limits(options.relay);
@@ -336,19 +342,27 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
     service_ = service;
   }
   Persist();
-  grpc::Service* registered = service;
-  if (!options.gate.open() || options.max_joins_per_minute > 0) {
-    if (options.max_joins_per_minute > 0) {
-      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
-    }
-    gated_ = std::make_unique<GatedCoordinator>(service, options.gate, join_limiter_.get());
-    registered = gated_.get();
-  }
-  auto grpc_server = GrpcServer::Start(options.listen, {registered});
+  endpoint_ = MakeEndpoint(options, /*replica=*/false);
+  endpoint_->SetActive(service);
+  auto grpc_server = GrpcServer::Start(options.listen, {endpoint_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, true);
   return absl::OkStatus();
+}
+
+std::unique_ptr<CoordinatorEndpoint> CoordinatorServer::MakeEndpoint(
+    const CoordinatorOptions& options, bool replica) {
+  if (options.max_joins_per_minute > 0) {
+    join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
+  }
+  CoordinatorEndpoint::Standby standby;
+  if (replica) {
+    standby.status = [this] { return StandbyStatus(); };
+    standby.leader = [this] { return LeaderHint(); };
+  }
+  return std::make_unique<CoordinatorEndpoint>(Admission(options.gate, join_limiter_.get()),
+                                               std::move(standby));
 }
 
 void CoordinatorServer::Persist() {
@@ -398,6 +412,9 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   }
   // Start() may have failed before everything existed.
   if (CoordinatorService* service = active_service()) service->CloseAllSessions();
+  // Joins still probing finish now (UNAVAILABLE): the server's shutdown
+  // waits for every call to finish.
+  if (prober_) prober_->Shutdown();
   // The page's handlers read the engines: stop it before anything goes.
   http_.reset();
   if (server_) server_->Shutdown(grace);

@@ -13,6 +13,7 @@
 #include "common/etcd_client.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
+#include "common/tcp_prober.h"
 #include "services/coordinator/coordinator_service.h"
 #include "services/coordinator/core/replica.h"
 #include "services/coordinator/core/round_engine.h"
@@ -61,8 +62,7 @@ struct CoordinatorOptions {
 // a single coordinator).
 inline constexpr char kCoordinatorHealthName[] = "shoal.v1.Coordinator";
 
-class ReplicaFront;
-class GatedCoordinator;
+class CoordinatorEndpoint;
 class JoinLimiter;
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
@@ -81,6 +81,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return server_->port(); }
+  // Joiners' addresses being probed now (tests).
+  int probes_in_flight() const { return prober_ ? prober_->in_flight() : 0; }
   const std::string& address() const { return server_->address(); }
   // The engine of the run (single coordinator, or a replica that leads).
   RoundEngine& engine() { return *active_engine(); }
@@ -106,6 +108,9 @@ class CoordinatorServer {
   // Writes the run record when it changed since the last write.
   void Persist();
   absl::Status StartSingle(CoordinatorOptions options);
+  // The registered service, with the admission of `options`.
+  std::unique_ptr<CoordinatorEndpoint> MakeEndpoint(const CoordinatorOptions& options,
+                                                    bool replica);
   CoordinatorService* active_service() {
     absl::MutexLock lock(&active_mu_);
     return service_;
@@ -144,10 +149,13 @@ class CoordinatorServer {
   bool deposed_ ABSL_GUARDED_BY(replica_mu_) = false;
   bool record_write_ok_ ABSL_GUARDED_BY(replica_mu_) = true;
   void NoteRecordWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(replica_mu_);
-  std::unique_ptr<ReplicaFront> front_;
-  // Registered in front of the service when a token is set (token_gate.h).
-  std::unique_ptr<GatedCoordinator> gated_;
+  // The registered service: admission, the slot of the active service
+  // (endpoint_->SetActive), the standby's answers (coordinator_endpoint.h).
+  std::unique_ptr<CoordinatorEndpoint> endpoint_;
   std::unique_ptr<JoinLimiter> join_limiter_;
+  // Probes joiners' Peer addresses for every term's service (null when
+  // --probe_joiners_timeout is 0); shut down before the gRPC server.
+  std::unique_ptr<TcpProber> prober_;
   absl::Mutex view_mu_;
   shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);
   std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);
