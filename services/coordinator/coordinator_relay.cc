@@ -311,9 +311,18 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
     out.insert(out.end(), std::make_move_iterator(left.begin()),
                std::make_move_iterator(left.end()));
   }
-  // The whole batch's directives at once: one RelayDown per relay.
-  Deliver(out);
-  if (!down.empty()) relay->Enqueue(down.Build());
+  // The whole batch's directives at once (one RelayDown per relay), then
+  // the results: a call's directives reach the relay before its result.
+  if (down.empty()) {
+    Deliver(out);
+    return;
+  }
+  Deliver(out, [this, relay, results = down.Build()] {
+    // Perhaps later, on the record's writer thread: only to a relay still
+    // open (a relay is forgotten under mu_ before its reactor goes).
+    absl::MutexLock lock(&mu_);
+    if (relays_.contains(relay)) relay->Enqueue(results);
+  });
 }
 
 RelayedCallResult CoordinatorService::HandleRelayedCall(RelayReactor* relay,

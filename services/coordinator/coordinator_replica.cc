@@ -183,7 +183,8 @@ void CoordinatorServer::Promote() {
   // Nothing starts before the record is written under this term.
   (void)engine->HoldRounds(true);
   owned_services_.push_back(std::make_unique<CoordinatorService>(
-      engine, clock_, [this, engine] { (void)PersistToEtcd(engine); }, prober_.get()));
+      engine, clock_, SinkFor(engine, [this, engine] { (void)PersistToEtcd(engine); }),
+      prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   // A TorchScript run: this replica serves the file it was started with;
   // workers check every byte against the run's digest.
@@ -196,6 +197,7 @@ void CoordinatorServer::Promote() {
   {
     absl::MutexLock lock(&persist_mu_);
     persisted_version_ = 0;
+    tried_version_ = 0;
   }
   {
     absl::MutexLock lock(&active_mu_);
@@ -240,7 +242,10 @@ bool CoordinatorServer::PersistToEtcd(RoundEngine* engine) {
   absl::MutexLock plock(&persist_mu_);
   // The version first: the record read after it is at least as new.
   const uint64_t version = engine->record_version();
-  if (version == persisted_version_) return true;
+  if (version == persisted_version_) {
+    tried_version_ = version;
+    return true;
+  }
   const shoal::v1::RunRecord record = engine->Record();
   absl::Status s;
   {
@@ -250,6 +255,9 @@ bool CoordinatorServer::PersistToEtcd(RoundEngine* engine) {
     if (absl::IsFailedPrecondition(s)) deposed_ = true;
     NoteRecordWrite(s);
   }
+  // Tried: what waited for this write goes out (a failed one is tried
+  // again at the next change, by the replica loop and before a round).
+  tried_version_ = version;
   if (!s.ok()) return false;
   persisted_version_ = version;
   return true;

@@ -224,6 +224,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->clock_ = clock;
+  server->writer_ = std::make_unique<RecordWriter>();
+  server->before_record_write_ = options.before_record_write;
   if (options.engine.join_probe_timeout > absl::ZeroDuration()) {
     absl::StatusOr<std::unique_ptr<TcpProber>> prober = TcpProber::Start(clock);
     if (!prober.ok()) return prober.status();
@@ -332,7 +334,7 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
   owned_engines_.push_back(std::make_unique<RoundEngine>(options.engine, clock_));
   RoundEngine* engine = owned_engines_.back().get();
   owned_services_.push_back(std::make_unique<CoordinatorService>(
-      engine, clock_, [this] { Persist(); }, prober_.get()));
+      engine, clock_, SinkFor(engine, [this] { Persist(); }), prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   service->SetModelFile(options.model_file, options.engine.config.model_file_sha256());
   service->set_relay_limits(options.relay);
@@ -365,13 +367,36 @@ std::unique_ptr<CoordinatorEndpoint> CoordinatorServer::MakeEndpoint(
                                                std::move(standby));
 }
 
+RecordSink CoordinatorServer::SinkFor(RoundEngine* engine, std::function<void()> write) {
+  RecordSink sink;
+  sink.writer = writer_.get();
+  sink.current = [this, engine] { return RecordTried(engine); };
+  sink.write = [this, write = std::move(write)] {
+    if (before_record_write_) before_record_write_();
+    write();
+  };
+  return sink;
+}
+
+bool CoordinatorServer::RecordTried(RoundEngine* engine) {
+  if (records_ != nullptr && !records_->enabled()) return true;
+  if (engine != active_engine()) return true;  // a retired term
+  return engine->record_version() == tried_version_.load();
+}
+
 void CoordinatorServer::Persist() {
   if (!records_->enabled()) return;
   RoundEngine* engine = active_engine();
   absl::MutexLock lock(&persist_mu_);
   const uint64_t version = engine->record_version();
-  if (version == persisted_version_) return;
+  if (version == persisted_version_) {
+    tried_version_ = version;
+    return;
+  }
   absl::Status s = records_->Save(engine->Record());
+  // Tried: what waited for this write goes out (a failed one is logged and
+  // tried again at the next change).
+  tried_version_ = version;
   if (!s.ok()) {
     SHOAL_LOG(ERROR) << "cannot persist the run record: " << s;
     return;
@@ -412,9 +437,10 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   }
   // Start() may have failed before everything existed.
   if (CoordinatorService* service = active_service()) service->CloseAllSessions();
-  // Joins still probing finish now (UNAVAILABLE): the server's shutdown
-  // waits for every call to finish.
+  // Joins still probing finish now (UNAVAILABLE), then calls waiting for
+  // the record's write: the server's shutdown waits for every call.
   if (prober_) prober_->Shutdown();
+  if (writer_) writer_->Stop();
   // The page's handlers read the engines: stop it before anything goes.
   http_.reset();
   if (server_) server_->Shutdown(grace);

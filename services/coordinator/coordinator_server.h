@@ -3,6 +3,8 @@
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +58,10 @@ struct CoordinatorOptions {
   // Limits of each supernode's Relay stream (--relay_max_members,
   // --relay_max_batch).
   RelayLimits relay;
+  // Tests only: runs on the record's writer thread before each write of the
+  // run record (a test holds it there to see that no call waits on it but
+  // the ones whose answer needs the write).
+  std::function<void()> before_record_write;
 };
 
 // The named health service that reports SERVING only on a leader (always on
@@ -107,6 +113,11 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   // Writes the run record when it changed since the last write.
   void Persist();
+  // Whether `engine`'s record as it stands was written or tried (a retired
+  // engine's never waits).
+  bool RecordTried(RoundEngine* engine);
+  // The record sink of a term's service: writes on writer_.
+  RecordSink SinkFor(RoundEngine* engine, std::function<void()> write);
   absl::Status StartSingle(CoordinatorOptions options);
   // The registered service, with the admission of `options`.
   std::unique_ptr<CoordinatorEndpoint> MakeEndpoint(const CoordinatorOptions& options,
@@ -132,6 +143,15 @@ class CoordinatorServer {
   std::unique_ptr<RunRecordStore> records_;
   absl::Mutex persist_mu_;
   uint64_t persisted_version_ ABSL_GUARDED_BY(persist_mu_) = 0;
+  // The last version a write was tried for (it may have failed: logged,
+  // tried again at the next change; what waited goes out anyway). Written
+  // under persist_mu_, read without it: persist_mu_ is held during a write,
+  // and the gRPC threads that ask must not wait for one.
+  std::atomic<uint64_t> tried_version_{0};
+  // The thread the record is written on (no gRPC thread waits on a write);
+  // stopped after the prober, before the gRPC server.
+  std::unique_ptr<RecordWriter> writer_;
+  std::function<void()> before_record_write_;  // CoordinatorOptions::before_record_write
   // The active engine and service (a standby replica has none). Engines and
   // services that were active once are kept in owned_* until the server is
   // destroyed, so that pointers handed out stay valid.

@@ -174,8 +174,48 @@ bool CoordinatorService::Unregister(const std::string& worker_id, SessionReactor
   return true;
 }
 
-void CoordinatorService::Deliver(const Directives& directives) {
-  if (on_change_) on_change_();
+void CoordinatorService::Deliver(const Directives& directives, std::function<void()> then) {
+  if (record_.writer == nullptr) {
+    // No writer thread (tests): the record is written here, as before.
+    if (record_.write) record_.write();
+    Send(directives);
+    if (then) then();
+    return;
+  }
+  {
+    absl::MutexLock lock(&order_mu_);
+    if (!waiting_.empty() || (record_.current && !record_.current())) {
+      // The record that produced these directives is not written yet (or
+      // directives queued before wait for it): they and the answer wait on
+      // the writer's thread.
+      waiting_.push_back({directives, std::move(then)});
+      if (waiting_.size() == 1) record_.writer->Post([this] { SendWaiting(); });
+      return;
+    }
+    // Under order_mu_: nothing queued after this overtakes it.
+    Send(directives);
+  }
+  if (then) then();
+}
+
+void CoordinatorService::SendWaiting() {
+  std::deque<Waiting> batch;
+  for (;;) {
+    if (record_.write) record_.write();
+    absl::MutexLock lock(&order_mu_);
+    // Changed again while it was written: directives queued meanwhile may
+    // come from that change, so the write comes first again.
+    if (record_.current && !record_.current()) continue;
+    batch.swap(waiting_);
+    for (const Waiting& w : batch) Send(w.directives);
+    break;
+  }
+  for (Waiting& w : batch) {
+    if (w.then) w.then();
+  }
+}
+
+void CoordinatorService::Send(const Directives& directives) {
   if (directives.empty()) return;
   // Each distinct message once, before taking the lock: a broadcast's
   // recipients share one message object, and now its bytes as well.
@@ -216,7 +256,12 @@ void CoordinatorService::Deliver(const Directives& directives) {
 }
 
 void CoordinatorService::Tick() {
-  Deliver(engine_->Tick());
+  // The sessions of departed members close after the tick's directives went
+  // out (a stream closes after what was queued on it).
+  Deliver(engine_->Tick(), [this] { CloseDeparted(); });
+}
+
+void CoordinatorService::CloseDeparted() {
   // Close the sessions of workers the engine no longer knows (evicted).
   // Only after a departure: otherwise every tick took the engine lock once
   // per session (1,000 times every 250 ms at 1,000 workers) to find none.
@@ -440,11 +485,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Call(const MethodDescriptor& metho
                                  absl::StrCat(method.full_name(), " is not served")));
     return reactor;
   }
-  // The work, then its directives out, then the answer.
+  // The work, then its directives out, then the answer (both after the
+  // record's write when the work changed it).
   Directives out;
-  absl::Status s = m.unary(this, *request, /*member=*/"", response, &out);
-  if (!m.read_only) Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
+  const absl::Status s = m.unary(this, *request, /*member=*/"", response, &out);
+  if (m.read_only) {
+    reactor->Finish(ToGrpcStatus(s));
+  } else {
+    Deliver(out, [reactor, s] { reactor->Finish(ToGrpcStatus(s)); });
+  }
   return reactor;
 }
 
@@ -509,9 +558,10 @@ void CoordinatorService::FinishJoin(const shoal::v1::JoinRequest& request,
     absl::MutexLock lock(&mu_);
     relayed_logs_.erase(result->response.worker_id());
   }
-  Deliver(result->directives);
   *response = SerializeMessage(result->response);
-  reactor->Finish(grpc::Status::OK);
+  // Answered once the record holds the new member (its id is never given
+  // twice, even across a restart).
+  Deliver(result->directives, [reactor] { reactor->Finish(grpc::Status::OK); });
 }
 
 absl::Status CoordinatorService::DoJoinRound(const shoal::v1::JoinRoundRequest& request,

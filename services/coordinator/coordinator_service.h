@@ -49,6 +49,7 @@
 #include "common/tcp_prober.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/versioned_cache.h"
+#include "services/coordinator/record_writer.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
@@ -64,6 +65,19 @@ struct RelayLimits {
   // Entries (sessions + calls + gone) in one RelayUp; more ends the relay
   // stream with RESOURCE_EXHAUSTED.
   size_t max_batch = 4096;
+};
+
+// How a term's run record is written (the server's --state_dir or etcd).
+struct RecordSink {
+  // Writes the engine's record as it stands, when it changed since the last
+  // write (a failed write is logged; the next change, or the replica loop,
+  // tries again). Null: nothing is persisted.
+  std::function<void()> write;
+  // Whether the record as it stands was written (or its write was tried).
+  std::function<bool()> current;
+  // The thread writes run on (record_writer.h); null: on the calling thread
+  // (tests).
+  RecordWriter* writer = nullptr;
 };
 
 // Thread-safe. Owns the registry of open session streams.
@@ -88,13 +102,14 @@ class CoordinatorService final {
   // RunStatus) instead of refusing it: GetRunStatus.
   static bool StandbyAnswers(const MethodDescriptor& method);
 
-  // `on_change` runs after every engine call, before directives go out (the
-  // server persists the run record there). `clock` ages the status cache.
-  // `prober` (may be null: no probe) checks a joiner's Peer address; it
-  // must outlive the calls this service serves.
-  CoordinatorService(RoundEngine* engine, const Clock* clock, std::function<void()> on_change,
+  // `record` writes the run record after every engine call that changed it,
+  // before that call's directives and answer go out. `clock` ages the
+  // status cache. `prober` (may be null: no probe) checks a joiner's Peer
+  // address. The writer and the prober must outlive the calls this service
+  // serves.
+  CoordinatorService(RoundEngine* engine, const Clock* clock, RecordSink record = {},
                      TcpProber* prober = nullptr)
-      : engine_(engine), clock_(clock), on_change_(std::move(on_change)), prober_(prober) {}
+      : engine_(engine), clock_(clock), record_(std::move(record)), prober_(prober) {}
   ~CoordinatorService();
 
   // The two entry points (CoordinatorEndpoint calls them once a call is
@@ -122,8 +137,12 @@ class CoordinatorService final {
   // Pushes directives to the sessions they are addressed to, direct or
   // relayed (one RelayDown per relay, one entry per distinct message); a
   // worker with no open session misses them (it re-syncs through its unary
-  // calls), except an active one whose session is not registered yet.
-  void Deliver(const Directives& directives);
+  // calls), except an active one whose session is not registered yet. Then
+  // runs `then` (a call's answer). When the engine's record changed and is
+  // not written yet, both wait for the write on the record's writer thread
+  // (never on the caller's), behind what waits already: directives go out
+  // in the order of the Deliver calls.
+  void Deliver(const Directives& directives, std::function<void()> then = nullptr);
   // Runs the engine's lease check and closes sessions of removed workers.
   void Tick();
   // Ends every session and relay stream (server shutdown).
@@ -137,6 +156,14 @@ class CoordinatorService final {
                 SessionReactor* session);
   // True when `session` was the registered one.
   bool Unregister(const std::string& worker_id, SessionReactor* session);
+  // Tick's second half: closes the sessions and relays of members that
+  // left the run.
+  void CloseDeparted();
+  // Deliver's work once the record is written.
+  void Send(const Directives& directives);
+  // On the writer's thread: writes the record, then sends what waited for
+  // it and runs its continuations.
+  void SendWaiting();
 
   // ---- The method table (coordinator_service.cc).
   // What serves one method: exactly one of `unary`, `async`, `stream`.
@@ -262,8 +289,17 @@ class CoordinatorService final {
 
   RoundEngine* const engine_;
   const Clock* const clock_;
-  const std::function<void()> on_change_;
+  const RecordSink record_;
   TcpProber* const prober_;
+  // Deliveries waiting for the record's write, in order; order_mu_ also
+  // orders a Deliver that goes out at once after those queued before it
+  // (lock order: order_mu_, then mu_).
+  struct Waiting {
+    Directives directives;
+    std::function<void()> then;
+  };
+  absl::Mutex order_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(order_mu_);
   shoal::v1::RunStatus status_extra_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, SessionReactor*> sessions_ ABSL_GUARDED_BY(mu_);

@@ -16,7 +16,9 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/run_record.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tests/support/coordinator_fixture.h"
 #include "tests/support/silent_listener.h"
@@ -178,7 +181,7 @@ class StandbyEndpointTest : public ::testing::Test {
   void SetUp() override {
     options_ = testing::TestCoordinatorOptions("run-standby");
     engine_ = std::make_unique<RoundEngine>(options_.engine, RealClock::Get());
-    service_ = std::make_unique<CoordinatorService>(engine_.get(), RealClock::Get(), nullptr);
+    service_ = std::make_unique<CoordinatorService>(engine_.get(), RealClock::Get());
     CoordinatorEndpoint::Standby standby;
     standby.status = [] {
       v1::RunStatus view;
@@ -376,6 +379,95 @@ TEST(CoordinatorEndpointTest, AJoinerNobodyCanReachIsOutboundOnly) {
   EXPECT_THAT(response.outbound_reason(), HasSubstr(silent.address()));
   EXPECT_TRUE(WaitUntil([&] { return (*server)->probes_in_flight() == 0; }, kWait));
   (*server)->Shutdown(absl::Seconds(1));
+}
+
+// The run record is written on the record's writer thread: a Join is
+// answered only once the record holding its member is on disk (an id is
+// never given twice, even across a restart), and while a write is held no
+// call waits on a gRPC thread (they queue behind it, in order).
+TEST(CoordinatorEndpointTest, CallsThatChangeTheRecordAreAnsweredAfterItsWrite) {
+  testing::TempDir dir;
+  absl::Mutex mu;
+  bool hold = false;
+  int writes_held = 0;
+  std::set<std::thread::id> writer_threads;
+  CoordinatorOptions options = testing::TestCoordinatorOptions("run-record-writer");
+  options.state_dir = dir.path();
+  options.before_record_write = [&] {
+    absl::MutexLock lock(&mu);
+    writer_threads.insert(std::this_thread::get_id());
+    if (!hold) return;
+    ++writes_held;
+    auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !hold; };
+    mu.AwaitWithTimeout(absl::Condition(&released), kWait);
+  };
+  auto started = testing::StartTestCoordinator(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<CoordinatorServer> server = std::move(*started);
+  auto stub = v1::Coordinator::NewStub(MakeChannel(server->address()));
+  auto recorded_next_worker = [&] {
+    coordinator::RunRecordStore store(dir.path());
+    auto record = store.Load();
+    return record.ok() && record->has_value() ? (*record)->next_worker_number() : 0;
+  };
+  const uint64_t before = recorded_next_worker();
+
+  {
+    absl::MutexLock lock(&mu);
+    hold = true;
+  }
+  constexpr int kJoins = 8;
+  struct Pending {
+    grpc::ClientContext ctx;
+    v1::JoinRequest request;
+    v1::JoinResponse response;
+    std::promise<grpc::Status> done;
+  };
+  std::vector<std::unique_ptr<Pending>> pending;
+  std::vector<std::future<grpc::Status>> finished;
+  for (int i = 0; i < kJoins; ++i) {
+    auto p = std::make_unique<Pending>();
+    p->ctx.set_deadline(DeadlineIn(absl::Seconds(30)));
+    p->request.set_peer_address(absl::StrCat("127.0.0.1:", 41000 + i));
+    Pending* raw = p.get();
+    finished.push_back(raw->done.get_future());
+    stub->async()->Join(&raw->ctx, &raw->request, &raw->response,
+                        [raw](grpc::Status s) { raw->done.set_value(std::move(s)); });
+    pending.push_back(std::move(p));
+  }
+  // Every Join's engine step is done (the status lists them) while the
+  // first write is held: their answers wait for it, and so does nothing
+  // else (the status is answered).
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto status = Status(stub.get());
+        return status.ok() && status->members() == kJoins;
+      },
+      kWait));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(writes_held, 1);
+  }
+  for (auto& f : finished) {
+    EXPECT_NE(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  }
+  EXPECT_EQ(recorded_next_worker(), before);
+
+  {
+    absl::MutexLock lock(&mu);
+    hold = false;
+  }
+  for (auto& f : finished) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    grpc::Status s = f.get();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(recorded_next_worker(), before + kJoins);
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(writer_threads.size(), 1u) << "every write on the writer's thread";
+  }
+  server->Shutdown(absl::Seconds(1));
 }
 
 }  // namespace
