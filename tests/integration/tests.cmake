@@ -42,3 +42,12 @@ target_link_libraries(relay_test PRIVATE test_coordinator)
 shoal_test(relay_frontend_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_frontend_test.cc
   LIBS coordinator_service worker_lib)
 target_link_libraries(relay_frontend_test PRIVATE test_coordinator)
+# The coordinator's registered service: the method table covers the proto,
+# token then leader check on every method, the join rate, Joins probing a
+# silent address while other calls are served.
+shoal_test(coordinator_endpoint_test integration
+  ${CMAKE_CURRENT_LIST_DIR}/coordinator_endpoint_test.cc LIBS coordinator_service)
+target_link_libraries(coordinator_endpoint_test PRIVATE test_coordinator)
+# The asynchronous reachability probe against real sockets on 127.0.0.1.
+shoal_test(tcp_prober_test integration ${CMAKE_CURRENT_LIST_DIR}/tcp_prober_test.cc
+  LIBS shoal_common)

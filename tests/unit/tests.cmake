@@ -71,6 +71,7 @@ shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
 shoal_test(zone_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_test.cc LIBS shoal_common)
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)
+shoal_test(admission_test unit ${CMAKE_CURRENT_LIST_DIR}/admission_test.cc LIBS coordinator_service)
 shoal_test(zone_election_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_election_test.cc
   LIBS coordinator_core)
 shoal_test(relay_assignment_test unit ${CMAKE_CURRENT_LIST_DIR}/relay_assignment_test.cc
