@@ -357,4 +357,15 @@ void RoutedCoordinatorClient::CloseSession() {
   if (relay != nullptr) relay->CloseSession();
 }
 
+bool RoutedCoordinatorClient::SendHeartbeatNow(absl::Duration timeout) {
+  std::shared_ptr<GrpcCoordinatorClient> relay;
+  {
+    absl::MutexLock lock(&mu_);
+    if (relayed_) relay = relay_;
+  }
+  // A session that moves meanwhile sends its own heartbeats at once (Hello
+  // and its first period): only the current one is asked.
+  return relay != nullptr ? relay->SendHeartbeatNow(timeout) : direct_.SendHeartbeatNow(timeout);
+}
+
 }  // namespace shoal::worker

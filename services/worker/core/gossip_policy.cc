@@ -61,6 +61,16 @@ absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& confi
   }
   g.divergence_threshold = config.divergence_threshold();
   g.steps = config.gossip_steps();
+  g.interpolation_text = config.interpolation();
+  g.final_average = config.gossip_final_average();
+  g.final_wait = absl::Milliseconds(std::max<uint32_t>(1000, config.gossip_final_wait_ms()));
+  g.checkpoint_every = config.checkpoint_every();
+  g.eval_every = std::max<uint32_t>(1, config.eval_every());
+  g.consensus_eval_every = config.consensus_eval_every();
+  g.batch = std::max<uint32_t>(1, config.batch_size());
+  g.seed = config.seed();
+  g.heartbeat_period = absl::Milliseconds(std::max<uint32_t>(100, config.heartbeat_interval_ms()));
+  g.model = config.model();
   return g;
 }
 

@@ -26,7 +26,9 @@ namespace shoal::worker {
 
 enum class Interpolation { kConstant, kClock, kLoss };
 
-// Gossip knobs of a run (RunConfig fields 30-49), with defaults filled in.
+// Gossip knobs of a run (RunConfig fields 30-49), with defaults filled in,
+// and the run's other settings that gossip mode uses: the one place where
+// gossip reads the run configuration.
 struct GossipConfig {
   uint32_t gossip_every = 10;
   double fetch_probability = 1.0;
@@ -35,6 +37,23 @@ struct GossipConfig {
   double constant = 0.5;            // for kConstant
   double divergence_threshold = 0;  // 0 = off
   uint64_t steps = 0;               // 0 = until stopped
+  // The --interpolation text as configured (for logs).
+  std::string interpolation_text;
+  // --gossip_final_average (with steps) and how long each of its waits may
+  // last (RunConfig.gossip_final_wait_ms, at least 1 s).
+  bool final_average = false;
+  absl::Duration final_wait = absl::Seconds(1);
+  // Local steps between two checkpoints of the checkpointer (0 = never).
+  uint32_t checkpoint_every = 0;
+  // Evaluate every N publications; the consensus every N (0 = off).
+  uint32_t eval_every = 1;
+  uint32_t consensus_eval_every = 0;
+  // Samples per step: the gossip clock's unit.
+  double batch = 1;
+  uint64_t seed = 0;
+  // The session's heartbeat period (at least 100 ms).
+  absl::Duration heartbeat_period = absl::Milliseconds(100);
+  std::string model;
 };
 
 // True when the run is in gossip mode ("gossip"); "" and "sync" are
