@@ -15,12 +15,12 @@ void Averaging::PublishOuterState(uint64_t round) {
 }
 
 std::string Averaging::Describe(const shoal::v1::RunConfig& config) const {
-  return absl::StrCat(averager->name(), "/", codec->name(), " by ", AggregationName(aggregation),
-                      is_encoded() ? absl::StrCat(" encoded, outer optimizer ",
-                                                  config.outer_optimizer().empty()
-                                                      ? "none"
-                                                      : config.outer_optimizer())
-                                   : std::string());
+  return absl::StrCat(
+      averager->name(), "/", codec->name(), " by ", AggregationName(aggregation),
+      is_encoded()
+          ? absl::StrCat(" encoded, outer optimizer ",
+                         config.outer_optimizer().empty() ? "none" : config.outer_optimizer())
+          : std::string());
 }
 
 absl::StatusOr<std::unique_ptr<Averaging>> MakeAverager(const shoal::v1::RunConfig& config,

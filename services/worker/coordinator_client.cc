@@ -35,7 +35,6 @@ struct GrpcCoordinatorClient::Session {
   }
 };
 
-
 GrpcCoordinatorClient::GrpcCoordinatorClient(CoordinatorClientOptions options)
     : options_(std::move(options)) {
   for (absl::string_view a : absl::StrSplit(options_.address, ',', absl::SkipWhitespace())) {

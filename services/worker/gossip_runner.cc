@@ -73,8 +73,8 @@ GossipRunner::~GossipRunner() {
 }
 
 std::unique_ptr<GossipFetcher> GossipRunner::NewFetcher() const {
-  auto fetcher = std::make_unique<GossipFetcher>(parts_.peers, protocol_.worker_id(),
-                                                 parts_.clock, parts_.stop);
+  auto fetcher = std::make_unique<GossipFetcher>(parts_.peers, protocol_.worker_id(), parts_.clock,
+                                                 parts_.stop);
   // Behind NAT nobody fetches from us: each fetch pushes our model back.
   fetcher->set_push_own(parts_.outbound_only);
   return fetcher;
@@ -170,8 +170,8 @@ std::optional<absl::Status> GossipRunner::ExecuteOne(GossipAction& a, GossipActi
     }
     case GossipAction::kTrainStep: {
       const absl::Time t0 = parts_.clock->Now();
-      const double loss = parts_.memory->TrainUnserved(
-          [this](float*) { return parts_.trainer->TrainSteps(1); });
+      const double loss =
+          parts_.memory->TrainUnserved([this](float*) { return parts_.trainer->TrainSteps(1); });
       M().train_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       *next = protocol_.OnStepTrained(loss);
       return std::nullopt;
@@ -189,8 +189,7 @@ std::optional<absl::Status> GossipRunner::ExecuteOne(GossipAction& a, GossipActi
     case GossipAction::kInterpolatePush:
       if (pushed_.has_value() && pushed_->bytes.size() == elements_ * sizeof(float)) {
         parts_.memory->Interpolate(parts_.memory->parameters(),
-                                   reinterpret_cast<const float*>(pushed_->bytes.data()),
-                                   a.factor);
+                                   reinterpret_cast<const float*>(pushed_->bytes.data()), a.factor);
         M().received_bytes.Add(static_cast<double>(pushed_->bytes.size()));
       }
       pushed_.reset();
@@ -242,7 +241,8 @@ std::optional<absl::Status> GossipRunner::ExecuteOne(GossipAction& a, GossipActi
       outcome.sequence = a.upload.sequence;
       outcome.upload = absl::FailedPreconditionError("this worker has no checkpoint store");
       outcome.report = absl::OkStatus();
-      if (checkpointer_ != nullptr) outcome = Outcome(checkpointer_->UploadNow(UploadJob(a.upload)));
+      if (checkpointer_ != nullptr)
+        outcome = Outcome(checkpointer_->UploadNow(UploadJob(a.upload)));
       *next = protocol_.OnUploaded(outcome);
       return std::nullopt;
     }
@@ -361,8 +361,8 @@ GossipActions GossipRunner::FinalAverage(const GossipAction& a) {
       policy.initial_backoff = absl::Milliseconds(10);
       policy.max_backoff = absl::Milliseconds(200);
       policy.max_attempts = static_cast<int>(a.attempts);
-      policy.deadline = a.timeout * static_cast<double>(std::max<uint32_t>(1, a.attempts)) +
-                        absl::Seconds(1);
+      policy.deadline =
+          a.timeout * static_cast<double>(std::max<uint32_t>(1, a.attempts)) + absl::Seconds(1);
       policy.also_retry = {absl::StatusCode::kDataLoss};
       policy.clock = parts_.clock;
       status = Retry(policy, parts_.stop, [&](absl::Duration) {

@@ -224,9 +224,8 @@ std::vector<absl::Status> GrpcPeerClient::ProbeAll(const std::vector<std::string
   bool done = false;
   {
     absl::MutexLock lock(&probes->mu);
-    auto all_done = [&probes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probes->mu) {
-      return probes->left == 0;
-    };
+    auto all_done = [&probes]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(probes->mu) { return probes->left == 0; };
     // Each call ends by its deadline; the margin covers the callbacks' run.
     done = probes->mu.AwaitWithTimeout(absl::Condition(&all_done), timeout + absl::Seconds(1));
     results = probes->results;

@@ -102,7 +102,7 @@ class PeerService final
   // A contribution pushed by a participant behind NAT (docs/SUPERNODES.md
   // "NAT"): checked piece by piece, put in the box only when whole.
   grpc::ServerReadReactor<shoal::v1::PushMessage>* Push(grpc::CallbackServerContext* ctx,
-                                                         shoal::v1::PushResponse* response) override;
+                                                        shoal::v1::PushResponse* response) override;
 
   // A piece of an encoded slice from the EncodedStore (a copy of at most
   // 1 MiB; the store's blobs are immutable).

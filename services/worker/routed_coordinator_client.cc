@@ -122,8 +122,8 @@ absl::Status RoutedCoordinatorClient::OpenOn(GrpcCoordinatorClient* client, uint
   }
   if (!direct) {
     // Counted while current; dropped once replaced (resent on the new one).
-    on_message = [this, gen, deliver = std::move(on_message)](
-                     const shoal::v1::CoordinatorMessage& message) {
+    on_message = [this, gen,
+                  deliver = std::move(on_message)](const shoal::v1::CoordinatorMessage& message) {
       {
         absl::MutexLock lock(&mu_);
         if (gen != gen_) return;

@@ -106,11 +106,11 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       const absl::Time t0 = parts_.clock->Now();
       uint64_t pulled = 0;
       absl::Status s = parts_.memory->CatchUp(a.round, a.hash, protocol_.model_round(),
-                                        [&](float* dst, uint64_t total) {
-                                          pulled = total * sizeof(float);
-                                          RETURN_IF_ERROR(PullModel(a, dst, total));
-                                          return PullOuterState(a);
-                                        });
+                                              [&](float* dst, uint64_t total) {
+                                                pulled = total * sizeof(float);
+                                                RETURN_IF_ERROR(PullModel(a, dst, total));
+                                                return PullOuterState(a);
+                                              });
       if (pulled > 0) {
         (s.ok() ? M().catchups_ok : M().catchups_failed).Add();
         if (s.ok()) {
@@ -316,7 +316,8 @@ absl::Status SyncRunner::PullOuterState(const Action& a) {
   if (!parts_.averaging->outer->has_state()) return absl::OkStatus();
   if (a.round == 0) {
     // The initial model's momentum is zero.
-    RETURN_IF_ERROR(parts_.averaging->outer->SetMomentum(0, std::vector<float>(parts_.memory->total(), 0.0f)));
+    RETURN_IF_ERROR(
+        parts_.averaging->outer->SetMomentum(0, std::vector<float>(parts_.memory->total(), 0.0f)));
     parts_.averaging->PublishOuterState(0);
     return absl::OkStatus();
   }
@@ -335,8 +336,8 @@ absl::Status SyncRunner::PullOuterState(const Action& a) {
       request.set_end(parts_.memory->total());
       request.set_offset(blob.offset());
       request.set_reader_id(protocol_.worker_id());
-      absl::StatusOr<shoal::v1::EncodedPiece> piece =
-          parts_.peers->ReadEncoded(holder, request, parts_.options->sync.piece_timeout, parts_.stop);
+      absl::StatusOr<shoal::v1::EncodedPiece> piece = parts_.peers->ReadEncoded(
+          holder, request, parts_.options->sync.piece_timeout, parts_.stop);
       s = piece.ok() ? blob.Add(*piece) : piece.status();
     }
     if (!s.ok()) {
@@ -379,7 +380,8 @@ absl::Status SyncRunner::LoadOuterStateFromCheckpoint(const Action& a) {
                        << " carries no outer momentum (its run had no nesterov): starting from "
                           "zero momentum at round "
                        << a.round;
-    RETURN_IF_ERROR(parts_.averaging->outer->SetMomentum(a.round, std::vector<float>(parts_.memory->total(), 0.0f)));
+    RETURN_IF_ERROR(parts_.averaging->outer->SetMomentum(
+        a.round, std::vector<float>(parts_.memory->total(), 0.0f)));
     parts_.averaging->PublishOuterState(a.round);
     return absl::OkStatus();
   }
@@ -419,8 +421,8 @@ absl::Status SyncRunner::PullModel(const Action& a, float* dst, uint64_t total) 
     }
   }
   ModelSyncer syncer(parts_.peers, parts_.options->sync);
-  return syncer.Sync(a.round, a.hash, a.holders, dst, total, protocol_.worker_id(), parts_.sync_progress,
-                     fallback);
+  return syncer.Sync(a.round, a.hash, a.holders, dst, total, protocol_.worker_id(),
+                     parts_.sync_progress, fallback);
 }
 
 void SyncRunner::Upload(const Action& a) {
@@ -449,9 +451,9 @@ void SyncRunner::Upload(const Action& a) {
       // the store resumes it): one flat float32 layer after the model's.
       const std::vector<float>& m = parts_.averaging->outer->momentum();
       if (parts_.averaging->outer->momentum_round() != request.round()) {
-        s = absl::FailedPreconditionError(
-            absl::StrCat("the outer momentum held is of round ", parts_.averaging->outer->momentum_round(),
-                         ", the checkpoint is of round ", request.round()));
+        s = absl::FailedPreconditionError(absl::StrCat(
+            "the outer momentum held is of round ", parts_.averaging->outer->momentum_round(),
+            ", the checkpoint is of round ", request.round()));
       }
       auto* entry = manifest.add_layers();
       entry->set_name(kMomentumLayer);
@@ -463,7 +465,8 @@ void SyncRunner::Upload(const Action& a) {
     const absl::Time t0 = parts_.clock->Now();
     if (s.ok()) s = checkpoint::CompleteManifest(&manifest, spans);
     absl::StatusOr<shoal::v1::CheckpointInfo> info =
-        s.ok() ? parts_.store->Upload(manifest, spans) : absl::StatusOr<shoal::v1::CheckpointInfo>(s);
+        s.ok() ? parts_.store->Upload(manifest, spans)
+               : absl::StatusOr<shoal::v1::CheckpointInfo>(s);
     (info.ok() ? M().uploads_ok : M().uploads_failed).Add();
     if (info.ok()) {
       M().upload_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));

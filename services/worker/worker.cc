@@ -178,7 +178,8 @@ void Worker::OnSessionMessage(const shoal::v1::CoordinatorMessage& msg) {
   if (route.upload_grant && store_ != nullptr) {
     store_->SetUploadGrant(msg.checkpoint_request().upload_grant());
   }
-  if (route.use_relay) coordinator_->UseRelay(msg.use_relay().relay_id(), msg.use_relay().address());
+  if (route.use_relay)
+    coordinator_->UseRelay(msg.use_relay().relay_id(), msg.use_relay().address());
   if (route.member_update) members_.Apply(msg.member_update());
   if (!route.to_runner) return;
   WorkerEvent event;
@@ -231,8 +232,7 @@ void Worker::CountServedBytes() {
   const uint64_t now[3] = {sent.exchange.load(std::memory_order_relaxed),
                            sent.snapshot.load(std::memory_order_relaxed),
                            sent.model_file.load(std::memory_order_relaxed)};
-  const MetricCounter* counters[3] = {&M().sent_exchange, &M().sent_snapshot,
-                                      &M().sent_model_file};
+  const MetricCounter* counters[3] = {&M().sent_exchange, &M().sent_snapshot, &M().sent_model_file};
   for (int i = 0; i < 3; ++i) {
     counters[i]->Add(static_cast<double>(now[i] - sent_reported_[i]));
     sent_reported_[i] = now[i];
@@ -240,10 +240,10 @@ void Worker::CountServedBytes() {
 }
 
 absl::Status Worker::OpenSession(uint64_t carried_round) {
-  const absl::Duration heartbeat =
-      absl::Milliseconds(std::max<uint32_t>(100, heartbeat_ms_));
+  const absl::Duration heartbeat = absl::Milliseconds(std::max<uint32_t>(100, heartbeat_ms_));
   absl::Status opened = coordinator_->OpenSession(
-      worker_id_, heartbeat, [this](const shoal::v1::CoordinatorMessage& msg) { OnSessionMessage(msg); },
+      worker_id_, heartbeat,
+      [this](const shoal::v1::CoordinatorMessage& msg) { OnSessionMessage(msg); },
       [this](const absl::Status& status) {
         WorkerEvent closed;
         closed.kind = WorkerEvent::kSessionClosed;
@@ -255,10 +255,9 @@ absl::Status Worker::OpenSession(uint64_t carried_round) {
     absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, 0, carried_round);
     if (admitted.ok()) {
       SHOAL_LOG(INFO) << "admitted to round " << *admitted
-                      << (carried_round != 0
-                              ? absl::StrCat(" (carrying the trained work of round ",
-                                             carried_round, ")")
-                              : std::string());
+                      << (carried_round != 0 ? absl::StrCat(" (carrying the trained work of round ",
+                                                            carried_round, ")")
+                                             : std::string());
     } else {
       opened = admitted.status();
     }
@@ -525,9 +524,10 @@ absl::StatusOr<std::string> Worker::FetchRunModelFile(const shoal::v1::JoinRespo
 absl::Status Worker::WritePredictions(const std::string& path, int64_t n) {
   if (trainer_ == nullptr) return absl::FailedPreconditionError("no model was built");
   const std::vector<Trainer::Prediction> predictions = trainer_->Predict(n);
-  std::string text = absl::StrCat(
-      "# shoal-worker predictions: model round ", runner_ != nullptr ? runner_->model_round() : 0, " hash ",
-      HashParameters(memory_->parameters(), memory_->total()), "\n# index label predicted\n");
+  std::string text = absl::StrCat("# shoal-worker predictions: model round ",
+                                  runner_ != nullptr ? runner_->model_round() : 0, " hash ",
+                                  HashParameters(memory_->parameters(), memory_->total()),
+                                  "\n# index label predicted\n");
   for (size_t i = 0; i < predictions.size(); ++i) {
     absl::StrAppend(&text, i, " ", predictions[i].label, " ", predictions[i].predicted, "\n");
   }

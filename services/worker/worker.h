@@ -156,8 +156,8 @@ class Worker final : private RunnerHost {
   std::string worker_id_;
   uint32_t heartbeat_ms_ = 0;
 
-  std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
-  std::unique_ptr<ModelMemory> memory_;  // with the trainer
+  std::unique_ptr<Trainer> trainer_;      // created after the first Join (needs the config)
+  std::unique_ptr<ModelMemory> memory_;   // with the trainer
   std::unique_ptr<Averaging> averaging_;  // synchronous rounds
   SyncProgress sync_progress_;
   // The mode, from the first join on (its protocol decides).

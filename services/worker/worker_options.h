@@ -68,7 +68,6 @@ struct WorkerOptions {
   std::shared_ptr<CoordinatorClient> coordinator_client;
 };
 
-
 }  // namespace shoal::worker
 
 #endif  // SHOAL_SERVICES_WORKER_WORKER_OPTIONS_H_

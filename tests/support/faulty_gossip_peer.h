@@ -51,8 +51,8 @@ class FaultyGossipPeer final
                                          shoal::v1::ModelFileChunk* response) override {
     return inner_->GetModelFile(ctx, request, response);
   }
-  grpc::ServerReadReactor<shoal::v1::PushMessage>* Push(grpc::CallbackServerContext* ctx,
-                                                         shoal::v1::PushResponse* response) override {
+  grpc::ServerReadReactor<shoal::v1::PushMessage>* Push(
+      grpc::CallbackServerContext* ctx, shoal::v1::PushResponse* response) override {
     return inner_->Push(ctx, response);
   }
 

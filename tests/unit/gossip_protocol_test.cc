@@ -209,7 +209,9 @@ class Harness {
           next = protocol_.OnStepTrained(step_loss);
           break;
         case GossipAction::kCollect: {
-          auto feed = [&](GossipActions more) { next.insert(next.end(), more.begin(), more.end()); };
+          auto feed = [&](GossipActions more) {
+            next.insert(next.end(), more.begin(), more.end());
+          };
           if (background.has_value()) {
             feed(protocol_.OnFetched(*background));
             background.reset();
@@ -240,8 +242,8 @@ class Harness {
           break;
         }
         case GossipAction::kPublish:
-          next = protocol_.OnPublished(publish_ok, a.project ? std::vector<float>(32, 0.5f)
-                                                             : std::vector<float>());
+          next = protocol_.OnPublished(
+              publish_ok, a.project ? std::vector<float>(32, 0.5f) : std::vector<float>());
           break;
         case GossipAction::kDrainUpload:
           next = protocol_.OnUploadDrained(std::nullopt);
@@ -399,9 +401,9 @@ TEST(GossipProtocol, PublishesEvaluatesAndFetchesOnItsSchedule) {
   // gossip_every=5: the fifth step publishes and starts a fetch
   // (probability 1); eval_every=2: no evaluation at publication 1.
   EXPECT_THAT(h.Since(before),
-              ElementsAre("train-step", "collect", "train-step", "collect", "train-step",
-                          "collect", "train-step", "collect", "train-step", "collect", "publish",
-                          "report", "start-fetch"));
+              ElementsAre("train-step", "collect", "train-step", "collect", "train-step", "collect",
+                          "train-step", "collect", "train-step", "collect", "publish", "report",
+                          "start-fetch"));
   EXPECT_TRUE(h.protocol().fetch_in_flight());
   EXPECT_DOUBLE_EQ(h.protocol().clock(), 5 * 32);
   EXPECT_DOUBLE_EQ(h.protocol().last_loss(), 0.5);
@@ -613,7 +615,8 @@ TEST(GossipProtocol, FinalAverageWaitsForTheListAveragesReportsAndWaitsForTheEnd
   h.Tick();
   // The fetch in flight is dropped; the final model is published and
   // served; the heartbeats say gossip_done.
-  EXPECT_THAT(h.Since(before), ElementsAre("drop-fetch", "evaluate", "publish", "report", "report"));
+  EXPECT_THAT(h.Since(before),
+              ElementsAre("drop-fetch", "evaluate", "publish", "report", "report"));
   EXPECT_EQ(h.protocol().phase(), GossipProtocol::Phase::kAwaitingFinalList);
   EXPECT_TRUE(h.reports.back().gossip_done());
   EXPECT_EQ(h.protocol().wake_at(), h.clock.Now() + absl::Seconds(20));
@@ -721,8 +724,8 @@ TEST(GossipProtocol, WithoutTheFinalAverageOneHeartbeatCarriesTheFiguresThenItLe
   h.Start();
   h.Directive(Peers({"w2"}));
   h.TrainTo(5);
-  EXPECT_THAT(h.Tick(), ElementsAre("evaluate", "publish", "report", "flush-report", "leave",
-                                    "exit"));
+  EXPECT_THAT(h.Tick(),
+              ElementsAre("evaluate", "publish", "report", "flush-report", "leave", "exit"));
   EXPECT_EQ(h.coordinator.heartbeats_sent_now, 1);
   // At most 1.5 heartbeat periods (and 2 s).
   EXPECT_EQ(h.Of(GossipAction::kFlushReport).back().timeout, absl::Milliseconds(750));

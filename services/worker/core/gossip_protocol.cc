@@ -93,8 +93,8 @@ shoal::v1::JoinRequest GossipProtocol::JoinRequest() const {
 
 GossipActions GossipProtocol::OnJoined(const shoal::v1::JoinResponse& joined) {
   if (has_config_ && joined.config().SerializeAsString() != config_.SerializeAsString()) {
-    return {Exit(absl::FailedPreconditionError(
-        "the coordinator now runs a different configuration"))};
+    return {
+        Exit(absl::FailedPreconditionError("the coordinator now runs a different configuration"))};
   }
   worker_id_ = joined.worker_id();
   data_rank_ = joined.data_rank();
@@ -202,9 +202,9 @@ GossipActions GossipProtocol::OnDirective(const shoal::v1::CoordinatorMessage& m
     ckpt_sequence_ = std::max<uint64_t>(1, request.round());
     ckpt_run_id_ = request.run_id();
     ckpt_due_ = NextCheckpointStep(steps_, g_.checkpoint_every);
-    SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every "
-                    << g_.checkpoint_every << " local steps (next at step " << ckpt_due_
-                    << "), from sequence " << ckpt_sequence_;
+    SHOAL_LOG(INFO) << "this worker is the checkpointer: uploads every " << g_.checkpoint_every
+                    << " local steps (next at step " << ckpt_due_ << "), from sequence "
+                    << ckpt_sequence_;
     return {};
   }
   if (msg.has_gossip_final()) {
@@ -273,8 +273,8 @@ GossipActions GossipProtocol::AfterLateJoin() {
 GossipActions GossipProtocol::OnCheckpointLoaded(const absl::Status& result, double clock) {
   if (phase_ != Phase::kLoadingCheckpoint) return {};
   if (!result.ok()) {
-    return Leave(
-        absl::StrCat("cannot load checkpoint ", checkpoint_id_, ": ", result.message()), result);
+    return Leave(absl::StrCat("cannot load checkpoint ", checkpoint_id_, ": ", result.message()),
+                 result);
   }
   clock_value_ = clock;
   return BeginTraining();

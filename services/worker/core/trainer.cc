@@ -398,8 +398,7 @@ std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
   n = std::min<int64_t>(n, s.test_x.size(0));
   std::vector<Prediction> out(static_cast<size_t>(std::max<int64_t>(0, n)));
   if (n <= 0) return out;
-  torch::Tensor predicted =
-      s.model.forward(s.test_x.narrow(0, 0, n)).argmax(1).to(torch::kInt64);
+  torch::Tensor predicted = s.model.forward(s.test_x.narrow(0, 0, n)).argmax(1).to(torch::kInt64);
   torch::Tensor labels = s.test_y.narrow(0, 0, n).to(torch::kInt64);
   for (int64_t i = 0; i < n; ++i) {
     out[i].label = labels[i].item<int64_t>();
