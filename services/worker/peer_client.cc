@@ -42,10 +42,7 @@ absl::StatusOr<shoal::v1::EncodedPiece> PeerClient::ReadEncoded(
 std::vector<absl::Status> PeerClient::ProbeAll(const std::vector<std::string>& addresses,
                                                absl::Duration timeout) {
   std::vector<absl::Status> results;
-  const absl::Time end = absl::Now() + timeout;
-  for (const std::string& address : addresses) {
-    results.push_back(Probe(address, std::max(absl::ZeroDuration(), end - absl::Now())).status());
-  }
+  for (const std::string& address : addresses) results.push_back(Probe(address, timeout).status());
   return results;
 }
 

@@ -68,9 +68,10 @@ class PeerClient {
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
   // Probes every address of `addresses` at once, within `timeout` in all;
-  // result i is address i's (OK: it answered). The default probes one after
-  // the other (fakes that answer at once need no more); GrpcPeerClient
-  // issues every call at once and waits for them together.
+  // result i is address i's (OK: it answered). GrpcPeerClient issues every
+  // call at once and waits for them together. The default probes one after
+  // the other, each within `timeout`: enough for fakes, which answer at
+  // once.
   virtual std::vector<absl::Status> ProbeAll(const std::vector<std::string>& addresses,
                                              absl::Duration timeout);
 };
