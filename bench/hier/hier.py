@@ -11,11 +11,13 @@ way). Traffic inside a site never crosses it.
 Model: a TorchScript MLP of 4.0 MiB of float32 parameters
 (bench/hier/wide_mlp.py), so a round's exchange dominates the link.
 
-Arms (--arms, default flat,hier), each one run of --rounds rounds:
-  flat  every worker exchanges with every other (today's sharded round)
+Arms (--arms, default flat,hier,int8), each one run of --rounds rounds:
+  flat  every worker exchanges with every other (the flat sharded round)
   hier  --hierarchy=on, workers --zone=site-a / site-b: each site averages
         inside, the two supernodes exchange the site averages over the link,
         members read the result from their supernode
+  int8  hier with --codec=int8 --outer_optimizer=nesterov: the round's
+        change travels int8 at every level (issue 25)
 Measured per arm, over the rounds after --warmup (round 1 also fetches the
 model file and opens connections):
   exchange_s    per round the slowest worker's `exchange=` (worker logs),
@@ -25,7 +27,8 @@ model file and opens connections):
                 to the end of the last round, per round; it includes the
                 control plane of site B's workers and the TCP/IP, HTTP/2 and
                 gRPC framing
-Last line: hier: ... bytes_ratio=<hier / flat link bytes> ratio=<hier / flat exchange_s>.
+Last line: hier: ... bytes_ratio=<hier / flat link bytes> ratio=<hier / flat exchange_s>
+int8_bytes_ratio=<int8 / flat link bytes> int8_ratio=<int8 / flat exchange_s>.
 Processes are stopped by PID, never by name.
 """
 import argparse
@@ -93,7 +96,9 @@ def run_arm(args, name, model, procs):
     sites("up", prefix, f"--per_site={args.per_site}", f"--rate={args.rate}")
     try:
         clog = os.path.join(d, "coordinator.log")
-        flags = ["--hierarchy=on"] if name == "hier" else []
+        flags = {"flat": [], "hier": ["--hierarchy=on"],
+                 "int8": ["--hierarchy=on", "--codec=int8", "--outer_optimizer=nesterov",
+                          "--outer_lr=0.7", "--outer_momentum=0.9"]}[name]
         coord_p = procs.spawn(f"{prefix}-c", [
             os.path.join(args.bin, "shoal-coordinator"), f"--listen={COORD_IP}:0",
             f"--model=torchscript:{model}", f"--min_participants={2 * args.per_site}",
@@ -170,7 +175,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--local_steps", type=int, default=50)
     ap.add_argument("--hidden", type=int, default=1319)
-    ap.add_argument("--arms", default="flat,hier")
+    ap.add_argument("--arms", default="flat,hier,int8")
     ap.add_argument("--cap_seconds", type=float, default=900)
     ap.add_argument("--poll", type=float, default=0.25)
     ap.add_argument("--skip_code", type=int, default=2)
@@ -224,9 +229,9 @@ def main():
         print(f"{arm:6} {r.get('exchange_s', float('nan')):10.3f} "
               f"{(lb or float('nan')) / 2**20:15.2f} {(lb or float('nan')) / (params * 4):13.2f} "
               f"{'agree' if r.get('hashes_agree') else 'DIFFER':>7}")
-    f, h = results.get("flat", {}), results.get("hier", {})
+    f, h, q = results.get("flat", {}), results.get("hier", {}), results.get("int8", {})
     line = "hier:"
-    for arm, r in (("flat", f), ("hier", h)):
+    for arm, r in (("flat", f), ("hier", h), ("int8", q)):
         if r.get("exchange_s") is not None:
             line += f" {arm}_exchange_s={r['exchange_s']:.3f}"
         if r.get("link_bytes") is not None:
@@ -235,6 +240,10 @@ def main():
         line += f" bytes_ratio={h['link_bytes'] / f['link_bytes']:.3f}"
     if f.get("exchange_s") and h.get("exchange_s"):
         line += f" ratio={h['exchange_s'] / f['exchange_s']:.3f}"
+    if f.get("link_bytes") and q.get("link_bytes"):
+        line += f" int8_bytes_ratio={q['link_bytes'] / f['link_bytes']:.3f}"
+    if f.get("exchange_s") and q.get("exchange_s"):
+        line += f" int8_ratio={q['exchange_s'] / f['exchange_s']:.3f}"
     print(line)
     bad = [a for a, r in results.items() if not r.get("available") or not r.get("hashes_agree")]
     return 1 if bad else 0

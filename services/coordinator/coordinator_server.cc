@@ -125,7 +125,6 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
   if (!codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--codec: ", codec.status().message()));
   }
-  const bool codec_is_fp32 = codec->kind == CodecSpec::Kind::kFp32;
   absl::StatusOr<OuterOptimizer> outer = ParseOuterOptimizer(c.outer_optimizer());
   if (!outer.ok()) {
     return absl::InvalidArgumentError(
@@ -161,20 +160,10 @@ absl::Status ValidateConfig(const shoal::v1::RunConfig& c) {
     return absl::InvalidArgumentError(
         "--hierarchy=on shapes the rounds of --mode=sync; gossip has no rounds");
   }
-  if (c.hierarchy() && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
+  if (c.mode() == "gossip" && *outer != OuterOptimizer::kNone) {
     return absl::InvalidArgumentError(
-        "--hierarchy=on runs the raw fp32 exchange only: use --codec=fp32 and "
-        "--outer_optimizer=none (docs/SUPERNODES.md, \"The hierarchical round\")");
-  }
-  if (c.hierarchy() && aggregation->kind != AggregationSpec::Kind::kMean) {
-    return absl::InvalidArgumentError(
-        "--hierarchy=on averages zone means weighted by zone size; the robust rules are "
-        "unweighted: use --aggregation=mean");
-  }
-  if (c.mode() == "gossip" && (!codec_is_fp32 || *outer != OuterOptimizer::kNone)) {
-    return absl::InvalidArgumentError(
-        "--codec and --outer_optimizer shape the synchronous exchange; --mode=gossip fetches "
-        "whole fp32 models (use --codec=fp32 --outer_optimizer=none)");
+        "--outer_optimizer steps from a round's agreed base; --mode=gossip has no rounds and "
+        "no agreed base (use --outer_optimizer=none)");
   }
   if (c.max_staleness() > kMaxStalenessLimit) {
     return absl::InvalidArgumentError(

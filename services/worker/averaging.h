@@ -1,8 +1,9 @@
-// The synchronous exchange's parts for a run: the codec, the outer
-// optimizer, the store of encoded blobs it publishes, and the Averager
-// (the flat sharded exchange, wrapped by the hierarchical one with
-// --hierarchy=on). The host builds them once, from the run configuration,
-// in MakeAverager; the synchronous runner (sync_runner.h) uses them.
+// The synchronous exchange's parts for a run: the outer optimizer, what
+// travels (ExchangeParts: the model itself, or its change through the
+// run's codec) and the Averager, the one averaging pipeline for flat and
+// hierarchical plans (exchanger.h). The host builds them once, from the run
+// configuration, in MakeAverager; the synchronous runner (sync_runner.h)
+// uses them. The codec is the host's (gossip pulls travel in it too).
 //
 // Not thread-safe: the runner's thread uses it (the Averager's own threads
 // aside); peers read the EncodedStore, which is.
@@ -28,17 +29,15 @@
 namespace shoal::worker {
 
 struct Averaging {
-  // Declared in the order they are needed: the averagers point at what
-  // comes before them (and are destroyed first).
-  std::unique_ptr<Codec> codec;
+  // The run's codec (the host's; fp32 at least).
+  const Codec* codec = nullptr;
   std::unique_ptr<OuterStep> outer;
   EncodedStore* encoded_store = nullptr;
-  // The encoded exchange's parts (store null: the raw exchange).
-  EncodedExchange encoded;
+  // Set when changes travel (a codec or an outer optimizer): the outer
+  // state is then published with every committed round.
+  ExchangeParts encoded;
   AggregationSpec aggregation;
-  // The flat sharded exchange, which `averager` wraps when the run has
-  // --hierarchy=on.
-  std::unique_ptr<Averager> flat;
+  // The averaging pipeline (declared last: it points at what comes before).
   std::unique_ptr<Averager> averager;
 
   bool is_encoded() const { return encoded.store != nullptr; }
@@ -51,6 +50,8 @@ struct Averaging {
 
 // What MakeAverager builds on; all of it outlives the Averaging.
 struct AveragerDeps {
+  // The run's codec (MakeCodec).
+  const Codec* codec = nullptr;
   PeerClient* peers = nullptr;
   ModelState* state = nullptr;
   EncodedStore* encoded_store = nullptr;
@@ -63,8 +64,8 @@ struct AveragerDeps {
   ExchangeOptions exchange;
 };
 
-// The run's averaging, from its configuration (codec, outer optimizer,
-// aggregation, hierarchy). INVALID_ARGUMENT names a bad setting.
+// The run's averaging, from its configuration (outer optimizer,
+// aggregation) and codec. INVALID_ARGUMENT names a bad setting.
 absl::StatusOr<std::unique_ptr<Averaging>> MakeAverager(const shoal::v1::RunConfig& config,
                                                         const AveragerDeps& deps);
 

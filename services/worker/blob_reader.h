@@ -2,7 +2,7 @@
 // exchange, a stage's copy of the hierarchical one) piece by piece: checks
 // each piece (round, announced size, offset, CRC-32C) and resumes after a
 // failure where it stopped, retrying what `policy` allows until `deadline`.
-// The one such loop of the worker: Exchanger and HierarchicalAverager call
+// The one such loop of the worker: the blob transport (blob_transport.h) calls
 // it.
 #ifndef SHOAL_SERVICES_WORKER_BLOB_READER_H_
 #define SHOAL_SERVICES_WORKER_BLOB_READER_H_

@@ -1,38 +1,44 @@
-// One round's sharded average, bandwidth-optimal:
-//  1. reduce-scatter: the worker reads every other participant's copy of the
-//     slice it owns and adds it, chunk by chunk, into its own parameters;
-//     then divides by N;
-//  2. all-gather: it reads every other owner's averaged slice straight into
-//     its parameters.
-// The first Averager (core/averager.h); chunks are decoded through a Codec
-// (core/codec.h, fp32 today).
+// The averaging pipeline: the one Averager (core/averager.h) of the
+// synchronous modes. Given a round's plan it averages the model in place,
+// flat or hierarchical, with any codec, outer optimizer and aggregation rule:
+//  1. the plan becomes group steps (core/averaging_steps.h): one kAverage
+//     step of every participant in a flat round; in a hierarchical round
+//     (RoundPlan.hierarchy: zones and supernodes) the stages that name this
+//     worker, kAverage inside its zone, among the heads above, then
+//     kBroadcast back down;
+//  2. every kAverage step is the same reduce-scatter / all-gather
+//     (fan_out.h), with the run's Codec and aggregation rule at every
+//     level; a zone's result counts with the number of participants under
+//     it (core/aggregation.h, CombineWeighted);
+//  3. what travels: the models themselves when the run has no codec and
+//     no outer optimizer (fp32 and "none"), else the round's change (the
+//     trained model minus the agreed base), and the new model is the outer
+//     optimizer's step from the base with the averaged change
+//     (core/outer_optimizer.h). Every worker applies the same decoded bytes
+//     in the same order, so every worker ends with the same bits.
+// The transport follows from that: a flat round of fp32 models reads and
+// serves model memory itself (memory_transport.h, zero-copy, summed as it
+// arrives); every other round travels as immutable encoded blobs
+// (blob_transport.h) in the EncodedStore, so that peers never read model
+// memory while it is rewritten.
 //
-// Both phases run at once (one thread per read); an all-gather read of a
-// slice its owner has not averaged yet waits on the owner's server until
-// the average is there (PeerService), and is retried after a short backoff
-// if that wait ends UNAVAILABLE (common/retry.h: IsRetryable, backoff, the
-// exchange's deadline). Each worker moves about 2(N-1)/N of the model per
-// round. Reads resume where they stopped, so a retried read never adds
-// twice. When the exchange stops (the caller's token is cancelled, or a
-// failed reduce means our slice will never be averaged) one cancellation
-// token ends every read still running at once: nothing polls.
+// A new attempt of a hierarchical round (a participant was lost, a head
+// say) redoes only what changed: every group's result has an identity
+// (GroupIdentities), and a group this worker finished in an earlier attempt
+// of the round with the same identity and the same input bits is carried,
+// not redone: the worker publishes again what it published there (so that a
+// member that had not finished the group can still complete it), takes the
+// result and the error feedback it left, and reads nothing. When a head
+// dies, its zone's group, the groups above it and the broadcasts change
+// identity and run again; the other zones' groups are carried.
 //
-// Chunks are applied straight from the receive buffers (ChunkView::CopyTo /
-// AddTo), once checked. With a robust aggregation (trimmed mean, median:
-// ExchangeOptions::aggregation) the reduce copies each contribution into a
-// buffer of its own and the owner combines them element by element once all
-// are in (core/aggregation.h); the mean adds them in place as they arrive.
-//
-// Why peers may read our parameters while we write them (the zero-copy
-// server lends model memory to gRPC, see core/model_state.h): we write a
-// slice other than our own only in the all-gather, with its owner's
-// average, and the owner averages only after it has received our
-// contribution of that slice completely; we write our own slice (adds,
-// divide) before MarkAveraged, and nobody else reads it before that.
+// Not thread-safe: one Average at a time (it starts and joins its own read
+// threads).
 #ifndef SHOAL_SERVICES_WORKER_EXCHANGER_H_
 #define SHOAL_SERVICES_WORKER_EXCHANGER_H_
 
-#include <atomic>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +47,7 @@
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/run_options.h"
+#include "services/worker/blob_transport.h"
 #include "services/worker/core/averager.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
@@ -60,10 +67,9 @@ struct ExchangeOptions {
   absl::Duration max_backoff = absl::Milliseconds(20);
   // Time source of the deadline (the real clock when null).
   const Clock* clock = nullptr;
-  // How the owner combines the contributions of its slice: the run's
-  // RunConfig.aggregation (core/aggregation.h), set by the worker from the
-  // run config, never from its own flags. The mean sums contributions as
-  // they arrive; the robust rules keep each apart until all are in.
+  // How owners combine the contributions of their slice: the run's
+  // RunConfig aggregation (core/aggregation.h), set by the worker from the
+  // run config, never from its own flags.
   AggregationSpec aggregation;
   // Contributions pushed by participants behind NAT (SliceAssignment.
   // outbound_only): the reduce takes them from here instead of reading
@@ -73,100 +79,79 @@ struct ExchangeOptions {
 
 using ExchangeStats = AveragingStats;
 
-// The encoded exchange (docs/COMPRESSION.md): what travels is the round's
-// change (trained model - base), encoded by the run's codec with error
-// feedback; the new model is the outer optimizer's step from the base.
-// Used when the codec is not raw or an outer optimizer runs.
-//  1. the change of every slice (plus the residual error feedback kept) is
-//     encoded once and published to `store` (CONTRIBUTION);
-//  2. reduce: the owner decodes its own and every other contribution of
-//     its slice, averages in fp32, encodes the average once, publishes it
-//     (AVERAGED) and decodes it like everyone else;
-//  3. gather: every other owner's encoded average is read and decoded;
-//  4. params = outer step from `base` with the decoded averaged change.
-// Peers read blobs (Peer.ReadEncoded), never model memory, so the
-// parameters may be rewritten at the end without waiting for readers.
-struct EncodedExchange {
+// What the pipeline needs beyond the peers and the model state; every
+// pointer outlives the exchanger. With the defaults it runs flat rounds of
+// fp32 models only.
+struct ExchangeParts {
+  // The run's codec; fp32 when null.
+  const Codec* codec = nullptr;
+  // What Peer.ReadEncoded serves: needed by every round but a flat round of
+  // fp32 models.
   EncodedStore* store = nullptr;
+  // The run's outer optimizer (its kind "none" included); needed when
+  // changes travel (a lossy codec or an outer optimizer other than none).
   OuterStep* outer = nullptr;
-  // The agreed model the round started from (the snapshot buffer).
+  // The agreed model the round started from (the snapshot buffer); needed
+  // when changes travel.
   const float* base = nullptr;
 };
 
 class Exchanger final : public Averager {
  public:
-  // `codec` (the run's; fp32 when null) outlives the exchanger.
-  // `encoded` (null: the raw exchange, fp32 only) selects the encoded
-  // exchange; its parts outlive the exchanger.
   Exchanger(PeerClient* peers, ModelState* state, ExchangeOptions options,
-            const Codec* codec = nullptr, const EncodedExchange* encoded = nullptr);
+            ExchangeParts parts = {});
 
   const char* name() const override { return "sharded"; }
-  // Runs the exchange of `plan` for the participant `self_id` on `params`
-  // (and records the plan in the ModelState, as the worker does when the
-  // plan arrives). Returns ABORTED early when `cancel` is cancelled. One at
-  // a time.
+  // Runs the averaging of `plan` for the participant `self_id` on `params`
+  // (in a flat round it records the plan in the ModelState, as the worker
+  // does when the plan arrives). Returns ABORTED early when `cancel` is
+  // cancelled.
   absl::Status Average(const shoal::v1::RoundPlan& plan, const std::string& self_id, float* params,
                        CancellationToken* cancel, AveragingStats* stats) override;
 
+  // True when the round's change travels (not the model): a codec other
+  // than fp32, or an outer optimizer other than none.
+  bool changes_travel() const { return changes_; }
+
  private:
-  // Reads [begin, end) of `kind` from `address`, resuming after failures;
-  // `apply` gets each checked chunk; `stop` ends the read early.
-  absl::Status ReadWithRetry(const std::string& address, shoal::v1::SliceKind kind, uint64_t round,
-                             uint32_t attempt, uint64_t begin, uint64_t end,
-                             const std::string& self_id, absl::Time deadline,
-                             CancellationToken* stop,
-                             const std::function<absl::Status(const ChunkView&)>& apply,
-                             std::atomic<int>* retries);
+  // Every round but a flat one of fp32 models: the steps over blobs.
+  absl::Status AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
+                            float* params, CancellationToken* cancel, AveragingStats* stats);
+  // Logs the rule an owner applied when it changes (a trimmed mean falling
+  // back to the median in a small group, and back).
+  void NoteRule(uint64_t round, uint32_t stage, const GroupStep& step,
+                const AggregationSpec& applied);
 
-  // A participant behind NAT pushes its contribution of every other
-  // owner's slice to that owner (raw: its parameters; encoded: the blob it
-  // published), retrying until `deadline`.
-  absl::Status PushWithRetry(const shoal::v1::SliceAssignment& owner, uint64_t round,
-                             uint32_t attempt, const std::string& self_id, bool encoded,
-                             absl::string_view bytes, absl::Time deadline, CancellationToken* stop,
-                             std::atomic<int>* retries);
-  // The owner's side: the contribution `pusher` pushed for our slice.
-  absl::StatusOr<std::string> TakePushed(const std::string& pusher, uint64_t round,
-                                         uint32_t attempt, uint64_t begin, uint64_t end,
-                                         bool encoded, absl::Time deadline,
-                                         CancellationToken* stop);
-
-  absl::Status AverageEncoded(const shoal::v1::RoundPlan& plan, int self, float* params,
-                              CancellationToken* cancel, AveragingStats* stats);
-  // The robust rules: combines `inputs` (one per participant, plan order)
-  // into `out` (which may be one of them) under the run's aggregation.
-  absl::Status CombineOwnSlice(uint64_t round, const std::vector<const float*>& inputs,
-                               uint64_t count, float* out);
-  // Reads the whole encoding of [begin, end) of `kind` from `address`,
-  // piece by piece, resuming after failures; checks sizes and CRCs.
-  absl::StatusOr<std::string> ReadEncodedWithRetry(const std::string& address,
-                                                   shoal::v1::SliceKind kind, uint64_t round,
-                                                   uint32_t attempt, uint64_t begin, uint64_t end,
-                                                   const std::string& self_id, absl::Time deadline,
-                                                   CancellationToken* stop,
-                                                   std::atomic<int>* retries);
+  // Error feedback of every stage this worker took part in, and its value
+  // when the current round's first attempt began (a new attempt of the
+  // same round starts from it again).
+  struct Feedback {
+    uint64_t round = ~uint64_t{0};
+    std::map<uint32_t, StageFeedback> current;
+    std::map<uint32_t, StageFeedback> start;
+  };
+  // What this worker kept of a group it finished in an attempt of the
+  // current round (see the class comment).
+  struct Carried {
+    std::vector<float> input;  // kAverage: the step's input
+    std::vector<float> result;
+    std::vector<PublishedBlob> published;
+    std::vector<HeldPiece> held;
+    StageFeedback feedback;
+  };
 
   PeerClient* const peers_;
   ModelState* const state_;
   const ExchangeOptions options_;
   const Clock* const clock_;
   const Codec* const codec_;
-  const EncodedExchange encoded_;
-  const bool use_encoded_;
-  // Error feedback: what this worker's encodings left out so far, and its
-  // value when the current round's first attempt began (a new attempt of
-  // the same round starts from it again).
-  std::vector<float> residual_;
-  std::vector<float> residual_start_;
-  uint64_t residual_round_ = ~uint64_t{0};
-  // The owner's error feedback on its re-encoding of the average, over the
-  // slice it owns (zero elsewhere), with the same per-attempt restart.
-  std::vector<float> owner_residual_;
-  std::vector<float> owner_residual_start_;
-  // The rule the owner applied last (logged when it changes: a trimmed mean
-  // falling back to the median in a small round, and back).
-  std::string last_rule_;
+  const ExchangeParts parts_;
+  const bool changes_;
+  Feedback feedback_;
+  // The groups finished in the attempts of carried_round_, by identity.
+  uint64_t carried_round_ = 0;
+  std::map<std::string, Carried> carried_;
+  std::map<uint32_t, std::string> last_rule_;
 };
 
 }  // namespace shoal::worker

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/retry.h"
+#include "services/worker/blob_reader.h"
 #include "services/worker/core/transfer_checks.h"
 
 namespace shoal::worker {
@@ -98,14 +100,32 @@ GossipFetchResult GossipFetcher::Fetch(const std::string& peer_id, const std::st
     return fail(absl::DeadlineExceededError("no time left after GetPeerInfo"));
   }
   incoming_.resize(elements);
-  const shoal::v1::ReadSliceRequest req = GossipReadRequest(*info, elements, reader_id_);
   float* dst = incoming_.data();
-  absl::Status s =
-      peers_->ReadSliceCancellable(address, req, left, &token_, [&](const ChunkView& v) {
-        v.CopyTo(dst + v.begin);
-        return true;
-      });
-  if (!s.ok()) return fail(s);
+  if (codec_ != nullptr && !codec_->raw()) {
+    // Whole or nothing, like the float32 read: one attempt within the
+    // deadline, every piece checked, then decoded (nothing is written on
+    // a bad encoding).
+    RetryPolicy once;
+    once.max_attempts = 1;
+    absl::StatusOr<std::string> bytes = ReadBlobWithRetry(
+        peers_, address, GossipEncodedRequest(*info, elements, reader_id_),
+        {codec_->MaxEncodedBytes(elements), false}, once, deadline, clock_, &token_, nullptr);
+    if (!bytes.ok()) return fail(bytes.status());
+    absl::Status d = codec_->DecodeSlice(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
+        elements, dst);
+    if (!d.ok()) return fail(d);
+    r.wire_bytes = bytes->size();
+  } else {
+    const shoal::v1::ReadSliceRequest req = GossipReadRequest(*info, elements, reader_id_);
+    absl::Status s =
+        peers_->ReadSliceCancellable(address, req, left, &token_, [&](const ChunkView& v) {
+          v.CopyTo(dst + v.begin);
+          return true;
+        });
+    if (!s.ok()) return fail(s);
+    r.wire_bytes = elements * sizeof(float);
+  }
   r.publication = info->gossip_publication();
   r.peer_clock = info->gossip_clock();
   r.peer_loss = info->gossip_loss();

@@ -1,8 +1,10 @@
 // The Tx side of gossip mode (dpwa): fetches one peer's published model
 // (Peer.GetPeerInfo for its publication and state, then a GOSSIP ReadSlice
 // of the whole model through the wire module: chunks, CRC, receiver
-// checks) in the background while the worker keeps training, within one
-// deadline for both calls. The result is whole or nothing: a corrupt,
+// checks; or, with the run's codec other than fp32, the publication's
+// encoding through Peer.ReadEncoded, checked piece by piece and decoded)
+// in the background while the worker keeps training, within one deadline
+// for both calls. The result is whole or nothing: a corrupt,
 // truncated, refused or late transfer yields an error and its bytes are
 // never handed over, so nothing is half-applied.
 //
@@ -23,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/clock.h"
+#include "services/worker/core/codec.h"
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/peer_client.h"
 
@@ -45,6 +48,8 @@ struct GossipFetchResult {
   // The peer's model (status OK only); valid until the next Start().
   const float* peer_params = nullptr;
   uint64_t elements = 0;
+  // Bytes that came over the wire (the encoding's size with a codec).
+  uint64_t wire_bytes = 0;
   absl::Duration took;
   // Behind NAT (set_push_own): whether our base model was pushed to the
   // partner after the fetch, and why not.
@@ -75,6 +80,9 @@ class GossipFetcher {
   // (our published model) to the same partner (Peer.Push, gossip). Set
   // before the first Start().
   void set_push_own(bool push) { push_own_ = push; }
+  // The run's codec (outlives the fetcher; null or fp32: float32 reads).
+  // Set before the first Start().
+  void set_codec(const Codec* codec) { codec_ = codec; }
 
  private:
   GossipFetchResult Fetch(const std::string& peer_id, const std::string& address, uint64_t elements,
@@ -86,6 +94,7 @@ class GossipFetcher {
   const Clock* const clock_;
   CancellationToken token_;
   bool push_own_ = false;
+  const Codec* codec_ = nullptr;
   std::vector<float> incoming_;
   std::thread thread_;
   std::atomic<bool> running_{false};

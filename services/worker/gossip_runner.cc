@@ -20,6 +20,7 @@ GossipProtocol::Options ProtocolOptions(const RunnerParts& parts) {
   GossipProtocol::Options o;
   o.identity = parts.identity;
   o.has_store = parts.store != nullptr;
+  if (parts.codec != nullptr) o.codec_name = parts.codec->name();
   o.clock = parts.clock;
   return o;
 }
@@ -77,6 +78,8 @@ std::unique_ptr<GossipFetcher> GossipRunner::NewFetcher() const {
                                                  parts_.stop);
   // Behind NAT nobody fetches from us: each fetch pushes our model back.
   fetcher->set_push_own(parts_.outbound_only);
+  // Pulls travel in the run's codec (docs/GOSSIP.md, "Compressed pulls").
+  fetcher->set_codec(parts_.codec);
   return fetcher;
 }
 
@@ -182,7 +185,7 @@ std::optional<absl::Status> GossipRunner::ExecuteOne(GossipAction& a, GossipActi
     case GossipAction::kInterpolate:
       if (fetched_.has_value() && fetched_->base != nullptr && fetched_->peer_params != nullptr) {
         parts_.memory->Interpolate(fetched_->base->params.data(), fetched_->peer_params, a.factor);
-        M().received_bytes.Add(static_cast<double>(elements_ * sizeof(float)));
+        M().received_bytes.Add(static_cast<double>(fetched_->wire_bytes));
       }
       fetched_.reset();
       return std::nullopt;
@@ -342,6 +345,7 @@ GossipActions GossipRunner::FinalAverage(const GossipAction& a) {
   // in GossipFinal), in float64: the same bits everywhere.
   std::shared_ptr<const GossipCopy> own = latest_ != nullptr ? latest_ : parts_.board->Current();
   std::vector<double> sum(elements_, 0.0);
+  std::vector<float> own_decoded;
   uint32_t models = 0;
   absl::Status status;
   const absl::Time t0 = parts_.clock->Now();
@@ -354,6 +358,17 @@ GossipActions GossipRunner::FinalAverage(const GossipAction& a) {
         break;
       }
       p = own->params.data();
+      if (own->encoded != nullptr) {
+        // Our own final model as the others decode it: every worker adds
+        // the same floats.
+        own_decoded.resize(elements_);
+        status = parts_.codec->DecodeSlice(
+            absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(own->encoded->data()),
+                                own->encoded->size()),
+            elements_, own_decoded.data());
+        if (!status.ok()) break;
+        p = own_decoded.data();
+      }
     } else {
       // A transfer that failed on its way (a corrupt or truncated stream, a
       // peer that did not answer in time) is tried again; a refusal is not.

@@ -506,6 +506,26 @@ grpc::ServerUnaryReactor* PeerService::GetManifest(
   return reactor;
 }
 
+absl::StatusOr<Blob> PeerService::FindGossipEncoding(
+    const shoal::v1::ReadEncodedRequest& request) const {
+  const GossipBoard* board = gossip_board_.load();
+  if (board == nullptr) {
+    return absl::NotFoundError("this worker does not gossip (the run is not in gossip mode)");
+  }
+  absl::StatusOr<std::shared_ptr<const GossipCopy>> copy = board->Find(request.round());
+  if (!copy.ok()) return copy.status();
+  if ((*copy)->encoded == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker's run gossips float32 models: read them with ReadSlice");
+  }
+  if (request.begin() != 0 || request.end() != (*copy)->params.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an encoded gossip read is of the whole model [0, ", (*copy)->params.size(),
+                     "), not [", request.begin(), ", ", request.end(), ")"));
+  }
+  return (*copy)->encoded;
+}
+
 grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* ctx,
                                                    const shoal::v1::ReadEncodedRequest* request,
                                                    shoal::v1::EncodedPiece* response) {
@@ -514,12 +534,13 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
     reactor->Finish(allowed);
     return reactor;
   }
-  if (encoded_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                 "this worker's run does not use the encoded exchange"));
-    return reactor;
+  absl::StatusOr<Blob> blob =
+      absl::UnimplementedError("this worker's run does not use the encoded exchange");
+  if (request->kind() == shoal::v1::GOSSIP) {
+    blob = FindGossipEncoding(*request);
+  } else if (encoded_ != nullptr) {
+    blob = encoded_->Find(*request);
   }
-  absl::StatusOr<Blob> blob = encoded_->Find(*request);
   if (!blob.ok()) {
     SHOAL_VLOG(2) << "ReadEncoded from " << request->reader_id() << ": " << blob.status();
     reactor->Finish(ToGrpcStatus(blob.status()));

@@ -162,6 +162,10 @@ class PeerService final
   };
   absl::Mutex file_mu_;
   std::shared_ptr<const ModelFileCopy> model_file_ ABSL_GUARDED_BY(file_mu_);
+  // The encoded copy of a gossip publication a ReadEncoded of kind GOSSIP
+  // asks for (NOT_FOUND outside gossip mode, FAILED_PRECONDITION when the
+  // run gossips float32 or the publication was replaced).
+  absl::StatusOr<Blob> FindGossipEncoding(const shoal::v1::ReadEncodedRequest& request) const;
   std::atomic<const GossipBoard*> gossip_board_{nullptr};
 };
 

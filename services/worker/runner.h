@@ -98,7 +98,10 @@ struct RunnerParts {
   // The coordinator says this worker cannot accept connections (the first
   // JoinResponse).
   bool outbound_only = false;
-  // The synchronous exchange (MakeAverager).
+  // The run's codec: gossip pulls travel in it (docs/GOSSIP.md,
+  // "Compressed pulls").
+  const Codec* codec = nullptr;
+  // The synchronous exchange (MakeAverager; null in gossip mode).
   Averaging* averaging = nullptr;
   // A catch-up's progress, read by the heartbeats.
   SyncProgress* sync_progress = nullptr;

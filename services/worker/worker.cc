@@ -133,6 +133,7 @@ Worker::~Worker() {
   // before the memory they use goes.
   runner_.reset();
   averaging_.reset();
+  codec_.reset();
   memory_.reset();  // waits for (or leaks) the snapshot's lent chunks
   // The parameters belong to the trainer; gRPC may still hold slices
   // pointing into them for a moment after the shutdown.
@@ -376,7 +377,13 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   if (!trainer.ok()) return trainer.status();
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.data_split());
   if (!split.ok()) return split.status();
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(config.codec());
+  if (!codec.ok()) return codec.status();
   trainer_ = std::move(*trainer);
+  codec_ = std::move(*codec);
+  // Gossip publications are encoded in it (docs/GOSSIP.md, "Compressed
+  // pulls").
+  gossip_board_.SetCodec(codec_.get());
   if (!topts.model_file.empty()) {
     // Workers joining later read it from here rather than the coordinator.
     peer_service_->SetModelFile(std::move(topts.model_file), config.model_file_sha256());
@@ -399,11 +406,12 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
     store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config.checkpoint_store());
   }
   heartbeat_ms_ = config.heartbeat_interval_ms();
-  std::string averaging = "gossip";
+  std::string averaging = absl::StrCat("gossip, pulls ", codec_->name());
   if (IsGossipMode(config)) {
     runner_ = std::make_unique<GossipRunner>(static_cast<RunnerHost*>(this), Parts());
   } else {
     AveragerDeps deps;
+    deps.codec = codec_.get();
     deps.peers = peers_.get();
     deps.state = state_.get();
     deps.encoded_store = encoded_store_.get();
@@ -443,6 +451,7 @@ RunnerParts Worker::Parts() {
   p.push_box = push_box_.get();
   p.board = &gossip_board_;
   p.outbound_only = outbound_only_;
+  p.codec = codec_.get();
   p.averaging = averaging_.get();
   p.sync_progress = &sync_progress_;
   return p;

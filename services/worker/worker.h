@@ -50,6 +50,7 @@
 #include "services/checkpoint/checkpoint_client.h"
 #include "services/worker/averaging.h"
 #include "services/worker/coordinator_client.h"
+#include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/core/idx_reader.h"
@@ -158,6 +159,9 @@ class Worker final : private RunnerHost {
 
   std::unique_ptr<Trainer> trainer_;      // created after the first Join (needs the config)
   std::unique_ptr<ModelMemory> memory_;   // with the trainer
+  // The run's codec: how the synchronous exchange's changes and gossip
+  // pulls travel (with the trainer).
+  std::unique_ptr<Codec> codec_;
   std::unique_ptr<Averaging> averaging_;  // synchronous rounds
   SyncProgress sync_progress_;
   // The mode, from the first join on (its protocol decides).

@@ -4,7 +4,9 @@
 //    evaluations), every one of them fetches and merges peers' models, and
 //    the status reports the consensus distance;
 //  - a worker killed with -9 costs each survivor at most one failed fetch,
-//    and a late joiner starts from a peer's trained model, then gossips.
+//    and a late joiner starts from a peer's trained model, then gossips;
+//  - --codec=int8: pulls travel int8, and a finite run still ends with one
+//    final model, the same bits on every worker, and its accuracy.
 // Waits are hang guards that scale with the step times the run measures;
 // nothing asserts a speed.
 #include <signal.h>
@@ -170,6 +172,34 @@ TEST_F(GossipTest, KilledPeerCostsAtMostOneFetchAndALateJoinerStartsFromAPeer) {
     if (w.get() != victim) {
       EXPECT_EQ(w->Stop(), 0) << w->Log();
     }
+  }
+}
+
+// Compressed pulls (issue 25): each publication is encoded once, peers
+// fetch the int8 encoding and decode it; the final average adds every
+// worker's decoded final model, its own included, so the hashes agree.
+TEST_F(GossipTest, Int8PullsEndWithOneFinalModel) {
+  const std::string addr = StartCoordinator(GossipFlags(
+      {"--codec=int8", "--gossip_steps=500", "--min_participants=3", "--eval_every=10"}));
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  const v1::RunStatus s = WaitForStatus(
+      [](const v1::RunStatus& st) { return st.phase() == v1::FINISHED; }, absl::Minutes(5));
+  ASSERT_EQ(s.phase(), v1::FINISHED) << s.DebugString() << Logs();
+  EXPECT_NE(s.final_average().find("3 final models averaged by 3 workers; hashes agree"),
+            std::string::npos)
+      << s.final_average() << Logs();
+  ASSERT_EQ(s.workers_size(), 3);
+  const std::string hash = s.workers(0).model_hash();
+  EXPECT_EQ(hash.size(), 64u);
+  for (const auto& w : s.workers()) {
+    EXPECT_EQ(w.model_hash(), hash) << w.id();
+    EXPECT_GT(w.fetches_done(), 0u) << w.id();
+    EXPECT_GE(w.test_accuracy(), 0.75) << w.id() << Logs();
+    printf("gossip int8: %s final test accuracy %.4f\n", w.id().c_str(), w.test_accuracy());
+  }
+  for (auto& w : workers_) {
+    EXPECT_EQ(w->Wait(absl::Seconds(30)), 0) << w->Log();
+    EXPECT_NE(w->Log().find("pulls int8"), std::string::npos) << w->Log();
   }
 }
 

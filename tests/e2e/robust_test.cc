@@ -8,6 +8,9 @@
 //    value of every element, the run reaches 0.85 test accuracy and every
 //    worker, the poisoner included, agrees on the model hash every round;
 //  - the same with --codec=int8 (the encoded exchange's owners);
+//  - the same in hierarchical rounds (zones a and b, the poisoner in a):
+//    the rule runs inside each zone and across the zones' heads, each
+//    zone's result counting with its number of members;
 //  - the coordinator refuses a trimmed mean its rounds are too small for.
 // MLP, every worker in every round (--adaptive_deadline=false).
 #include <gtest/gtest.h>
@@ -52,19 +55,27 @@ std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
 class RobustTest : public ClusterTest {
  public:
   // Four honest shoal-workers and one shoal-poison-worker (the third to
-  // start, so that it owns a slice in the middle of the model).
-  void StartWorkersWithPoisoner(const std::string& coordinator) {
+  // start, so that it owns a slice in the middle of the model). With
+  // `zones`, workers sit in zones a, b, a, b, a (the poisoner in a).
+  void StartWorkersWithPoisoner(const std::string& coordinator, bool zones = false) {
     for (int i = 0; i < kWorkers; ++i) {
+      std::vector<std::string> zone;
+      if (zones) zone.push_back(i % 2 == 0 ? "--zone=a" : "--zone=b");
       if (i != 2) {
-        StartWorker(coordinator);
+        StartWorker(coordinator, zone);
         continue;
       }
       const int n = static_cast<int>(workers_.size()) + 1;
+      std::vector<std::string> argv = {BinDir() + "/shoal-poison-worker",
+                                       "--coordinator=" + coordinator,
+                                       "--listen=127.0.0.1:0",
+                                       "--data_dir=" + DataDir(),
+                                       "--eval_limit=2000",
+                                       absl::StrCat("--name=poisoner-", n),
+                                       "--scale=1000"};
+      argv.insert(argv.end(), zone.begin(), zone.end());
       workers_.push_back(
-          Process::Start({BinDir() + "/shoal-poison-worker", "--coordinator=" + coordinator,
-                          "--listen=127.0.0.1:0", "--data_dir=" + DataDir(), "--eval_limit=2000",
-                          absl::StrCat("--name=poisoner-", n), "--scale=1000"},
-                         absl::StrCat(dir_.path(), "/worker-", n, "-poisoner.log")));
+          Process::Start(argv, absl::StrCat(dir_.path(), "/worker-", n, "-poisoner.log")));
       poisoner_ = workers_.back().get();
     }
   }
@@ -82,7 +93,9 @@ class RobustTest : public ClusterTest {
     flags.insert(flags.end(), extra.begin(), extra.end());
     const std::string addr = StartCoordinator(flags);
     address_ = addr;
-    StartWorkersWithPoisoner(addr);
+    bool zones = false;
+    for (const std::string& f : extra) zones = zones || f == "--hierarchy=on";
+    StartWorkersWithPoisoner(addr, zones);
     const v1::RunStatus status = WaitForStatus(
         [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(8));
     EXPECT_EQ(status.phase(), v1::FINISHED) << Logs();
@@ -160,6 +173,21 @@ TEST_F(RobustTest, TrimmedMeanHoldsInTheEncodedExchange) {
   constexpr int kRounds = 10;
   const v1::RunStatus status = RunWith("trimmed_mean:1", kRounds, {"--codec=int8"});
   ASSERT_GT(status.recent_rounds_size(), 0) << Logs();
+  EXPECT_GE(LastAccuracy(status), 0.85) << Logs();
+  for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
+  ExpectHashesAgreeEveryRound(kRounds);
+}
+
+// Hierarchical rounds (docs/SECURITY.md, "Robust aggregation in zones"):
+// zone a (the poisoner and two honest workers) trims inside the zone, and
+// the heads combine the zones' results by the weighted rule (zone a counts
+// three times, zone b twice), so the poison never reaches the model.
+TEST_F(RobustTest, TrimmedMeanHoldsInHierarchicalRounds) {
+  constexpr int kRounds = 10;
+  const v1::RunStatus status = RunWith("trimmed_mean:1", kRounds, {"--hierarchy=on"});
+  ASSERT_GT(status.recent_rounds_size(), 0) << Logs();
+  EXPECT_NE(coordinator_->Log().find("hierarchical stages"), std::string::npos)
+      << coordinator_->Log();
   EXPECT_GE(LastAccuracy(status), 0.85) << Logs();
   for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
   ExpectHashesAgreeEveryRound(kRounds);

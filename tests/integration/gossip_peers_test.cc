@@ -3,7 +3,8 @@
 // the wire module. A corrupt or truncated transfer is dropped whole (the
 // result carries no model), a peer that stops answering costs one fetch
 // bounded by the gossip timeout, and a reader keeps the copy it started
-// while the peer goes on publishing.
+// while the peer goes on publishing. With a codec (int8) the pull reads the
+// publication's encoding and decodes exactly what a local decode gives.
 #include <grpc/grpc.h>
 
 #include <memory>
@@ -15,6 +16,7 @@
 #include "common/clock.h"
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
+#include "services/worker/core/codec.h"
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/core/gossip_policy.h"
 #include "services/worker/core/model_state.h"
@@ -78,6 +80,45 @@ TEST_F(GossipPeersTest, FetchesAWholePublishedCopyWithItsState) {
   EXPECT_DOUBLE_EQ(r.peer_loss, 0.37);
   ASSERT_NE(r.peer_params, nullptr);
   EXPECT_EQ(std::vector<float>(r.peer_params, r.peer_params + kElements), peer.params);
+}
+
+TEST_F(GossipPeersTest, Int8PullsReadTheEncodingAndDecodeItExactly) {
+  absl::StatusOr<std::unique_ptr<Codec>> int8 = MakeCodec("int8");
+  ASSERT_TRUE(int8.ok());
+  GossipNode peer(2.0f);
+  peer.board.SetCodec(int8->get());
+  std::shared_ptr<const GossipCopy> copy =
+      peer.board.Publish(peer.params.data(), kElements, 640, 0.25);
+  ASSERT_NE(copy->encoded, nullptr);
+  EXPECT_EQ(copy->encoded->size(), (*int8)->EncodedBytes(kElements));
+  std::vector<float> want(kElements);
+  ASSERT_TRUE(
+      (*int8)
+          ->DecodeSlice(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(copy->encoded->data()),
+                                            copy->encoded->size()),
+                        kElements, want.data())
+          .ok());
+  GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
+  fetcher.set_codec(int8->get());
+  const GossipFetchResult r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_DOUBLE_EQ(r.peer_clock, 640);
+  EXPECT_EQ(r.wire_bytes, copy->encoded->size());
+  ASSERT_NE(r.peer_params, nullptr);
+  EXPECT_EQ(std::vector<float>(r.peer_params, r.peer_params + kElements), want);
+  // Close to the float32 model: half an int8 step of each block's largest
+  // value (about 2.001 / 254).
+  for (uint64_t i = 0; i < kElements; i += 4099) {
+    EXPECT_NEAR(r.peer_params[i], peer.params[i], 2.01 / 254) << i;
+  }
+  // A float32 reader of an int8 run's peer still reads the copy raw; an
+  // encoded read of a peer that publishes no encoding is refused.
+  GossipNode plain(3.0f);
+  plain.board.Publish(plain.params.data(), kElements, 1, 0.1);
+  const GossipFetchResult refused =
+      fetcher.FetchNow("w8", plain.address(), kElements, absl::Seconds(20));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_EQ(refused.peer_params, nullptr);
 }
 
 TEST_F(GossipPeersTest, BackgroundFetchThenInterpolationKeepsLocalSteps) {

@@ -29,6 +29,7 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
 ABSL_FLAG(std::string, name, "poisoner", "Name shown in logs and status.");
 ABSL_FLAG(uint32_t, eval_limit, 0, "Evaluate on at most this many test images (0 = all).");
 ABSL_FLAG(double, scale, 1000.0, "Every contribution is the trained model times this.");
+ABSL_FLAG(std::string, zone, "", "Where the worker sits (a zone path; empty = the root).");
 ABSL_FLAG(absl::Duration, exchange_timeout, absl::Seconds(120),
           "Deadline of one round's weight exchange.");
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.name = absl::GetFlag(FLAGS_name);
+  options.zone = absl::GetFlag(FLAGS_zone);
   options.eval_limit = absl::GetFlag(FLAGS_eval_limit);
   options.exchange.timeout = absl::GetFlag(FLAGS_exchange_timeout);
   const float scale = static_cast<float>(absl::GetFlag(FLAGS_scale));

@@ -201,5 +201,95 @@ TEST(AggregationTest, ScaledPoisonIsTrimmedAwayAndWrecksTheMean) {
   EXPECT_GT(err_mean / norm, 1e4);
 }
 
+// CombineWeighted: input k stands for weights[k] equal values.
+std::vector<float> CombineW(const AggregationSpec& spec, const std::vector<std::vector<float>>& in,
+                            const std::vector<uint32_t>& weights,
+                            AggregationSpec* applied = nullptr) {
+  std::vector<const float*> inputs;
+  for (const auto& v : in) inputs.push_back(v.data());
+  std::vector<float> out(in[0].size());
+  absl::StatusOr<AggregationSpec> r =
+      CombineWeighted(spec, inputs, weights, out.size(), out.data());
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok() && applied != nullptr) *applied = *r;
+  return out;
+}
+
+// The same values repeated `weights` times, combined unweighted.
+std::vector<float> Expanded(const AggregationSpec& spec, const std::vector<std::vector<float>>& in,
+                            const std::vector<uint32_t>& weights) {
+  std::vector<std::vector<float>> copies;
+  for (size_t k = 0; k < in.size(); ++k) {
+    for (uint32_t c = 0; c < weights[k]; ++c) copies.push_back(in[k]);
+  }
+  return Combine(spec, copies);
+}
+
+TEST(AggregationWeightedTest, UnitWeightsGiveTheUnweightedBits) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0, 1);
+  std::vector<std::vector<float>> in(5, std::vector<float>(257));
+  for (auto& v : in) {
+    for (float& x : v) x = dist(rng);
+  }
+  const std::vector<uint32_t> ones(5, 1);
+  for (const AggregationSpec& spec : {kMean, Trimmed(1), Trimmed(2), kMedian}) {
+    EXPECT_EQ(CombineW(spec, in, ones), Combine(spec, in)) << AggregationName(spec);
+  }
+}
+
+TEST(AggregationWeightedTest, EachInputCountsItsWeight) {
+  std::mt19937 rng(10);
+  std::normal_distribution<float> dist(0, 1);
+  std::vector<std::vector<float>> in(3, std::vector<float>(129));
+  for (auto& v : in) {
+    for (float& x : v) x = dist(rng);
+  }
+  const std::vector<uint32_t> weights = {3, 1, 2};
+  for (const AggregationSpec& spec : {kMean, Trimmed(1), Trimmed(2), kMedian}) {
+    const std::vector<float> got = CombineW(spec, in, weights);
+    const std::vector<float> want = Expanded(spec, in, weights);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i])))
+          << AggregationName(spec) << " element " << i;
+    }
+  }
+}
+
+TEST(AggregationWeightedTest, AZoneOfThreeOutweighsALoneExtremeValue) {
+  // A zone's result (weight 3) against a lone poisoner (weight 1) under
+  // trimmed_mean:1: the poisoner's unit is trimmed, the zone's value is kept.
+  const std::vector<std::vector<float>> in = {{1.0f}, {1000.0f}, {2.0f}};
+  const std::vector<uint32_t> weights = {3, 1, 3};
+  EXPECT_EQ(CombineW(Trimmed(1), in, weights), std::vector<float>{(2 * 1.0f + 3 * 2.0f) / 5});
+  // The weighted median of {1 x3, 2 x3, 1000}: the fourth unit of seven.
+  EXPECT_EQ(CombineW(kMedian, in, weights), std::vector<float>{2.0f});
+  // The mean counts every unit.
+  EXPECT_EQ(CombineW(kMean, in, weights), std::vector<float>{(3.0f + 1000.0f + 6.0f) / 7});
+}
+
+TEST(AggregationWeightedTest, TooLittleWeightFallsBackToTheMedianOfTheUnits) {
+  const std::vector<std::vector<float>> in = {{1.0f}, {5.0f}};
+  AggregationSpec applied;
+  // trimmed_mean:2 needs 5 units; 2 + 1 = 3 is too few: the median unit.
+  EXPECT_EQ(CombineW(Trimmed(2), in, {2, 1}, &applied), std::vector<float>{1.0f});
+  EXPECT_EQ(applied.kind, AggregationSpec::Kind::kMedian);
+  // With 3 + 2 = 5 units it runs as asked: the middle unit is kept.
+  EXPECT_EQ(CombineW(Trimmed(2), in, {3, 2}, &applied), std::vector<float>{1.0f});
+  EXPECT_EQ(applied.kind, AggregationSpec::Kind::kTrimmedMean);
+}
+
+TEST(AggregationWeightedTest, RefusesZeroWeightsAndMismatchedSizes) {
+  std::vector<float> a = {1}, b = {2};
+  std::vector<const float*> inputs = {a.data(), b.data()};
+  float out = 0;
+  const std::vector<uint32_t> zero = {1, 0};
+  const std::vector<uint32_t> one = {1};
+  EXPECT_EQ(CombineWeighted(kMean, inputs, zero, 1, &out).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CombineWeighted(kMean, inputs, one, 1, &out).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace shoal::worker

@@ -1,4 +1,4 @@
-// The encoded exchange (Exchanger::AverageEncoded, docs/COMPRESSION.md) with
+// The encoded exchange (Exchanger over blobs, docs/COMPRESSION.md) with
 // in-memory workers: a fake PeerClient serves Peer.ReadEncoded from each
 // worker's EncodedStore in small pieces with CRC-32C, as PeerService does.
 // Three workers with int8 + nesterov end bit-identical and near the float64
@@ -48,7 +48,7 @@ struct Worker {
   ModelState state;
   EncodedStore store;
   std::unique_ptr<OuterStep> outer;
-  EncodedExchange parts;
+  ExchangeParts parts;
 };
 
 // May alter a piece before the reader sees it.
@@ -159,7 +159,9 @@ std::vector<absl::Status> RunAll(const std::vector<std::unique_ptr<Worker>>& wor
   std::vector<std::thread> threads;
   for (size_t k = 0; k < workers.size(); ++k) {
     threads.emplace_back([&, k] {
-      Exchanger ex(&peers, &workers[k]->state, options, &codec, &workers[k]->parts);
+      ExchangeParts parts = workers[k]->parts;
+      parts.codec = &codec;
+      Exchanger ex(&peers, &workers[k]->state, options, parts);
       AveragingStats stats;
       status[k] = ex.Average(plan, workers[k]->id, workers[k]->params.data(), nullptr, &stats);
     });

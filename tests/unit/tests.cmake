@@ -87,8 +87,13 @@ shoal_test(zone_measurements_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_measuremen
   LIBS worker_core)
 shoal_test(hierarchy_plan_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchy_plan_test.cc
   LIBS coordinator_core)
-shoal_test(hierarchical_averager_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchical_averager_test.cc
+# The averaging pipeline's hierarchical rounds (exchanger.h): fp32 models,
+# int8 + nesterov changes, a robust rule across zones, carried stages.
+shoal_test(hierarchical_exchange_test unit ${CMAKE_CURRENT_LIST_DIR}/hierarchical_exchange_test.cc
   LIBS worker_lib)
+# Which steps a plan asks of a worker (core/averaging_steps.h): pure.
+shoal_test(averaging_steps_test unit ${CMAKE_CURRENT_LIST_DIR}/averaging_steps_test.cc
+  LIBS worker_core)
 shoal_test(member_credentials_test unit ${CMAKE_CURRENT_LIST_DIR}/member_credentials_test.cc
   LIBS coordinator_core)
 # The relay's RelayDown assembly (directive bytes serialized once, grouped

@@ -62,6 +62,22 @@ absl::StatusOr<AggregationSpec> CombineContributions(const AggregationSpec& spec
                                                      absl::Span<const float* const> inputs,
                                                      size_t count, float* out);
 
+// The same with a weight per input: input k stands for weights[k] equal
+// values (a zone's result in a hierarchical round stands for the
+// participants under it). The mean is sum(w_k x_k) / sum(w_k), summed in
+// float in input order (starting from 0: with every weight 1 this is
+// exactly the unweighted mean above); the robust rules expand each value
+// into its weight's worth of copies: trimmed_mean:K drops K units of
+// weight at each end and averages the rest (in double, in totalOrder,
+// rounded once), the median is the middle unit (or the mean of the two
+// middle units), and the effective rule uses the total weight in place of
+// n. With every weight 1 the bits equal CombineContributions'. Weights are
+// positive; INVALID_ARGUMENT otherwise or when the sizes differ.
+absl::StatusOr<AggregationSpec> CombineWeighted(const AggregationSpec& spec,
+                                                absl::Span<const float* const> inputs,
+                                                absl::Span<const uint32_t> weights, size_t count,
+                                                float* out);
+
 // True for the rules that need every contribution kept apart until all are
 // in (trimmed mean, median), false for the mean, which sums as they arrive.
 inline bool NeedsAllContributions(const AggregationSpec& spec) {

@@ -32,6 +32,10 @@ std::shared_ptr<const GossipCopy> GossipBoard::Publish(const float* params, uint
   }
   buffer->params.resize(n);
   if (n > 0) std::memcpy(buffer->params.data(), params, n * sizeof(float));
+  buffer->encoded = nullptr;
+  if (codec_ != nullptr && !codec_->raw()) {
+    buffer->encoded = std::make_shared<const std::string>(codec_->EncodeSlice(params, n, 0));
+  }
   buffer->clock = clock;
   buffer->loss = loss;
   absl::MutexLock lock(&mu_);

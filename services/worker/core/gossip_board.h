@@ -9,6 +9,10 @@
 // board keeps at most kMaxCopies, and a publication that finds all of them
 // held is skipped (counted), training goes on.
 //
+// With a codec other than fp32 (the run's, SetCodec) every publication is
+// also encoded once, and peers fetch that encoding (Peer.ReadEncoded, kind
+// GOSSIP) instead of the float32 copy: docs/GOSSIP.md, "Compressed pulls".
+//
 // Thread-safe: one mutex; the copy into a buffer happens outside it (the
 // buffer is not findable while it is written).
 #ifndef SHOAL_SERVICES_WORKER_CORE_GOSSIP_BOARD_H_
@@ -20,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/worker/core/codec.h"
 
 namespace shoal::worker {
 
@@ -28,11 +33,18 @@ struct GossipCopy {
   double clock = 0;
   double loss = 0;
   std::vector<float> params;
+  // The run's codec's encoding of `params` (null with fp32).
+  std::shared_ptr<const std::string> encoded;
 };
 
 class GossipBoard {
  public:
   static constexpr size_t kMaxCopies = 4;
+
+  // The run's codec (outlives the board); null or fp32: nothing is encoded.
+  // Set before the first Publish.
+  void SetCodec(const Codec* codec) { codec_ = codec; }
+  const Codec* codec() const { return codec_; }
 
   // Publishes a copy of params[0, n) with its state. Returns the copy (the
   // caller may hold it, e.g. as the base of a fetch) or nullptr when every
@@ -49,6 +61,7 @@ class GossipBoard {
   uint64_t skipped() const;
 
  private:
+  const Codec* codec_ = nullptr;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<GossipCopy>> copies_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<GossipCopy> current_ ABSL_GUARDED_BY(mu_);

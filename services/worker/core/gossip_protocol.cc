@@ -123,7 +123,8 @@ GossipActions GossipProtocol::Start(uint64_t elements) {
   SHOAL_LOG(INFO) << "gossip mode: publish every " << g_.gossip_every
                   << " steps, fetch p=" << g_.fetch_probability << ", timeout "
                   << absl::FormatDuration(g_.timeout) << ", interpolation " << g_.interpolation_text
-                  << ", divergence threshold " << g_.divergence_threshold
+                  << ", divergence threshold " << g_.divergence_threshold << ", pulls "
+                  << options_.codec_name
                   << (g_.steps ? absl::StrCat(", ", g_.steps, " steps") : std::string());
   // The first peer list comes right after JoinRound; it may be here
   // already.

@@ -196,6 +196,8 @@ class GossipProtocol {
     // A checkpoint store is configured (this worker can be the
     // checkpointer).
     bool has_store = false;
+    // How pulls travel (the run's codec), for the log.
+    std::string codec_name = "fp32";
     const Clock* clock = nullptr;  // the real clock when null
   };
   // How long the start waits for the first peer list.

@@ -74,6 +74,18 @@ shoal::v1::ReadSliceRequest GossipReadRequest(const shoal::v1::PeerInfo& info, u
   return req;
 }
 
+shoal::v1::ReadEncodedRequest GossipEncodedRequest(const shoal::v1::PeerInfo& info,
+                                                   uint64_t elements,
+                                                   const std::string& reader_id) {
+  shoal::v1::ReadEncodedRequest req;
+  req.set_kind(shoal::v1::GOSSIP);
+  req.set_round(info.gossip_publication());
+  req.set_begin(0);
+  req.set_end(elements);
+  req.set_reader_id(reader_id);
+  return req;
+}
+
 absl::StatusOr<shoal::v1::EncodedPiece> ServeEncodedPiece(
     const std::string& blob, const shoal::v1::ReadEncodedRequest& request, size_t max_piece) {
   if (request.offset() > blob.size()) {

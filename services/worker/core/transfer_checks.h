@@ -67,6 +67,10 @@ absl::Status CheckGossipPeerInfo(const shoal::v1::PeerInfo& info, uint64_t eleme
 // chunk to [0, elements).
 shoal::v1::ReadSliceRequest GossipReadRequest(const shoal::v1::PeerInfo& info, uint64_t elements,
                                               const std::string& reader_id);
+// The same publication as an encoded blob (a run with a codec): a
+// ReadEncoded of kind GOSSIP, round = the publication, [0, elements).
+shoal::v1::ReadEncodedRequest GossipEncodedRequest(const shoal::v1::PeerInfo& info,
+                                                   uint64_t elements, const std::string& reader_id);
 
 // The serving side of the same reads. The piece of `blob` that `request`
 // asks for: at most `max_piece` bytes from request.offset(), with the
