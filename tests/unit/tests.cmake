@@ -66,6 +66,12 @@ shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.
   LIBS worker_core coordinator_core)
 shoal_test(round_engine_gossip_test unit ${CMAKE_CURRENT_LIST_DIR}/round_engine_gossip_test.cc
   LIBS coordinator_core)
+# The worker's gossip protocol (events in, actions out) and where the
+# session's messages go.
+shoal_test(gossip_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_protocol_test.cc
+  LIBS worker_core)
+shoal_test(directive_route_test unit ${CMAKE_CURRENT_LIST_DIR}/directive_route_test.cc
+  LIBS worker_core)
 shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
   LIBS coordinator_core shoal_etcd)
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
