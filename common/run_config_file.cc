@@ -46,8 +46,10 @@ class Walker {
     const google::protobuf::Descriptor* d = msg->GetDescriptor();
     std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key = it->first;
-      const YAML::Node& value = it->second;
+      // By value: the iterator's pair is a temporary proxy, references to
+      // its members dangle after this statement.
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
       if (!key.IsScalar()) return Error(key, "a key must be a plain name");
       const std::string& name = key.Scalar();
       const std::string full = path.empty() ? name : absl::StrCat(path, ".", name);

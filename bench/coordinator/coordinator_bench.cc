@@ -601,11 +601,10 @@ class SimRelay : public grpc::ClientBidiReactor<shoal::v1::RelayUp, shoal::v1::R
       // Numbered, as a real member's is: the coordinator keeps the
       // session's directives for a resume (its cost is measured too).
       s->mutable_message()->mutable_hello()->set_session(i + 1);
-      auto* c = up.add_calls();
-      c->set_call_id(next_call_++);
-      c->set_worker_id(members_[i]);
-      c->mutable_join_round()->set_worker_id(members_[i]);
-      c->mutable_join_round()->set_round(next_rounds[i]);
+      shoal::v1::JoinRoundRequest q;
+      q.set_worker_id(members_[i]);
+      q.set_round(next_rounds[i]);
+      AddCall(&up, members_[i], "JoinRound", q);
     }
     Send(std::move(up));
   }
@@ -665,11 +664,14 @@ class SimRelay : public grpc::ClientBidiReactor<shoal::v1::RelayUp, shoal::v1::R
     return run_->per_round[round - 1].get();
   }
 
-  shoal::v1::RelayedCall* NewCall(shoal::v1::RelayUp* up, const std::string& id) {
+  // A relayed call: the method's name and the request's bytes.
+  void AddCall(shoal::v1::RelayUp* up, const std::string& id, const char* method,
+               const google::protobuf::Message& request) {
     auto* c = up->add_calls();
     c->set_call_id(next_call_++);
     c->set_worker_id(id);
-    return c;
+    c->set_method(method);
+    request.SerializeToString(c->mutable_request());
   }
 
   // What the members do on what came down (SimWorker::On for many ids).
@@ -686,30 +688,33 @@ class SimRelay : public grpc::ClientBidiReactor<shoal::v1::RelayUp, shoal::v1::R
           rs->first_start.compare_exchange_strong(zero, now);
         }
         for (const std::string& id : d.worker_ids()) {
-          auto* q = NewCall(&up, id)->mutable_report_ready();
-          q->set_worker_id(id);
-          q->set_round(r);
-          q->set_train_loss(0.5);
-          q->set_total_elements(kTotalElements);
+          shoal::v1::ReportReadyRequest q;
+          q.set_worker_id(id);
+          q.set_round(r);
+          q.set_train_loss(0.5);
+          q.set_total_elements(kTotalElements);
+          AddCall(&up, id, "ReportReady", q);
         }
         if (rs != nullptr) AtomicMax(&rs->last_ready_sent, NowNs());
       } else if (m.has_round_plan()) {
         RoundStats* rs = Stats(m.round_plan().round());
         if (rs != nullptr) AtomicMax(&rs->last_plan, now);
         for (const std::string& id : d.worker_ids()) {
-          auto* q = NewCall(&up, id)->mutable_connections_ready();
-          q->set_worker_id(id);
-          q->set_round(m.round_plan().round());
-          q->set_attempt(m.round_plan().attempt());
+          shoal::v1::ConnectionsReadyRequest q;
+          q.set_worker_id(id);
+          q.set_round(m.round_plan().round());
+          q.set_attempt(m.round_plan().attempt());
+          AddCall(&up, id, "ConnectionsReady", q);
         }
       } else if (m.has_start_sharing()) {
         for (const std::string& id : d.worker_ids()) {
-          auto* q = NewCall(&up, id)->mutable_report_round_done();
-          q->set_worker_id(id);
-          q->set_round(m.start_sharing().round());
-          q->set_model_hash(kHash);
-          q->set_exchange_seconds(0.01);
-          q->set_train_seconds(0.1);
+          shoal::v1::ReportRoundDoneRequest q;
+          q.set_worker_id(id);
+          q.set_round(m.start_sharing().round());
+          q.set_model_hash(kHash);
+          q.set_exchange_seconds(0.01);
+          q.set_train_seconds(0.1);
+          AddCall(&up, id, "ReportRoundDone", q);
         }
       } else if (m.has_round_complete()) {
         const uint64_t r = m.round_complete().round();

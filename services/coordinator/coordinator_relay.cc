@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/coordinator_methods.h"
 #include "common/logging.h"
+#include "common/raw_service.h"
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "services/coordinator/coordinator_service.h"
@@ -96,8 +98,7 @@ void RelayReactor::Broken(const std::string& reason) {
   service_->RemoveRelay(this);
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CoordinatorService::Relay(
-    grpc::CallbackServerContext* ctx) {
+CoordinatorService::BidiReactor* CoordinatorService::OpenRelay(grpc::CallbackServerContext* ctx) {
   return new RelayReactor(this, ctx);
 }
 
@@ -223,9 +224,8 @@ std::vector<grpc::ByteBuffer> CoordinatorService::ResumeLocked(const std::string
   const uint64_t sent = log.base + log.entries.size();
   if (received < log.base) {
     SHOAL_LOG(WARNING) << worker_id << " took " << received << " directives of its relayed "
-                       << "session; the first " << log.base - received
-                       << " it missed are past the " << kMaxRelayedLog
-                       << " kept and are not sent again";
+                       << "session; the first " << log.base - received << " it missed are past the "
+                       << kMaxRelayedLog << " kept and are not sent again";
   }
   for (uint64_t i = std::max(received, log.base); i < sent; ++i) {
     const LoggedDirective& entry = log.entries[i - log.base];
@@ -311,9 +311,18 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
     out.insert(out.end(), std::make_move_iterator(left.begin()),
                std::make_move_iterator(left.end()));
   }
-  // The whole batch's directives at once: one RelayDown per relay.
-  Deliver(out);
-  if (!down.empty()) relay->Enqueue(down.Build());
+  // The whole batch's directives at once (one RelayDown per relay), then
+  // the results: a call's directives reach the relay before its result.
+  if (down.empty()) {
+    Deliver(out);
+    return;
+  }
+  Deliver(out, [this, relay, results = down.Build()] {
+    // Perhaps later, on the record's writer thread: only to a relay still
+    // open (a relay is forgotten under mu_ before its reactor goes).
+    absl::MutexLock lock(&mu_);
+    if (relays_.contains(relay)) relay->Enqueue(results);
+  });
 }
 
 RelayedCallResult CoordinatorService::HandleRelayedCall(RelayReactor* relay,
@@ -328,47 +337,31 @@ RelayedCallResult CoordinatorService::HandleRelayedCall(RelayReactor* relay,
               &result);
     return result;
   }
-  // The same work as the direct RPC, after checking that the request is the
-  // member's own.
-  auto run = [&](const auto& request, auto* response, auto work) {
-    absl::Status s = request.worker_id() == id
-                         ? (this->*work)(request, response, out)
-                         : absl::InvalidArgumentError(
-                               absl::StrCat("the request's worker_id '", request.worker_id(),
-                                            "' is not the relayed call's '", id, "'"));
-    if (!s.ok()) result.clear_response();
-    SetStatus(s, &result);
-  };
-  switch (call.request_case()) {
-    case RelayedCall::kJoinRound:
-      run(call.join_round(), result.mutable_join_round(), &CoordinatorService::DoJoinRound);
-      break;
-    case RelayedCall::kReportReady:
-      run(call.report_ready(), result.mutable_report_ready(), &CoordinatorService::DoReportReady);
-      break;
-    case RelayedCall::kConnectionsReady:
-      run(call.connections_ready(), result.mutable_connections_ready(),
-          &CoordinatorService::DoConnectionsReady);
-      break;
-    case RelayedCall::kReportRoundDone:
-      run(call.report_round_done(), result.mutable_report_round_done(),
-          &CoordinatorService::DoReportRoundDone);
-      break;
-    case RelayedCall::kReportCheckpoint:
-      run(call.report_checkpoint(), result.mutable_report_checkpoint(),
-          &CoordinatorService::DoReportCheckpoint);
-      break;
-    case RelayedCall::kLeave: {
-      run(call.leave(), result.mutable_leave(), &CoordinatorService::DoLeave);
-      // The member left: its route goes (Tick would drop it at the next
-      // departure anyway).
-      if (result.code() == 0) DropRelayed(relay, id);
-      break;
-    }
-    case RelayedCall::REQUEST_NOT_SET:
-      SetStatus(absl::InvalidArgumentError("a RelayedCall carries no request"), &result);
-      break;
+  if (call.method().empty()) {
+    SetStatus(absl::InvalidArgumentError("a RelayedCall names no method"), &result);
+    return result;
   }
+  const google::protobuf::MethodDescriptor* method =
+      CoordinatorDescriptor().FindMethodByName(call.method());
+  if (method == nullptr || !IsRelayed(*method)) {
+    SetStatus(absl::UnimplementedError(
+                  absl::StrCat("the relay carries the calls of relayed methods only; ",
+                               method == nullptr ? "there is no Coordinator method " : "",
+                               call.method(), method == nullptr ? "" : " is made directly")),
+              &result);
+    return result;
+  }
+  // The same work as the direct RPC (the table's entry; CheckMethods made
+  // sure a relayed method has a unary one), after checking that the
+  // request is the member's own.
+  grpc::ByteBuffer response;
+  absl::Status s = Methods()[method->index()].unary(this, StringToByteBuffer(call.request()), id,
+                                                    &response, out);
+  SetStatus(s, &result);
+  if (s.ok()) result.set_response(ByteBufferToString(response));
+  // The member left (Leave): its route goes (Tick would drop it at the
+  // next departure anyway).
+  if (s.ok() && !engine_->IsActive(id)) DropRelayed(relay, id);
   return result;
 }
 

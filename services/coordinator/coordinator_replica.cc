@@ -7,10 +7,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "services/coordinator/coordinator_endpoint.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/coordinator/core/run_settings.h"
-#include "services/coordinator/replica_front.h"
-#include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {
 
@@ -29,17 +28,9 @@ absl::Status CoordinatorServer::StartReplica(CoordinatorOptions options) {
   absl::StatusOr<std::unique_ptr<EtcdClient>> etcd = MakeGrpcEtcdClient(eopts);
   if (!etcd.ok()) return etcd.status();
   etcd_ = std::move(*etcd);
-  front_ = std::make_unique<ReplicaFront>([this] { return StandbyStatus(); },
-                                          [this] { return LeaderHint(); });
-  grpc::Service* registered = front_.get();
-  if (!options.gate.open() || options.max_joins_per_minute > 0) {
-    if (options.max_joins_per_minute > 0) {
-      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
-    }
-    gated_ = std::make_unique<GatedCoordinator>(front_.get(), options.gate, join_limiter_.get());
-    registered = gated_.get();
-  }
-  auto grpc_server = GrpcServer::Start(options.listen, {registered});
+  // A standby until elected: no active service.
+  endpoint_ = MakeEndpoint(options, /*replica=*/true);
+  auto grpc_server = GrpcServer::Start(options.listen, {endpoint_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, false);
@@ -195,7 +186,8 @@ void CoordinatorServer::Promote() {
   // Nothing starts before the record is written under this term.
   (void)engine->HoldRounds(true);
   owned_services_.push_back(std::make_unique<CoordinatorService>(
-      engine, clock_, [this, engine] { (void)PersistToEtcd(engine); }));
+      engine, clock_, SinkFor(engine, [this, engine] { (void)PersistToEtcd(engine); }),
+      prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   // A TorchScript run: this replica serves the file it was started with;
   // workers check every byte against the run's digest.
@@ -208,6 +200,7 @@ void CoordinatorServer::Promote() {
   {
     absl::MutexLock lock(&persist_mu_);
     persisted_version_ = 0;
+    tried_version_ = 0;
   }
   {
     absl::MutexLock lock(&active_mu_);
@@ -222,7 +215,7 @@ void CoordinatorServer::Promote() {
     return replica_->CanStartRounds();
   }();
   (void)engine->HoldRounds(!can);  // no member yet: nothing to deliver
-  front_->SetActive(service);
+  endpoint_->SetActive(service);
   {
     absl::MutexLock lock(&view_mu_);
     leader_hint_ = options_.advertise;
@@ -231,7 +224,7 @@ void CoordinatorServer::Promote() {
 }
 
 void CoordinatorServer::Demote() {
-  front_->SetActive(nullptr);
+  endpoint_->SetActive(nullptr);
   server_->SetServing(kCoordinatorHealthName, false);
   CoordinatorService* service;
   {
@@ -252,7 +245,10 @@ bool CoordinatorServer::PersistToEtcd(RoundEngine* engine) {
   absl::MutexLock plock(&persist_mu_);
   // The version first: the record read after it is at least as new.
   const uint64_t version = engine->record_version();
-  if (version == persisted_version_) return true;
+  if (version == persisted_version_) {
+    tried_version_ = version;
+    return true;
+  }
   const shoal::v1::RunRecord record = engine->Record();
   absl::Status s;
   {
@@ -262,6 +258,9 @@ bool CoordinatorServer::PersistToEtcd(RoundEngine* engine) {
     if (absl::IsFailedPrecondition(s)) deposed_ = true;
     NoteRecordWrite(s);
   }
+  // Tried: what waited for this write goes out (a failed one is tried
+  // again at the next change, by the replica loop and before a round).
+  tried_version_ = version;
   if (!s.ok()) return false;
   persisted_version_ = version;
   return true;

@@ -8,9 +8,8 @@
 #include "common/run_config.h"
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
+#include "services/coordinator/coordinator_endpoint.h"
 #include "services/coordinator/core/run_settings.h"
-#include "services/coordinator/replica_front.h"
-#include "services/coordinator/token_gate.h"
 
 namespace shoal::coordinator {
 namespace {
@@ -134,9 +133,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   RecordRunSettings(options.engine, &options.engine.config);
   NormalizeRunConfig(&options.engine.config);
   if (absl::Status s = ValidateRunConfig(options.engine.config); !s.ok()) return s;
+  // Every method of the proto has its entry in the service's table.
+  if (absl::Status s = CoordinatorService::CheckMethods(); !s.ok()) return s;
 
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->clock_ = clock;
+  server->writer_ = std::make_unique<RecordWriter>();
+  server->before_record_write_ = options.before_record_write;
+  if (options.engine.join_probe_timeout > absl::ZeroDuration()) {
+    absl::StatusOr<std::unique_ptr<TcpProber>> prober = TcpProber::Start(clock);
+    if (!prober.ok()) return prober.status();
+    server->prober_ = std::move(*prober);
+  }
   if (!options.etcd.empty()) {
     if (!options.state_dir.empty()) {
       return absl::InvalidArgumentError(
@@ -237,8 +245,8 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
   }
   owned_engines_.push_back(std::make_unique<RoundEngine>(options.engine, clock_));
   RoundEngine* engine = owned_engines_.back().get();
-  owned_services_.push_back(
-      std::make_unique<CoordinatorService>(engine, clock_, [this] { Persist(); }));
+  owned_services_.push_back(std::make_unique<CoordinatorService>(
+      engine, clock_, SinkFor(engine, [this] { Persist(); }), prober_.get()));
   CoordinatorService* service = owned_services_.back().get();
   service->SetModelFile(options.model_file, options.engine.config.model().file_sha256());
   service->set_relay_limits(options.relay);
@@ -248,19 +256,44 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
     service_ = service;
   }
   Persist();
-  grpc::Service* registered = service;
-  if (!options.gate.open() || options.max_joins_per_minute > 0) {
-    if (options.max_joins_per_minute > 0) {
-      join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
-    }
-    gated_ = std::make_unique<GatedCoordinator>(service, options.gate, join_limiter_.get());
-    registered = gated_.get();
-  }
-  auto grpc_server = GrpcServer::Start(options.listen, {registered});
+  endpoint_ = MakeEndpoint(options, /*replica=*/false);
+  endpoint_->SetActive(service);
+  auto grpc_server = GrpcServer::Start(options.listen, {endpoint_.get()});
   if (!grpc_server.ok()) return grpc_server.status();
   server_ = std::move(*grpc_server);
   server_->SetServing(kCoordinatorHealthName, true);
   return absl::OkStatus();
+}
+
+std::unique_ptr<CoordinatorEndpoint> CoordinatorServer::MakeEndpoint(
+    const CoordinatorOptions& options, bool replica) {
+  if (options.max_joins_per_minute > 0) {
+    join_limiter_ = std::make_unique<JoinLimiter>(options.max_joins_per_minute, clock_);
+  }
+  CoordinatorEndpoint::Standby standby;
+  if (replica) {
+    standby.status = [this] { return StandbyStatus(); };
+    standby.leader = [this] { return LeaderHint(); };
+  }
+  return std::make_unique<CoordinatorEndpoint>(Admission(options.gate, join_limiter_.get()),
+                                               std::move(standby));
+}
+
+RecordSink CoordinatorServer::SinkFor(RoundEngine* engine, std::function<void()> write) {
+  RecordSink sink;
+  sink.writer = writer_.get();
+  sink.current = [this, engine] { return RecordTried(engine); };
+  sink.write = [this, write = std::move(write)] {
+    if (before_record_write_) before_record_write_();
+    write();
+  };
+  return sink;
+}
+
+bool CoordinatorServer::RecordTried(RoundEngine* engine) {
+  if (records_ != nullptr && !records_->enabled()) return true;
+  if (engine != active_engine()) return true;  // a retired term
+  return engine->record_version() == tried_version_.load();
 }
 
 void CoordinatorServer::Persist() {
@@ -268,8 +301,14 @@ void CoordinatorServer::Persist() {
   RoundEngine* engine = active_engine();
   absl::MutexLock lock(&persist_mu_);
   const uint64_t version = engine->record_version();
-  if (version == persisted_version_) return;
+  if (version == persisted_version_) {
+    tried_version_ = version;
+    return;
+  }
   absl::Status s = records_->Save(engine->Record());
+  // Tried: what waited for this write goes out (a failed one is logged and
+  // tried again at the next change).
+  tried_version_ = version;
   if (!s.ok()) {
     SHOAL_LOG(ERROR) << "cannot persist the run record: " << s;
     return;
@@ -310,6 +349,10 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   }
   // Start() may have failed before everything existed.
   if (CoordinatorService* service = active_service()) service->CloseAllSessions();
+  // Joins still probing finish now (UNAVAILABLE), then calls waiting for
+  // the record's write: the server's shutdown waits for every call.
+  if (prober_) prober_->Shutdown();
+  if (writer_) writer_->Stop();
   // The page's handlers read the engines: stop it before anything goes.
   http_.reset();
   if (server_) server_->Shutdown(grace);

@@ -3,6 +3,8 @@
 #ifndef SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 #define SHOAL_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "common/etcd_client.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
+#include "common/tcp_prober.h"
 #include "services/coordinator/coordinator_service.h"
 #include "services/coordinator/core/replica.h"
 #include "services/coordinator/core/round_engine.h"
@@ -55,14 +58,17 @@ struct CoordinatorOptions {
   // Limits of each supernode's Relay stream (--relay_max_members,
   // --relay_max_batch).
   RelayLimits relay;
+  // Tests only: runs on the record's writer thread before each write of the
+  // run record (a test holds it there to see that no call waits on it but
+  // the ones whose answer needs the write).
+  std::function<void()> before_record_write;
 };
 
 // The named health service that reports SERVING only on a leader (always on
 // a single coordinator).
 inline constexpr char kCoordinatorHealthName[] = "shoal.v1.Coordinator";
 
-class ReplicaFront;
-class GatedCoordinator;
+class CoordinatorEndpoint;
 class JoinLimiter;
 
 // The newest undamaged checkpoint of `run_id` in the store at `store` as a
@@ -78,6 +84,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return server_->port(); }
+  // Joiners' addresses being probed now (tests).
+  int probes_in_flight() const { return prober_ ? prober_->in_flight() : 0; }
   const std::string& address() const { return server_->address(); }
   // The engine of the run (single coordinator, or a replica that leads).
   RoundEngine& engine() { return *active_engine(); }
@@ -102,7 +110,15 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   // Writes the run record when it changed since the last write.
   void Persist();
+  // Whether `engine`'s record as it stands was written or tried (a retired
+  // engine's never waits).
+  bool RecordTried(RoundEngine* engine);
+  // The record sink of a term's service: writes on writer_.
+  RecordSink SinkFor(RoundEngine* engine, std::function<void()> write);
   absl::Status StartSingle(CoordinatorOptions options);
+  // The registered service, with the admission of `options`.
+  std::unique_ptr<CoordinatorEndpoint> MakeEndpoint(const CoordinatorOptions& options,
+                                                    bool replica);
   CoordinatorService* active_service() {
     absl::MutexLock lock(&active_mu_);
     return service_;
@@ -124,6 +140,15 @@ class CoordinatorServer {
   std::unique_ptr<RunRecordStore> records_;
   absl::Mutex persist_mu_;
   uint64_t persisted_version_ ABSL_GUARDED_BY(persist_mu_) = 0;
+  // The last version a write was tried for (it may have failed: logged,
+  // tried again at the next change; what waited goes out anyway). Written
+  // under persist_mu_, read without it: persist_mu_ is held during a write,
+  // and the gRPC threads that ask must not wait for one.
+  std::atomic<uint64_t> tried_version_{0};
+  // The thread the record is written on (no gRPC thread waits on a write);
+  // stopped after the prober, before the gRPC server.
+  std::unique_ptr<RecordWriter> writer_;
+  std::function<void()> before_record_write_;  // CoordinatorOptions::before_record_write
   // The active engine and service (a standby replica has none). Engines and
   // services that were active once are kept in owned_* until the server is
   // destroyed, so that pointers handed out stay valid.
@@ -141,10 +166,13 @@ class CoordinatorServer {
   bool deposed_ ABSL_GUARDED_BY(replica_mu_) = false;
   bool record_write_ok_ ABSL_GUARDED_BY(replica_mu_) = true;
   void NoteRecordWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(replica_mu_);
-  std::unique_ptr<ReplicaFront> front_;
-  // Registered in front of the service when a token is set (token_gate.h).
-  std::unique_ptr<GatedCoordinator> gated_;
+  // The registered service: admission, the slot of the active service
+  // (endpoint_->SetActive), the standby's answers (coordinator_endpoint.h).
+  std::unique_ptr<CoordinatorEndpoint> endpoint_;
   std::unique_ptr<JoinLimiter> join_limiter_;
+  // Probes joiners' Peer addresses for every term's service (null when
+  // --probe_joiners_timeout is 0); shut down before the gRPC server.
+  std::unique_ptr<TcpProber> prober_;
   absl::Mutex view_mu_;
   shoal::v1::RunStatus standby_view_ ABSL_GUARDED_BY(view_mu_);
   std::string leader_hint_ ABSL_GUARDED_BY(view_mu_);

@@ -1,16 +1,20 @@
 #include "services/coordinator/coordinator_service.h"
 
 #include <deque>
+#include <map>
 #include <set>
+#include <type_traits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/coordinator_methods.h"
 #include "common/logging.h"
 #include "common/model_file.h"
+#include "common/queued_stream.h"
+#include "common/raw_service.h"
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
-#include "common/tcp_probe.h"
-#include "common/queued_stream.h"
 #include "services/coordinator/relay_reactor.h"
 #include "services/coordinator/stream_wire.h"
 
@@ -170,8 +174,48 @@ bool CoordinatorService::Unregister(const std::string& worker_id, SessionReactor
   return true;
 }
 
-void CoordinatorService::Deliver(const Directives& directives) {
-  if (on_change_) on_change_();
+void CoordinatorService::Deliver(const Directives& directives, std::function<void()> then) {
+  if (record_.writer == nullptr) {
+    // No writer thread (tests): the record is written here, as before.
+    if (record_.write) record_.write();
+    Send(directives);
+    if (then) then();
+    return;
+  }
+  {
+    absl::MutexLock lock(&order_mu_);
+    if (!waiting_.empty() || (record_.current && !record_.current())) {
+      // The record that produced these directives is not written yet (or
+      // directives queued before wait for it): they and the answer wait on
+      // the writer's thread.
+      waiting_.push_back({directives, std::move(then)});
+      if (waiting_.size() == 1) record_.writer->Post([this] { SendWaiting(); });
+      return;
+    }
+    // Under order_mu_: nothing queued after this overtakes it.
+    Send(directives);
+  }
+  if (then) then();
+}
+
+void CoordinatorService::SendWaiting() {
+  std::deque<Waiting> batch;
+  for (;;) {
+    if (record_.write) record_.write();
+    absl::MutexLock lock(&order_mu_);
+    // Changed again while it was written: directives queued meanwhile may
+    // come from that change, so the write comes first again.
+    if (record_.current && !record_.current()) continue;
+    batch.swap(waiting_);
+    for (const Waiting& w : batch) Send(w.directives);
+    break;
+  }
+  for (Waiting& w : batch) {
+    if (w.then) w.then();
+  }
+}
+
+void CoordinatorService::Send(const Directives& directives) {
   if (directives.empty()) return;
   // Each distinct message once, before taking the lock: a broadcast's
   // recipients share one message object, and now its bytes as well.
@@ -212,7 +256,12 @@ void CoordinatorService::Deliver(const Directives& directives) {
 }
 
 void CoordinatorService::Tick() {
-  Deliver(engine_->Tick());
+  // The sessions of departed members close after the tick's directives went
+  // out (a stream closes after what was queued on it).
+  Deliver(engine_->Tick(), [this] { CloseDeparted(); });
+}
+
+void CoordinatorService::CloseDeparted() {
   // Close the sessions of workers the engine no longer knows (evicted).
   // Only after a departure: otherwise every tick took the engine lock once
   // per session (1,000 times every 250 ms at 1,000 workers) to find none.
@@ -289,28 +338,219 @@ void CoordinatorService::CloseAllSessions() {
   relayed_.clear();
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CoordinatorService::Session(
-    grpc::CallbackServerContext* ctx) {
+// ---------------------------------------------------------------- the table
+
+namespace {
+
+// The request and response types of a unary work function.
+template <typename T>
+struct WorkOf;
+template <typename Req, typename Resp>
+struct WorkOf<absl::Status (CoordinatorService::*)(const Req&, Resp*, Directives*)> {
+  using Request = Req;
+  using Response = Resp;
+};
+
+}  // namespace
+
+template <auto Work>
+absl::Status CoordinatorService::RunUnary(CoordinatorService* service,
+                                          const grpc::ByteBuffer& bytes, const std::string& member,
+                                          grpc::ByteBuffer* response, Directives* out) {
+  using Request = typename WorkOf<decltype(Work)>::Request;
+  using Response = typename WorkOf<decltype(Work)>::Response;
+  Request request;
+  grpc::ByteBuffer copy(bytes);  // parsing consumes it; copies share the slices
+  if (!ParseMessage(&copy, &request)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot parse the request as ", Request::descriptor()->full_name()));
+  }
+  // A relayed call: the relay speaks for `member` only.
+  if (!member.empty() && RequestMember(request) != member) {
+    return absl::InvalidArgumentError(absl::StrCat("the request's worker_id '",
+                                                   RequestMember(request),
+                                                   "' is not the relayed call's '", member, "'"));
+  }
+  if constexpr (std::is_same_v<Response, grpc::ByteBuffer>) {
+    return (service->*Work)(request, response, out);
+  } else {
+    Response typed;
+    absl::Status s = (service->*Work)(request, &typed, out);
+    if (s.ok()) *response = SerializeMessage(typed);
+    return s;
+  }
+}
+
+const std::map<std::string, CoordinatorService::Method>& CoordinatorService::MethodsByName() {
+  static const std::map<std::string, Method>* const by_name = [] {
+    // Adding an RPC: the proto, an entry here and its work below.
+    auto unary = [](Method::Unary work, bool read_only = false) {
+      Method m;
+      m.unary = work;
+      m.read_only = read_only;
+      return m;
+    };
+    auto stream = [](Method::Stream open) {
+      Method m;
+      m.stream = open;
+      return m;
+    };
+    Method join;
+    join.async = &CoordinatorService::StartJoin;
+    join.counts_as_join = true;
+    Method status = unary(&RunUnary<&CoordinatorService::DoGetRunStatus>, /*read_only=*/true);
+    status.standby_answers = true;
+    return new std::map<std::string, Method>{
+        {"Join", join},
+        {"Session", stream(&CoordinatorService::OpenSession)},
+        {"JoinRound", unary(&RunUnary<&CoordinatorService::DoJoinRound>)},
+        {"ReportReady", unary(&RunUnary<&CoordinatorService::DoReportReady>)},
+        {"ReportRoundDone", unary(&RunUnary<&CoordinatorService::DoReportRoundDone>)},
+        {"ConnectionsReady", unary(&RunUnary<&CoordinatorService::DoConnectionsReady>)},
+        {"ReportCheckpoint", unary(&RunUnary<&CoordinatorService::DoReportCheckpoint>)},
+        {"Leave", unary(&RunUnary<&CoordinatorService::DoLeave>)},
+        {"Relay", stream(&CoordinatorService::OpenRelay)},
+        {"GetRunStatus", status},
+        {"GetModelFile", unary(&RunUnary<&CoordinatorService::DoGetModelFile>, /*read_only=*/true)},
+    };
+  }();
+  return *by_name;
+}
+
+const std::vector<CoordinatorService::Method>& CoordinatorService::Methods() {
+  static const std::vector<Method>* const table = [] {
+    const google::protobuf::ServiceDescriptor& service = CoordinatorDescriptor();
+    // A method without an entry stays empty (UNIMPLEMENTED; CheckMethods
+    // refuses to start with one).
+    auto* table = new std::vector<Method>(service.method_count());
+    for (int i = 0; i < service.method_count(); ++i) {
+      auto it = MethodsByName().find(service.method(i)->name());
+      if (it != MethodsByName().end()) (*table)[i] = it->second;
+    }
+    return table;
+  }();
+  return *table;
+}
+
+absl::Status CoordinatorService::CheckMethods() {
+  const google::protobuf::ServiceDescriptor& service = CoordinatorDescriptor();
+  RETURN_IF_ERROR(CheckRelayedMethods(service));
+  for (const auto& [name, method] : MethodsByName()) {
+    if (service.FindMethodByName(name) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("CoordinatorService's method table serves ",
+                                                        name, ", which ", service.full_name(),
+                                                        " does not have"));
+    }
+  }
+  for (int i = 0; i < service.method_count(); ++i) {
+    const MethodDescriptor& method = *service.method(i);
+    const Method& m = Methods()[i];
+    const bool bidi = method.client_streaming() && method.server_streaming();
+    const bool unary = !method.client_streaming() && !method.server_streaming();
+    if ((unary && m.unary == nullptr && m.async == nullptr) || (bidi && m.stream == nullptr) ||
+        (!unary && !bidi)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          method.full_name(), " has no entry of its kind in CoordinatorService's method table"));
+    }
+    if (IsRelayed(method) && m.unary == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(method.full_name(),
+                       " is relayed but not served by a unary work function (a relayed call "
+                       "is answered within its batch)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool CoordinatorService::CountsAsJoin(const MethodDescriptor& method) {
+  return Methods()[method.index()].counts_as_join;
+}
+
+bool CoordinatorService::StandbyAnswers(const MethodDescriptor& method) {
+  return Methods()[method.index()].standby_answers;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Call(const MethodDescriptor& method,
+                                                   grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  const Method& m = Methods()[method.index()];
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (m.async != nullptr) {
+    (this->*m.async)(*request, response, reactor);
+    return reactor;
+  }
+  if (m.unary == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 absl::StrCat(method.full_name(), " is not served")));
+    return reactor;
+  }
+  // The work, then its directives out, then the answer (both after the
+  // record's write when the work changed it).
+  Directives out;
+  const absl::Status s = m.unary(this, *request, /*member=*/"", response, &out);
+  if (m.read_only) {
+    reactor->Finish(ToGrpcStatus(s));
+  } else {
+    Deliver(out, [reactor, s] { reactor->Finish(ToGrpcStatus(s)); });
+  }
+  return reactor;
+}
+
+CoordinatorService::BidiReactor* CoordinatorService::Open(const MethodDescriptor& method,
+                                                          grpc::CallbackServerContext* ctx) {
+  const Method& m = Methods()[method.index()];
+  if (m.stream == nullptr) {
+    return new FinishedStream(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                           absl::StrCat(method.full_name(), " is not served")));
+  }
+  return (this->*m.stream)(ctx);
+}
+
+// ---------------------------------------------------------------- the methods
+
+CoordinatorService::BidiReactor* CoordinatorService::OpenSession(grpc::CallbackServerContext* ctx) {
   return new SessionReactor(this, ctx);
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx,
-                                                   const shoal::v1::JoinRequest* request,
-                                                   shoal::v1::JoinResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+void CoordinatorService::StartJoin(const grpc::ByteBuffer& bytes, grpc::ByteBuffer* response,
+                                   grpc::ServerUnaryReactor* reactor) {
+  shoal::v1::JoinRequest request;
+  grpc::ByteBuffer copy(bytes);
+  if (!ParseMessage(&copy, &request)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "cannot parse the request as shoal.v1.JoinRequest"));
+    return;
+  }
   // Can the others reach it? A worker behind NAT cannot accept connections
   // (docs/SUPERNODES.md "NAT"): it takes part with outbound ones only. A
   // refused or unreachable address answers at once; only a silently
-  // dropped one takes the whole timeout.
-  std::string unreachable;
-  if (engine_->join_probe_timeout() > absl::ZeroDuration() && !request->outbound_only()) {
-    absl::Status probe = ProbeTcp(request->peer_address(), engine_->join_probe_timeout());
-    if (!probe.ok()) unreachable = std::string(probe.message());
+  // dropped one takes the whole timeout, on the prober's thread: this
+  // gRPC thread returns now and the probe's completion finishes the call.
+  const absl::Duration timeout = engine_->join_probe_timeout();
+  if (prober_ == nullptr || timeout <= absl::ZeroDuration() || request.outbound_only()) {
+    FinishJoin(request, "", response, reactor);
+    return;
   }
-  absl::StatusOr<JoinResult> result = engine_->Join(*request, unreachable);
+  const std::string address = request.peer_address();
+  prober_->Probe(
+      address, timeout,
+      [this, request = std::move(request), response, reactor](absl::Status probe) {
+        if (absl::IsCancelled(probe)) {
+          reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+          return;
+        }
+        FinishJoin(request, probe.ok() ? "" : std::string(probe.message()), response, reactor);
+      });
+}
+
+void CoordinatorService::FinishJoin(const shoal::v1::JoinRequest& request,
+                                    const std::string& unreachable, grpc::ByteBuffer* response,
+                                    grpc::ServerUnaryReactor* reactor) {
+  absl::StatusOr<JoinResult> result = engine_->Join(request, unreachable);
   if (!result.ok()) {
     reactor->Finish(ToGrpcStatus(result.status()));
-    return reactor;
+    return;
   }
   {
     // A worker that joins (again) starts afresh: what its earlier relayed
@@ -318,22 +558,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     absl::MutexLock lock(&mu_);
     relayed_logs_.erase(result->response.worker_id());
   }
-  Deliver(result->directives);
-  *response = std::move(result->response);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
-}
-
-template <typename Request, typename Response>
-grpc::ServerUnaryReactor* CoordinatorService::ServeUnary(
-    grpc::CallbackServerContext* ctx, const Request& request, Response* response,
-    absl::Status (CoordinatorService::*work)(const Request&, Response*, Directives*)) {
-  auto* reactor = ctx->DefaultReactor();
-  Directives out;
-  absl::Status s = (this->*work)(request, response, &out);
-  Deliver(out);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  *response = SerializeMessage(result->response);
+  // Answered once the record holds the new member (its id is never given
+  // twice, even across a restart).
+  Deliver(result->directives, [reactor] { reactor->Finish(grpc::Status::OK); });
 }
 
 absl::Status CoordinatorService::DoJoinRound(const shoal::v1::JoinRoundRequest& request,
@@ -346,31 +574,31 @@ absl::Status CoordinatorService::DoJoinRound(const shoal::v1::JoinRoundRequest& 
 }
 
 absl::Status CoordinatorService::DoReportReady(const shoal::v1::ReportReadyRequest& request,
-                                               shoal::v1::ReportReadyResponse* response,
+                                               shoal::v1::ReportReadyResponse* /*response*/,
                                                Directives* out) {
   return engine_->ReportReady(request, out);
 }
 
 absl::Status CoordinatorService::DoConnectionsReady(
     const shoal::v1::ConnectionsReadyRequest& request,
-    shoal::v1::ConnectionsReadyResponse* response, Directives* out) {
+    shoal::v1::ConnectionsReadyResponse* /*response*/, Directives* out) {
   return engine_->ConnectionsReady(request, out);
 }
 
 absl::Status CoordinatorService::DoReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
-                                                   shoal::v1::ReportRoundDoneResponse* response,
+                                                   shoal::v1::ReportRoundDoneResponse* /*response*/,
                                                    Directives* out) {
   return engine_->ReportRoundDone(request, out);
 }
 
 absl::Status CoordinatorService::DoReportCheckpoint(
     const shoal::v1::ReportCheckpointRequest& request,
-    shoal::v1::ReportCheckpointResponse* response, Directives* out) {
+    shoal::v1::ReportCheckpointResponse* /*response*/, Directives* out) {
   return engine_->ReportCheckpoint(request, out);
 }
 
 absl::Status CoordinatorService::DoLeave(const shoal::v1::LeaveRequest& request,
-                                         shoal::v1::LeaveResponse* response, Directives* out) {
+                                         shoal::v1::LeaveResponse* /*response*/, Directives* out) {
   // NOT_FOUND for unknown ids.
   absl::Status s = engine_->Heartbeat(request.worker_id(), shoal::v1::Heartbeat());
   if (!s.ok()) return s;
@@ -381,82 +609,34 @@ absl::Status CoordinatorService::DoLeave(const shoal::v1::LeaveRequest& request,
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::JoinRound(grpc::CallbackServerContext* ctx,
-                                                        const shoal::v1::JoinRoundRequest* request,
-                                                        shoal::v1::JoinRoundResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoJoinRound);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::ReportReady(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReportReadyRequest* request,
-    shoal::v1::ReportReadyResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportReady);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::ConnectionsReady(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
-    shoal::v1::ConnectionsReadyResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoConnectionsReady);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::ReportRoundDone(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReportRoundDoneRequest* request,
-    shoal::v1::ReportRoundDoneResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportRoundDone);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
-    shoal::v1::ReportCheckpointResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoReportCheckpoint);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* ctx,
-                                                    const shoal::v1::LeaveRequest* request,
-                                                    shoal::v1::LeaveResponse* response) {
-  return ServeUnary(ctx, *request, response, &CoordinatorService::DoLeave);
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::GetModelFile(
-    grpc::CallbackServerContext* ctx, const shoal::v1::GetModelFileRequest* request,
-    shoal::v1::ModelFileChunk* response) {
-  auto* reactor = ctx->DefaultReactor();
+absl::Status CoordinatorService::DoGetModelFile(const shoal::v1::GetModelFileRequest& request,
+                                                shoal::v1::ModelFileChunk* response,
+                                                Directives* /*out*/) {
   absl::StatusOr<shoal::v1::ModelFileChunk> piece =
-      ServeModelFilePiece(model_file_, model_file_sha256_, *request);
-  if (piece.ok()) *response = std::move(*piece);
-  reactor->Finish(ToGrpcStatus(piece.status()));
-  return reactor;
+      ServeModelFilePiece(model_file_, model_file_sha256_, request);
+  if (!piece.ok()) return piece.status();
+  *response = std::move(*piece);
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::GetRunStatus(grpc::CallbackServerContext* ctx,
-                                                           const grpc::ByteBuffer* request,
-                                                           grpc::ByteBuffer* response) {
-  auto* reactor = ctx->DefaultReactor();
-  shoal::v1::GetRunStatusRequest parsed;
-  grpc::ByteBuffer request_bytes(*request);  // parsing consumes the buffer
-  if (!ParseMessage(&request_bytes, &parsed)) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot parse GetRunStatusRequest"));
-    return reactor;
-  }
+absl::Status CoordinatorService::DoGetRunStatus(const shoal::v1::GetRunStatusRequest& /*request*/,
+                                                grpc::ByteBuffer* response, Directives* /*out*/) {
   // A status lists every member (O(N) to build and to serialize, under the
   // engine lock for the build): rebuild it only when the engine reports a
   // change or the cached one is older than kStatusMaxAge, and share its
   // bytes with every caller in between.
-  {
-    absl::MutexLock lock(&status_mu_);
-    const absl::Time now = clock_->Now();
-    const grpc::ByteBuffer* cached = status_cache_.Get(engine_->status_version(), now);
-    if (cached == nullptr) {
-      uint64_t version = 0;
-      shoal::v1::RunStatus status = engine_->Status(&version);
-      status.MergeFrom(status_extra_);
-      FillRelayedBy(&status);
-      cached = &status_cache_.Put(version, now, SerializeMessage(status));
-    }
-    *response = *cached;
+  absl::MutexLock lock(&status_mu_);
+  const absl::Time now = clock_->Now();
+  const grpc::ByteBuffer* cached = status_cache_.Get(engine_->status_version(), now);
+  if (cached == nullptr) {
+    uint64_t version = 0;
+    shoal::v1::RunStatus status = engine_->Status(&version);
+    status.MergeFrom(status_extra_);
+    FillRelayedBy(&status);
+    cached = &status_cache_.Put(version, now, SerializeMessage(status));
   }
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  *response = *cached;
+  return absl::OkStatus();
 }
 
 void CoordinatorService::FillRelayedBy(shoal::v1::RunStatus* status) {

@@ -19,9 +19,20 @@ struct GrpcCoordinatorClient::Session {
   std::unique_ptr<grpc::ClientReaderWriter<shoal::v1::WorkerMessage, shoal::v1::CoordinatorMessage>>
       stream;
   absl::Mutex write_mu;
-  absl::Notification stop;
+  // The heartbeat thread waits on hb_mu for its period, the end of the
+  // session, or a heartbeat asked for now (SendHeartbeatNow).
+  absl::Mutex hb_mu;
+  bool ended ABSL_GUARDED_BY(hb_mu) = false;
+  // Heartbeats asked for, and the count the latest written one answered.
+  uint64_t wanted ABSL_GUARDED_BY(hb_mu) = 0;
+  uint64_t written ABSL_GUARDED_BY(hb_mu) = 0;
   std::thread reader;
   std::thread heartbeat;
+
+  void End() {
+    absl::MutexLock lock(&hb_mu);
+    ended = true;
+  }
 };
 
 GrpcCoordinatorClient::GrpcCoordinatorClient(CoordinatorClientOptions options)
@@ -189,7 +200,7 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
                                                     MessageHandler on_message,
                                                     ClosedHandler on_closed, HeartbeatFiller fill) {
   CloseSession();
-  auto session = std::make_unique<Session>();
+  auto session = std::make_shared<Session>();
   // The session is long-lived by design: no deadline. It is bounded by the
   // coordinator's heartbeat lease on one side and by CloseSession (cancel) on
   // ours.
@@ -210,17 +221,36 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
     shoal::v1::CoordinatorMessage msg;
     while (raw->stream->Read(&msg)) on_message(msg);
     absl::Status status = FromGrpcStatus(raw->stream->Finish());
-    raw->stop.Notify();
+    raw->End();
     if (status.ok()) status = absl::UnavailableError("coordinator closed the session");
     on_closed(status);
   });
   raw->heartbeat = std::thread([raw, heartbeat, fill] {
-    while (!raw->stop.WaitForNotificationWithTimeout(heartbeat)) {
+    while (true) {
+      uint64_t answers = 0;
+      {
+        absl::MutexLock lock(&raw->hb_mu);
+        auto woken = [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->hb_mu) {
+          return raw->ended || raw->wanted > raw->written;
+        };
+        raw->hb_mu.AwaitWithTimeout(absl::Condition(&woken), heartbeat);
+        if (raw->ended) break;
+        answers = raw->wanted;
+      }
       shoal::v1::WorkerMessage hb;
       hb.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
       if (fill) fill(hb.mutable_heartbeat());
-      absl::MutexLock lock(&raw->write_mu);
-      if (!raw->stream->Write(hb)) break;  // the reader sees the end
+      bool ok;
+      {
+        absl::MutexLock lock(&raw->write_mu);
+        ok = raw->stream->Write(hb);
+      }
+      if (!ok) {  // the reader sees the end
+        raw->End();
+        break;
+      }
+      absl::MutexLock lock(&raw->hb_mu);
+      raw->written = answers;
     }
   });
   absl::MutexLock lock(&mu_);
@@ -229,7 +259,7 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
 }
 
 void GrpcCoordinatorClient::CloseSession() {
-  std::unique_ptr<Session> session;
+  std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     session = std::move(session_);
@@ -237,8 +267,24 @@ void GrpcCoordinatorClient::CloseSession() {
   if (session == nullptr) return;
   session->ctx.TryCancel();
   if (session->reader.joinable()) session->reader.join();
-  if (!session->stop.HasBeenNotified()) session->stop.Notify();
+  session->End();
   if (session->heartbeat.joinable()) session->heartbeat.join();
+}
+
+bool GrpcCoordinatorClient::SendHeartbeatNow(absl::Duration timeout) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+  }
+  if (session == nullptr) return false;
+  absl::MutexLock lock(&session->hb_mu);
+  const uint64_t mine = ++session->wanted;
+  auto done = [&session, mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session->hb_mu) {
+    return session->ended || session->written >= mine;
+  };
+  session->hb_mu.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return session->written >= mine;
 }
 
 }  // namespace shoal::worker

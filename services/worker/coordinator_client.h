@@ -44,6 +44,16 @@ class CoordinatorClient {
                                    HeartbeatFiller fill = nullptr) = 0;
   // Ends the session (if any) and waits for its threads.
   virtual void CloseSession() = 0;
+  // Writes a heartbeat (filled as the periodic ones are) on the session now
+  // rather than at its next period, and waits until it is written, at most
+  // `timeout`. False when there is no session, it ended, or the time ran
+  // out. (A worker about to leave lets one heartbeat carry its final
+  // figures.)
+  virtual bool SendHeartbeatNow(absl::Duration timeout) = 0;
+  // A UseRelay directive (docs/SUPERNODES.md "Relay"): the session and the
+  // calls go through the supernode at `address` (empty: directly). Returns
+  // at once. A client that cannot relay stays direct (the default).
+  virtual void UseRelay(const std::string& relay_id, const std::string& address) {}
 };
 
 // Trailing-metadata key of the leader hint a standby coordinator sends.
@@ -92,6 +102,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                                MessageHandler on_message, ClosedHandler on_closed,
                                HeartbeatFiller fill = nullptr);
   void CloseSession() override;
+  bool SendHeartbeatNow(absl::Duration timeout) override;
 
  private:
   struct Session;
@@ -115,7 +126,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
       ABSL_GUARDED_BY(stubs_mu_);
   std::string current_ ABSL_GUARDED_BY(stubs_mu_);
   absl::Mutex mu_;
-  std::unique_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  // Shared with SendHeartbeatNow's waits, which CloseSession wakes.
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shoal::worker

@@ -39,6 +39,13 @@ absl::StatusOr<shoal::v1::EncodedPiece> PeerClient::ReadEncoded(
   return absl::UnimplementedError("this PeerClient cannot read encoded slices");
 }
 
+std::vector<absl::Status> PeerClient::ProbeAll(const std::vector<std::string>& addresses,
+                                               absl::Duration timeout) {
+  std::vector<absl::Status> results;
+  for (const std::string& address : addresses) results.push_back(Probe(address, timeout).status());
+  return results;
+}
+
 absl::Status PeerClient::Push(const std::string&, const shoal::v1::PushHeader&, absl::string_view,
                               absl::Duration, shoal::CancellationToken*) {
   return absl::UnimplementedError("this PeerClient cannot push");
@@ -168,6 +175,63 @@ absl::StatusOr<shoal::v1::PeerInfo> GrpcPeerClient::Probe(const std::string& add
       PeerFor(address).stub->GetPeerInfo(&ctx, shoal::v1::GetPeerInfoRequest(), &info));
   if (!s.ok()) return Annotate(s, absl::StrCat("peer ", address));
   return info;
+}
+
+std::vector<absl::Status> GrpcPeerClient::ProbeAll(const std::vector<std::string>& addresses,
+                                                   absl::Duration timeout) {
+  // What the calls' callbacks write into: kept alive by each callback, so a
+  // call that outlives this method (it cannot by more than a moment: each
+  // has the deadline) writes into memory that is still there.
+  struct Call {
+    grpc::ClientContext ctx;
+    shoal::v1::GetPeerInfoRequest request;
+    shoal::v1::PeerInfo info;
+  };
+  struct Probes {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    std::vector<absl::Status> results ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<Call>> calls;
+  };
+  auto probes = std::make_shared<Probes>();
+  {
+    absl::MutexLock lock(&probes->mu);
+    probes->left = addresses.size();
+    probes->results.assign(addresses.size(),
+                           absl::DeadlineExceededError("no answer within the probe's deadline"));
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    probes->calls.push_back(std::make_unique<Call>());
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    Call* call = probes->calls[i].get();
+    Prepare(&call->ctx, timeout);
+    call->ctx.set_wait_for_ready(true);  // connect within the timeout, not fail fast
+    const std::string address = addresses[i];
+    PeerFor(address).stub->async()->GetPeerInfo(
+        &call->ctx, &call->request, &call->info, [probes, i, address](grpc::Status status) {
+          absl::MutexLock lock(&probes->mu);
+          probes->results[i] =
+              status.ok() ? absl::OkStatus()
+                          : Annotate(FromGrpcStatus(status), absl::StrCat("peer ", address));
+          --probes->left;
+        });
+  }
+  std::vector<absl::Status> results;
+  bool done = false;
+  {
+    absl::MutexLock lock(&probes->mu);
+    auto all_done = [&probes]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(probes->mu) { return probes->left == 0; };
+    // Each call ends by its deadline; the margin covers the callbacks' run.
+    done = probes->mu.AwaitWithTimeout(absl::Condition(&all_done), timeout + absl::Seconds(1));
+    results = probes->results;
+  }
+  if (!done) {
+    // Outside the lock: a cancelled call's callback may run right away.
+    for (auto& call : probes->calls) call->ctx.TryCancel();
+  }
+  return results;
 }
 
 }  // namespace shoal::worker

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -66,6 +67,13 @@ class PeerClient {
   // Checks that the peer at `address` answers (GetPeerInfo) within `timeout`.
   virtual absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                                     absl::Duration timeout) = 0;
+  // Probes every address of `addresses` at once, within `timeout` in all;
+  // result i is address i's (OK: it answered). GrpcPeerClient issues every
+  // call at once and waits for them together. The default probes one after
+  // the other, each within `timeout`: enough for fakes, which answer at
+  // once.
+  virtual std::vector<absl::Status> ProbeAll(const std::vector<std::string>& addresses,
+                                             absl::Duration timeout);
 };
 
 // gRPC implementation; keeps one channel per peer address. Thread-safe.
@@ -99,6 +107,10 @@ class GrpcPeerClient : public PeerClient {
                     shoal::CancellationToken* canceller) override;
   absl::StatusOr<shoal::v1::PeerInfo> Probe(const std::string& address,
                                             absl::Duration timeout) override;
+  // Asynchronous GetPeerInfo calls (the callback API), one per address,
+  // each with the deadline `timeout`; no thread per peer.
+  std::vector<absl::Status> ProbeAll(const std::vector<std::string>& addresses,
+                                     absl::Duration timeout) override;
 
  private:
   struct Peer {

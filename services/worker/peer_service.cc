@@ -385,8 +385,8 @@ void ReleaseGossipCopy(void* arg) { delete static_cast<std::shared_ptr<const Gos
 class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GossipReadReactor(const GossipBoard* board, const shoal::v1::ReadSliceRequest& request,
-                    PeerService::GossipFault fault, std::shared_ptr<void> slot)
-      : slot_(std::move(slot)), request_(request), fault_(fault) {
+                    std::shared_ptr<void> slot)
+      : slot_(std::move(slot)), request_(request) {
     ReactionScope reaction(this);
     if (board == nullptr) {
       FinishOnce(grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -405,7 +405,6 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       return;
     }
     next_ = request.begin();
-    if (fault_ == PeerService::GossipFault::kStall) return;  // OnCancel finishes
     WriteNext();
   }
 
@@ -414,18 +413,10 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     buffer_.Clear();
     if (!ok) {
       FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken while writing"));
-    } else if (fault_ == PeerService::GossipFault::kTruncate) {
-      FinishOnce(grpc::Status::OK);  // short on purpose (test hook)
     } else if (next_ < request_.end()) {
       WriteNext();
     } else {
       FinishOnce(grpc::Status::OK);
-    }
-  }
-  void OnCancel() override {
-    ReactionScope reaction(this);
-    if (fault_ == PeerService::GossipFault::kStall) {
-      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
     }
   }
   void OnDone() override {
@@ -439,14 +430,8 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     const float* data = copy_->params.data() + next_;
     const size_t bytes = count * kBytesPerElement;
     const uint32_t crc = Crc32c(data, bytes);
-    if (fault_ == PeerService::GossipFault::kCorrupt) {
-      std::string bad(reinterpret_cast<const char*>(data), bytes);
-      bad[0] ^= 0x01;  // the CRC is the true one: the reader must refuse it
-      buffer_ = CopiedChunkBuffer(request_.round(), next_, bad, crc);
-    } else {
-      buffer_ = LentChunkBuffer(request_.round(), next_, data, count, crc, &ReleaseGossipCopy,
-                                new std::shared_ptr<const GossipCopy>(copy_));
-    }
+    buffer_ = LentChunkBuffer(request_.round(), next_, data, count, crc, &ReleaseGossipCopy,
+                              new std::shared_ptr<const GossipCopy>(copy_));
     next_ += count;
     BeforeStart(&buffer_);
     StartWrite(&buffer_);
@@ -458,7 +443,6 @@ class GossipReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 
   const std::shared_ptr<void> slot_;  // as ReadSliceReactor's
   const shoal::v1::ReadSliceRequest request_;
-  const PeerService::GossipFault fault_;
   std::shared_ptr<const GossipCopy> copy_;
   uint64_t next_ = 0;
   grpc::ByteBuffer buffer_;
@@ -494,8 +478,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
   }
   shoal::v1::ReadSliceRequest decoded;
   if (DecodeReadSliceRequest(*request, &decoded).ok() && decoded.kind() == shoal::v1::GOSSIP) {
-    return new GossipReadReactor(gossip_board_.load(), decoded, gossip_fault_.load(),
-                                 std::move(slot));
+    return new GossipReadReactor(gossip_board_.load(), decoded, std::move(slot));
   }
   return new ReadSliceReactor(state_, limiter_, options_, ctx, request, corrupt_for_testing_.load(),
                               &sent_, std::move(slot));

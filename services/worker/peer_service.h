@@ -144,12 +144,6 @@ class PeerService final
   // copies, lent zero-copy; each chunk holds its copy until gRPC drops it).
   // Set before the server starts serving gossip reads; null = NOT_FOUND.
   void set_gossip_board(const GossipBoard* board) { gossip_board_ = board; }
-  // Test hooks (fault injection only, never set by the worker) for GOSSIP
-  // reads: kCorrupt sends one chunk whose bytes do not match its CRC,
-  // kTruncate ends the stream OK after its first chunk, kStall never
-  // answers (the reader's deadline ends the call).
-  enum class GossipFault { kNone, kCorrupt, kTruncate, kStall };
-  void set_gossip_fault_for_testing(GossipFault fault) { gossip_fault_ = fault; }
 
  private:
   // The run token (gate), then a current member's credential (members).
@@ -173,7 +167,6 @@ class PeerService final
   // run gossips float32 or the publication was replaced).
   absl::StatusOr<Blob> FindGossipEncoding(const shoal::v1::ReadEncodedRequest& request) const;
   std::atomic<const GossipBoard*> gossip_board_{nullptr};
-  std::atomic<GossipFault> gossip_fault_{GossipFault::kNone};
 };
 
 }  // namespace shoal::worker

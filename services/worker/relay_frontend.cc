@@ -7,10 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/coordinator_methods.h"
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
-#include "common/reactor_handoff.h"
 #include "common/queued_stream.h"
+#include "common/reactor_handoff.h"
+#include "common/status_util.h"
 #include "services/worker/coordinator_client.h"
 
 namespace shoal::worker {
@@ -166,7 +168,8 @@ std::vector<RelayFrontend::Target> RelayFrontend::Targets(const RelayFrontendOpt
   for (const auto& [address, channel] : options.replicas) {
     targets.push_back({address, shoal::v1::Coordinator::NewStub(channel)});
   }
-  if (targets.empty()) targets.push_back({"", shoal::v1::Coordinator::NewStub(options.coordinator)});
+  if (targets.empty())
+    targets.push_back({"", shoal::v1::Coordinator::NewStub(options.coordinator)});
   return targets;
 }
 
@@ -203,8 +206,17 @@ grpc::Status RelayFrontend::Allowed(const grpc::CallbackServerContext* ctx,
 
 // ---------------------------------------------------------------- members
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RelayFrontend::Session(
-    grpc::CallbackServerContext* ctx) {
+RelayFrontend::BidiReactor* RelayFrontend::Stream(const MethodDescriptor& method,
+                                                  grpc::CallbackServerContext* ctx) {
+  // Member sessions only: a supernode does not relay a relay.
+  static const MethodDescriptor* const session =
+      CoordinatorDescriptor().FindMethodByName("Session");
+  if (&method != session) {
+    return new FinishedStream(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                     absl::StrCat("a relay carries member sessions and relayed calls only; call ",
+                                  method.name(), " at the coordinator")));
+  }
   grpc::Status allowed = Allowed(ctx, "");
   const bool checked = options_.members != nullptr && options_.members->enabled();
   auto* stream = new MemberStream(this, checked ? CredentialWorker(ctx) : "");
@@ -260,15 +272,44 @@ void RelayFrontend::MemberDone(MemberStream* stream) {
 
 // ---------------------------------------------------------------- calls
 
-grpc::ServerUnaryReactor* RelayFrontend::Forward(grpc::CallbackServerContext* ctx,
-                                                 const std::string& worker_id, RelayedCall call,
-                                                 Fill fill) {
+grpc::ServerUnaryReactor* RelayFrontend::Unary(const MethodDescriptor& method,
+                                               grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) {
+  if (!IsRelayed(method)) {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                         absl::StrCat(method.name(),
+                                                      " is not relayed: call it at the "
+                                                      "coordinator")));
+  }
+  return Forward(method, ctx, *request, response);
+}
+
+grpc::ServerUnaryReactor* RelayFrontend::Forward(const MethodDescriptor& method,
+                                                 grpc::CallbackServerContext* ctx,
+                                                 const grpc::ByteBuffer& request,
+                                                 grpc::ByteBuffer* response) {
   auto* reactor = new CallReactor(this);
-  if (grpc::Status allowed = Allowed(ctx, worker_id); !allowed.ok()) {
+  // The token before the request is even decoded.
+  if (grpc::Status s = options_.gate.Check(ctx, Access::kMember); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  RelayedCall call;
+  call.set_method(method.name());
+  call.set_request(ByteBufferToString(request));
+  // The member the call is for: the request's worker_id (the coordinator
+  // checks it against the route; here, against the caller's credential).
+  absl::StatusOr<std::string> worker_id = RequestMember(method, call.request());
+  if (!worker_id.ok()) {
+    reactor->Finish(ToGrpcStatus(worker_id.status()));
+    return reactor;
+  }
+  if (grpc::Status allowed = Allowed(ctx, *worker_id); !allowed.ok()) {
     reactor->Finish(allowed);
     return reactor;
   }
-  if (worker_id.empty()) {
+  if (worker_id->empty()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id is empty"));
     return reactor;
   }
@@ -285,9 +326,9 @@ grpc::ServerUnaryReactor* RelayFrontend::Forward(grpc::CallbackServerContext* ct
     }
     const uint64_t id = ++next_call_id_;
     call.set_call_id(id);
-    call.set_worker_id(worker_id);
+    call.set_worker_id(*worker_id);
     *outbox_.add_calls() = std::move(call);
-    calls_[id] = PendingCall{reactor, std::move(fill), deadline};
+    calls_[id] = PendingCall{reactor, response, deadline};
     reactor->set_call_id(id);
     mu_.Unlock();
   }
@@ -304,77 +345,6 @@ void RelayFrontend::CancelCall(uint64_t call_id) {
     calls_.erase(it);
   }
   reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the member cancelled the call"));
-}
-
-// A Fill that copies the result's `kind` response into `response`.
-template <typename Response>
-std::function<bool(const RelayedCallResult&)> FillFrom(Response* response,
-                                                       RelayedCallResult::ResponseCase kind,
-                                                       const Response& (RelayedCallResult::*get)()
-                                                           const) {
-  return [response, kind, get](const RelayedCallResult& r) {
-    if (r.response_case() != kind) return false;
-    *response = (r.*get)();
-    return true;
-  };
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::JoinRound(grpc::CallbackServerContext* ctx,
-                                                   const shoal::v1::JoinRoundRequest* request,
-                                                   shoal::v1::JoinRoundResponse* response) {
-  RelayedCall call;
-  *call.mutable_join_round() = *request;
-  return Forward(ctx, request->worker_id(), std::move(call),
-                 FillFrom(response, RelayedCallResult::kJoinRound, &RelayedCallResult::join_round));
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::ReportReady(grpc::CallbackServerContext* ctx,
-                                                     const shoal::v1::ReportReadyRequest* request,
-                                                     shoal::v1::ReportReadyResponse* response) {
-  RelayedCall call;
-  *call.mutable_report_ready() = *request;
-  return Forward(
-      ctx, request->worker_id(), std::move(call),
-      FillFrom(response, RelayedCallResult::kReportReady, &RelayedCallResult::report_ready));
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::ConnectionsReady(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
-    shoal::v1::ConnectionsReadyResponse* response) {
-  RelayedCall call;
-  *call.mutable_connections_ready() = *request;
-  return Forward(ctx, request->worker_id(), std::move(call),
-                 FillFrom(response, RelayedCallResult::kConnectionsReady,
-                          &RelayedCallResult::connections_ready));
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::ReportRoundDone(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReportRoundDoneRequest* request,
-    shoal::v1::ReportRoundDoneResponse* response) {
-  RelayedCall call;
-  *call.mutable_report_round_done() = *request;
-  return Forward(ctx, request->worker_id(), std::move(call),
-                 FillFrom(response, RelayedCallResult::kReportRoundDone,
-                          &RelayedCallResult::report_round_done));
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::ReportCheckpoint(
-    grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
-    shoal::v1::ReportCheckpointResponse* response) {
-  RelayedCall call;
-  *call.mutable_report_checkpoint() = *request;
-  return Forward(ctx, request->worker_id(), std::move(call),
-                 FillFrom(response, RelayedCallResult::kReportCheckpoint,
-                          &RelayedCallResult::report_checkpoint));
-}
-
-grpc::ServerUnaryReactor* RelayFrontend::Leave(grpc::CallbackServerContext* ctx,
-                                               const shoal::v1::LeaveRequest* request,
-                                               shoal::v1::LeaveResponse* response) {
-  RelayedCall call;
-  *call.mutable_leave() = *request;
-  return Forward(ctx, request->worker_id(), std::move(call),
-                 FillFrom(response, RelayedCallResult::kLeave, &RelayedCallResult::leave));
 }
 
 // ---------------------------------------------------------------- the stream
@@ -543,10 +513,9 @@ void RelayFrontend::Route(const RelayDown& down) {
   }
   for (auto& [call, result] : answered) {
     grpc::Status status(static_cast<grpc::StatusCode>(result.code()), result.message());
-    if (status.ok() && !call.fill(result)) {
-      status = grpc::Status(grpc::StatusCode::INTERNAL,
-                            "the coordinator answered the relayed call with another kind");
-    }
+    // The response's bytes go to the member as they came (gRPC sends them
+    // as the call's response message).
+    if (status.ok()) *call.response = StringToByteBuffer(result.response());
     call.reactor->Finish(status);
   }
 }

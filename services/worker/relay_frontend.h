@@ -5,11 +5,15 @@
 // Coordinator.Relay stream (opened on demand with its RelayHello) and
 // routes what comes down to the right member.
 //
-// It serves the Coordinator service itself (Session, JoinRound,
-// ReportReady, ConnectionsReady, ReportRoundDone, ReportCheckpoint,
-// Leave; the rest is UNIMPLEMENTED, Join stays a direct call), so a member
-// reaches it with the same client it uses for the coordinator: only the
-// address changes.
+// It serves the Coordinator service itself, so a member reaches it with the
+// same client it uses for the coordinator: only the address changes. It is
+// a forwarder that knows no round call: every unary method the proto marks
+// `relayed` (coordinator.proto; JoinRound, ReportReady, ...) goes up as its
+// method name and the request's bytes (RelayedCall) and its result comes
+// back as the response's bytes (RelayedCallResult); Session is translated
+// into the member's relayed session; anything else (Join, GetRunStatus,
+// Relay) is UNIMPLEMENTED here and made directly. A new relayed RPC needs
+// no change here (common/raw_service.h, common/coordinator_methods.h).
 //
 // Who may speak: every call passes the run token (the Peer server's gate)
 // and, with member credentials on, a current member's x-shoal-member
@@ -45,6 +49,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/member_credentials.h"
+#include "common/raw_service.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 
 namespace shoal::worker {
@@ -71,20 +76,9 @@ struct RelayFrontendOptions {
   size_t max_batch = 4096;
 };
 
-// Every method a callback method (the ones not overridden answer
-// UNIMPLEMENTED), Session raw (directives are forwarded as the bytes that
-// came down, serialized once).
-namespace relay_internal {
-using V1 = shoal::v1::Coordinator;
-using FrontendBase = V1::WithCallbackMethod_Join<V1::WithRawCallbackMethod_Session<
-    V1::WithCallbackMethod_JoinRound<V1::WithCallbackMethod_ReportReady<
-        V1::WithCallbackMethod_ReportRoundDone<V1::WithCallbackMethod_ConnectionsReady<
-            V1::WithCallbackMethod_ReportCheckpoint<V1::WithCallbackMethod_Leave<
-                V1::WithCallbackMethod_Relay<V1::WithCallbackMethod_GetRunStatus<
-                    V1::WithCallbackMethod_GetModelFile<V1::Service>>>>>>>>>>>;
-}  // namespace relay_internal
-
-class RelayFrontend final : public relay_internal::FrontendBase {
+// Every method raw (bytes in and out): calls are forwarded as the bytes the
+// member sent, directives as the bytes that came down, serialized once.
+class RelayFrontend final : public RawCallbackService<shoal::v1::Coordinator> {
  public:
   explicit RelayFrontend(RelayFrontendOptions options);
   ~RelayFrontend() override;
@@ -101,46 +95,32 @@ class RelayFrontend final : public relay_internal::FrontendBase {
   // Relay streams opened so far (tests).
   uint64_t streams_opened() const { return streams_opened_.load(); }
 
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
-      grpc::CallbackServerContext* ctx) override;
-  grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
-                                      const shoal::v1::JoinRoundRequest* request,
-                                      shoal::v1::JoinRoundResponse* response) override;
-  grpc::ServerUnaryReactor* ReportReady(grpc::CallbackServerContext* ctx,
-                                        const shoal::v1::ReportReadyRequest* request,
-                                        shoal::v1::ReportReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ConnectionsReady(
-      grpc::CallbackServerContext* ctx, const shoal::v1::ConnectionsReadyRequest* request,
-      shoal::v1::ConnectionsReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ReportRoundDone(grpc::CallbackServerContext* ctx,
-                                            const shoal::v1::ReportRoundDoneRequest* request,
-                                            shoal::v1::ReportRoundDoneResponse* response) override;
-  grpc::ServerUnaryReactor* ReportCheckpoint(
-      grpc::CallbackServerContext* ctx, const shoal::v1::ReportCheckpointRequest* request,
-      shoal::v1::ReportCheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
-                                  const shoal::v1::LeaveRequest* request,
-                                  shoal::v1::LeaveResponse* response) override;
-
  private:
   class MemberStream;
   class CallReactor;
   struct Uplink;
-  // Copies a result's response into the call's response (false: the
-  // result carries another kind).
-  using Fill = std::function<bool(const shoal::v1::RelayedCallResult&)>;
   struct PendingCall {
     CallReactor* reactor = nullptr;
-    Fill fill;
+    // The call's response, filled with the result's bytes.
+    grpc::ByteBuffer* response = nullptr;
     absl::Time deadline;
   };
+
+  // A relayed method's call goes up; any other is UNIMPLEMENTED.
+  grpc::ServerUnaryReactor* Unary(const MethodDescriptor& method, grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  // Session opens a member's relayed session; any other is UNIMPLEMENTED.
+  BidiReactor* Stream(const MethodDescriptor& method, grpc::CallbackServerContext* ctx) override;
 
   // The run token, then (credentials on) a current member's credential for
   // `worker_id` (empty: any member; the Hello checks the id later).
   grpc::Status Allowed(const grpc::CallbackServerContext* ctx, const std::string& worker_id) const;
-  // Queues `call` for `worker_id` and returns the reactor its result finishes.
-  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx, const std::string& worker_id,
-                                    shoal::v1::RelayedCall call, Fill fill);
+  // Queues `method`'s call (the member's request bytes) and returns the
+  // reactor its result finishes.
+  grpc::ServerUnaryReactor* Forward(const MethodDescriptor& method,
+                                    grpc::CallbackServerContext* ctx,
+                                    const grpc::ByteBuffer& request, grpc::ByteBuffer* response);
   void CancelCall(uint64_t call_id);
 
   // From member streams.

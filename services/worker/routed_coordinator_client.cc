@@ -122,8 +122,8 @@ absl::Status RoutedCoordinatorClient::OpenOn(GrpcCoordinatorClient* client, uint
   }
   if (!direct) {
     // Counted while current; dropped once replaced (resent on the new one).
-    on_message = [this, gen, deliver = std::move(on_message)](
-                     const shoal::v1::CoordinatorMessage& message) {
+    on_message = [this, gen,
+                  deliver = std::move(on_message)](const shoal::v1::CoordinatorMessage& message) {
       {
         absl::MutexLock lock(&mu_);
         if (gen != gen_) return;
@@ -355,6 +355,17 @@ void RoutedCoordinatorClient::CloseSession() {
   }
   direct_.CloseSession();
   if (relay != nullptr) relay->CloseSession();
+}
+
+bool RoutedCoordinatorClient::SendHeartbeatNow(absl::Duration timeout) {
+  std::shared_ptr<GrpcCoordinatorClient> relay;
+  {
+    absl::MutexLock lock(&mu_);
+    if (relayed_) relay = relay_;
+  }
+  // A session that moves meanwhile sends its own heartbeats at once (Hello
+  // and its first period): only the current one is asked.
+  return relay != nullptr ? relay->SendHeartbeatNow(timeout) : direct_.SendHeartbeatNow(timeout);
 }
 
 }  // namespace shoal::worker

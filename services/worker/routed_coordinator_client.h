@@ -46,7 +46,7 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   // direct and tries it when the cooldown is over (unless another UseRelay
   // came meanwhile). A relayed session that fails is likewise tried again
   // after the cooldown.
-  void UseRelay(const std::string& relay_id, const std::string& address);
+  void UseRelay(const std::string& relay_id, const std::string& address) override;
   // The relay the session goes through now (empty: direct).
   std::string relay() const;
 
@@ -67,6 +67,7 @@ class RoutedCoordinatorClient : public CoordinatorClient {
                            MessageHandler on_message, ClosedHandler on_closed,
                            HeartbeatFiller fill = nullptr) override;
   void CloseSession() override;
+  bool SendHeartbeatNow(absl::Duration timeout) override;
 
  private:
   // Makes `call` through the relay when the session is relayed, and again

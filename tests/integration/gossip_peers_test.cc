@@ -23,6 +23,7 @@
 #include "services/worker/gossip_fetcher.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
+#include "tests/support/faulty_gossip_peer.h"
 #include "tests/support/test_support.h"
 
 namespace shoal::worker {
@@ -36,13 +37,16 @@ namespace {
 // 3.5 chunks of 1 MiB: several chunks per transfer, a short last one.
 constexpr uint64_t kElements = 3 * (1 << 18) + (1 << 17);
 
+// A peer: the real PeerService behind the test's fault injection
+// (tests/support/faulty_gossip_peer.h), which passes everything through
+// while its fault is kNone.
 struct GossipNode {
-  explicit GossipNode(float fill) : params(kElements), service(&state) {
+  explicit GossipNode(float fill) : params(kElements), service(&state), faulty(&service, &board) {
     for (uint64_t i = 0; i < kElements; ++i) params[i] = fill + 1e-6f * static_cast<float>(i % 977);
     state.Bind(params.data(), params.size(), "mlp");
     state.SetWorkerId("peer");
     service.set_gossip_board(&board);
-    auto started = GrpcServer::Start("127.0.0.1:0", {&service});
+    auto started = GrpcServer::Start("127.0.0.1:0", {&faulty});
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) server = std::move(*started);
   }
@@ -56,6 +60,7 @@ struct GossipNode {
   ModelState state;
   GossipBoard board;
   PeerService service;
+  ::shoal::testing::FaultyGossipPeer faulty;
   std::unique_ptr<GrpcServer> server;
 };
 
@@ -145,19 +150,19 @@ TEST_F(GossipPeersTest, CorruptOrTruncatedTransferIsDroppedWhole) {
   GossipNode peer(1.0f);
   peer.board.Publish(peer.params.data(), kElements, 640, 1.0);
   GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
-  peer.service.set_gossip_fault_for_testing(PeerService::GossipFault::kCorrupt);
+  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kCorrupt);
   GossipFetchResult r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss) << r.status;
   EXPECT_FALSE(r.not_answering);
   EXPECT_EQ(r.peer_params, nullptr);
 
-  peer.service.set_gossip_fault_for_testing(PeerService::GossipFault::kTruncate);
+  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kTruncate);
   r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss) << r.status;
   EXPECT_EQ(r.peer_params, nullptr);
 
   // The same peer, healthy again, serves a whole copy.
-  peer.service.set_gossip_fault_for_testing(PeerService::GossipFault::kNone);
+  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kNone);
   r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_TRUE(r.status.ok()) << r.status;
 }
@@ -165,7 +170,7 @@ TEST_F(GossipPeersTest, CorruptOrTruncatedTransferIsDroppedWhole) {
 TEST_F(GossipPeersTest, PeerThatStopsAnsweringCostsOneBoundedFetch) {
   GossipNode peer(1.0f);
   peer.board.Publish(peer.params.data(), kElements, 640, 1.0);
-  peer.service.set_gossip_fault_for_testing(PeerService::GossipFault::kStall);
+  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kStall);
   GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
   const absl::Time t0 = absl::Now();
   const GossipFetchResult r =

@@ -176,47 +176,55 @@ class TestRelay {
         kWait);
     return result;
   }
-  RelayedCallResult JoinRound(const std::string& id, uint64_t round) {
+  // A call of `method` by `id` carrying `request`'s bytes.
+  static RelayedCall Of(const std::string& id, const std::string& method,
+                        const google::protobuf::Message& request) {
     RelayedCall call;
     call.set_worker_id(id);
-    call.mutable_join_round()->set_worker_id(id);
-    call.mutable_join_round()->set_round(round);
-    return Call(call).value_or(RelayedCallResult());
+    call.set_method(method);
+    call.set_request(request.SerializeAsString());
+    return call;
+  }
+  RelayedCallResult JoinRound(const std::string& id, uint64_t round) {
+    v1::JoinRoundRequest r;
+    r.set_worker_id(id);
+    r.set_round(round);
+    return Call(Of(id, "JoinRound", r)).value_or(RelayedCallResult());
   }
   RelayedCallResult ReportReady(const std::string& id, uint64_t round) {
-    RelayedCall call;
-    call.set_worker_id(id);
-    auto* r = call.mutable_report_ready();
-    r->set_worker_id(id);
-    r->set_round(round);
-    r->set_train_loss(0.5);
-    r->set_total_elements(kTotal);
-    return Call(call).value_or(RelayedCallResult());
+    v1::ReportReadyRequest r;
+    r.set_worker_id(id);
+    r.set_round(round);
+    r.set_train_loss(0.5);
+    r.set_total_elements(kTotal);
+    return Call(Of(id, "ReportReady", r)).value_or(RelayedCallResult());
   }
   RelayedCallResult ConnectionsReady(const std::string& id, uint64_t round, uint32_t attempt) {
-    RelayedCall call;
-    call.set_worker_id(id);
-    auto* r = call.mutable_connections_ready();
-    r->set_worker_id(id);
-    r->set_round(round);
-    r->set_attempt(attempt);
-    return Call(call).value_or(RelayedCallResult());
+    v1::ConnectionsReadyRequest r;
+    r.set_worker_id(id);
+    r.set_round(round);
+    r.set_attempt(attempt);
+    return Call(Of(id, "ConnectionsReady", r)).value_or(RelayedCallResult());
   }
   RelayedCallResult ReportDone(const std::string& id, uint64_t round) {
-    RelayedCall call;
-    call.set_worker_id(id);
-    auto* r = call.mutable_report_round_done();
-    r->set_worker_id(id);
-    r->set_round(round);
-    r->set_model_hash(Hash('a'));
-    r->set_exchange_seconds(0.01);
-    return Call(call).value_or(RelayedCallResult());
+    v1::ReportRoundDoneRequest r;
+    r.set_worker_id(id);
+    r.set_round(round);
+    r.set_model_hash(Hash('a'));
+    r.set_exchange_seconds(0.01);
+    return Call(Of(id, "ReportRoundDone", r)).value_or(RelayedCallResult());
+  }
+  // The round a JoinRound result admitted to (0: none).
+  static uint64_t Admitted(const RelayedCallResult& result) {
+    v1::JoinRoundResponse response;
+    if (!response.ParseFromString(result.response())) return 0;
+    return response.admitted_round();
   }
 
   // True once `id`'s Hello was handled and its session is here: the
-  // coordinator handles a stream's messages in order, and a call without a
-  // request is INVALID_ARGUMENT for a member routed here (PERMISSION_DENIED
-  // for any other).
+  // coordinator handles a stream's messages in order, and a call that names
+  // no method is INVALID_ARGUMENT for a member routed here
+  // (PERMISSION_DENIED for any other).
   bool Opened(const std::string& id) {
     RelayedCall call;
     call.set_worker_id(id);
@@ -432,7 +440,7 @@ TEST_F(RelayTest, RelayedAndDirectWorkersCompleteRoundsTogether) {
   for (const std::string& id : {r, m}) {
     RelayedCallResult result = relay->JoinRound(id, 1);
     ASSERT_EQ(result.code(), 0) << result.message();
-    EXPECT_EQ(result.join_round().admitted_round(), 1u);
+    EXPECT_EQ(TestRelay::Admitted(result), 1u);
   }
   for (uint64_t round = 1; round <= 2; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
@@ -448,11 +456,11 @@ TEST_F(RelayTest, RelayedAndDirectWorkersCompleteRoundsTogether) {
     if (round == 1) {
       // Bad input is answered in the call's result, as the direct call
       // would be, and the round goes on.
-      RelayedCall empty_model;
+      v1::ReportReadyRequest empty_model;
       empty_model.set_worker_id(m);
-      empty_model.mutable_report_ready()->set_worker_id(m);
-      empty_model.mutable_report_ready()->set_round(1);
-      EXPECT_EQ(relay->Call(empty_model)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+      empty_model.set_round(1);
+      EXPECT_EQ(relay->Call(TestRelay::Of(m, "ReportReady", empty_model))->code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
     }
     ASSERT_TRUE(direct->client
                     ->ReportReady([&] {
@@ -512,19 +520,31 @@ TEST_F(RelayTest, BadRelayedCallsAreAnsweredAndTheStreamKeepsServing) {
   // A stranger: no such member.
   RelayedCallResult stranger = relay->JoinRound("w999", 1);
   EXPECT_EQ(stranger.code(), grpc::StatusCode::PERMISSION_DENIED) << stranger.message();
-  EXPECT_FALSE(stranger.has_join_round());
+  EXPECT_TRUE(stranger.response().empty());
   // A real member whose session is not carried by this relay.
   RelayedCallResult elsewhere = relay->JoinRound(direct->id, 1);
   EXPECT_EQ(elsewhere.code(), grpc::StatusCode::PERMISSION_DENIED) << elsewhere.message();
   // The request of another member than the call's.
-  RelayedCall mismatched;
-  mismatched.set_worker_id(r);
-  mismatched.mutable_join_round()->set_worker_id(direct->id);
-  EXPECT_EQ(relay->Call(mismatched)->code(), grpc::StatusCode::INVALID_ARGUMENT);
-  // No request at all.
+  v1::JoinRoundRequest other;
+  other.set_worker_id(direct->id);
+  EXPECT_EQ(relay->Call(TestRelay::Of(r, "JoinRound", other))->code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // No method at all.
   RelayedCall empty;
   empty.set_worker_id(r);
   EXPECT_EQ(relay->Call(empty)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Bytes that are not the method's request.
+  RelayedCall garbage = TestRelay::Of(r, "JoinRound", other);
+  garbage.set_request("\xff\xff\xff");
+  EXPECT_EQ(relay->Call(garbage)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Methods that are not relayed, and one that does not exist.
+  v1::JoinRequest join;
+  EXPECT_EQ(relay->Call(TestRelay::Of(r, "Join", join))->code(), grpc::StatusCode::UNIMPLEMENTED);
+  v1::GetRunStatusRequest status;
+  EXPECT_EQ(relay->Call(TestRelay::Of(r, "GetRunStatus", status))->code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(relay->Call(TestRelay::Of(r, "NoSuchMethod", status))->code(),
+            grpc::StatusCode::UNIMPLEMENTED);
   // The engine's own checks come back as they would directly.
   EXPECT_EQ(relay->ReportReady(r, 7).code(), grpc::StatusCode::FAILED_PRECONDITION);
 
@@ -541,7 +561,7 @@ TEST_F(RelayTest, BadRelayedCallsAreAnsweredAndTheStreamKeepsServing) {
   // Still serving: a good call succeeds.
   RelayedCallResult good = relay->JoinRound(r, 1);
   EXPECT_EQ(good.code(), 0) << good.message();
-  EXPECT_EQ(good.join_round().admitted_round(), 1u);
+  EXPECT_EQ(TestRelay::Admitted(good), 1u);
   EXPECT_FALSE(relay->closed().has_value());
 }
 
@@ -781,11 +801,10 @@ TEST_F(RelayTest, RelayedLeaveAndARelayWhoseWorkerLeft) {
   relay->Open(k);
   ASSERT_TRUE(relay->Opened(m));
   ASSERT_TRUE(relay->Opened(k));
-  RelayedCall leave;
+  v1::LeaveRequest leave;
   leave.set_worker_id(m);
-  leave.mutable_leave()->set_worker_id(m);
-  leave.mutable_leave()->set_reason("done");
-  EXPECT_EQ(relay->Call(leave)->code(), 0);
+  leave.set_reason("done");
+  EXPECT_EQ(relay->Call(TestRelay::Of(m, "Leave", leave))->code(), 0);
   EXPECT_FALSE(Active(m));
   // The relay's own worker leaves (directly): its stream ends; the member it
   // carried stays in the run, on its lease.

@@ -31,7 +31,7 @@ target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_
 # Gossip mode between real peers: whole-model fetches, corrupt / truncated
 # transfers, a peer that stops answering.
 shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc
-  LIBS worker_lib)
+  ${PROJECT_SOURCE_DIR}/tests/support/faulty_gossip_peer.cc LIBS worker_lib)
 # The supernode relay (Coordinator.Relay): a light relay client next to
 # direct workers, bad calls, limits, a broken relay.
 shoal_test(relay_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_test.cc
@@ -42,3 +42,16 @@ target_link_libraries(relay_test PRIVATE test_coordinator)
 shoal_test(relay_frontend_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_frontend_test.cc
   LIBS coordinator_service worker_lib)
 target_link_libraries(relay_frontend_test PRIVATE test_coordinator)
+# The coordinator's registered service: the method table covers the proto,
+# token then leader check on every method, the join rate, Joins probing a
+# silent address while other calls are served.
+shoal_test(coordinator_endpoint_test integration
+  ${CMAKE_CURRENT_LIST_DIR}/coordinator_endpoint_test.cc LIBS coordinator_service)
+target_link_libraries(coordinator_endpoint_test PRIVATE test_coordinator)
+# The asynchronous reachability probe against real sockets on 127.0.0.1.
+shoal_test(tcp_prober_test integration ${CMAKE_CURRENT_LIST_DIR}/tcp_prober_test.cc
+  LIBS shoal_common)
+# The worker host and its runners (gossip and synchronous) with a scripted
+# coordinator client: no coordinator process.
+shoal_test(worker_runner_test integration ${CMAKE_CURRENT_LIST_DIR}/worker_runner_test.cc
+  LIBS worker_lib)

@@ -65,6 +65,11 @@ class FakeCoordinatorClient : public CoordinatorClient {
     return absl::OkStatus();
   }
   void CloseSession() override { ++sessions_closed; }
+  bool SendHeartbeatNow(absl::Duration) override {
+    ++heartbeats_sent_now;
+    return true;
+  }
+  int heartbeats_sent_now = 0;
 };
 
 }  // namespace shoal::worker

@@ -197,5 +197,43 @@ TEST_F(ModelMemoryTest, LateWorkIsKeptThenFoldedOntoANewerBaseWithItsWeight) {
   EXPECT_FALSE(memory_->has_late_work());
 }
 
+// Gossip mode writes through the owner too: each write closes the
+// parameters' window (nothing of them is served), then writes.
+TEST_F(ModelMemoryTest, GossipWritesCloseTheParametersWindow) {
+  TrainTo(1, 2.0f);
+  ModelState::ReadGrant grant;
+  ASSERT_TRUE(state_.CheckRead(Request(1, shoal::v1::CONTRIBUTION), &grant, nullptr).ok());
+  const std::vector<float> peer(kTotal, 6.0f);
+  const std::vector<float> base(kTotal, 4.0f);
+  // params += a * (peer - base): 2 + 0.25 * (6 - 4).
+  memory_->Interpolate(base.data(), peer.data(), 0.25);
+  EXPECT_FALSE(state_.IsCurrent(grant));
+  EXPECT_FALSE(state_.CheckRead(Request(1, shoal::v1::CONTRIBUTION)).ok());
+  EXPECT_FLOAT_EQ(params_[0], 2.5f);
+  // Against the parameters themselves (a pushed model): dpwa's rule.
+  memory_->Interpolate(params_.data(), peer.data(), 0.5);
+  EXPECT_FLOAT_EQ(params_[kTotal - 1], 4.25f);
+
+  const double loss = memory_->TrainUnserved([](float* p) {
+    p[0] = 9.0f;
+    return 0.3;
+  });
+  EXPECT_DOUBLE_EQ(loss, 0.3);
+  EXPECT_EQ(params_[0], 9.0f);
+
+  const std::vector<float> model(kTotal, 7.0f);
+  memory_->ReplaceModel(model.data());
+  EXPECT_EQ(params_, model);
+
+  absl::Status loaded = memory_->LoadModel([](float* p, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) p[i] = 8.0f;
+    return absl::DataLossError("the manifest says otherwise");
+  });
+  EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(params_[3], 8.0f);
+  // The snapshot (the initial model) is not touched by any of them.
+  EXPECT_EQ(memory_->snapshot()[0], 1.0f);
+}
+
 }  // namespace
 }  // namespace shoal::worker

@@ -66,11 +66,18 @@ shoal_test(gossip_policy_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_policy_test.
   LIBS worker_core coordinator_core)
 shoal_test(round_engine_gossip_test unit ${CMAKE_CURRENT_LIST_DIR}/round_engine_gossip_test.cc
   LIBS coordinator_core)
+# The worker's gossip protocol (events in, actions out) and where the
+# session's messages go.
+shoal_test(gossip_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/gossip_protocol_test.cc
+  LIBS worker_core)
+shoal_test(directive_route_test unit ${CMAKE_CURRENT_LIST_DIR}/directive_route_test.cc
+  LIBS worker_core)
 shoal_test(replica_test unit ${CMAKE_CURRENT_LIST_DIR}/replica_test.cc
   LIBS coordinator_core shoal_etcd)
 shoal_test(auth_test unit ${CMAKE_CURRENT_LIST_DIR}/auth_test.cc LIBS shoal_common)
 shoal_test(zone_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_test.cc LIBS shoal_common)
 shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc LIBS coordinator_core)
+shoal_test(admission_test unit ${CMAKE_CURRENT_LIST_DIR}/admission_test.cc LIBS coordinator_service)
 shoal_test(zone_election_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_election_test.cc
   LIBS coordinator_core)
 shoal_test(relay_assignment_test unit ${CMAKE_CURRENT_LIST_DIR}/relay_assignment_test.cc

@@ -141,6 +141,33 @@ TEST_P(TrainerModelTest, ParametersAreTheLiveModel) {
   EXPECT_TRUE(nonzero);
 }
 
+TEST_P(TrainerModelTest, EvaluatingOtherParametersLeavesTheModelAlone) {
+  auto t = MustCreate(Options(GetParam(), 5), &data_);
+  auto untouched = MustCreate(Options(GetParam(), 5), &data_);
+  ASSERT_TRUE(t && untouched);
+  t->TrainSteps(3);
+  untouched->TrainSteps(3);
+  const std::string hash = Hash(*t);
+  const shoal::v1::Metrics live = t->Evaluate();
+  // The same parameters, evaluated on the second instance: the same figures.
+  const std::vector<float> copy(t->parameters(), t->parameters() + t->num_elements());
+  absl::StatusOr<shoal::v1::Metrics> same = t->EvaluateParams(copy.data());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->test_accuracy(), live.test_accuracy());
+  EXPECT_EQ(same->test_loss(), live.test_loss());
+  // Other parameters: their own figures, and the live model is not touched.
+  const std::vector<float> zeros(t->num_elements(), 0.0f);
+  absl::StatusOr<shoal::v1::Metrics> zero = t->EvaluateParams(zeros.data());
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_NEAR(zero->test_loss(), std::log(10.0), 1e-5);
+  EXPECT_EQ(Hash(*t), hash);
+  EXPECT_EQ(t->Evaluate().test_loss(), live.test_loss());
+  // Training goes on exactly as without the evaluations.
+  t->TrainSteps(3);
+  untouched->TrainSteps(3);
+  EXPECT_EQ(Hash(*t), Hash(*untouched));
+}
+
 TEST_P(TrainerModelTest, TrainingReducesTheLoss) {
   auto t = MustCreate(Options(GetParam()), &data_);
   ASSERT_TRUE(t);

@@ -50,6 +50,17 @@ absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& confi
   }
   g.divergence_threshold = config.gossip().divergence_threshold();
   g.steps = config.gossip().steps();
+  g.interpolation_text = config.gossip().interpolation();
+  g.final_average = config.gossip().final_average();
+  g.final_wait = absl::Milliseconds(std::max<uint32_t>(1000, config.timeouts().round_timeout_ms()));
+  g.checkpoint_every = config.gossip().checkpoint_every();
+  g.eval_every = std::max<uint32_t>(1, config.training().eval_every());
+  g.consensus_eval_every = config.gossip().consensus_eval_every();
+  g.batch = std::max<uint32_t>(1, config.training().batch_size());
+  g.seed = config.training().seed();
+  g.heartbeat_period =
+      absl::Milliseconds(std::max<uint32_t>(100, config.timeouts().heartbeat_interval_ms()));
+  g.model = config.model().name();
   return g;
 }
 

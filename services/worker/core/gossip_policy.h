@@ -26,7 +26,9 @@ namespace shoal::worker {
 
 enum class Interpolation { kConstant, kClock, kLoss };
 
-// Gossip knobs of a run (RunConfig.gossip), with defaults filled in.
+// Gossip knobs of a run (RunConfig.gossip), with defaults filled in,
+// and the run's other settings that gossip mode uses: the one place where
+// gossip reads the run configuration.
 struct GossipConfig {
   uint32_t gossip_every = 10;
   double fetch_probability = 1.0;
@@ -35,14 +37,31 @@ struct GossipConfig {
   double constant = 0.5;            // for kConstant
   double divergence_threshold = 0;  // 0 = off
   uint64_t steps = 0;               // 0 = until stopped
+  // The --interpolation text as configured (for logs).
+  std::string interpolation_text;
+  // --gossip_final_average (with steps) and how long each of its waits may
+  // last (RunConfig.timeouts.round_timeout_ms, at least 1 s).
+  bool final_average = false;
+  absl::Duration final_wait = absl::Seconds(1);
+  // Local steps between two checkpoints of the checkpointer (0 = never).
+  uint32_t checkpoint_every = 0;
+  // Evaluate every N publications; the consensus every N (0 = off).
+  uint32_t eval_every = 1;
+  uint32_t consensus_eval_every = 0;
+  // Samples per step: the gossip clock's unit.
+  double batch = 1;
+  uint64_t seed = 0;
+  // The session's heartbeat period (at least 100 ms).
+  absl::Duration heartbeat_period = absl::Milliseconds(100);
+  std::string model;
 };
 
-// True when the run is in gossip mode (RunConfig.gossip is set); otherwise
+// True when the run is in gossip mode ("gossip"); "" and "sync" are
 // synchronous rounds.
 bool IsGossipMode(const shoal::v1::RunConfig& config);
 
-// The run's gossip knobs; INVALID_ARGUMENT names the bad one (a probability
-// outside [0, 1], a constant outside (0, 1],
+// The run's gossip knobs; INVALID_ARGUMENT names the bad one (a mode other
+// than sync/gossip, a probability outside [0, 1], a constant outside (0, 1],
 // an unknown interpolation, a negative threshold). Unset (0) knobs take the
 // defaults of GossipConfig.
 absl::StatusOr<GossipConfig> ParseGossipConfig(const shoal::v1::RunConfig& config);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "services/worker/core/gossip_policy.h"
 
 namespace shoal::worker {
 
@@ -151,6 +152,32 @@ absl::Status ModelMemory::CatchUp(
   state_->SetSnapshot(round);
   state_->SetModel(round, hash);
   return absl::OkStatus();
+}
+
+void ModelMemory::BeginUnservedWrite() {
+  state_->Unready();
+  AwaitLent(ModelState::Buffer::kParameters);
+}
+
+double ModelMemory::TrainUnserved(const std::function<double(float*)>& train) {
+  BeginUnservedWrite();
+  return train(params_);
+}
+
+void ModelMemory::Interpolate(const float* base, const float* peer, double a) {
+  BeginUnservedWrite();
+  ApplyInterpolation(params_, base, peer, total_, a);
+}
+
+void ModelMemory::ReplaceModel(const float* model) {
+  BeginUnservedWrite();
+  if (model != params_) std::memcpy(params_, model, total_ * sizeof(float));
+}
+
+absl::Status ModelMemory::LoadModel(
+    const std::function<absl::Status(float* params, uint64_t total)>& load) {
+  BeginUnservedWrite();
+  return load(params_, total_);
 }
 
 }  // namespace shoal::worker

@@ -99,7 +99,33 @@ class ModelMemory {
   absl::Status CatchUp(uint64_t round, const std::string& hash, uint64_t model_round,
                        const std::function<absl::Status(float* dst, uint64_t total)>& pull);
 
+  // Gossip mode (docs/GOSSIP.md). Peers read published copies
+  // (GossipBoard), never the parameters: each write below closes the
+  // parameters' window all the same (nothing of them is served) and waits
+  // for chunks still lent from it, so the lending rule holds whatever a
+  // peer asks for.
+  //
+  // Local training without rounds: `train` rewrites the parameters; returns
+  // what it returns.
+  double TrainUnserved(const std::function<double(float* params)>& train);
+  // The interpolation with a peer's model: params += a * (peer - base),
+  // where `base` is this worker's model when the fetch started (a published
+  // copy) or the parameters themselves (a pushed model: then it is dpwa's
+  // params = a * peer + (1 - a) * params). `peer` and `base` hold total()
+  // elements.
+  void Interpolate(const float* base, const float* peer, double a);
+  // The parameters become `model` (total() elements): a late joiner's
+  // first model, the final average.
+  void ReplaceModel(const float* model);
+  // A checkpoint's model: `load` fills the parameters (every element) and
+  // checks what it loaded; its error is returned (the parameters then hold
+  // whatever it wrote, and the worker does not train from them).
+  absl::Status LoadModel(const std::function<absl::Status(float* params, uint64_t total)>& load);
+
  private:
+  // Closes the parameters' window and waits for their lent chunks: the
+  // start of every gossip write.
+  void BeginUnservedWrite();
   // Waits (bounded) for gRPC to give back the chunks of `buffer`; past the
   // timeout it logs and goes on (a stale reader then fails its CRC check).
   void AwaitLent(ModelState::Buffer buffer);

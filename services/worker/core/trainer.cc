@@ -1,8 +1,11 @@
 #include "services/worker/core/trainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -11,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
+#include "common/status_util.h"
 #include "services/worker/core/data_split.h"
 #include "services/worker/core/torchscript_module.h"
 
@@ -80,86 +84,55 @@ struct MirroredBuffer {
   int64_t offset = 0;
 };
 
-struct Trainer::Impl {
-  TrainerOptions options;
+namespace {
+
+// One instance of the run's model with its flat buffer: the trainer's, and
+// (lazily) a second one that evaluates other parameters (EvaluateParams)
+// without touching the trained ones.
+struct ModelInstance {
   std::shared_ptr<torch::nn::Module> module;  // mlp, cnn
   std::optional<torch::jit::Module> script;   // torchscript
   std::function<torch::Tensor(torch::Tensor)> forward;
   std::function<void(bool)> set_training;
   torch::Tensor flat;
   std::vector<LayerInfo> layers;
-  std::vector<uint64_t> shard_label_counts;
   std::vector<MirroredBuffer> mirrored;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  torch::Tensor train_x, train_y, test_x, test_y;
-  std::vector<int64_t> order;
-  size_t cursor = 0;
-  std::mt19937_64 rng;
+  std::vector<torch::Tensor> trainable;
 };
 
-Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Trainer::~Trainer() = default;
-
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
-                                                         const FashionMnist* data) {
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+// Builds the model and moves every parameter and float buffer into one
+// flat buffer (each becomes a view of it); integer buffers get float32
+// mirrors at the end. Initialised from torch's generator as it stands.
+absl::Status BuildInstance(const TrainerOptions& options, const std::vector<int64_t>& input_shape,
+                           ModelInstance* out) {
   const auto& config = options.config;
-  torch::set_num_threads(std::max(1, options.threads));
-  // Same seed, same module construction order: identical initial models on
-  // every worker of the run, with no transfer.
-  torch::manual_seed(config.training().seed());
   // (name, tensor) of everything the flat buffer holds, in order; trainable
   // ones first.
   std::vector<std::pair<std::string, torch::Tensor>> params, float_buffers, int_buffers;
   if (config.model().name() == "mlp" || config.model().name() == "cnn") {
     if (config.model().name() == "mlp") {
       auto m = std::make_shared<MlpImpl>();
-      impl->forward = [m](torch::Tensor x) { return m->forward(x); };
-      impl->module = m;
+      out->forward = [m](torch::Tensor x) { return m->forward(x); };
+      out->module = m;
     } else {
       auto m = std::make_shared<CnnImpl>();
-      impl->forward = [m](torch::Tensor x) { return m->forward(x); };
-      impl->module = m;
+      out->forward = [m](torch::Tensor x) { return m->forward(x); };
+      out->module = m;
     }
-    if (data->train.rows != 28 || data->train.cols != 28) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the built-in models take 28 x 28 images, the dataset has ", data->train.rows, " x ",
-          data->train.cols, "; bring a model for them with --model=torchscript:PATH"));
-    }
-    for (const ImageSet* set : {&data->train, &data->test}) {
-      for (uint8_t l : set->labels) {
-        if (l > 9) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("the built-in models have 10 classes, the dataset has label ", int{l},
-                           "; bring a model for it with --model=torchscript:PATH"));
-        }
-      }
-    }
-    torch::nn::Module* m = impl->module.get();
-    impl->set_training = [m](bool on) { m->train(on); };
-    for (const auto& item : impl->module->named_parameters()) {
+    torch::nn::Module* m = out->module.get();
+    out->set_training = [m](bool on) { m->train(on); };
+    for (const auto& item : out->module->named_parameters()) {
       params.emplace_back(item.key(), item.value());
     }
   } else if (config.model().name() == "torchscript") {
-    const std::vector<int64_t> input_shape = {1, data->train.rows, data->train.cols};
-    if (config.model().input_shape_size() > 0) {
-      std::vector<int64_t> want(config.model().input_shape().begin(),
-                                config.model().input_shape().end());
-      if (want != input_shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the run's model takes images of shape [", absl::StrJoin(want, ", "),
-            "] but this worker's dataset has [", absl::StrJoin(input_shape, ", "), "]"));
-      }
-    }
     TorchScriptSummary summary;
     absl::StatusOr<torch::jit::Module> script = LoadTorchScriptModule(
         options.model_file, input_shape, "the run's TorchScript model", &summary);
     if (!script.ok()) return script.status();
-    impl->script = std::move(*script);
-    torch::jit::Module* m = &*impl->script;
-    impl->forward = [m](torch::Tensor x) { return m->forward({x}).toTensor(); };
-    impl->set_training = [m](bool on) { m->train(on); };
+    out->script = std::move(*script);
+    torch::jit::Module* m = &*out->script;
+    out->forward = [m](torch::Tensor x) { return m->forward({x}).toTensor(); };
+    out->set_training = [m](bool on) { m->train(on); };
     for (const auto& p : m->named_parameters(/*recurse=*/true)) {
       if (p.value.requires_grad()) params.emplace_back(p.name, p.value);
     }
@@ -178,34 +151,97 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model().name(), "'"));
   }
 
-  // Move every parameter and float buffer into one flat buffer and make it
-  // a view of it; integer buffers get float32 mirrors at the end.
   int64_t total = 0;
   for (const auto* list : {&params, &float_buffers, &int_buffers}) {
     for (const auto& [name, t] : *list) total += t.numel();
   }
-  impl->flat = torch::empty({total}, torch::kFloat32);
+  out->flat = torch::empty({total}, torch::kFloat32);
   int64_t offset = 0;
   for (const auto* list : {&params, &float_buffers, &int_buffers}) {
     const bool mirror = list == &int_buffers;
     for (const auto& [name, t] : *list) {
       torch::Tensor p = t;
       const int64_t n = p.numel();
-      torch::Tensor view = impl->flat.narrow(0, offset, n);
+      torch::Tensor view = out->flat.narrow(0, offset, n);
       torch::NoGradGuard no_grad;
       view.copy_(p.detach().reshape({n}).to(torch::kFloat32));
       if (mirror) {
-        impl->mirrored.push_back({p, offset});
+        out->mirrored.push_back({p, offset});
       } else {
         p.set_data(view.view(p.sizes()));
       }
-      impl->layers.push_back(
+      out->layers.push_back(
           {name, p.sizes().vec(), static_cast<uint64_t>(offset), static_cast<uint64_t>(n)});
       offset += n;
     }
   }
-  std::vector<torch::Tensor> trainable;
-  for (const auto& [name, t] : params) trainable.push_back(t);
+  for (const auto& [name, t] : params) out->trainable.push_back(t);
+  return absl::OkStatus();
+}
+
+// The mirrored integer buffers take the flat buffer's values (rounded).
+void CopyInMirrored(ModelInstance& m) {
+  for (MirroredBuffer& b : m.mirrored) {
+    torch::Tensor v = m.flat.narrow(0, b.offset, b.tensor.numel()).round();
+    b.tensor.copy_(v.view(b.tensor.sizes()));
+  }
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  TrainerOptions options;
+  std::vector<int64_t> input_shape;
+  ModelInstance model;
+  // EvaluateParams' instance, built at its first call.
+  std::unique_ptr<ModelInstance> eval;
+  std::vector<uint64_t> shard_label_counts;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  torch::Tensor train_x, train_y, test_x, test_y;
+  std::vector<int64_t> order;
+  size_t cursor = 0;
+  std::mt19937_64 rng;
+};
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                         const FashionMnist* data) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const auto& config = options.config;
+  torch::set_num_threads(std::max(1, options.threads));
+  impl->input_shape = {1, data->train.rows, data->train.cols};
+  if (config.model().name() == "mlp" || config.model().name() == "cnn") {
+    if (data->train.rows != 28 || data->train.cols != 28) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the built-in models take 28 x 28 images, the dataset has ", data->train.rows, " x ",
+          data->train.cols, "; bring a model for them with --model=torchscript:PATH"));
+    }
+    for (const ImageSet* set : {&data->train, &data->test}) {
+      for (uint8_t l : set->labels) {
+        if (l > 9) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("the built-in models have 10 classes, the dataset has label ", int{l},
+                           "; bring a model for it with --model=torchscript:PATH"));
+        }
+      }
+    }
+  } else if (config.model().name() == "torchscript" && config.model().input_shape_size() > 0) {
+    std::vector<int64_t> want(config.model().input_shape().begin(),
+                              config.model().input_shape().end());
+    if (want != impl->input_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the run's model takes images of shape [", absl::StrJoin(want, ", "),
+          "] but this worker's dataset has [", absl::StrJoin(impl->input_shape, ", "), "]"));
+    }
+  }
+  // Same seed, same module construction order: identical initial models on
+  // every worker of the run, with no transfer.
+  torch::manual_seed(config.training().seed());
+  RETURN_IF_ERROR(BuildInstance(options, impl->input_shape, &impl->model));
+  const std::vector<torch::Tensor>& trainable = impl->model.trainable;
   const std::string& opt = config.training().optimizer();
   if (opt.empty() || opt == "sgd") {
     impl->optimizer = std::make_unique<torch::optim::SGD>(
@@ -227,9 +263,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
       for (uint8_t l : set->labels) max_label = std::max<int64_t>(max_label, l);
     }
     torch::NoGradGuard no_grad;
-    impl->set_training(false);
+    impl->model.set_training(false);
     const int64_t classes =
-        impl->forward(torch::zeros({1, 1, data->train.rows, data->train.cols})).size(1);
+        impl->model.forward(torch::zeros({1, 1, data->train.rows, data->train.cols})).size(1);
     if (max_label >= classes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the run's model returns ", classes, " logits but the dataset has label ", max_label));
@@ -264,12 +300,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 
 double Trainer::TrainSteps(uint32_t steps) {
   Impl& s = *impl_;
-  s.set_training(true);
-  float* flat = s.flat.data_ptr<float>();
-  for (MirroredBuffer& b : s.mirrored) {  // the averaged values, rounded
-    torch::Tensor v = s.flat.narrow(0, b.offset, b.tensor.numel()).round();
-    b.tensor.copy_(v.view(b.tensor.sizes()));
-  }
+  ModelInstance& m = s.model;
+  m.set_training(true);
+  float* flat = m.flat.data_ptr<float>();
+  CopyInMirrored(m);  // the averaged values, rounded
   const int64_t batch = s.options.config.training().batch_size();
   double loss_sum = 0;
   for (uint32_t step = 0; step < steps; ++step) {
@@ -283,29 +317,30 @@ double Trainer::TrainSteps(uint32_t steps) {
     torch::Tensor x = s.train_x.index_select(0, idx);
     torch::Tensor y = s.train_y.index_select(0, idx);
     s.optimizer->zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(s.forward(x), y);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(m.forward(x), y);
     loss.backward();
     s.optimizer->step();
     loss_sum += loss.item<double>();
   }
-  for (MirroredBuffer& b : s.mirrored) {
+  for (MirroredBuffer& b : m.mirrored) {
     torch::Tensor v = b.tensor.reshape({b.tensor.numel()}).to(torch::kFloat32);
     std::copy_n(v.data_ptr<float>(), v.numel(), flat + b.offset);
   }
   return steps == 0 ? 0 : loss_sum / steps;
 }
 
-shoal::v1::Metrics Trainer::Evaluate() {
-  Impl& s = *impl_;
+namespace {
+
+shoal::v1::Metrics EvaluateOn(const std::function<torch::Tensor(torch::Tensor)>& forward,
+                              const torch::Tensor& test_x, const torch::Tensor& test_y) {
   torch::NoGradGuard no_grad;
-  s.set_training(false);
-  const int64_t n = s.test_x.size(0);
+  const int64_t n = test_x.size(0);
   int64_t correct = 0;
   double loss_sum = 0;
   for (int64_t begin = 0; begin < n; begin += 1000) {
     const int64_t len = std::min<int64_t>(1000, n - begin);
-    torch::Tensor logits = s.forward(s.test_x.narrow(0, begin, len));
-    torch::Tensor y = s.test_y.narrow(0, begin, len);
+    torch::Tensor logits = forward(test_x.narrow(0, begin, len));
+    torch::Tensor y = test_y.narrow(0, begin, len);
     loss_sum +=
         torch::nn::functional::cross_entropy(
             logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
@@ -319,14 +354,53 @@ shoal::v1::Metrics Trainer::Evaluate() {
   return m;
 }
 
+}  // namespace
+
+shoal::v1::Metrics Trainer::Evaluate() {
+  Impl& s = *impl_;
+  s.model.set_training(false);
+  return EvaluateOn(s.model.forward, s.test_x, s.test_y);
+}
+
+absl::StatusOr<shoal::v1::Metrics> Trainer::EvaluateParams(const float* params) {
+  Impl& s = *impl_;
+  if (s.eval == nullptr) {
+    // A second instance of the model. Building it draws its (overwritten)
+    // initial values from torch's generator: put the generator back, so
+    // that training draws what it would have drawn without it.
+    auto eval = std::make_unique<ModelInstance>();
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    torch::Tensor saved;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      saved = generator.get_state();
+    }
+    absl::Status built = BuildInstance(s.options, s.input_shape, eval.get());
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(saved);
+    }
+    RETURN_IF_ERROR(built);
+    if (eval->flat.numel() != s.model.flat.numel()) {
+      return absl::InternalError("the evaluation instance of the model has another size");
+    }
+    s.eval = std::move(eval);
+  }
+  ModelInstance& m = *s.eval;
+  std::copy_n(params, m.flat.numel(), m.flat.data_ptr<float>());
+  CopyInMirrored(m);
+  m.set_training(false);
+  return EvaluateOn(m.forward, s.test_x, s.test_y);
+}
+
 std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
   Impl& s = *impl_;
   torch::NoGradGuard no_grad;
-  s.set_training(false);
+  s.model.set_training(false);
   n = std::min<int64_t>(n, s.test_x.size(0));
   std::vector<Prediction> out(static_cast<size_t>(std::max<int64_t>(0, n)));
   if (n <= 0) return out;
-  torch::Tensor predicted = s.forward(s.test_x.narrow(0, 0, n)).argmax(1).to(torch::kInt64);
+  torch::Tensor predicted = s.model.forward(s.test_x.narrow(0, 0, n)).argmax(1).to(torch::kInt64);
   torch::Tensor labels = s.test_y.narrow(0, 0, n).to(torch::kInt64);
   for (int64_t i = 0; i < n; ++i) {
     out[i].label = labels[i].item<int64_t>();
@@ -335,9 +409,9 @@ std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
   return out;
 }
 
-float* Trainer::parameters() { return impl_->flat.data_ptr<float>(); }
-uint64_t Trainer::num_elements() const { return impl_->flat.numel(); }
-const std::vector<LayerInfo>& Trainer::layers() const { return impl_->layers; }
+float* Trainer::parameters() { return impl_->model.flat.data_ptr<float>(); }
+uint64_t Trainer::num_elements() const { return impl_->model.flat.numel(); }
+const std::vector<LayerInfo>& Trainer::layers() const { return impl_->model.layers; }
 size_t Trainer::shard_size() const { return impl_->order.size(); }
 const std::vector<uint64_t>& Trainer::shard_label_counts() const {
   return impl_->shard_label_counts;

@@ -16,7 +16,8 @@
 //
 // This header has no Torch types; only trainer.cc includes LibTorch.
 // Not thread-safe: one thread trains; the exchange touches the buffer only
-// between TrainSteps calls.
+// between TrainSteps calls. EvaluateParams runs on a second instance of the
+// model with a flat buffer of its own.
 #ifndef SHOAL_SERVICES_WORKER_CORE_TRAINER_H_
 #define SHOAL_SERVICES_WORKER_CORE_TRAINER_H_
 
@@ -63,6 +64,12 @@ class Trainer {
   double TrainSteps(uint32_t steps);
   // Accuracy and mean loss on the test set.
   shoal::v1::Metrics Evaluate();
+  // The same for the model with parameters `params` (num_elements(), in
+  // the flat buffer's layout), e.g. an average of several workers' models,
+  // evaluated on a second instance of the model: the trained parameters are
+  // neither read nor written. The instance is built at the first call
+  // (its memory is kept).
+  absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* params);
   // The predicted class (argmax of the logits) and the label of each of
   // the first `n` test images (fewer if the test set is smaller).
   struct Prediction {
