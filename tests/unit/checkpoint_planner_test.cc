@@ -64,8 +64,7 @@ class CheckpointPlannerTest : public ::testing::Test {
   std::unique_ptr<Membership> members_;
   std::unique_ptr<CheckpointPlanner> planner_;
   // w1 does not hold the agreed model; w2 and w3 do.
-  const std::vector<CheckpointCandidate> holders_ = {
-      {"w1", false}, {"w2", true}, {"w3", true}};
+  const std::vector<CheckpointCandidate> holders_ = {{"w1", false}, {"w2", true}, {"w3", true}};
   const std::string hash_ = std::string(64, 'a');
 };
 
@@ -155,8 +154,8 @@ TEST_F(CheckpointPlannerTest, WithAnUploadKeyEachRequestCarriesAGrantForItsRound
   Directives out;
   planner_->StartUpload(4, hash_, holders_, &out);
   ASSERT_EQ(out.size(), 1u);
-  absl::StatusOr<UploadGrant> grant = VerifyUploadGrant(
-      kKey, out[0].message->checkpoint_request().upload_grant(), clock_.Now());
+  absl::StatusOr<UploadGrant> grant =
+      VerifyUploadGrant(kKey, out[0].message->checkpoint_request().upload_grant(), clock_.Now());
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->worker_id, "w2");
   EXPECT_TRUE(GrantCovers(*grant, "run-c", 4).ok());

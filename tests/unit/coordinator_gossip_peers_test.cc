@@ -5,8 +5,6 @@
 // Real Membership and CheckpointPlanner parts and a test EngineHost in place
 // of RoundEngine. (tests/integration/gossip_peers_test.cc is the workers'
 // PeerService, not this.)
-#include "services/coordinator/core/gossip_peers.h"
-
 #include <string>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/core/gossip_peers.h"
 
 namespace shoal::coordinator {
 namespace {

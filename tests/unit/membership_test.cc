@@ -150,8 +150,7 @@ TEST_F(MembershipTest, LeasesExpireWithoutASessionOrWithoutHeartbeats) {
   EXPECT_THAT(members_->ExpiredLeases(clock_.Now()), IsEmpty());
   clock_.Advance(absl::Seconds(6));  // past session_grace
   active->last_seen = clock_.Now();  // what a heartbeat does
-  std::vector<std::pair<std::string, std::string>> expired =
-      members_->ExpiredLeases(clock_.Now());
+  std::vector<std::pair<std::string, std::string>> expired = members_->ExpiredLeases(clock_.Now());
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].first, idle->id);
   clock_.Advance(absl::Seconds(11));  // past the heartbeat lease

@@ -107,8 +107,8 @@ class Harness : public EngineHost {
     request.set_attempt(s.attempt());
     return rounds_.ConnectionsReady(members_.At(id), request, out);
   }
-  absl::Status Done(const std::string& id, uint64_t round, const std::string& hash,
-                    Directives* out, double step_seconds = 0) {
+  absl::Status Done(const std::string& id, uint64_t round, const std::string& hash, Directives* out,
+                    double step_seconds = 0) {
     v1::ReportRoundDoneRequest request;
     request.set_worker_id(id);
     request.set_round(round);

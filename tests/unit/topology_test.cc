@@ -54,9 +54,7 @@ class TopologyTest : public ::testing::Test {
     return w.role();
   }
 
-  const ZoneElection* Zone(const std::string& path) {
-    return topology_->election().Find(path);
-  }
+  const ZoneElection* Zone(const std::string& path) { return topology_->election().Find(path); }
 
   FakeClock clock_;
   EngineOptions options_;

@@ -114,8 +114,9 @@ inline bool IsHexSha256(const std::string& s) {
 // parts mark what they change (a status change: anything Status() shows but
 // the passing of time; a record change: anything Record() holds, which is a
 // status change too); the versions move only in Commit and CommitRecord,
-// so that each public call of the engine moves each version at most once
-// however many parts it went through.
+// so that a public call of the engine moves the status version at most
+// once however many parts it went through (the record version also moves
+// in CommitRecord, before a round start hands the record out).
 //
 // Not thread-safe: owned by RoundEngine under its mutex, like the parts.
 class EngineVersions {

@@ -15,9 +15,8 @@ namespace shoal::coordinator {
 
 using shoal::v1::CoordinatorMessage;
 
-GossipPeers::GossipPeers(const EngineOptions& options, const Clock* clock,
-                         EngineVersions* versions, Membership* members,
-                         CheckpointPlanner* checkpoints, EngineHost* host)
+GossipPeers::GossipPeers(const EngineOptions& options, const Clock* clock, EngineVersions* versions,
+                         Membership* members, CheckpointPlanner* checkpoints, EngineHost* host)
     : options_(options),
       clock_(clock),
       versions_(versions),
@@ -98,23 +97,23 @@ absl::StatusOr<uint64_t> GossipPeers::JoinRound(Member& m, uint64_t, uint64_t, D
 
 absl::Status GossipPeers::ReportReady(Member& m, const shoal::v1::ReportReadyRequest& request,
                                       Directives*) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "ready for round ", request.round(), " from ", m.id, ": a gossip run has no rounds"));
+  return absl::FailedPreconditionError(absl::StrCat("ready for round ", request.round(), " from ",
+                                                    m.id, ": a gossip run has no rounds"));
 }
 
 absl::Status GossipPeers::ConnectionsReady(Member& m,
                                            const shoal::v1::ConnectionsReadyRequest& request,
                                            Directives*) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("connections ready for round ", request.round(), " from ", m.id,
-                   ": a gossip run has no rounds"));
+  return absl::FailedPreconditionError(absl::StrCat("connections ready for round ", request.round(),
+                                                    " from ", m.id,
+                                                    ": a gossip run has no rounds"));
 }
 
 absl::Status GossipPeers::ReportRoundDone(Member& m,
                                           const shoal::v1::ReportRoundDoneRequest& request,
                                           Directives*) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "round ", request.round(), " done from ", m.id, ": a gossip run has no rounds"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("round ", request.round(), " done from ", m.id, ": a gossip run has no rounds"));
 }
 
 absl::Status GossipPeers::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,

@@ -1,8 +1,8 @@
 // Gossip mode on the coordinator (docs/GOSSIP.md): the run-wide consensus
 // distance computed from the model projections the workers report with their
 // heartbeats, the choice of the consensus evaluator and of the gossip
-// checkpointer. Pure functions, no state. (The gossip knobs are checked with the rest of the run config:
-// common/run_config.h.)
+// checkpointer. Pure functions, no state. (The gossip knobs are checked with the rest of the run
+// config: common/run_config.h.)
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 

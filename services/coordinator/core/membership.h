@@ -144,8 +144,7 @@ class Membership {
   // -------------------------------------------------------------- Status
   // What the status shows of a member from this part (identity, address,
   // state, session). `active`: not removed.
-  void FillWorker(const Member& m, bool active, absl::Time now,
-                  shoal::v1::WorkerStatus* w) const;
+  void FillWorker(const Member& m, bool active, absl::Time now, shoal::v1::WorkerStatus* w) const;
   // The id index matches the members (tests).
   bool ConsistentForTesting() const;
 

@@ -27,8 +27,9 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
       checkpoints_(options_, clock_, &versions_, &membership_),
       // The mode is the run config's, once: no other part asks which it is.
       mode_(options_.config.has_gossip()
-                ? std::unique_ptr<RunMode>(std::make_unique<GossipPeers>(
-                      options_, clock_, &versions_, &membership_, &checkpoints_, static_cast<EngineHost*>(this)))
+                ? std::unique_ptr<RunMode>(
+                      std::make_unique<GossipPeers>(options_, clock_, &versions_, &membership_,
+                                                    &checkpoints_, static_cast<EngineHost*>(this)))
                 : std::unique_ptr<RunMode>(std::make_unique<SyncRounds>(
                       options_, clock_, &versions_, &membership_, &topology_, &checkpoints_,
                       static_cast<EngineHost*>(this), started_at_))) {
@@ -51,9 +52,8 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   if (mode_->phase() == shoal::v1::FINISHED) {
-    return absl::FailedPreconditionError(absl::StrCat("run ", options_.run_id,
-                                                      " is finished after round ",
-                                                      mode_->last_completed_round()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", options_.run_id, " is finished after round ", mode_->last_completed_round()));
   }
   versions_.MarkStatusChanged();
   JoinResult result;
@@ -308,7 +308,8 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   s.set_members(membership_.size());
   mode_->FillStatus(&s);
   checkpoints_.FillStatus(&s);
-  for (const auto& [id, m] : membership_.members()) FillWorker(m, /*active=*/true, now, s.add_workers());
+  for (const auto& [id, m] : membership_.members())
+    FillWorker(m, /*active=*/true, now, s.add_workers());
   for (const shoal::v1::WorkerStatus& w : membership_.departed()) *s.add_workers() = w;
   topology_.FillStatus(&s);
   return s;

@@ -26,10 +26,13 @@
 //
 // Thread-safe: one mutex guards every part (they are not locked separately
 // and are only called with it held), and nothing calls out while holding
-// it, except EngineOptions::before_round_start (see there). Each public
-// call that changes something moves status_version() (and record_version()
-// when the record changed) once: the parts mark what they change in
-// EngineVersions, and Changes commits it when the call returns.
+// it, except EngineOptions::before_round_start (see there). The parts mark
+// what they change in EngineVersions; Changes commits the marks when a
+// public call returns, so status_version() moves at most once per call.
+// record_version() moves there too, and also right before
+// before_round_start is handed the record (EngineVersions::CommitRecord),
+// so a call that changed the record both before and after a round start
+// moves it twice.
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_ROUND_ENGINE_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_ROUND_ENGINE_H_
 
@@ -103,8 +106,9 @@ class RoundEngine : private EngineHost {
   ElectionResult Election();
   // The record to persist (run id, config, counters).
   shoal::v1::RunRecord Record() const;
-  // Increments whenever Record() changes (once per call that changed it);
-  // the server persists on change.
+  // Increments whenever Record() changes (when the call that changed it
+  // returns, or before before_round_start sees it); the server persists on
+  // change.
   uint64_t record_version() const;
   bool finished() const;
   uint64_t last_completed_round() const;

@@ -34,7 +34,7 @@ class EngineHost {
   // round. True when it took part in the current round. By value: callers
   // may pass a key that this erases.
   virtual bool DepartMember(std::string worker_id, MemberState why, const std::string& reason,
-                      Directives* out) = 0;
+                            Directives* out) = 0;
   // Ends the run: RunFinished to every member.
   virtual void FinishRun(const std::string& reason, Directives* out) = 0;
   // The run record as it stands.

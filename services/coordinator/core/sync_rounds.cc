@@ -49,8 +49,8 @@ void SyncRounds::Resume(const shoal::v1::RunRecord& record) {
   agreed_hash_ = record.model_hash();
   round_ = last_completed_round_ + 1;
   if (record.finished()) phase_ = shoal::v1::FINISHED;
-  SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
-                  << last_completed_round_ << " (next round " << round_ << ")";
+  SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round " << last_completed_round_
+                  << " (next round " << round_ << ")";
 }
 
 void SyncRounds::OnFinish() {
@@ -162,8 +162,7 @@ absl::Status SyncRounds::CheckRound(uint64_t round, const char* what) const {
   return absl::OkStatus();
 }
 
-absl::Status SyncRounds::CheckParticipant(const Member& m, uint64_t round,
-                                          const char* what) const {
+absl::Status SyncRounds::CheckParticipant(const Member& m, uint64_t round, const char* what) const {
   if (absl::Status s = CheckRound(round, what); !s.ok()) return s;
   if (!IsParticipant(m.id)) {
     const std::string& missed = R(m.id).missed_reason;
@@ -291,8 +290,8 @@ absl::StatusOr<uint64_t> SyncRounds::JoinRound(Member& m, uint64_t round, uint64
   return admission.round;
 }
 
-void SyncRounds::MissRound(const std::string& worker_id, const std::string& reason,
-                           Directives* out, bool adaptive) {
+void SyncRounds::MissRound(const std::string& worker_id, const std::string& reason, Directives* out,
+                           bool adaptive) {
   Member& m = members_->At(worker_id);
   RoundMember& r = R(worker_id);
   RemoveParticipant(worker_id);
@@ -763,8 +762,8 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
     msg.mutable_leave_requested()->set_reason(
         absl::StrCat("model hash mismatch in round ", round_));
     out->push_back({id, Share(std::move(msg))});
-    host_->DepartMember(id, MemberState::kEvicted, absl::StrCat("model hash mismatch in round ", round_),
-                  out);
+    host_->DepartMember(id, MemberState::kEvicted,
+                        absl::StrCat("model hash mismatch in round ", round_), out);
   }
 
   const absl::Time now = clock_->Now();

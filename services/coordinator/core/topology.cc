@@ -34,8 +34,7 @@ void Topology::Reelect(ElectionTrigger trigger, uint64_t round) {
   for (const auto& [id, m] : members_->members()) {
     auto it = measured_.find(id);
     const Measurements measured = it == measured_.end() ? Measurements() : it->second;
-    input.push_back(
-        {m.id, m.zone, measured.step_seconds, measured.bandwidth_bps, /*alive=*/true});
+    input.push_back({m.id, m.zone, measured.step_seconds, measured.bandwidth_bps, /*alive=*/true});
   }
   ElectionResult next = ElectZones(input, election_, options_.election, trigger, *clock_);
   stale_ = false;
@@ -78,9 +77,8 @@ void Topology::UpdateRelayRoutes(uint64_t round) {
   const std::vector<RelayAssignment> changed = ChangedRelays(relay_routes_, next);
   if (!changed.empty()) {
     // One line per election, not per member (10,000 members move at once).
-    SHOAL_LOG(INFO) << "relay routes: " << changed.size() << " changed round=" << round
-                    << " (e.g. " << changed.front().worker_id << ": " << changed.front().reason
-                    << ")";
+    SHOAL_LOG(INFO) << "relay routes: " << changed.size() << " changed round=" << round << " (e.g. "
+                    << changed.front().worker_id << ": " << changed.front().reason << ")";
   }
   for (const RelayAssignment& a : changed) {
     SHOAL_VLOG(1) << "relay route of " << a.worker_id << ": " << a.reason;
