@@ -1,7 +1,8 @@
 // Membership on its own (services/coordinator/core/membership.h): ids and
 // data ranks, the member limit, leases, departures and member credentials.
 // No engine and no lock: the part is called as RoundEngine calls it, with
-// time from a FakeClock.
+// time from a FakeClock. (round_engine_membership_test.cc's MembershipTest
+// is membership through the facade.)
 #include "services/coordinator/core/membership.h"
 
 #include <string>
@@ -20,9 +21,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-class MembershipTest : public ::testing::Test {
+class MembershipPartTest : public ::testing::Test {
  protected:
-  MembershipTest() { Make(); }
+  MembershipPartTest() { Make(); }
 
   void Make() {
     options_.run_id = "run-m";
@@ -61,7 +62,7 @@ class MembershipTest : public ::testing::Test {
   std::unique_ptr<Membership> members_;
 };
 
-TEST_F(MembershipTest, IdsAreSequentialAndAFreedDataRankIsReused) {
+TEST_F(MembershipPartTest, IdsAreSequentialAndAFreedDataRankIsReused) {
   Member* a = Add(9001);
   Member* b = Add(9002);
   Member* c = Add(9003);
@@ -81,7 +82,7 @@ TEST_F(MembershipTest, IdsAreSequentialAndAFreedDataRankIsReused) {
   EXPECT_TRUE(members_->ConsistentForTesting());
 }
 
-TEST_F(MembershipTest, AfterARestartAWorkerKeepsItsIdButNotARemovedOne) {
+TEST_F(MembershipPartTest, AfterARestartAWorkerKeepsItsIdButNotARemovedOne) {
   Member* kept = Add(9001, "w7");
   EXPECT_EQ(kept->id, "w7");
   // The numbering moves past it, so that no later worker is given w7.
@@ -95,7 +96,7 @@ TEST_F(MembershipTest, AfterARestartAWorkerKeepsItsIdButNotARemovedOne) {
   EXPECT_EQ(Add(9004, "x3")->id, "w10");
 }
 
-TEST_F(MembershipTest, AddingMarksTheRecordChangedBecauseTheNumberingIsDurable) {
+TEST_F(MembershipPartTest, AddingMarksTheRecordChangedBecauseTheNumberingIsDurable) {
   versions_.Commit();
   const uint64_t before = versions_.record_version();
   Add(9001);
@@ -107,7 +108,7 @@ TEST_F(MembershipTest, AddingMarksTheRecordChangedBecauseTheNumberingIsDurable) 
   EXPECT_EQ(versions_.record_version(), before + 1);
 }
 
-TEST_F(MembershipTest, PastMaxMembersAJoinIsRefusedWithResourceExhausted) {
+TEST_F(MembershipPartTest, PastMaxMembersAJoinIsRefusedWithResourceExhausted) {
   options_.max_members = 2;
   Make();
   Add(9001);
@@ -119,7 +120,7 @@ TEST_F(MembershipTest, PastMaxMembersAJoinIsRefusedWithResourceExhausted) {
   EXPECT_EQ(members_->size(), 2u);
 }
 
-TEST_F(MembershipTest, CheckJoinRequestRefusesBadAddressesZonesAndHashes) {
+TEST_F(MembershipPartTest, CheckJoinRequestRefusesBadAddressesZonesAndHashes) {
   EXPECT_TRUE(Membership::CheckJoinRequest(Request(9001)).ok());
   v1::JoinRequest bad = Request(9001);
   bad.set_peer_address("localhost:0");
@@ -132,7 +133,7 @@ TEST_F(MembershipTest, CheckJoinRequestRefusesBadAddressesZonesAndHashes) {
   EXPECT_EQ(Membership::CheckJoinRequest(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(MembershipTest, FindActiveSaysWhyAnIdIsUnknown) {
+TEST_F(MembershipPartTest, FindActiveSaysWhyAnIdIsUnknown) {
   Add(9001);
   EXPECT_TRUE(members_->FindActive("w1").ok());
   EXPECT_EQ(members_->FindActive("").status().code(), absl::StatusCode::kInvalidArgument);
@@ -143,7 +144,7 @@ TEST_F(MembershipTest, FindActiveSaysWhyAnIdIsUnknown) {
   EXPECT_EQ(members_->Find("w1"), nullptr);
 }
 
-TEST_F(MembershipTest, LeasesExpireWithoutASessionOrWithoutHeartbeats) {
+TEST_F(MembershipPartTest, LeasesExpireWithoutASessionOrWithoutHeartbeats) {
   Member* idle = Add(9001);    // never opens its session
   Member* active = Add(9002);  // opens it and heartbeats
   members_->Connect(*active);
@@ -160,7 +161,7 @@ TEST_F(MembershipTest, LeasesExpireWithoutASessionOrWithoutHeartbeats) {
   EXPECT_FALSE(expired[1].second.empty());
 }
 
-TEST_F(MembershipTest, AliveNeedsAnOpenSessionAndARecentHeartbeat) {
+TEST_F(MembershipPartTest, AliveNeedsAnOpenSessionAndARecentHeartbeat) {
   options_.config.mutable_timeouts()->set_heartbeat_interval_ms(1000);
   Make();
   Member* m = Add(9001);
@@ -171,7 +172,7 @@ TEST_F(MembershipTest, AliveNeedsAnOpenSessionAndARecentHeartbeat) {
   EXPECT_FALSE(members_->Alive(*m, clock_.Now()));
 }
 
-TEST_F(MembershipTest, RemovedMembersAreCountedAndOnlyTheNewestAreShown) {
+TEST_F(MembershipPartTest, RemovedMembersAreCountedAndOnlyTheNewestAreShown) {
   options_.max_departed_shown = 2;
   Make();
   Directives out;
@@ -189,7 +190,7 @@ TEST_F(MembershipTest, RemovedMembersAreCountedAndOnlyTheNewestAreShown) {
   EXPECT_EQ(members_->departures(), 3u);
 }
 
-TEST_F(MembershipTest, TakeProgressMarksTheStatusOnlyWhenTheProgressMoved) {
+TEST_F(MembershipPartTest, TakeProgressMarksTheStatusOnlyWhenTheProgressMoved) {
   Member* m = Add(9001);
   versions_.Commit();
   const uint64_t before = versions_.status_version();
@@ -209,7 +210,7 @@ TEST_F(MembershipTest, TakeProgressMarksTheStatusOnlyWhenTheProgressMoved) {
   EXPECT_EQ(w.sync_bytes_done(), 10u);
 }
 
-TEST_F(MembershipTest, AnUnreachableJoinerIsOutboundOnlyWithTheProbesReason) {
+TEST_F(MembershipPartTest, AnUnreachableJoinerIsOutboundOnlyWithTheProbesReason) {
   const v1::JoinRequest r = Request(9001);
   absl::StatusOr<Member*> added = members_->Add(r, 1);
   ASSERT_TRUE(added.ok());
@@ -223,7 +224,7 @@ TEST_F(MembershipTest, AnUnreachableJoinerIsOutboundOnlyWithTheProbesReason) {
   EXPECT_FALSE((*added)->connected);
 }
 
-TEST_F(MembershipTest, CredentialsAreAnnouncedOnIssueAndRevokedOnRemoval) {
+TEST_F(MembershipPartTest, CredentialsAreAnnouncedOnIssueAndRevokedOnRemoval) {
   options_.member_credentials = true;
   int n = 0;
   options_.credential_secret = [&n] { return absl::StrCat("secret-", ++n); };
@@ -251,7 +252,7 @@ TEST_F(MembershipTest, CredentialsAreAnnouncedOnIssueAndRevokedOnRemoval) {
   EXPECT_EQ(members_->MemberList("w1")->member_update().entries_size(), 1);
 }
 
-TEST_F(MembershipTest, EndRunTellsEveryMemberAndSetsThemWaiting) {
+TEST_F(MembershipPartTest, EndRunTellsEveryMemberAndSetsThemWaiting) {
   Add(9001)->state = MemberState::kTraining;
   Add(9002)->state = MemberState::kSharing;
   CoordinatorMessage msg;
@@ -264,7 +265,7 @@ TEST_F(MembershipTest, EndRunTellsEveryMemberAndSetsThemWaiting) {
   for (const auto& [id, m] : members_->members()) EXPECT_EQ(m.state, MemberState::kWaiting);
 }
 
-TEST_F(MembershipTest, ModelFileHoldersAreOpenDirectSessionsOtherThanTheJoiner) {
+TEST_F(MembershipPartTest, ModelFileHoldersAreOpenDirectSessionsOtherThanTheJoiner) {
   Member* a = Add(9001);
   Member* b = Add(9002);
   Member* joiner = Add(9003);
