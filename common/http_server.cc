@@ -20,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 
 namespace shoal {
 namespace {
@@ -50,14 +49,14 @@ const char* Reason(int code) {
   }
 }
 
-int RemainingMs(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
+int RemainingMs(const Clock* clock, absl::Time deadline) {
+  const absl::Duration left = deadline - clock->Now();
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
 }
 
 // Sends all of `data` by `deadline`; false when the client did not take it.
-bool SendAll(int fd, const std::string& data, absl::Time deadline) {
+bool SendAll(const Clock* clock, int fd, const std::string& data, absl::Time deadline) {
   size_t sent = 0;
   while (sent < data.size()) {
     const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -66,7 +65,7 @@ bool SendAll(int fd, const std::string& data, absl::Time deadline) {
       continue;
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    const int ms = RemainingMs(deadline);
+    const int ms = RemainingMs(clock, deadline);
     if (ms == 0) return false;
     pollfd p{fd, POLLOUT, 0};
     if (poll(&p, 1, ms) < 0 && errno != EINTR) return false;
@@ -156,8 +155,8 @@ class HttpServer::Impl {
         }
       }
       // Every thread busy: say so at once rather than make it wait.
-      SendAll(conn, Serialize(Error(503, "busy, try again"), false),
-              absl::Now() + absl::Milliseconds(100));
+      SendAll(options_.clock, conn, Serialize(Error(503, "busy, try again"), false),
+              options_.clock->Now() + absl::Milliseconds(100));
       close(conn);
     }
   }
@@ -181,7 +180,7 @@ class HttpServer::Impl {
   }
 
   void Answer(int conn) {
-    const absl::Time read_deadline = absl::Now() + options_.read_timeout;
+    const absl::Time read_deadline = options_.clock->Now() + options_.read_timeout;
     std::string head;
     char buf[2048];
     int error = 0;
@@ -197,7 +196,7 @@ class HttpServer::Impl {
       }
       if (n == 0) return;  // closed before a full head: nobody to answer
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
-      const int ms = RemainingMs(read_deadline);
+      const int ms = RemainingMs(options_.clock, read_deadline);
       if (ms == 0 || stop_) {
         error = 408;
         break;
@@ -223,8 +222,8 @@ class HttpServer::Impl {
         response = it->second(request);
       }
     }
-    SendAll(conn, Serialize(response, request.method == "HEAD"),
-            absl::Now() + options_.write_timeout);
+    SendAll(options_.clock, conn, Serialize(response, request.method == "HEAD"),
+            options_.clock->Now() + options_.write_timeout);
   }
 
   const int fd_;

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace shoal {
 
@@ -55,6 +56,9 @@ class HttpServer {
     // Answering threads and accepted connections waiting for one.
     int threads = 2;
     int queue = 64;
+    // Reads the deadlines above (sockets wait in real time: a fake clock
+    // only moves what the server decides from it).
+    const Clock* clock = RealClock::Get();
   };
 
   // Serves `routes` (exact paths) at `listen` ("IPV4:PORT", port 0 = any

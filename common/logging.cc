@@ -5,8 +5,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace shoal {
 namespace {
@@ -42,8 +42,8 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
     tag = Tag();
   }
   stream_ << kLetters[static_cast<int>(level)]
-          << absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()) << " [" << tag
-          << "] " << (base ? base + 1 : file) << ":" << line << "] ";
+          << absl::FormatTime("%H:%M:%E3S", RealClock::Get()->Now(), absl::LocalTimeZone()) << " ["
+          << tag << "] " << (base ? base + 1 : file) << ":" << line << "] ";
 }
 
 LogMessage::~LogMessage() {

@@ -8,21 +8,22 @@
 #include <algorithm>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace shoal {
 
 class RateLimiter {
  public:
   // bytes_per_second <= 0: unlimited.
-  explicit RateLimiter(double bytes_per_second) : rate_(bytes_per_second) {}
+  explicit RateLimiter(double bytes_per_second, const Clock* clock = RealClock::Get())
+      : rate_(bytes_per_second), clock_(clock) {}
 
   bool limited() const { return rate_ > 0; }
 
   // Books `bytes` and returns the time they may start going out.
   absl::Time Reserve(size_t bytes) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     if (rate_ <= 0) return now;
     absl::MutexLock lock(&mu_);
     // No credit for idle time beyond one piece: a burst after a pause stays
@@ -34,6 +35,7 @@ class RateLimiter {
 
  private:
   const double rate_;
+  const Clock* const clock_;
   absl::Mutex mu_;
   absl::Time next_free_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

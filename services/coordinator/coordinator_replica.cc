@@ -116,9 +116,9 @@ bool CoordinatorServer::WaitForNextStep(absl::Duration period) {
   // as soon as it is gone, instead of up to a whole period after the old
   // leader's lease expired: that wait is part of every failover.
   const absl::Duration poll = std::clamp(period / 5, absl::Milliseconds(50), period);
-  const absl::Time step_at = absl::Now() + period;
+  const absl::Time step_at = clock_->Now() + period;
   while (true) {
-    const absl::Duration left = step_at - absl::Now();
+    const absl::Duration left = step_at - clock_->Now();
     if (left <= absl::ZeroDuration()) return stop_.HasBeenNotified();
     if (stop_.WaitForNotificationWithTimeout(std::min(poll, left))) return true;
     if (active_engine() != nullptr) continue;  // a leader steps on its period

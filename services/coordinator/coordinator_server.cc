@@ -172,7 +172,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                           RoundEngine* e = raw->active_engine();
                           return e != nullptr ? e->status_version() : 0;
                         },
-                        [raw](uint64_t* version) { return raw->CurrentStatus(version); }});
+                        [raw](uint64_t* version) { return raw->CurrentStatus(version); }},
+        clock);
     absl::StatusOr<std::unique_ptr<HttpServer>> http =
         HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
     if (!http.ok()) return http.status();

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/model_file.h"
@@ -714,7 +715,8 @@ int main(int argc, char** argv) {
   options.run_id_from_flag = !engine.run_id.empty();
   if (engine.run_id.empty()) {
     std::random_device rd;
-    engine.run_id = absl::StrFormat("run-%d-%04x", absl::ToUnixSeconds(absl::Now()), rd() & 0xFFFF);
+    engine.run_id = absl::StrFormat(
+        "run-%d-%04x", absl::ToUnixSeconds(shoal::RealClock::Get()->Now()), rd() & 0xFFFF);
   }
   engine.max_members = absl::GetFlag(FLAGS_max_members);
   engine.join_probe_timeout = absl::GetFlag(FLAGS_probe_joiners_timeout);

@@ -52,10 +52,10 @@ std::string JsonString(absl::string_view s) {
 
 }  // namespace
 
-WebPage::WebPage(Source source) : source_(std::move(source)) {}
+WebPage::WebPage(Source source, const Clock* clock) : clock_(clock), source_(std::move(source)) {}
 
 std::shared_ptr<WebPage::Snapshot> WebPage::Current() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (snapshot_ != nullptr && now - snapshot_->built < kMaxAge) {
     // 0 (a standby replica's view): reused for kMaxAge all the same.
     if (source_.version() == snapshot_->version) return snapshot_;

@@ -22,6 +22,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/http_server.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -39,7 +40,7 @@ class WebPage {
   static constexpr size_t kMaxCheckpoints = 100;
   static constexpr absl::Duration kMaxAge = absl::Milliseconds(500);
 
-  explicit WebPage(Source source);
+  WebPage(Source source, const Clock* clock);
 
   // Picks up newly completed rounds and checkpoints (from the ticker).
   void Update();
@@ -51,6 +52,7 @@ class WebPage {
   HttpResponse History(const HttpRequest& request);
 
  private:
+  const Clock* const clock_;
   struct Snapshot {
     uint64_t version = 0;
     absl::Time built;

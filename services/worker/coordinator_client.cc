@@ -225,7 +225,7 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
     if (status.ok()) status = absl::UnavailableError("coordinator closed the session");
     on_closed(status);
   });
-  raw->heartbeat = std::thread([raw, heartbeat, fill] {
+  raw->heartbeat = std::thread([raw, heartbeat, fill, clock = options_.clock] {
     while (true) {
       uint64_t answers = 0;
       {
@@ -238,7 +238,7 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
         answers = raw->wanted;
       }
       shoal::v1::WorkerMessage hb;
-      hb.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
+      hb.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(clock->Now()));
       if (fill) fill(hb.mutable_heartbeat());
       bool ok;
       {

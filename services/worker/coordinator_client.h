@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/member_credentials.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 
@@ -77,6 +78,9 @@ struct CoordinatorClientOptions {
   // for a supernode's relay (services/worker/relay_frontend.h), which
   // checks it; outlives the client.
   const MemberCredentialHolder* credential = nullptr;
+  // Stamps heartbeats (sent_unix_ms); the relay cooldown of
+  // RoutedCoordinatorClient reads it too.
+  const Clock* clock = RealClock::Get();
 };
 
 // Thread-safe.

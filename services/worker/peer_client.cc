@@ -151,10 +151,10 @@ absl::StatusOr<shoal::v1::ModelManifest> GrpcPeerClient::GetManifest(
   policy.max_backoff = absl::Milliseconds(200);
   policy.deadline = std::min(timeout, absl::Seconds(1));
   policy.unavailable_only = true;
-  const absl::Time end = absl::Now() + timeout;
+  const absl::Time end = clock_->Now() + timeout;
   absl::Status s = Retry(policy, canceller, [&](absl::Duration) -> absl::Status {
     grpc::ClientContext ctx;
-    Prepare(&ctx, std::max(absl::ZeroDuration(), end - absl::Now()));
+    Prepare(&ctx, std::max(absl::ZeroDuration(), end - clock_->Now()));
     ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
     return FromGrpcStatus(PeerFor(address).stub->GetManifest(&ctx, request, &manifest));
   });

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
+#include "common/clock.h"
 #include "common/member_credentials.h"
 #include "common/tensor_wire.h"
 #include "shoal/v1/peer.grpc.pb.h"
@@ -85,8 +86,9 @@ class GrpcPeerClient : public PeerClient {
  public:
   // `credential` (may be null; outlives the client): this worker's member
   // credential, sent with every call (common/member_credentials.h).
-  explicit GrpcPeerClient(const MemberCredentialHolder* credential = nullptr)
-      : credential_(credential) {}
+  explicit GrpcPeerClient(const MemberCredentialHolder* credential = nullptr,
+                          const Clock* clock = RealClock::Get())
+      : credential_(credential), clock_(clock) {}
 
   absl::Status ReadSlice(const std::string& address, const shoal::v1::ReadSliceRequest& request,
                          absl::Duration timeout,
@@ -124,6 +126,7 @@ class GrpcPeerClient : public PeerClient {
   // A call's context: its deadline and this worker's member credential.
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
   const MemberCredentialHolder* const credential_;
+  const Clock* const clock_;
   absl::Mutex mu_;
   // Entries are never removed, so references stay valid.
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);

@@ -48,13 +48,12 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
  public:
   ReadSliceReactor(const ModelState* state, RateLimiter* limiter, const PeerServiceOptions& options,
                    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
-                   bool corrupt, PeerSentBytes* sent, std::shared_ptr<void> slot)
+                   PeerSentBytes* sent, std::shared_ptr<void> slot)
       : slot_(std::move(slot)),
         sent_(sent),
         state_(state),
         limiter_(limiter),
         ctx_(ctx),
-        corrupt_(corrupt),
         clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
         created_(clock_->Now()) {
     ReactionScope reaction(this);
@@ -71,7 +70,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     const absl::Time now = clock_->Now();
     park_until_ = now + options.averaged_wait;
     // The reader's deadline is wall-clock time; read it on the injected clock.
-    const absl::Time deadline = now + (absl::FromChrono(ctx->deadline()) - absl::Now());
+    const absl::Time deadline = now + (absl::FromChrono(ctx->deadline()) - RealClock::Get()->Now());
     if (deadline < park_until_) {
       park_until_ = deadline - std::min((deadline - now) / 4, absl::Milliseconds(500));
     }
@@ -219,7 +218,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         AddRef();  // the alarm's
         park_armed_ = true;
         // gRPC's alarms run on wall-clock time: the same distance ahead.
-        park_alarm_.Set(absl::ToChronoTime(absl::Now() + (park_until_ - clock_->Now())),
+        park_alarm_.Set(absl::ToChronoTime(RealClock::Get()->Now() + (park_until_ - clock_->Now())),
                         [this](bool ok) {
                           OnParkTimer(ok);
                           Release();
@@ -265,7 +264,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     const uint64_t count = NextChunk(next_, end_).count;
     if (limiter_ != nullptr && limiter_->limited()) {
       const absl::Time when = limiter_->Reserve(count * kBytesPerElement);
-      if (when > absl::Now()) {
+      // The limiter reads the real clock, as the alarm below does.
+      if (when > RealClock::Get()->Now()) {
         // Wait on a timer, not on this gRPC thread (nothing is lent yet).
         absl::MutexLock lock(&alarm_mu_);
         AddRef();  // the alarm's
@@ -301,14 +301,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
       return;
     }
     const size_t bytes = count * kBytesPerElement;
-    if (corrupt_ && snapshot_) {
-      // Test hook: flip one bit per element, then a CRC that matches. A copy
-      // (the model is never written), so the lent chunk goes back at once.
-      std::string copy(reinterpret_cast<const char*>(lent->data), bytes);
-      state_->ReturnChunk(grant_.buffer);
-      for (size_t i = 0; i < copy.size(); i += kBytesPerElement) copy[i] ^= 0x01;
-      buffer_ = CopiedChunkBuffer(request_.round(), next_, copy, Crc32c(copy.data(), copy.size()));
-    } else {
+    {
       // Whole cells come with their CRC; a partial one (the ends of the
       // range) or a snapshot chunk is checksummed here, from the same
       // immutable bytes gRPC will send.
@@ -345,7 +338,6 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   const ModelState* const state_;
   RateLimiter* const limiter_;
   grpc::CallbackServerContext* const ctx_;
-  const bool corrupt_;
   const Clock* const clock_;
   const absl::Time created_;
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
@@ -480,8 +472,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerService::ReadSlice(
   if (DecodeReadSliceRequest(*request, &decoded).ok() && decoded.kind() == shoal::v1::GOSSIP) {
     return new GossipReadReactor(gossip_board_.load(), decoded, std::move(slot));
   }
-  return new ReadSliceReactor(state_, limiter_, options_, ctx, request, corrupt_for_testing_.load(),
-                              &sent_, std::move(slot));
+  return new ReadSliceReactor(state_, limiter_, options_, ctx, request, &sent_, std::move(slot));
 }
 
 grpc::ServerUnaryReactor* PeerService::GetManifest(

@@ -133,12 +133,8 @@ class PeerService final
     model_file_ = std::move(file);
   }
 
-  // Test hook (fault injection only, never set by the worker): SNAPSHOT
-  // reads serve bytes that differ from the model but carry a valid CRC-32C,
-  // so only the manifest's digests can catch them.
+  // What this service has sent, per reader (the worker's metrics).
   const PeerSentBytes& sent() const { return sent_; }
-
-  void set_corrupt_for_testing(bool corrupt) { corrupt_for_testing_ = corrupt; }
 
   // Gossip mode: GOSSIP reads are served from `board` (whole published
   // copies, lent zero-copy; each chunk holds its copy until gRPC drops it).
@@ -152,7 +148,6 @@ class PeerService final
   RateLimiter* const limiter_;
   const PeerServiceOptions options_;
   ReadSlots read_slots_{options_.max_reads_per_peer};
-  std::atomic<bool> corrupt_for_testing_{false};
   const EncodedStore* encoded_ = nullptr;
   PushBox* push_box_ = nullptr;
   PeerSentBytes sent_;

@@ -313,7 +313,7 @@ grpc::ServerUnaryReactor* RelayFrontend::Forward(const MethodDescriptor& method,
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id is empty"));
     return reactor;
   }
-  absl::Time deadline = absl::Now() + options_.call_timeout;
+  absl::Time deadline = options_.clock->Now() + options_.call_timeout;
   deadline = std::min(deadline, absl::FromChrono(ctx->deadline()));
   {
     mu_.Lock();
@@ -401,16 +401,19 @@ void RelayFrontend::Pump() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !OutboxEmptyLocked() || !retired_.empty();
       };
-      // With calls waiting, the timeout bounds how late an expired one is
-      // answered; otherwise the thread sleeps until there is work.
+      // With calls waiting, it wakes when the first of them expires;
+      // otherwise it sleeps until there is work.
       if (calls_.empty()) {
         mu_.Await(absl::Condition(&ready));
       } else {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+        absl::Time first = absl::InfiniteFuture();
+        for (const auto& [id, call] : calls_) first = std::min(first, call.deadline);
+        mu_.AwaitWithTimeout(absl::Condition(&ready),
+                             std::max(absl::ZeroDuration(), first - options_.clock->Now()));
       }
       if (stop_) return;
       retired.swap(retired_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = options_.clock->Now();
       for (auto it = calls_.begin(); it != calls_.end();) {
         if (it->second.deadline <= now) {
           expired.push_back(it->second.reactor);

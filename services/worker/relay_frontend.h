@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/member_credentials.h"
 #include "common/raw_service.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
@@ -74,6 +75,8 @@ struct RelayFrontendOptions {
   // Entries (sessions + calls + gone) per RelayUp: the coordinator's
   // --relay_max_batch default.
   size_t max_batch = 4096;
+  // Reads the forwarded calls' deadlines.
+  const Clock* clock = RealClock::Get();
 };
 
 // Every method raw (bytes in and out): calls are forwarded as the bytes the

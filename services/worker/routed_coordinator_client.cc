@@ -65,7 +65,8 @@ void RoutedCoordinatorClient::Router() {
       if (!tasks_.empty()) {
         task = std::move(tasks_.front());
         tasks_.pop_front();
-      } else if (!deferred_address_.empty() && absl::Now() - failed_at_ >= kRelayCooldown) {
+      } else if (!deferred_address_.empty() &&
+                 relay_options_.clock->Now() - failed_at_ >= kRelayCooldown) {
         // The cooldown is over: the put-off UseRelay now.
         task = [this, id = std::move(deferred_id_), address = std::move(deferred_address_)] {
           MoveTo(id, address);
@@ -166,7 +167,7 @@ void RoutedCoordinatorClient::FallBack(uint64_t gen, const absl::Status& why) {
     if (gen != gen_ || !wanted_) return;
     relayed_ = false;
     failed_address_ = relay_address_;
-    failed_at_ = absl::Now();
+    failed_at_ = relay_options_.clock->Now();
     relay_id = relay_id_;
     ++fall_backs_;
     // Tried again when the cooldown is over, unless a UseRelay moves the
@@ -218,7 +219,7 @@ void RoutedCoordinatorClient::MoveTo(const std::string& relay_id, const std::str
       next = ++gen_;
     } else {
       if (relayed_ && address == relay_address_) return;
-      if (address == failed_address_ && absl::Now() - failed_at_ < kRelayCooldown) {
+      if (address == failed_address_ && relay_options_.clock->Now() - failed_at_ < kRelayCooldown) {
         SHOAL_VLOG(1) << "relay " << relay_id << " at " << address
                       << " failed recently; staying direct until the cooldown is over";
         deferred_id_ = relay_id;
@@ -339,7 +340,7 @@ absl::Status RoutedCoordinatorClient::OpenSession(const std::string& worker_id,
     absl::MutexLock lock(&mu_);
     relayed_ = false;
     failed_address_ = relay_address_;
-    failed_at_ = absl::Now();
+    failed_at_ = relay_options_.clock->Now();
   }
   return OpenOn(&direct_, gen);
 }

@@ -23,7 +23,7 @@
 #include "services/worker/gossip_fetcher.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
-#include "tests/support/faulty_gossip_peer.h"
+#include "tests/support/faulty_peer.h"
 #include "tests/support/test_support.h"
 
 namespace shoal::worker {
@@ -38,10 +38,13 @@ namespace {
 constexpr uint64_t kElements = 3 * (1 << 18) + (1 << 17);
 
 // A peer: the real PeerService behind the test's fault injection
-// (tests/support/faulty_gossip_peer.h), which passes everything through
+// (tests/support/faulty_peer.h), which passes everything through
 // while its fault is kNone.
 struct GossipNode {
-  explicit GossipNode(float fill) : params(kElements), service(&state), faulty(&service, &board) {
+  explicit GossipNode(float fill)
+      : params(kElements),
+        service(&state),
+        faulty(&service, ::shoal::testing::FaultyPeer::Gossip(&board)) {
     for (uint64_t i = 0; i < kElements; ++i) params[i] = fill + 1e-6f * static_cast<float>(i % 977);
     state.Bind(params.data(), params.size(), "mlp");
     state.SetWorkerId("peer");
@@ -60,7 +63,7 @@ struct GossipNode {
   ModelState state;
   GossipBoard board;
   PeerService service;
-  ::shoal::testing::FaultyGossipPeer faulty;
+  ::shoal::testing::FaultyPeer faulty;
   std::unique_ptr<GrpcServer> server;
 };
 
@@ -150,19 +153,19 @@ TEST_F(GossipPeersTest, CorruptOrTruncatedTransferIsDroppedWhole) {
   GossipNode peer(1.0f);
   peer.board.Publish(peer.params.data(), kElements, 640, 1.0);
   GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
-  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kCorrupt);
+  peer.faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kCorrupt);
   GossipFetchResult r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss) << r.status;
   EXPECT_FALSE(r.not_answering);
   EXPECT_EQ(r.peer_params, nullptr);
 
-  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kTruncate);
+  peer.faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kTruncate);
   r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss) << r.status;
   EXPECT_EQ(r.peer_params, nullptr);
 
   // The same peer, healthy again, serves a whole copy.
-  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kNone);
+  peer.faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kNone);
   r = fetcher.FetchNow("w9", peer.address(), kElements, absl::Seconds(20));
   EXPECT_TRUE(r.status.ok()) << r.status;
 }
@@ -170,7 +173,7 @@ TEST_F(GossipPeersTest, CorruptOrTruncatedTransferIsDroppedWhole) {
 TEST_F(GossipPeersTest, PeerThatStopsAnsweringCostsOneBoundedFetch) {
   GossipNode peer(1.0f);
   peer.board.Publish(peer.params.data(), kElements, 640, 1.0);
-  peer.faulty.set_fault(::shoal::testing::FaultyGossipPeer::Fault::kStall);
+  peer.faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kStall);
   GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
   const absl::Time t0 = absl::Now();
   const GossipFetchResult r =

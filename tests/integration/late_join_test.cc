@@ -30,6 +30,7 @@
 #include "services/worker/model_syncer.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
+#include "tests/support/faulty_peer.h"
 #include "tests/support/test_support.h"
 
 namespace shoal::worker {
@@ -60,17 +61,29 @@ std::vector<LayerSpan> Layers() {
 std::vector<float> RandomModel(uint32_t seed) { return testing::RandomModel(kTotal, seed); }
 
 // One worker holding the averaged model of kRound in its snapshot and
-// serving it, paced at `bytes_per_second` (0: unpaced).
+// serving it, paced at `bytes_per_second` (0: unpaced), behind a FaultyPeer
+// that forges its SNAPSHOT reads when a test says so.
 struct Holder {
   Holder(const std::vector<float>& model, const std::string& hash, double bytes_per_second)
-      : params(model), snapshot(model), limiter(bytes_per_second), service(&state, &limiter) {
+      : params(model),
+        snapshot(model),
+        limiter(bytes_per_second),
+        service(&state, &limiter),
+        faulty(&service,
+               [this](const shoal::v1::ReadSliceRequest& request)
+                   -> std::shared_ptr<const std::vector<float>> {
+                 if (request.kind() != shoal::v1::SNAPSHOT || request.round() != kRound)
+                   return nullptr;
+                 return std::shared_ptr<const std::vector<float>>(std::shared_ptr<void>(),
+                                                                  &snapshot);
+               }) {
     state.Bind(params.data(), params.size(), "mlp");
     EXPECT_TRUE(state.SetLayers(Layers()).ok());
     state.SetDigestPieceElements(kPieceElements);
     state.BindSnapshot(snapshot.data());
     state.SetSnapshot(kRound);
     state.SetModel(kRound, hash);
-    auto started = GrpcServer::Start("127.0.0.1:0", {&service});
+    auto started = GrpcServer::Start("127.0.0.1:0", {&faulty});
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) {
       server = std::move(*started);
@@ -88,6 +101,7 @@ struct Holder {
   ModelState state;
   RateLimiter limiter;
   PeerService service;
+  ::shoal::testing::FaultyPeer faulty;
   std::unique_ptr<GrpcServer> server;
   std::string address;
 };
@@ -250,7 +264,7 @@ TEST_F(LateJoinTest, ThreePacedHoldersAreAboutThreeTimesFasterThanOne) {
 
 TEST_F(LateJoinTest, CorruptHolderIsDetectedAndRefetched) {
   StartHolders(3, 8e6);
-  holders_[1]->service.set_corrupt_for_testing(true);
+  holders_[1]->faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kForge);
   ASSERT_TRUE(Sync().ok());
   ExpectBitIdentical();
   const PeerSyncStats& bad = stats_.peers[1];

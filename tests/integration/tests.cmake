@@ -16,6 +16,7 @@ target_link_libraries(shoal-reflect-call PRIVATE grpc_reflection_protos gRPC::gr
 shoal_warnings(shoal-reflect-call)
 add_dependencies(reflection_test shoal-reflect-call)
 shoal_test(late_join_test integration ${CMAKE_CURRENT_LIST_DIR}/late_join_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/support/faulty_peer.cc
   LIBS worker_lib checkpoint_service checkpoint_client)
 # The shared coordinator set-up; the peer and checkpoint servers of the
 # health-through-reflection tests.
@@ -31,7 +32,7 @@ target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_
 # Gossip mode between real peers: whole-model fetches, corrupt / truncated
 # transfers, a peer that stops answering.
 shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc
-  ${PROJECT_SOURCE_DIR}/tests/support/faulty_gossip_peer.cc LIBS worker_lib)
+  ${PROJECT_SOURCE_DIR}/tests/support/faulty_peer.cc LIBS worker_lib)
 # The supernode relay (Coordinator.Relay): a light relay client next to
 # direct workers, bad calls, limits, a broken relay.
 shoal_test(relay_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_test.cc

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/flags_usage.h"
 #include "common/grpc_util.h"
 #include "common/run_config.h"
@@ -103,8 +104,8 @@ int Config(Coordinators* stub) {
   return 0;
 }
 
-int Watch(Coordinators* stub) {
-  const absl::Time start = absl::Now();
+int Watch(Coordinators* stub, const shoal::Clock* clock) {
+  const absl::Time start = clock->Now();
   const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
   uint64_t printed = 0;
   std::string last_error;
@@ -124,11 +125,11 @@ int Watch(Coordinators* stub) {
                   << status->detail() << std::endl;
         last_detail = status->detail();
       }
-      if (shoal::ctl::IsGossip(*status) && absl::Now() >= next_gossip_line) {
+      if (shoal::ctl::IsGossip(*status) && clock->Now() >= next_gossip_line) {
         const std::string line = shoal::ctl::FormatGossipLine(*status);
         if (line != last_gossip_line) std::cout << line << std::endl;
         last_gossip_line = line;
-        next_gossip_line = absl::Now() + absl::Seconds(5);
+        next_gossip_line = clock->Now() + absl::Seconds(5);
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
@@ -137,12 +138,12 @@ int Watch(Coordinators* stub) {
       }
       if (status->phase() == shoal::v1::FINISHED) {
         std::cout << shoal::ctl::FormatSummaryLine(*status,
-                                                   absl::ToDoubleSeconds(absl::Now() - start))
+                                                   absl::ToDoubleSeconds(clock->Now() - start))
                   << std::endl;
         return shoal::ctl::HashesAgree(*status) ? 0 : 3;
       }
     }
-    if (absl::Now() >= give_up) {
+    if (clock->Now() >= give_up) {
       std::cerr << "shoalctl: the run did not finish within " << absl::GetFlag(FLAGS_timeout)
                 << "\n";
       return 1;
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "status") return Status(&coordinators);
-  if (command == "watch") return Watch(&coordinators);
+  if (command == "watch") return Watch(&coordinators, shoal::RealClock::Get());
   if (command == "config") return Config(&coordinators);
   std::cerr << "shoalctl: unknown command '" << command << "'\n" << kUsage << "\n";
   return 2;

@@ -577,7 +577,7 @@ void CheckpointStore::CheckBlobs() {
       for (const auto& l : e.manifest.layers()) expected[l.sha256()] = l.bytes();
     }
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = options_.clock->Now();
   uint64_t hashed = 0;
   std::map<std::string, std::string> damaged;
   for (const auto& [sha, bytes] : expected) {
@@ -614,7 +614,7 @@ void CheckpointStore::CheckBlobs() {
                   << " checkpoint(s), " << expected.size() << " blob(s)"
                   << (options_.verify_on_start
                           ? absl::StrCat(", verified ", HumanBytes(hashed), " in ",
-                                         absl::FormatDuration(absl::Now() - start))
+                                         absl::FormatDuration(options_.clock->Now() - start))
                           : std::string(", sizes checked (verification off)"))
                   << (bad > 0 ? absl::StrCat(", ", bad, " damaged") : std::string());
 }

@@ -1,14 +1,18 @@
-// Test support: fault injection for gossip transfers, kept out of the
+// Test support: fault injection for model transfers, kept out of the
 // production PeerService. A Peer service registered by the test in place of
-// the real one: it serves GOSSIP reads of `board` with the fault the test
-// sets, and hands every other call (and GOSSIP reads while the fault is
-// kNone) to the real PeerService it wraps.
+// the real one: it serves the ReadSlice requests its Source takes (a
+// gossip board's copies, a holder's snapshot) with the fault the test sets,
+// and hands every other call (and every read while the fault is kNone) to
+// the real PeerService it wraps.
 //
 // Thread-safe (the fault is an atomic; gRPC threads serve).
-#ifndef SHOAL_TESTS_SUPPORT_FAULTY_GOSSIP_PEER_H_
-#define SHOAL_TESTS_SUPPORT_FAULTY_GOSSIP_PEER_H_
+#ifndef SHOAL_TESTS_SUPPORT_FAULTY_PEER_H_
+#define SHOAL_TESTS_SUPPORT_FAULTY_PEER_H_
 
 #include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/peer_service.h"
@@ -16,17 +20,26 @@
 
 namespace shoal::testing {
 
-class FaultyGossipPeer final
+class FaultyPeer final
     : public shoal::v1::Peer::WithRawCallbackMethod_ReadSlice<shoal::v1::Peer::CallbackService> {
  public:
   // kCorrupt: every chunk's bytes differ from its (true) CRC-32C;
+  // kForge: one bit of every element flipped and a CRC that matches (only
+  // the digest of a piece can tell);
   // kTruncate: the stream ends OK after its first chunk; kStall: nothing is
   // sent (the reader's deadline ends the call).
-  enum class Fault { kNone, kCorrupt, kTruncate, kStall };
+  enum class Fault { kNone, kCorrupt, kForge, kTruncate, kStall };
 
-  // `inner` and `board` outlive this service.
-  FaultyGossipPeer(worker::PeerService* inner, const worker::GossipBoard* board)
-      : inner_(inner), board_(board) {}
+  // The whole model a read of `request` is served from (the range is
+  // checked against it), or null: the read goes to the real service.
+  using Source =
+      std::function<std::shared_ptr<const std::vector<float>>(const shoal::v1::ReadSliceRequest&)>;
+  // GOSSIP reads of `board`'s copies (`board` outlives the source).
+  static Source Gossip(const worker::GossipBoard* board);
+
+  // `inner` outlives this service.
+  FaultyPeer(worker::PeerService* inner, Source source)
+      : inner_(inner), source_(std::move(source)) {}
   void set_fault(Fault fault) { fault_ = fault; }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadSlice(grpc::CallbackServerContext* ctx,
@@ -58,10 +71,10 @@ class FaultyGossipPeer final
 
  private:
   worker::PeerService* const inner_;
-  const worker::GossipBoard* const board_;
+  const Source source_;
   std::atomic<Fault> fault_{Fault::kNone};
 };
 
 }  // namespace shoal::testing
 
-#endif  // SHOAL_TESTS_SUPPORT_FAULTY_GOSSIP_PEER_H_
+#endif  // SHOAL_TESTS_SUPPORT_FAULTY_PEER_H_
