@@ -145,7 +145,8 @@ class RoundEngine : private EngineHost {
  private:
   // Declared right after taking mu_ by each public call that may change the
   // state: commits the call's marks (EngineVersions::Commit) when it
-  // returns, still under mu_, so each version moves at most once per call.
+  // returns, still under mu_, so the status version moves at most once per
+  // call (the record version, see the class comment).
   class Changes {
    public:
     explicit Changes(RoundEngine* engine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(engine->mu_)
