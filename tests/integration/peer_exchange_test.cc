@@ -23,6 +23,7 @@
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/member_credentials.h"
 #include "common/reactor_handoff.h"
 #include "common/shard_plan.h"
 #include "gmock/gmock.h"
@@ -277,6 +278,40 @@ TEST(PeerExchangeTest, MalformedPushesAreRefused) {
   header.set_begin(0);
   header.set_total_bytes(40);
   EXPECT_TRUE(client.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr).ok());
+  EXPECT_EQ(node.push_box.bytes(), 40u);
+}
+
+// Found by the soak (issue 30): a worker behind NAT pushed without its member
+// credential, so with --token_file every push was PERMISSION_DENIED and no
+// round with it ever completed. A push carries the credential like a read.
+TEST(PeerExchangeTest, PushCarriesTheMemberCredential) {
+  MemberRoster roster(42);
+  MemberSet members;
+  members.Enable();
+  members.Apply(roster.Full());
+  v1::MemberUpdate update;
+  const std::string credential = roster.Issue("w9", &update);
+  members.Apply(update);
+  PeerServiceOptions options;
+  options.members = &members;
+  PeerNode node("w1", RandomVector(100, 1, 1.0f), options);
+  ASSERT_NE(node.server, nullptr);
+  v1::PushHeader header;
+  header.set_round(1);
+  header.set_attempt(1);
+  header.set_begin(0);
+  header.set_end(10);
+  header.set_pusher_id("w9");
+  header.set_total_bytes(40);
+  GrpcPeerClient stranger;
+  EXPECT_EQ(stranger.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr).code(),
+            absl::StatusCode::kPermissionDenied);
+  MemberCredentialHolder holder;
+  holder.Set("w9", credential);
+  GrpcPeerClient member(&holder);
+  const absl::Status pushed =
+      member.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr);
+  EXPECT_TRUE(pushed.ok()) << pushed;
   EXPECT_EQ(node.push_box.bytes(), 40u);
 }
 
