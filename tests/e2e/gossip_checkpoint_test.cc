@@ -29,7 +29,7 @@ class GossipCheckpointTest : public ClusterTest {
     store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                              "--data_dir=" + dir_.path() + "/store"},
                             dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << store_->Log();
     return address;
   }
@@ -224,10 +224,9 @@ TEST_F(GossipCheckpointTest, AFiniteRunKeepsTheFinalAverage) {
 // --gossip_final_average=false: each worker leaves with its own model when
 // it trained its steps, and the run is finished when the last one left.
 TEST_F(GossipCheckpointTest, WithoutTheFinalAverageEachWorkerLeavesWithItsOwnModel) {
-  const std::string addr =
-      StartCoordinator({"--mode=gossip", "--gossip_every=10", "--eval_every=5",
-                        "--gossip_timeout=10s", "--heartbeat_interval=500ms", "--gossip_steps=60",
-                        "--gossip_final_average=false"});
+  const std::string addr = StartCoordinator({"--mode=gossip", "--gossip_every=10", "--eval_every=5",
+                                             "--gossip_timeout=10s", "--heartbeat_interval=500ms",
+                                             "--gossip_steps=60", "--gossip_final_average=false"});
   for (int i = 0; i < 2; ++i) StartWorker(addr);
   const v1::RunStatus s = WaitForStatus(
       [](const v1::RunStatus& st) { return st.phase() == v1::FINISHED; }, absl::Minutes(3));

@@ -50,7 +50,7 @@ TEST_F(TlsRunTest, ARunOverMutualTlsTrainsAndChecksEveryCaller) {
                                          "--data_dir=" + dir_.path() + "/store"};
   for (const std::string& f : TlsFlags("run")) store_argv.push_back(f);
   store_ = Process::Start(store_argv, dir_.path() + "/store.log");
-  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_->Log();
 
   std::vector<std::string> flags = {"--min_participants=2", "--local_steps=20", "--rounds=4",

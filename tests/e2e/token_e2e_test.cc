@@ -46,7 +46,7 @@ TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
        "--data_dir=" + dir_.path() + "/store", "--token_file=" + TokenFile("run"),
        "--admin_token_file=" + TokenFile("admin"), "--upload_key_file=" + TokenFile("upload")},
       dir_.path() + "/store.log");
-  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_->Log();
 
   const std::string addr = StartCoordinator(

@@ -46,7 +46,7 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
   store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                            "--data_dir=" + dir_.path() + "/store"},
                           dir_.path() + "/store.log");
-  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_->Log();
   const uint64_t rounds = 8;
   const std::string addr =
