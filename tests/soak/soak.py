@@ -119,16 +119,17 @@ ALLOWANCE = {
     "blackhole": 100,       # probes time out: connection_timeout x retries, round_timeout
     "add_worker": 60,       # admission and catch-up
     "leave": 30,
+    "nat_toggle": 60,       # a leave, or a join and catch-up
     "link_rate": 30,
 }
 KIND_GROUP = {k: k.split("_")[0] for k in ALLOWANCE}
 KIND_GROUP.update({"blackhole": "blackhole", "add_worker": "add", "leave": "leave",
-                   "link_rate": "rate"})
+                   "link_rate": "rate", "nat_toggle": "nat"})
 WEIGHTS = {
     "kill_worker": 3, "stop_worker": 3, "kill_leader": 2, "stop_leader": 1,
     "kill_supernode": 2, "stop_supernode": 1, "kill_store": 1, "stop_store": 1,
     "kill_etcd": 1, "stop_etcd": 1, "blackhole": 2, "add_worker": 2, "leave": 1,
-    "link_rate": 2,
+    "link_rate": 2, "nat_toggle": 2,
 }
 
 
@@ -533,6 +534,8 @@ class Soak:
                 continue
             if k == "leave" and not [p for p in live if self.is_added(p)]:
                 continue
+            if k == "nat_toggle" and len(live) <= self.args.min_participants:
+                continue
             if k in ("kill_supernode", "stop_supernode") and not self.supernodes(st):
                 continue
             if k in ("kill_leader", "stop_leader") and self.leader_proc(st) is None:
@@ -647,6 +650,21 @@ class Soak:
             f["target"] = p.name
             p.signal(signal.SIGTERM)
             p.end_reason = "left (SIGTERM by the soak)"
+            f["undo_at"] = now
+        elif kind == "nat_toggle":
+            # A round with a participant behind NAT is flat (docs/SUPERNODES.md,
+            # "Limits"): the worker behind NAT comes and goes, so that about
+            # half the rounds are hierarchical.
+            nat = [q for q in self.live_workers() if q.ns.endswith("-" + NAT_NS)]
+            if nat:
+                p = nat[0]
+                p.signal(signal.SIGTERM)
+                p.end_reason = "left (SIGTERM by the soak)"
+                f["detail"] = "left"
+            else:
+                p = self.start_worker(NAT_NS)
+                f["detail"] = "joined"
+            f["target"] = p.name
             f["undo_at"] = now
         elif kind == "link_rate":
             rate = r.choice(["2mbit", "5mbit", "10mbit", "50mbit", "100mbit"])
@@ -979,6 +997,17 @@ def analyze(soak):
                 unexplained.append((t, p.name, line))
             else:
                 explained += 1
+    # How many plans were hierarchical (none while the worker behind NAT
+    # takes part) and how many relayed routes changed.
+    plans = hier = 0
+    for p in soak.procs:
+        if p.role != "coordinator":
+            continue
+        for line in p.log_text().splitlines():
+            if " plan attempt " in line:
+                plans += 1
+                hier += "hierarchical" in line
+    res["plans"], res["plans_hierarchical"] = plans, hier
     res["errors_explained"] = explained
     res["errors_unexplained"] = unexplained
     # Growth per process instance, after the warm-up.
@@ -1021,14 +1050,14 @@ def plot(soak, path):
                 lw=1, color="tab:blue")
     ax.set_ylabel("last completed round")
     colors = {"kill": "tab:red", "stop": "tab:orange", "blackhole": "tab:purple",
-              "add": "tab:green", "leave": "tab:olive", "rate": "tab:cyan"}
+              "add": "tab:green", "leave": "tab:olive", "rate": "tab:cyan", "nat": "tab:brown"}
     for f in soak.faults:
         end = f["end"] or f["start"]
         for a in axes:
             a.axvspan((f["start"] - t0) / 60, (max(end, f["start"] + 1) - t0) / 60, alpha=0.15,
                       color=colors.get(KIND_GROUP[f["kind"]], "grey"), lw=0)
     ax.set_title("rounds; shaded: faults (red kill, orange stop, purple blackhole, green add, "
-                 "olive leave, cyan link rate)", fontsize=9)
+                 "olive leave, cyan link rate, brown NAT worker leaves/joins)", fontsize=9)
     ax = axes[1]
     if soak.stalls:
         ax.bar([(b - t0) / 60 for a, b, *_ in soak.stalls], [b - a for a, b, *_ in soak.stalls],
@@ -1065,7 +1094,7 @@ def report(soak, res):
         g = KIND_GROUP[f["kind"]]
         counts[g] = counts.get(g, 0) + 1
     fault_text = ",".join(f"{k}:{counts.get(k, 0)}" for k in
-                          ("kill", "stop", "blackhole", "add", "leave", "rate"))
+                          ("kill", "stop", "blackhole", "add", "leave", "rate", "nat"))
     longest = max((b - a_ for a_, b, *_ in soak.stalls), default=0.0)
     over = [(a_, b, bd, fs) for a_, b, bd, fs in soak.stalls if b - a_ > bd]
     for a_, b, bd, fs in over:
@@ -1150,6 +1179,8 @@ def report(soak, res):
                      f"{g['threads'][1]:.0f}  over {g['minutes']:.1f} min")
     lines.append("shutdown (SIGTERM -> exit): " + ", ".join(
         f"{n}={'%.1fs' % s if s is not None else 'HUNG'}" for n, s, _ in soak.shutdown))
+    lines.append(f"round plans: {res.get('plans', 0)}, hierarchical {res.get('plans_hierarchical', 0)} "
+                 "(a round with the worker behind NAT is flat)")
     lines.append(f"ERROR lines: {res['errors_explained']} explained, "
                  f"{len(res['errors_unexplained'])} not (errors.txt)")
     if note:
