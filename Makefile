@@ -31,7 +31,7 @@ endif
 endif
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos bench fuzz format clean
+.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos soak bench fuzz format clean
 
 all: build
 
@@ -76,6 +76,20 @@ test-deploy:
 CHAOS_SECONDS ?= 180
 chaos: build
 	@$(BUILD)/bin/shoal-chaos --bin_dir=$(BUILD)/bin --seconds=$(CHAOS_SECONDS)
+
+# Every feature at once under a fault schedule drawn from SOAK_SEED for
+# SOAK_MINUTES (default 60; docs/SOAK.md): TLS + token, replicas on a 3-member
+# etcd, two sites in network namespaces (zones, hierarchy, relay, a worker
+# behind NAT), int8 + Nesterov, checkpoints. Needs root. Ends with one
+# `soak: ... result=PASS|FAIL` line; the report goes to SOAK_OUT (default a new
+# /tmp/shoal-soak-report-XXXXXX).
+SOAK_MINUTES ?= 60
+SOAK_SEED    ?= 1
+SOAK_OUT     ?=
+soak: build
+	@bash scripts/install-deps.sh --soak
+	@/usr/bin/python3 tests/soak/soak.py --bin=$(BUILD)/bin --minutes=$(SOAK_MINUTES) \
+	  --seed=$(SOAK_SEED) $(if $(SOAK_OUT),--out=$(SOAK_OUT))
 
 # Benchmarks (issue #6): stream, exchange, latejoin, coordinator, micro,
 # demo; tables and `NAME: ... ratio=...` lines, results in bench/RESULTS.md.

@@ -50,10 +50,10 @@ class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
     for (const std::string& e : options_.endpoints) {
-      // Plain text: etcd members are not Shoal servers, and the process's
-      // --tls_* configuration is not theirs (etcd's own TLS: not supported
-      // yet, docs/REPLICAS.md).
-      auto channel = MakeChannel(e, TlsConfig{});
+      // Plain text and no run token: etcd members are not Shoal servers;
+      // the process's --tls_* configuration and token are not theirs
+      // (etcd's own TLS: not supported yet, docs/REPLICAS.md).
+      auto channel = MakeForeignChannel(e);
       members_.push_back({pb::KV::NewStub(channel), pb::Lease::NewStub(channel)});
     }
   }
@@ -101,8 +101,7 @@ class GrpcEtcdClient final : public EtcdClient {
     return result;
   }
 
-  absl::StatusOr<bool> Delete(const std::string& key,
-                              std::optional<EtcdCompare> compare) override {
+  absl::StatusOr<bool> Delete(const std::string& key, std::optional<EtcdCompare> compare) override {
     pb::TxnRequest request;
     if (compare.has_value()) ToPb(*compare, request.add_compare());
     request.add_success()->mutable_request_delete_range()->set_key(key);
@@ -121,10 +120,10 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::LeaseGrantRequest request;
     request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
     pb::LeaseGrantResponse response;
-    RETURN_IF_ERROR(Call("LeaseGrant", /*idempotent=*/false,
-                         [&](Member& m, grpc::ClientContext* ctx) {
-                           return m.lease->LeaseGrant(ctx, request, &response);
-                         }));
+    RETURN_IF_ERROR(
+        Call("LeaseGrant", /*idempotent=*/false, [&](Member& m, grpc::ClientContext* ctx) {
+          return m.lease->LeaseGrant(ctx, request, &response);
+        }));
     if (!response.error().empty()) {
       return absl::UnavailableError(absl::StrCat("etcd LeaseGrant: ", response.error()));
     }
@@ -174,8 +173,7 @@ class GrpcEtcdClient final : public EtcdClient {
 
   // Tries the current member, then (idempotent calls, or any call that was
   // refused before reaching a member: UNAVAILABLE) the others once each.
-  absl::Status Call(const char* what,
-                    bool idempotent,
+  absl::Status Call(const char* what, bool idempotent,
                     const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call) {
     const size_t n = members_.size();
     const size_t first = current_.load();

@@ -113,7 +113,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   return MakeChannel(address, ProcessTls());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls) {
+namespace {
+
+grpc::ChannelArguments ChannelArgs(const TlsConfig& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -121,6 +123,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Tls
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  return args;
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeForeignChannel(const std::string& address) {
+  const TlsConfig plain;
+  return grpc::CreateCustomChannel(address, ChannelCredentialsFor(plain), ChannelArgs(plain));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls) {
+  grpc::ChannelArguments args = ChannelArgs(tls);
   const std::string& token = ProcessToken();
   if (token.empty()) return grpc::CreateCustomChannel(address, ChannelCredentialsFor(tls), args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;

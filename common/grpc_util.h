@@ -58,6 +58,12 @@ class GrpcServer {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls);
 
+// Channel to a server that is not Shoal's (etcd): plain text and without the
+// run token. The token is the run's secret, and etcd reads `authorization`
+// as its own auth token: it refused every call of a coordinator started
+// with --token_file ("etcdserver: invalid auth token"), so no replica led.
+std::shared_ptr<grpc::Channel> MakeForeignChannel(const std::string& address);
+
 // Deadline `timeout` from now, for a ClientContext.
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout);
 

@@ -5,6 +5,7 @@
 #   scripts/install-deps.sh --bench   also what the benchmarks compare against
 #   scripts/install-deps.sh --image   only what building the binaries needs (Dockerfile)
 #   scripts/install-deps.sh --fuzz    also clang and its libFuzzer runtime (make fuzz)
+#   scripts/install-deps.sh --soak    also matplotlib for the soak's plot (make soak)
 set -euo pipefail
 
 PKGS=(
@@ -31,6 +32,9 @@ if [[ "${1:-}" != "--image" ]]; then
   PKGS+=(etcd-server etcd-client)
   # Headless Chromium loads the coordinator's web page in its e2e test.
   PKGS+=(chromium)
+  # The NAT router of tests/support/two_sites.sh --nat (supernode_netns_test,
+  # make soak) and the soak's blackholed peer port.
+  PKGS+=(iptables)
 fi
 # `kubectl kustomize` renders deploy/k8s in the tests. Debian's kubernetes-client
 # provides kubectl; it cannot be installed over another package's kubectl
@@ -45,6 +49,11 @@ fi
 # (libclang_rt.fuzzer*.a) and the sanitizer runtimes.
 if [[ "${1:-}" == "--fuzz" ]]; then
   PKGS+=(clang libclang-rt-14-dev)
+fi
+# The soak's report plots (tests/soak/soak.py) with Debian's matplotlib for
+# /usr/bin/python3.
+if [[ "${1:-}" == "--soak" ]]; then
+  PKGS+=(python3-matplotlib)
 fi
 
 missing=()

@@ -23,7 +23,9 @@ median training time / its peers') is printed. Time to reach the target test acc
             printed too
 
 and, with no throttled worker, the test accuracy of sync and gossip after the
-same number of samples. Every arm is capped (--cap_seconds); a capped arm says
+same number of samples. round_ratio: the fold arm's median round time over
+the no-straggler arm's (what the slow worker costs the others per round).
+Every arm is capped (--cap_seconds); a capped arm says
 so and counts as its cap. Processes are stopped by PID, always.
 Last line: straggler: ... ratio=<gossip / today>.
 """
@@ -208,6 +210,15 @@ def measured_slowdown(status, slow_id):
     return slow / peers[len(peers) // 2]
 
 
+def median_round_seconds(status):
+    """Median wall time of the completed rounds in the status (round start to
+    the last hash report), or None. The throttled arms count from their
+    first round, which is throttled too."""
+    secs = sorted(float(r.get("seconds", 0)) for r in status.get("recent_rounds", [])
+                  if float(r.get("seconds", 0)) > 0)
+    return secs[len(secs) // 2] if secs else None
+
+
 def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
     """Starts a cluster, throttles worker 4 when asked, polls the status until
     stop_when(status, elapsed) says so or the cap passes. Returns a dict.
@@ -262,6 +273,7 @@ def run_arm(args, name, flags, throttle, stop_when, workers_may_exit=False):
             slow = [w for w in last.get("workers", [])]
             result["late"] = sum(int(w.get("rounds_late", 0)) for w in slow)
             result["folded"] = sum(int(w.get("folded_updates", 0)) for w in slow)
+            result["round_median"] = median_round_seconds(last)
             json.dump(last, open(os.path.join(c.dir, "status.json"), "w"), indent=1)
         if duty is not None:
             result["duty_periods"] = duty.periods
@@ -372,6 +384,8 @@ def main():
                     if r["capped"] else f"reached {args.target}")
             if r.get("slowdown"):
                 note += f"; throttled worker trained {r['slowdown']:.1f} x slower than its peers"
+            if r.get("round_median"):
+                note += f"; median round {r['round_median']:.2f}s"
             if "mean_seconds" in r:
                 note += (f" (consensus model); the mean of the workers' own models reached it "
                          f"at {r['mean_seconds']:.1f}s")
@@ -419,6 +433,8 @@ def main():
                             ["--mode=gossip", f"--eval_every={args.gossip_eval_every}",
                              f"--gossip_steps={args.equal_rounds * args.local_steps}"] + gossip_extra,
                             False, after_samples, workers_may_exit=True)
+    if sync_eq.get("round_median"):
+        print(f"no straggler (equal-sync): median round {sync_eq['round_median']:.2f}s")
     line = f"equal samples ({samples} = {args.equal_rounds} rounds x {args.workers} workers), no straggler: "
     line += f"sync accuracy={sync_eq.get('accuracy', 0):.4f}"
     if sync_eq.get("capped"):
@@ -448,10 +464,17 @@ def main():
         return f"{name}={v:.1f}s" + ("(capped)" if results[name]["capped"] else "")
 
 
+    # What a throttled worker costs the others per round (the figure the
+    # straggler e2e test once asserted on): the fold arm's median round over
+    # the median round of the same cluster with no straggler.
+    fold_round = results.get("fold", {}).get("round_median") if fold is not None else None
+    round_ratio = (f"{fold_round / sync_eq['round_median']:.2f}"
+                   if fold_round and sync_eq.get("round_median") else "n/a")
+
     if gossip is None:
         print("gossip: not available")
     print(f"straggler: {fmt('today', today)} {fmt('fold', fold)} {fmt('gossip', gossip)} "
-          f"fold_ratio={fold_ratio} ratio={gossip_ratio}")
+          f"fold_ratio={fold_ratio} round_ratio={round_ratio} ratio={gossip_ratio}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ absl::Status GrpcPeerClient::Push(const std::string& address, const shoal::v1::P
                                   absl::string_view bytes, absl::Duration timeout,
                                   shoal::CancellationToken* canceller) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(timeout));
+  // The deadline and this worker's member credential, as every Peer call:
+  // with --token_file peers refuse a push without it (PERMISSION_DENIED),
+  // which kept a worker behind NAT from ever completing a round (the soak).
+  Prepare(&ctx, timeout);
   ScopedCancelCallback cancel_call(canceller, [&ctx] { ctx.TryCancel(); });
   shoal::v1::PushResponse response;
   std::unique_ptr<grpc::ClientWriter<shoal::v1::PushMessage>> writer =

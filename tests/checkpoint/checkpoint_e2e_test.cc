@@ -77,7 +77,7 @@ class CheckpointE2eTest : public ::testing::Test {
                                      "--data_dir=" + data_dir()};
     argv.insert(argv.end(), flags.begin(), flags.end());
     server_ = Process::Start(argv, absl::StrCat(dir_.path(), "/checkpoint-", ++starts_, ".log"));
-    const std::string address = server_->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = server_->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << server_->Log();
     return address;
   }

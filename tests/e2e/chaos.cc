@@ -52,7 +52,7 @@ struct Cluster {
     argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
     coordinator =
         Process::Start(argv, absl::StrCat(dir, "/coordinator-", ++coordinator_starts, ".log"));
-    return coordinator->WaitForListenAddress(absl::Seconds(20));
+    return coordinator->WaitForListenAddress(absl::Seconds(60));
   }
   void StartWorker() {
     ++started;

@@ -11,7 +11,7 @@ class CheckpointRunTest : public ClusterTest {
     store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                              "--data_dir=" + dir_.path() + "/store"},
                             dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << store_->Log();
     return address;
   }

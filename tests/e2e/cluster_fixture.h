@@ -48,7 +48,7 @@ class ClusterTest : public ::testing::Test {
     argv.insert(argv.end(), flags.begin(), flags.end());
     coordinator_ = Process::Start(
         argv, absl::StrCat(dir_.path(), "/coordinator-", coordinator_starts_, ".log"));
-    const std::string address = coordinator_->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = coordinator_->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << coordinator_->Log();
     stub_ = v1::Coordinator::NewStub(MakeChannel(address));
     return address;
@@ -100,8 +100,10 @@ class ClusterTest : public ::testing::Test {
   // Waits until `more` rounds completed after round `after`, then checks that
   // every worker that reported the last completed round holds the agreed
   // model, and that at least `min_agreeing` do. Returns the status.
+  // `timeout` is a hang guard: under a CPU hog a round of 300 local steps
+  // took over 20 s.
   v1::RunStatus ExpectRoundsGoOn(uint64_t after, uint64_t more, size_t min_agreeing,
-                                 absl::Duration timeout = absl::Seconds(90)) {
+                                 absl::Duration timeout = absl::Seconds(240)) {
     // Under load a worker may sit a round out now and then, so wait for a
     // round that `min_agreeing` workers completed together.
     auto agreeing = [](const v1::RunStatus& s) {

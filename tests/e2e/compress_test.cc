@@ -117,17 +117,16 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
   auto store_proc = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                                     "--data_dir=" + dir_.path() + "/store"},
                                    dir_.path() + "/store.log");
-  const std::string store = store_proc->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_proc->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_proc->Log();
-  const std::vector<std::string> flags = {
-      "--min_participants=3",     "--local_steps=20",           "--learning_rate=0.05",
-      "--codec=int8",             "--outer_optimizer=nesterov", "--outer_lr=0.7",
-      "--outer_momentum=0.9",     "--checkpoint_every=2",       "--checkpoint_store=" + store,
-      "--run_id=outer-a"};
+  const std::vector<std::string> flags = {"--min_participants=3",        "--local_steps=20",
+                                          "--learning_rate=0.05",        "--codec=int8",
+                                          "--outer_optimizer=nesterov",  "--outer_lr=0.7",
+                                          "--outer_momentum=0.9",        "--checkpoint_every=2",
+                                          "--checkpoint_store=" + store, "--run_id=outer-a"};
   std::string addr = StartCoordinator(flags);
   for (int i = 0; i < 3; ++i) StartWorker(addr);
-  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 2; },
-                absl::Minutes(3));
+  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 2; }, absl::Minutes(3));
   // Everything but the store dies.
   coordinator_->Signal(SIGKILL);
   for (auto& w : workers_) w->Signal(SIGKILL);
@@ -162,9 +161,9 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
 
   // Export writes the model alone.
   const std::string out = dir_.path() + "/model.pt";
-  const std::string exported = Run(BinDir() + "/shoalctl checkpoints export --id=" + id +
-                                       " --out=" + out + " --store=" + store,
-                                   &code);
+  const std::string exported = Run(
+      BinDir() + "/shoalctl checkpoints export --id=" + id + " --out=" + out + " --store=" + store,
+      &code);
   EXPECT_EQ(code, 0) << exported;
   EXPECT_NE(exported.find(": 6 layers"), std::string::npos) << exported;  // the MLP's
 
@@ -210,9 +209,8 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
 // trains, and the workers' shards (as each logs them at start) cover the
 // training set label by label: every image on exactly one of them.
 TEST_F(CompressTest, LabelSkewSplitRunsAndShardsCoverTheTrainingSet) {
-  const std::string addr =
-      StartCoordinator({"--min_participants=2", "--local_steps=10", "--rounds=2",
-                        "--data_split=label_skew:0.3"});
+  const std::string addr = StartCoordinator(
+      {"--min_participants=2", "--local_steps=10", "--rounds=2", "--data_split=label_skew:0.3"});
   for (int i = 0; i < 2; ++i) StartWorker(addr);
   const v1::RunStatus status = WaitForStatus(
       [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(5));
@@ -229,8 +227,7 @@ TEST_F(CompressTest, LabelSkewSplitRunsAndShardsCoverTheTrainingSet) {
     const size_t labels = line.find(" labels ");
     const size_t end = line.find(", top label");
     ASSERT_TRUE(labels != std::string::npos && end != std::string::npos) << line;
-    for (absl::string_view pair :
-         absl::StrSplit(line.substr(labels + 8, end - labels - 8), ' ')) {
+    for (absl::string_view pair : absl::StrSplit(line.substr(labels + 8, end - labels - 8), ' ')) {
       std::vector<absl::string_view> lc = absl::StrSplit(pair, ':');
       int label = 0;
       uint64_t count = 0;

@@ -30,7 +30,7 @@ class GossipCheckpointTest : public ClusterTest {
     store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                              "--data_dir=" + dir_.path() + "/store"},
                             dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << store_->Log();
     return address;
   }

@@ -94,7 +94,7 @@ TEST_F(PrometheusTest, ScrapesEveryServerOfARun) {
   store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                            "--metrics_listen=127.0.0.1:0", "--data_dir=" + dir_.path() + "/store"},
                           dir_.path() + "/store.log");
-  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_->Log();
   const std::string addr =
       StartCoordinator({"--metrics_listen=127.0.0.1:0", "--min_participants=2", "--local_steps=5",

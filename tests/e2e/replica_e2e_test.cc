@@ -5,11 +5,13 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <fstream>
 #include <regex>
 #include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "common/auth.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
@@ -104,14 +106,16 @@ class ReplicaTest : public ClusterTest {
   std::string StartReplica(int i, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
         BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", "--etcd=" + EtcdEndpoints(),
-        "--etcd_prefix=/shoal/e2e/",     "--lease_ttl=2s",       "--run_id=replica-e2e",
-        "--min_participants=3",          "--local_steps=20",     "--eval_every=1000",
-        "--heartbeat_lease=5s"};
+        "--etcd_prefix=/shoal/e2e/", "--lease_ttl=2s", "--run_id=replica-e2e",
+        "--min_participants=3", "--local_steps=20", "--eval_every=1000", "--heartbeat_lease=5s",
+        // Every worker in every round (the interrupted round's participants
+        // are counted): no adaptive deadline leaves a loaded worker out.
+        "--adaptive_deadline=false"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (static_cast<int>(replicas_.size()) <= i) replicas_.resize(i + 1);
     replicas_[i] = testing::Process::Start(
         argv, absl::StrCat(dir_.path(), "/replica-", i, "-", ++replica_starts_, ".log"));
-    const std::string address = replicas_[i]->WaitForListenAddress(absl::Seconds(20));
+    const std::string address = replicas_[i]->WaitForListenAddress(absl::Seconds(60));
     EXPECT_FALSE(address.empty()) << replicas_[i]->Log();
     if (static_cast<int>(addresses_.size()) <= i) addresses_.resize(i + 1);
     addresses_[i] = address;
@@ -206,6 +210,34 @@ class ReplicaTest : public ClusterTest {
   std::vector<std::string> addresses_;
   int replica_starts_ = 0;
 };
+
+// Found by the soak (issue 30): a coordinator with --token_file sent the run
+// token to etcd too (every channel carried it as `authorization`), etcd
+// refused each call with "invalid auth token", and no replica ever led.
+// The run token now stays on Shoal's channels.
+TEST_F(ReplicaTest, RunTokenStaysOffTheEtcdChannel) {
+  ASSERT_NO_FATAL_FAILURE(StartEtcd(1));
+  const std::string token_file = dir_.path() + "/run.token";
+  const std::string token = "soak-regression-token-0123456789abcdef";
+  std::ofstream(token_file) << token << "\n";
+  StartReplica(0, {"--token_file=" + token_file});
+  auto status = [&](v1::RunStatus* s) {
+    auto stub = v1::Coordinator::NewStub(MakeChannel(addresses_[0]));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(3)));
+    ctx.AddMetadata(kAuthMetadataKey, std::string(kBearerPrefix) + token);
+    return stub->GetRunStatus(&ctx, v1::GetRunStatusRequest(), s).ok();
+  };
+  v1::RunStatus s;
+  ASSERT_TRUE(
+      WaitUntil([&] { return status(&s) && s.replica_role() == "leader"; }, absl::Seconds(60)))
+      << s.DebugString() << ReplicaLogs();
+  // Workers holding the token train a round under it.
+  for (int i = 0; i < 3; ++i) StartWorker(addresses_[0], {"--token_file=" + token_file});
+  EXPECT_TRUE(
+      WaitUntil([&] { return status(&s) && s.last_completed_round() >= 1; }, absl::Seconds(180)))
+      << s.DebugString() << ReplicaLogs() << Logs();
+}
 
 TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   ASSERT_NO_FATAL_FAILURE(StartEtcd(1));
@@ -315,7 +347,12 @@ TEST_F(ReplicaTest, TheRelayStreamGoesToTheLeaderTheStandbyNames) {
   std::string head;
   const bool relayed = WaitUntil(
       [&] {
-        if (!StatusOf(leader, &status) || status.workers_size() < 3) return false;
+        // A completed round too: the first one measures the workers and may
+        // move the head (on a loaded machine the routes settle first).
+        if (!StatusOf(leader, &status) || status.workers_size() < 3 ||
+            status.last_completed_round() < 1) {
+          return false;
+        }
         head.clear();
         for (const auto& z : status.zones()) {
           if (z.path() == "eu") head = z.supernode();

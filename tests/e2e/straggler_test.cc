@@ -6,7 +6,6 @@
 // agree every round.
 #include <signal.h>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,58 +31,63 @@ bool HashesAgree(const v1::RunStatus& s) {
 }
 
 TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
-  constexpr double kRoundTimeoutSeconds = 60;
-  // max_missed_rounds=2: were its late rounds counted, the slow worker would
-  // be evicted within this test.
+  // max_missed_rounds=2: were its late rounds counted (a round that ran
+  // into --round_timeout counts), the slow worker would be evicted within
+  // this test. How long the rounds took is a figure of bench/straggler
+  // (`round_ratio`), not an assertion here: a loaded machine makes every
+  // round slower, and the states below hold however long they take.
   const std::string addr =
       StartCoordinator({"--min_participants=3", "--local_steps=150", "--round_timeout=60s",
                         "--max_missed_rounds=2", "--adaptive_deadline_rounds=2",
                         "--deadline_factor=2", "--deadline_floor=500ms", "--eval_every=1000"});
   for (int i = 0; i < 3; ++i) StartWorker(addr);
 
+  // Every wait below is a hang guard, not a target; together they stay
+  // under the test's 600 s ctest timeout.
   // Rounds with all three until the adaptive deadline is in force.
   v1::RunStatus s = WaitForStatus(
       [](const v1::RunStatus& s) {
         return s.last_completed_round() >= 3 && s.phase() == v1::TRAINING &&
                s.participants_size() == 3 && s.ready_deadline_adaptive();
       },
-      absl::Seconds(120));  // a bound, not a target: a loaded machine trains slowly
+      absl::Seconds(150));
   ASSERT_TRUE(s.ready_deadline_adaptive()) << s.DebugString() << Logs();
   ASSERT_EQ(s.participants_size(), 3);
-  // What the unthrottled rounds took.
-  std::vector<double> before;
-  for (const auto& r : s.recent_rounds()) {
-    if (r.round() >= 2) before.push_back(r.seconds());
-  }
-  ASSERT_FALSE(before.empty());
-  std::sort(before.begin(), before.end());
-  const double typical = before[before.size() / 2];
 
   const std::string slow_id = s.participants(2);
   Process* slow = WorkerById(slow_id);
   ASSERT_NE(slow, nullptr);
   const uint64_t at = s.last_completed_round();
-  const absl::Time throttled_at = absl::Now();
-  // Waits scale with what a round takes on this machine right now (shared
-  // CI machines are slow at times); the assertions below are relative too.
-  const absl::Duration patience = absl::Seconds(std::max(40.0, 25 * typical));
+  // What every status read while it was throttled showed: hashes agreed,
+  // nobody missed a round in a way that counts (a round that ran into
+  // --round_timeout is counted as missed: rounds_missed), nobody left.
   bool agreed = true;
+  uint32_t most_missed = 0;
+  std::string missed_by;
   {
     DutyCycle throttle(slow->pid(), 0.25);
     s = WaitForStatus(
         [&](const v1::RunStatus& s) {
           agreed = agreed && HashesAgree(s);
+          for (const auto& w : s.workers()) {
+            if (w.rounds_missed() > most_missed) {
+              most_missed = w.rounds_missed();
+              missed_by = w.id() + ": " + w.missed_reason();
+            }
+          }
           const v1::WorkerStatus* w = FindWorker(s, slow_id);
           return s.last_completed_round() >= at + 5 && w != nullptr && w->rounds_late() >= 2 &&
                  w->folded_updates() >= 2;
         },
-        patience);
+        absl::Seconds(270));
     EXPECT_GT(throttle.periods(), 0);
   }
-  const double throttled_seconds = absl::ToDoubleSeconds(absl::Now() - throttled_at);
   EXPECT_TRUE(agreed) << s.DebugString() << Logs();
+  // No round waited for --round_timeout: such a round counts as missed.
+  EXPECT_EQ(most_missed, 0u) << missed_by << s.DebugString();
 
-  // The slow worker sat rounds out as late, never as missed, and stays.
+  // The slow worker sat rounds out as late (the adaptive deadline), never
+  // as missed, and stays.
   const v1::WorkerStatus* w = FindWorker(s, slow_id);
   ASSERT_NE(w, nullptr);
   EXPECT_NE(w->state(), "evicted") << w->reason();
@@ -103,36 +107,26 @@ TEST_F(StragglerTest, ThrottledWorkerCostsTheOthersNoRoundTimeout) {
   EXPECT_GT(w->last_fold_train_seconds(), 0);
   EXPECT_GT(w->deadline_seconds(), 0);
   EXPECT_TRUE(s.config().sync().fold_late_work());
-
-  // The rounds while it was throttled: none waited anywhere near
-  // --round_timeout. The bound comes from the unthrottled rounds: the
-  // deadline is 2 x the median ready time, plus the exchange, with room
-  // for a loaded machine. It is capped below --round_timeout, never by a
-  // fixed share of it: on a machine shared by several test suites an
-  // unthrottled round took 14 s, so a round without the slow worker (2 x
-  // its median ready time + the exchange) took 25-32 s, which a 15 s cap
-  // (round_timeout / 4) failed although no round came near the timeout.
-  const double bound = std::min(0.75 * kRoundTimeoutSeconds, 4 * typical + 3);
+  // Rounds kept completing while it was throttled, each a complete round of
+  // the others (the last recent rounds are all past `at`).
   int counted = 0;
   for (const auto& r : s.recent_rounds()) {
-    if (r.round() <= at + 1) continue;  // the first may have started unthrottled
+    if (r.round() <= at) continue;
     ++counted;
-    EXPECT_LT(r.seconds(), bound) << "round " << r.round() << " typical " << typical << "s"
-                                  << s.DebugString();
+    EXPECT_GE(r.participants(), 2u) << "round " << r.round();
+    EXPECT_EQ(r.model_hash().size(), 64u) << "round " << r.round();
   }
-  EXPECT_GE(counted, 3);
+  EXPECT_GE(counted, 5);
   std::printf(
-      "straggler e2e: typical round %.2fs before, %d rounds with the slow worker in %.1fs, "
-      "bound %.1fs, ready deadline %.2fs (%s); slow worker late %d, folded %d (last: "
-      "staleness %d weight %.3f, trained in %.2fs)\n",
-      typical, static_cast<int>(s.last_completed_round() - at), throttled_seconds, bound,
-      s.ready_deadline_seconds(), s.ready_deadline_reason().c_str(),
-      static_cast<int>(w->rounds_late()), static_cast<int>(w->folded_updates()),
-      static_cast<int>(w->last_fold_staleness()), w->last_fold_weight(),
-      w->last_fold_train_seconds());
+      "straggler e2e: %d rounds with the slow worker, ready deadline %.2fs (%s); slow worker "
+      "late %d, folded %d (last: staleness %d weight %.3f)\n",
+      static_cast<int>(s.last_completed_round() - at), s.ready_deadline_seconds(),
+      s.ready_deadline_reason().c_str(), static_cast<int>(w->rounds_late()),
+      static_cast<int>(w->folded_updates()), static_cast<int>(w->last_fold_staleness()),
+      w->last_fold_weight());
 
   // Unthrottled, it catches up and takes part again with the same model.
-  ExpectRoundsGoOn(s.last_completed_round(), 1, 3, patience);
+  ExpectRoundsGoOn(s.last_completed_round(), 1, 3, absl::Seconds(150));
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ class TwoSitesTest : public ::testing::Test {
                                      "--seed=1"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     coordinator_ = Process::Start(InNs("c", argv), dir_.path() + "/coordinator.log");
-    address_ = coordinator_->WaitForListenAddress(absl::Seconds(20));
+    address_ = coordinator_->WaitForListenAddress(absl::Seconds(60));
     ASSERT_FALSE(address_.empty()) << coordinator_->Log();
   }
 

@@ -46,13 +46,18 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
   store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
                            "--data_dir=" + dir_.path() + "/store"},
                           dir_.path() + "/store.log");
-  const std::string store = store_->WaitForListenAddress(absl::Seconds(20));
+  const std::string store = store_->WaitForListenAddress(absl::Seconds(60));
   ASSERT_FALSE(store.empty()) << store_->Log();
   const uint64_t rounds = 8;
   const std::string addr =
       StartCoordinator({"--model=torchscript:" + model, "--min_participants=3", "--local_steps=50",
                         "--learning_rate=0.05", absl::StrCat("--rounds=", rounds), "--eval_every=4",
-                        "--checkpoint_store=" + store, "--checkpoint_every=8", "--run_id=ts"});
+                        "--checkpoint_store=" + store, "--checkpoint_every=8", "--run_id=ts",
+                        // Every worker in every round (the last one is
+                        // checked): on a loaded machine the adaptive
+                        // deadline may leave one out, which this test does
+                        // not study.
+                        "--adaptive_deadline=false"});
   ASSERT_FALSE(addr.empty());
   // The first worker gets the file from the coordinator; the next two from
   // a peer that holds it.
@@ -69,15 +74,13 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
   const std::string predictions = dir_.path() + "/predictions.txt";
   Process* third = StartWorker(addr, {"--eval_limit=1000", "--predictions_out=" + predictions});
 
-  // Rounds take as long as the machine makes them: wait for the first one,
-  // then give the rest 4 times its pace.
-  const absl::Time start = absl::Now();
+  // Rounds take as long as the machine makes them: the waits are hang
+  // guards, not targets.
   WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 1; },
-                absl::Seconds(600));
-  const absl::Duration per_round = std::max(absl::Seconds(5), absl::Now() - start);
+                absl::Seconds(180));
   const v1::RunStatus s = WaitForStatus(
       [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED && s.checkpoint_round() > 0; },
-      per_round * 4 * rounds);
+      absl::Seconds(300));
   ASSERT_EQ(s.last_completed_round(), rounds) << Logs();
   for (Process* p : {second, third}) {
     EXPECT_TRUE(absl::StrContains(p->Log(), "from peer 127.0.0.1:")) << p->Log();
@@ -104,18 +107,17 @@ TEST_F(TorchScriptRunTest, ThreeWorkersTrainTheExampleCnnAndTheExportLoadsInPyth
           &code);
   ASSERT_EQ(code, 0) << exported;
   // The third worker writes its final model's predictions when it leaves.
-  ASSERT_TRUE(WaitUntil([&] { return access(predictions.c_str(), R_OK) == 0; },
-                        absl::Seconds(60)))
+  ASSERT_TRUE(WaitUntil([&] { return access(predictions.c_str(), R_OK) == 0; }, absl::Seconds(60)))
       << third->Log();
   std::string header;
   std::getline(std::ifstream(predictions) >> std::ws, header);
-  EXPECT_TRUE(absl::StrContains(header, absl::StrCat("model round ", rounds, " hash ",
-                                                     s.model_hash())))
+  EXPECT_TRUE(
+      absl::StrContains(header, absl::StrCat("model round ", rounds, " hash ", s.model_hash())))
       << header;
-  const std::string checked =
-      Run(absl::StrCat("/usr/bin/python3 ", script, " check ", pt, " --images=1000 --data_dir=",
-                       DataDir(), " --predictions=", predictions, " 2>&1"),
-          &code);
+  const std::string checked = Run(absl::StrCat("/usr/bin/python3 ", script, " check ", pt,
+                                               " --images=1000 --data_dir=", DataDir(),
+                                               " --predictions=", predictions, " 2>&1"),
+                                  &code);
   ASSERT_EQ(code, 0) << checked;
   // Every one of the worker's 100 predictions is the Python model's.
   EXPECT_TRUE(absl::StrContains(checked, "predictions: 100 of 100 agree with the worker"))

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -32,6 +33,7 @@
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
 #include "services/checkpoint/core/checkpoint_store.h"
+#include "services/coordinator/core/join_limiter.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/run_record.h"
 #include "services/worker/core/codec.h"
@@ -1152,6 +1154,224 @@ void ReadSliceRuleTarget(const uint8_t* data, size_t size) {
   }
 }
 
+// ---- join_limiter: the coordinator's --max_joins_per_minute buckets
+// (JoinLimiter::Admit, one per caller host) under a fuzzed sequence of
+// hosts and clock steps, backwards included (the real clock is the wall
+// clock, which an operator or NTP may set back). Input: per_minute u16
+// (0: no limit), then per step: op u8 (bits 0-2: the host, bit 3: a clock
+// step of u16 ms follows, bit 4: the step goes back, bit 5: a refused
+// host waits as long as it was told and asks again).
+// Invariants: no limit admits everything; a refusal is RESOURCE_EXHAUSTED
+// and asks to wait at most a minute (a full refill), after which the host
+// is admitted; a host is admitted at most per_minute times plus one more per
+// 60 s / per_minute of forward clock time since its first join.
+void JoinLimiterTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const uint32_t per_minute = in.U16();
+  FakeClock clock;
+  coordinator::JoinLimiter limiter(per_minute, &clock);
+  static const std::string kHosts[8] = {"10.0.0.1",
+                                        "10.0.0.2",
+                                        "",
+                                        "[::1]",
+                                        std::string(300, 'h'),
+                                        "host:with:colons",
+                                        std::string("nul\0byte", 8),
+                                        "10.0.0.1 "};
+  struct Seen {
+    double forward_seconds = 0;  // forward clock time since its first join
+    uint64_t admitted = 0;
+  };
+  std::map<int, Seen> seen;
+  auto forward = [&](absl::Duration d) {
+    for (auto& [host, s] : seen) s.forward_seconds += absl::ToDoubleSeconds(d);
+  };
+  int steps = 0;
+  while (in.left() > 0 && ++steps <= 2000) {
+    const uint8_t op = in.U8();
+    if (op & 8) {
+      const absl::Duration d = absl::Milliseconds(in.U16());
+      if (op & 16) {
+        clock.Advance(-d);
+      } else {
+        clock.Advance(d);
+        forward(d);
+      }
+    }
+    const int host = op & 7;
+    seen.try_emplace(host);
+    absl::Status s = limiter.Admit(kHosts[host]);
+    if (per_minute == 0) {
+      FUZZ_CHECK(s.ok());
+      continue;
+    }
+    if (s.ok()) {
+      ++seen[host].admitted;
+    } else {
+      FUZZ_CHECK(absl::IsResourceExhausted(s));
+      // "retry in N s": a bucket refills completely within a minute.
+      const size_t at = s.message().rfind("retry in ");
+      FUZZ_CHECK(at != absl::string_view::npos);
+      double wait = -1;
+      const absl::string_view rest = s.message().substr(at + 9);
+      FUZZ_CHECK(absl::SimpleAtod(rest.substr(0, rest.find(' ')), &wait));
+      FUZZ_CHECK(wait >= 0 && wait <= 60);
+      if (op & 32) {
+        const absl::Duration d = absl::Seconds(wait) + absl::Milliseconds(1);
+        clock.Advance(d);
+        forward(d);
+        FUZZ_CHECK(limiter.Admit(kHosts[host]).ok());
+        ++seen[host].admitted;
+      }
+    }
+    const Seen& h = seen[host];
+    FUZZ_CHECK(static_cast<double>(h.admitted) <=
+               per_minute + h.forward_seconds * per_minute / 60.0 + 1e-6 * per_minute + 1e-9);
+  }
+}
+
+// ---- read_encoded_request: a Peer.ReadEncoded request as the peer service
+// answers it from its EncodedStore (Find) and cuts the piece
+// (ServeEncodedPiece), against a store driven through a fuzzed sequence of
+// rounds, attempts, stages, publications and optimizer states (what the
+// exchange does), compared with a model of the documented rules. The
+// request's fields are fuzzed (any round, attempt, stage and kind value,
+// range and offset) or parsed from raw bytes. Input: per step an op u8:
+//   0 BeginRound round u8, attempt u8      1 Publish kind u8, begin u8, end u8,
+//   2 ReachStage stage u8                     stage u8, blob length u8, the blob
+//   3 SetState round u8, blob length u8, the blob
+//   4 a request of fields: round u8, attempt u8, stage u8, kind u8, begin u8,
+//     end u8, flag u8 (bit 0: end counts from begin), offset u8, piece size u8
+//   5 a request parsed from length u8 raw bytes, then piece size u8
+// Invariants: a request is served iff its blob was published (and kept) or
+// is the state of that round, byte for byte; every refusal is a documented
+// code, INVALID_ARGUMENT for no kind, a kind the store never holds, or an
+// empty range; UNAVAILABLE ("ask again") never for an older round or
+// attempt, which can never come; a served piece is the blob's bytes at the
+// offset with its size, round and CRC; an offset past the end is
+// INVALID_ARGUMENT.
+void ReadEncodedRequestTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  worker::EncodedStore store;
+  // The model: round, attempt, stage of the exchange under way; what is kept.
+  bool started = false;
+  uint64_t round = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, int, uint64_t, uint64_t>;
+  std::map<Key, std::string> kept;
+  std::optional<std::pair<uint64_t, std::string>> state;
+  auto publishable = [](int kind) {
+    return kind == shoal::v1::CONTRIBUTION || kind == shoal::v1::AVERAGED ||
+           kind == shoal::v1::STAGE_MODEL;
+  };
+  int steps = 0;
+  while (in.left() > 0 && ++steps <= 500) {
+    const uint8_t op = in.U8() % 6;
+    if (op == 0) {
+      const uint64_t r = in.U8();
+      const uint32_t a = in.U8() % 4;
+      store.BeginRound(r, a);
+      for (auto it = kept.begin(); it != kept.end();) {
+        const auto& [kr, ka, ks, kk, kb, ke] = it->first;
+        const bool keep = (kr == r && ka == a) || (kr + 1 == r && kk == shoal::v1::AVERAGED);
+        it = keep ? std::next(it) : kept.erase(it);
+      }
+      started = true;
+      round = r;
+      attempt = a;
+      stage = 0;
+    } else if (op == 1) {
+      static const int kKinds[3] = {shoal::v1::CONTRIBUTION, shoal::v1::AVERAGED,
+                                    shoal::v1::STAGE_MODEL};
+      const int kind = kKinds[in.U8() % 3];
+      const uint64_t begin = in.U8();
+      const uint64_t end = begin + 1 + in.U8();
+      const uint32_t st = in.U8() % 4;
+      std::string blob = in.Bytes(in.U8());
+      store.Publish(round, attempt, static_cast<shoal::v1::SliceKind>(kind), begin, end,
+                    std::make_shared<const std::string>(blob), st);
+      if (started) kept[Key{round, attempt, st, kind, begin, end}] = blob;
+    } else if (op == 2) {
+      const uint32_t st = in.U8() % 4;
+      store.ReachStage(round, attempt, st);
+      if (started) stage = std::max(stage, st);
+    } else if (op == 3) {
+      const uint64_t r = in.U8();
+      std::string blob = in.Bytes(in.U8());
+      store.SetState(r, std::make_shared<const std::string>(blob));
+      state = std::make_pair(r, blob);
+    } else {
+      shoal::v1::ReadEncodedRequest request;
+      if (op == 4) {
+        request.set_round(in.U8());
+        request.set_attempt(in.U8() % 4);
+        request.set_stage(in.U8() % 5);
+        const uint8_t k = in.U8();
+        // Mostly the kinds the service knows, sometimes any value (proto3
+        // enums are open: a peer may send any number).
+        request.set_kind(static_cast<shoal::v1::SliceKind>(k < 200 ? k % 6 : k));
+        request.set_begin(in.U8());
+        const uint64_t end = in.U8();
+        // flag bit 0: the end counts from the begin (a range that is never
+        // empty), else as is (empty and reversed ranges too).
+        request.set_end(end + ((in.U8() & 1) ? request.begin() : 0));
+        request.set_offset(in.U8());
+      } else {
+        if (!request.ParseFromString(in.Bytes(in.U8()))) continue;
+      }
+      const size_t piece_max = 1 + in.U8();
+      // The peer service sends GOSSIP to the gossip board, never here.
+      if (request.kind() == shoal::v1::GOSSIP) continue;
+      absl::StatusOr<worker::Blob> found = store.Find(request);
+      const int kind = request.kind();
+      std::optional<std::string> expect;
+      if (kind == shoal::v1::SNAPSHOT) {
+        if (state && state->first == request.round()) expect = state->second;
+      } else {
+        auto it = kept.find(Key{request.round(), request.attempt(), request.stage(), kind,
+                                request.begin(), request.end()});
+        if (it != kept.end() && request.begin() < request.end()) expect = it->second;
+      }
+      if (expect.has_value()) {
+        FUZZ_CHECK(found.ok() && **found == *expect);
+      } else {
+        FUZZ_CHECK(!found.ok());
+        const absl::Status& e = found.status();
+        FUZZ_CHECK(absl::IsInvalidArgument(e) || absl::IsUnavailable(e) ||
+                   absl::IsFailedPrecondition(e));
+        if (kind == shoal::v1::SLICE_KIND_UNSPECIFIED ||
+            (kind != shoal::v1::SNAPSHOT && !publishable(kind)) ||
+            (kind != shoal::v1::SNAPSHOT && request.begin() >= request.end())) {
+          FUZZ_CHECK(absl::IsInvalidArgument(e));
+        }
+        // Asking again never helps for an older round or attempt.
+        if (kind != shoal::v1::SNAPSHOT && started &&
+            (request.round() < round ||
+             (request.round() == round && request.attempt() < attempt))) {
+          FUZZ_CHECK(!absl::IsUnavailable(e));
+        }
+        if (kind == shoal::v1::SNAPSHOT && state && request.round() < state->first) {
+          FUZZ_CHECK(!absl::IsUnavailable(e));
+        }
+        continue;
+      }
+      absl::StatusOr<shoal::v1::EncodedPiece> piece =
+          worker::ServeEncodedPiece(**found, request, piece_max);
+      const std::string& blob = **found;
+      if (request.offset() > blob.size()) {
+        FUZZ_CHECK(absl::IsInvalidArgument(piece.status()));
+        continue;
+      }
+      FUZZ_CHECK(piece.ok());
+      const size_t n = std::min<size_t>(piece_max, blob.size() - request.offset());
+      FUZZ_CHECK(piece->round() == request.round() && piece->offset() == request.offset() &&
+                 piece->total_bytes() == blob.size());
+      FUZZ_CHECK(piece->data() == blob.substr(request.offset(), n));
+      FUZZ_CHECK(piece->crc32c() == Crc32c(piece->data().data(), piece->data().size()));
+    }
+  }
+}
 }  // namespace
 
 const std::vector<Target>& Targets() {
@@ -1173,6 +1393,8 @@ const std::vector<Target>& Targets() {
       {"checkpoint_upload", CheckpointUploadTarget},
       {"join_request", JoinRequestTarget},
       {"read_slice_rule", ReadSliceRuleTarget},
+      {"join_limiter", JoinLimiterTarget},
+      {"read_encoded_request", ReadEncodedRequestTarget},
   };
   return targets;
 }

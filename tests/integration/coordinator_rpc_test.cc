@@ -709,6 +709,10 @@ TEST_F(CoordinatorRpcTest, CancelledSessionDuringTrainingRemovesTheWorker) {
 }
 
 TEST_F(CoordinatorRpcTest, SilentSessionIsEvictedAfterTheLease) {
+  // Taken before the Join: the lease runs from a moment after it, so
+  // "not evicted before the lease" holds however slowly this thread runs
+  // (a lower bound that load cannot break; no upper bound on time).
+  const absl::Time start = absl::Now();
   auto ctx = Context();
   v1::JoinRequest request;
   request.set_peer_address(PeerAddress(1));
@@ -722,7 +726,6 @@ TEST_F(CoordinatorRpcTest, SilentSessionIsEvictedAfterTheLease) {
   hello.mutable_hello()->set_worker_id(id);
   ASSERT_TRUE(session->stream->Write(hello));
 
-  const absl::Time start = absl::Now();
   std::optional<WorkerStatus> evicted;
   ASSERT_TRUE(WaitUntil(
       [&] {

@@ -181,7 +181,8 @@ TEST_F(GossipPeersTest, PeerThatStopsAnsweringCostsOneBoundedFetch) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
   EXPECT_TRUE(r.not_answering);
   EXPECT_EQ(r.peer_params, nullptr);
-  // Bounded by the gossip timeout (plus scheduling slack on a loaded machine).
+  // A hang guard (about 40 x the fetch timeout), not a target: the fetch
+  // ends by its own timeout instead of waiting on the stalled peer.
   EXPECT_LT(absl::Now() - t0, absl::Seconds(30));
   // Its flow-control score drops.
   FakeClock clock;

@@ -242,26 +242,6 @@ TEST_F(LateJoinTest, PullsABitIdenticalModelFromThreeHolders) {
   EXPECT_EQ(stats_.pieces_refetched, 0);
 }
 
-TEST_F(LateJoinTest, ThreePacedHoldersAreAboutThreeTimesFasterThanOne) {
-  // Each holder serves at most 4 MB/s: 6 MB take ~1.5 s from one, ~0.5 s
-  // from three, if the reads really overlap.
-  StartHolders(3, 4e6);
-  const std::vector<std::string> all = addresses_;
-  addresses_ = {all[0]};
-  absl::Time start = absl::Now();
-  ASSERT_TRUE(Sync().ok());
-  const absl::Duration one = absl::Now() - start;
-  ExpectBitIdentical();
-  addresses_ = all;
-  start = absl::Now();
-  ASSERT_TRUE(Sync().ok());
-  const absl::Duration three = absl::Now() - start;
-  ExpectBitIdentical();
-  SHOAL_LOG(INFO) << "one holder: " << one << ", three holders: " << three;
-  EXPECT_GT(absl::FDivDuration(one, three), 2.0)
-      << "one holder: " << one << ", three holders: " << three;
-}
-
 TEST_F(LateJoinTest, CorruptHolderIsDetectedAndRefetched) {
   StartHolders(3, 8e6);
   holders_[1]->faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kForge);

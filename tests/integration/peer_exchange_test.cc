@@ -6,6 +6,7 @@
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "common/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
+#include "common/member_credentials.h"
 #include "common/reactor_handoff.h"
 #include "common/shard_plan.h"
 #include "gmock/gmock.h"
@@ -49,7 +51,8 @@ using ::shoal::v1::TensorChunk;
   return true;
 }();
 
-constexpr absl::Duration kTimeout = absl::Seconds(5);
+// A hang guard for reads and waits, not a target: a loaded machine is slow.
+constexpr absl::Duration kTimeout = absl::Seconds(30);
 // Plan attempt used throughout.
 constexpr uint32_t kAttempt = 1;
 
@@ -278,6 +281,40 @@ TEST(PeerExchangeTest, MalformedPushesAreRefused) {
   EXPECT_EQ(node.push_box.bytes(), 40u);
 }
 
+// Found by the soak (issue 30): a worker behind NAT pushed without its member
+// credential, so with --token_file every push was PERMISSION_DENIED and no
+// round with it ever completed. A push carries the credential like a read.
+TEST(PeerExchangeTest, PushCarriesTheMemberCredential) {
+  MemberRoster roster(42);
+  MemberSet members;
+  members.Enable();
+  members.Apply(roster.Full());
+  v1::MemberUpdate update;
+  const std::string credential = roster.Issue("w9", &update);
+  members.Apply(update);
+  PeerServiceOptions options;
+  options.members = &members;
+  PeerNode node("w1", RandomVector(100, 1, 1.0f), options);
+  ASSERT_NE(node.server, nullptr);
+  v1::PushHeader header;
+  header.set_round(1);
+  header.set_attempt(1);
+  header.set_begin(0);
+  header.set_end(10);
+  header.set_pusher_id("w9");
+  header.set_total_bytes(40);
+  GrpcPeerClient stranger;
+  EXPECT_EQ(stranger.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr).code(),
+            absl::StatusCode::kPermissionDenied);
+  MemberCredentialHolder holder;
+  holder.Set("w9", credential);
+  GrpcPeerClient member(&holder);
+  const absl::Status pushed =
+      member.Push(node.address(), header, std::string(40, 'x'), kTimeout, nullptr);
+  EXPECT_TRUE(pushed.ok()) << pushed;
+  EXPECT_EQ(node.push_box.bytes(), 40u);
+}
+
 class PeerServiceTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kElements = 10'000;
@@ -416,7 +453,7 @@ TEST(PeerServiceLimitTest, ReadsPerCallerAreCapped) {
   absl::Status parked;
   std::thread waiting([&] {
     // Refused while one of the probes below holds the host's slot: try again.
-    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    const absl::Time give_up = absl::Now() + kTimeout;
     do {
       std::vector<float> got;
       parked = Read(&parked_client, node.address(), 2, 0, 10, v1::AVERAGED, &got);
@@ -576,24 +613,39 @@ TEST_F(ZeroCopyServiceTest, MalformedRequestIsInvalidArgument) {
 // An AVERAGED read of a slice not averaged yet waits on the server and
 // returns the average as soon as it is there.
 TEST_F(ZeroCopyServiceTest, ParkedAveragedReadReturnsWhenAveraged) {
+  // The park would last until just before the reader's deadline (kLongRead),
+  // far beyond the hang guard (kTimeout) the test waits for the answer: an
+  // answer at the end of the park, not on MarkAveraged, fails the wait.
+  constexpr absl::Duration kLongRead = absl::Minutes(5);
   PeerServiceOptions options;
-  options.averaged_wait = absl::Seconds(4);
+  options.averaged_wait = absl::Minutes(10);
   Start(options);
   std::vector<float> got;
   absl::Status s;
-  absl::Time done;
+  std::atomic<bool> finished{false};
+  CancellationToken canceller;
   std::thread reader([&] {
-    s = Read(&client_, node_->address(), kRound, 100, kElements / 2, v1::AVERAGED, &got);
-    done = absl::Now();
+    got.clear();
+    s = client_.ReadSliceCancellable(node_->address(),
+                                     MakeRequest(kRound, 100, kElements / 2, v1::AVERAGED),
+                                     kLongRead, &canceller, [&](const ChunkView& c) {
+                                       const size_t at = got.size();
+                                       got.resize(at + c.count);
+                                       c.CopyTo(got.data() + at);
+                                       return true;
+                                     });
+    finished = true;
   });
   // Parked: registered with ModelState, not answered.
   ASSERT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 1; }, kTimeout));
+  EXPECT_FALSE(finished.load());
   for (uint64_t i = 0; i < kElements / 2; ++i) node_->params[i] *= 0.5f;  // "the average"
-  const absl::Time averaged = absl::Now();
   node_->state.MarkAveraged(kRound);
+  const bool answered = testing::WaitUntil([&] { return finished.load(); }, kTimeout);
+  if (!answered) canceller.Cancel();
   reader.join();
+  ASSERT_TRUE(answered) << "not answered when averaged (only the park's end would)";
   ASSERT_TRUE(s.ok()) << s;
-  EXPECT_LT(done - averaged, absl::Seconds(2)) << "answered at once, not at the end of the wait";
   ASSERT_EQ(got.size(), kElements / 2 - 100);
   EXPECT_EQ(std::memcmp(got.data(), node_->params.data() + 100, got.size() * sizeof(float)), 0);
   ExpectAllReturned();
@@ -605,14 +657,12 @@ TEST_F(ZeroCopyServiceTest, ParkedAveragedReadTimesOutUnavailable) {
   PeerServiceOptions options;
   options.averaged_wait = absl::Milliseconds(300);
   Start(options);
-  const absl::Time t0 = absl::Now();
+  // UNAVAILABLE saying it waited: the server's own wait ended (the reader's
+  // deadline, kTimeout, would have been DEADLINE_EXCEEDED).
   absl::Status s = Read(&client_, node_->address(), kRound, 0, 10, v1::AVERAGED);
-  const absl::Duration took = absl::Now() - t0;
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("not averaged yet"), std::string::npos) << s;
   EXPECT_NE(s.message().find("waited"), std::string::npos) << s;
-  EXPECT_GE(took, absl::Milliseconds(290));
-  EXPECT_LT(took, kTimeout);
   EXPECT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 0; }, kTimeout));
 }
 
@@ -624,32 +674,38 @@ TEST_F(ZeroCopyServiceTest, ParkedReadEndsBeforeTheReadersDeadline) {
   Start(options);
   // The server stops waiting 500 ms before the reader's deadline.
   constexpr absl::Duration kReaderTimeout = absl::Seconds(2);
-  const absl::Time t0 = absl::Now();
+  // UNAVAILABLE, not DEADLINE_EXCEEDED: the answer came before the reader's
+  // deadline (the status says so; no clock needed).
   absl::Status s = client_.ReadSlice(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),
                                      kReaderTimeout, [](const ChunkView&) { return true; });
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("waited"), std::string::npos) << s;
-  EXPECT_LT(absl::Now() - t0, kReaderTimeout);
 }
 
 // A change that makes the read impossible ends the wait at once, with the
 // read's own refusal.
 TEST_F(ZeroCopyServiceTest, ParkedReadEndsWhenTheRoundIsAborted) {
+  // As in ParkedAveragedReadReturnsWhenAveraged: the park's own end lies far
+  // beyond the hang guard the test waits for the answer.
   PeerServiceOptions options;
-  options.averaged_wait = absl::Seconds(10);
+  options.averaged_wait = absl::Minutes(10);
   Start(options);
   absl::Status s;
-  absl::Time done;
+  std::atomic<bool> finished{false};
+  CancellationToken canceller;
   std::thread reader([&] {
-    s = Read(&client_, node_->address(), kRound, 0, 10, v1::AVERAGED);
-    done = absl::Now();
+    s = client_.ReadSliceCancellable(node_->address(), MakeRequest(kRound, 0, 10, v1::AVERAGED),
+                                     absl::Minutes(5), &canceller,
+                                     [](const ChunkView&) { return true; });
+    finished = true;
   });
   ASSERT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 1; }, kTimeout));
-  const absl::Time aborted = absl::Now();
   node_->state.Abort(kRound);
+  const bool answered = testing::WaitUntil([&] { return finished.load(); }, kTimeout);
+  if (!answered) canceller.Cancel();
   reader.join();
+  ASSERT_TRUE(answered) << "the abort did not end the park";
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_LT(done - aborted, absl::Seconds(2));
 }
 
 // A reader that gives up while parked frees the server's wait.
@@ -708,9 +764,8 @@ TEST_F(LargeModelTest, StalledReaderIsCancelledWhenTheWindowCloses) {
   // are full, so the chunk is stuck and has to be revoked rather than sent.
   absl::SleepFor(absl::Milliseconds(300));
   node_->state.BeginTraining(kRound + 1);
-  const absl::Time t0 = absl::Now();
-  EXPECT_TRUE(node_->state.AwaitReturned(ModelState::Buffer::kParameters, absl::Seconds(10)));
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  // True, not a timeout: the stalled stream was cancelled and let go.
+  EXPECT_TRUE(node_->state.AwaitReturned(ModelState::Buffer::kParameters, kTimeout));
   // The stream does not complete: what was buffered arrives, then an error.
   TensorChunk more;
   int chunks = 1;
@@ -870,11 +925,9 @@ TEST(PeerClientTest, StoppedPeerIsUnavailableWithinTheTimeout) {
   (*server)->Shutdown(absl::ZeroDuration());
 
   GrpcPeerClient client;
-  const absl::Time start = absl::Now();
+  // UNAVAILABLE, not DEADLINE_EXCEEDED: it gave up before its deadline.
   absl::Status s = Read(&client, address, 1, 0, 10, v1::CONTRIBUTION);
-  const absl::Duration elapsed = absl::Now() - start;
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_LT(elapsed, kTimeout);
 }
 
 }  // namespace

@@ -95,6 +95,23 @@ TEST(EncodedStoreTest, BadRequestsAreInvalidArgument) {
   EXPECT_EQ(Code(s, Req(1, 0, CONTRIBUTION, 10, 0)), absl::StatusCode::kInvalidArgument);
 }
 
+// Found by the read_encoded_request fuzz target (corpus crash-unknown-kind):
+// a kind this store never holds was UNAVAILABLE for the current round, so a
+// reader asked again until its deadline for what never comes.
+TEST(EncodedStoreTest, AKindNeverPublishedHereIsInvalidArgument) {
+  EncodedStore s;
+  s.BeginRound(1, 0);
+  for (int kind : {5, 99, -3, static_cast<int>(shoal::v1::GOSSIP)}) {
+    SCOPED_TRACE(kind);
+    EXPECT_EQ(Code(s, Req(1, 0, static_cast<shoal::v1::SliceKind>(kind))),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Code(s, Req(2, 0, static_cast<shoal::v1::SliceKind>(kind))),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // The kinds it holds still wait for what is not there yet.
+  EXPECT_EQ(Code(s, Req(1, 0, shoal::v1::STAGE_MODEL)), absl::StatusCode::kUnavailable);
+}
+
 TEST(EncodedStoreTest, OuterStateIsServedForItsRoundOnly) {
   EncodedStore s;
   s.SetState(4, B("m4"));

@@ -29,6 +29,22 @@ TEST(JoinLimiterTest, ABurstThenOneJoinPerPeriodPerHost) {
   EXPECT_FALSE(limiter.Admit("10.0.0.1").ok());
 }
 
+// Found by the join_limiter fuzz target (corpus crash-clock-set-back): the
+// wall clock set back drained the buckets (negative elapsed time), so a host
+// was told to wait longer than a full refill, an hour for a clock set back
+// an hour.
+TEST(JoinLimiterTest, AClockSetBackNeitherDrainsNorRefills) {
+  FakeClock clock;
+  JoinLimiter limiter(/*per_minute=*/1, &clock);
+  EXPECT_TRUE(limiter.Admit("10.0.0.1").ok());
+  clock.Advance(-absl::Hours(1));
+  const absl::Status refused = limiter.Admit("10.0.0.1");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("retry in 60 s"), std::string::npos) << refused;
+  clock.Advance(absl::Seconds(60));
+  EXPECT_TRUE(limiter.Admit("10.0.0.1").ok());
+}
+
 TEST(JoinLimiterTest, ZeroMeansNoLimit) {
   FakeClock clock;
   JoinLimiter limiter(0, &clock);

@@ -11,7 +11,11 @@ JoinLimiter::JoinLimiter(uint32_t per_minute, const Clock* clock)
     : capacity_(per_minute), per_second_(per_minute / 60.0), clock_(clock) {}
 
 double JoinLimiter::Refilled(const Bucket& b, absl::Time now) const {
-  return std::min(capacity_, b.tokens + absl::ToDoubleSeconds(now - b.last) * per_second_);
+  // A clock set back (the real one is the wall clock) refills nothing; it
+  // must not drain the bucket: a step back of an hour once told every
+  // recent host to wait an hour (found by the join_limiter fuzz target).
+  const absl::Duration elapsed = std::max(absl::ZeroDuration(), now - b.last);
+  return std::min(capacity_, b.tokens + absl::ToDoubleSeconds(elapsed) * per_second_);
 }
 
 absl::Status JoinLimiter::Admit(absl::string_view host) {

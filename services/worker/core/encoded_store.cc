@@ -44,6 +44,16 @@ absl::StatusOr<Blob> EncodedStore::Find(const shoal::v1::ReadEncodedRequest& r) 
   if (r.kind() == shoal::v1::SLICE_KIND_UNSPECIFIED) {
     return absl::InvalidArgumentError("ReadEncoded needs a kind");
   }
+  // A kind never published here never comes: not UNAVAILABLE, which would
+  // have the reader ask again until its deadline (found by the
+  // read_encoded_request fuzz target).
+  if (r.kind() != shoal::v1::CONTRIBUTION && r.kind() != shoal::v1::AVERAGED &&
+      r.kind() != shoal::v1::STAGE_MODEL && r.kind() != shoal::v1::SNAPSHOT) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadEncoded of kind ", static_cast<int>(r.kind()),
+                     " is not served from the encoded exchange (CONTRIBUTION, AVERAGED, "
+                     "STAGE_MODEL, SNAPSHOT)"));
+  }
   absl::MutexLock lock(&mu_);
   if (r.kind() == shoal::v1::SNAPSHOT) {
     if (state_ != nullptr && r.round() == state_round_) return state_;

@@ -46,8 +46,8 @@ class EncodedStore {
   // round or attempt, or this one before it is there: ask again);
   // FAILED_PRECONDITION: an older round or attempt, or a slice this worker
   // does not publish (in a hierarchical round: a stage it has passed and
-  // published nothing of the kind there); INVALID_ARGUMENT: no kind, an
-  // empty range. Stage gating (ReadEncodedRequest.stage): what a stage
+  // published nothing of the kind there); INVALID_ARGUMENT: no kind, a kind
+  // this store never holds (GOSSIP, unknown values), an empty range. Stage gating (ReadEncodedRequest.stage): what a stage
   // published stays served until the next round or attempt, even after the
   // worker moved on to a later stage, because a slower member of the group
   // may still be reading it; the blobs are immutable copies, so the worker
