@@ -151,6 +151,30 @@ TEST(GossipCheckpointer, StaysWhileItGossipsElseTheFirstGossipingMemberTakesOver
   EXPECT_FALSE(d.changed);
 }
 
+TEST(ConsensusEvaluator, TheMostTrainedTakesOverOnlyWellAhead) {
+  using coordinator::DecideConsensusEvaluator;
+  using C = coordinator::ConsensusCandidate;
+  // None yet: the most trained (the first among equals).
+  auto d = DecideConsensusEvaluator("", {C{"w1", 100}, C{"w2", 300}, C{"w3", 300}});
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.worker_id, "w2");
+  EXPECT_EQ(d.reason, "300 steps, the most trained");
+  // Sticky: 1.5 x 100 + 10 = 160 steps are not enough to move it...
+  d = DecideConsensusEvaluator("w1", {C{"w1", 100}, C{"w2", 160}});
+  EXPECT_FALSE(d.changed);
+  EXPECT_EQ(d.worker_id, "w1");
+  // ...161 are.
+  d = DecideConsensusEvaluator("w1", {C{"w1", 100}, C{"w2", 161}});
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.worker_id, "w2");
+  // It left: the most trained of the rest; nobody left: none.
+  d = DecideConsensusEvaluator("w2", {C{"w1", 5}});
+  EXPECT_EQ(d.worker_id, "w1");
+  d = DecideConsensusEvaluator("w1", {});
+  EXPECT_TRUE(d.changed);
+  EXPECT_TRUE(d.worker_id.empty());
+}
+
 TEST(PeerChooser, TimeoutsMakeAPeerRareButNeverExcluded) {
   FakeClock clock;
   PeerChooser chooser(&clock, /*seed=*/42, /*recovery_half_life=*/absl::Seconds(60));

@@ -103,3 +103,13 @@ shoal_test(stream_wire_test unit ${CMAKE_CURRENT_LIST_DIR}/stream_wire_test.cc
   LIBS coordinator_service)
 shoal_test(run_config_test unit ${CMAKE_CURRENT_LIST_DIR}/run_config_test.cc
   LIBS shoal_run_config_file coordinator_core)
+# The coordinator engine's parts on their own (round_engine.h is their
+# facade): each is called as RoundEngine calls it, without its lock.
+shoal_test(membership_test unit ${CMAKE_CURRENT_LIST_DIR}/membership_test.cc LIBS coordinator_core)
+shoal_test(topology_test unit ${CMAKE_CURRENT_LIST_DIR}/topology_test.cc LIBS coordinator_core)
+shoal_test(checkpoint_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/checkpoint_planner_test.cc
+  LIBS coordinator_core)
+shoal_test(sync_rounds_test unit ${CMAKE_CURRENT_LIST_DIR}/sync_rounds_test.cc LIBS coordinator_core)
+# Not gossip_peers_test: that is the workers' PeerService (integration).
+shoal_test(coordinator_gossip_peers_test unit
+  ${CMAKE_CURRENT_LIST_DIR}/coordinator_gossip_peers_test.cc LIBS coordinator_core)

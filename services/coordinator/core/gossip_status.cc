@@ -62,4 +62,30 @@ GossipCheckpointerDecision DecideGossipCheckpointer(
   return d;
 }
 
+ConsensusEvaluatorDecision DecideConsensusEvaluator(
+    const std::string& current, absl::Span<const ConsensusCandidate> candidates) {
+  const ConsensusCandidate* held = nullptr;
+  const ConsensusCandidate* best = nullptr;
+  for (const ConsensusCandidate& c : candidates) {
+    if (c.worker_id == current) held = &c;
+    if (best == nullptr || c.steps > best->steps) best = &c;
+  }
+  ConsensusEvaluatorDecision d;
+  d.worker_id = current;
+  if (held == nullptr) {
+    // None yet, or it left: the most trained (or none).
+    d.worker_id = best == nullptr ? std::string() : best->worker_id;
+  } else if (best != held && best->steps > 1.5 * held->steps + 10) {
+    d.worker_id = best->worker_id;
+  }
+  d.changed = d.worker_id != current;
+  if (best != nullptr && d.worker_id == best->worker_id) {
+    d.reason = absl::StrCat(best->steps, " steps, the most trained");
+  } else if (held != nullptr) {
+    d.reason = absl::StrCat(held->steps, " steps; the most trained has ", best->steps,
+                            ", not 1.5 x + 10 more");
+  }
+  return d;
+}
+
 }  // namespace shoal::coordinator

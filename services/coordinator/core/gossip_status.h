@@ -1,8 +1,8 @@
 // Gossip mode on the coordinator (docs/GOSSIP.md): the run-wide consensus
 // distance computed from the model projections the workers report with their
-// heartbeats, and the choice of the gossip checkpointer. Pure functions, no
-// state. (The gossip knobs are checked with the rest of the run config:
-// common/run_config.h.)
+// heartbeats, the choice of the consensus evaluator and of the gossip
+// checkpointer. Pure functions, no state. (The gossip knobs are checked with the rest of the run
+// config: common/run_config.h.)
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_GOSSIP_STATUS_H_
 
@@ -45,6 +45,31 @@ struct GossipCheckpointerDecision {
 // that membership changes elsewhere never move the role.
 GossipCheckpointerDecision DecideGossipCheckpointer(
     const std::string& current, absl::Span<const GossipCheckpointerCandidate> members);
+
+// A member as the choice of the consensus evaluator sees it: one that
+// gossips and can be fetched from (not behind NAT).
+struct ConsensusCandidate {
+  std::string worker_id;
+  uint64_t steps = 0;  // its local steps so far (Heartbeat.gossip_steps)
+};
+
+struct ConsensusEvaluatorDecision {
+  // The evaluator from now on; empty when no member can be.
+  std::string worker_id;
+  // True when it differs from the current one (a PeerUpdate names it).
+  bool changed = false;
+  // Why it is the one, e.g. "1200 steps, the most trained"; empty when
+  // nobody is.
+  std::string reason;
+};
+
+// Who evaluates the consensus model (--consensus_eval_every): the member
+// that trained the most steps (the first by `candidates`' order among
+// equals; the caller gives them by id). Sticky: while the current one is a
+// candidate another takes over only with more than 1.5 x its steps + 10,
+// so that members at about the same count do not trade the role.
+ConsensusEvaluatorDecision DecideConsensusEvaluator(
+    const std::string& current, absl::Span<const ConsensusCandidate> candidates);
 
 }  // namespace shoal::coordinator
 

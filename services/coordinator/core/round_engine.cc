@@ -1,239 +1,233 @@
-// RoundEngine: construction, the member and participant indexes with their
-// barrier counters, the version bookkeeping (Changes) and Tick.
+// RoundEngine: the facade. Takes the lock, finds the caller, hands each call
+// to the part it concerns, and composes what spans the parts: a join, a
+// departure, the end of the run, the status and the record.
 #include "services/coordinator/core/round_engine.h"
 
-#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "services/coordinator/core/round_engine_internal.h"
+#include "services/coordinator/core/gossip_peers.h"
+#include "services/coordinator/core/sync_rounds.h"
 
 namespace shoal::coordinator {
+namespace {
+
+using shoal::v1::CoordinatorMessage;
+
+}  // namespace
 
 RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
-    : options_(std::move(options)), clock_(clock), started_at_(clock->Now()) {
-  // Versions of participant lists from different coordinator starts never
-  // meet (a worker may keep a list across a restart): they start at the
-  // start time in ms times 1000.
-  plan_list_version_ =
-      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(started_at_))) * 1000;
-  if (options_.member_credentials) {
-    // The epoch names this start: a credential of an earlier start (or of
-    // another replica's term) is never judged against this roster's list.
-    roster_.emplace(static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixMicros(started_at_))),
-                    options_.credential_secret
-                        ? options_.credential_secret
-                        : std::function<std::string()>(RandomCredentialSecret));
-  }
+    : options_(std::move(options)),
+      clock_(clock),
+      started_at_(clock->Now()),
+      membership_(options_, clock_, &versions_, started_at_),
+      topology_(options_, clock_, &versions_, &membership_),
+      checkpoints_(options_, clock_, &versions_, &membership_),
+      // The mode is the run config's, once: no other part asks which it is.
+      mode_(options_.config.has_gossip()
+                ? std::unique_ptr<RunMode>(
+                      std::make_unique<GossipPeers>(options_, clock_, &versions_, &membership_,
+                                                    &checkpoints_, static_cast<EngineHost*>(this)))
+                : std::unique_ptr<RunMode>(std::make_unique<SyncRounds>(
+                      options_, clock_, &versions_, &membership_, &topology_, &checkpoints_,
+                      static_cast<EngineHost*>(this), started_at_))) {
   if (options_.resume.has_value()) {
+    absl::MutexLock lock(&mu_);
     const shoal::v1::RunRecord& r = *options_.resume;
-    if (!gossip()) {
-      // A gossip run has no rounds nor agreed model: its workers start from
-      // checkpoint_id (docs/GOSSIP.md, "Checkpoints").
-      last_completed_round_ = r.last_completed_round();
-      agreed_hash_ = r.model_hash();
-    }
-    round_ = last_completed_round_ + 1;
-    next_worker_number_ = std::max<uint64_t>(1, r.next_worker_number());
-    checkpoint_id_ = r.checkpoint_id();
-    checkpoint_round_ = r.checkpoint_round();
-    if (r.finished()) phase_ = shoal::v1::FINISHED;
-    if (gossip()) {
-      SHOAL_LOG(INFO) << "resuming gossip run " << options_.run_id
-                      << (checkpoint_id_.empty()
-                              ? std::string(" with no checkpoint")
-                              : absl::StrCat(" from checkpoint ", checkpoint_id_));
-    } else {
-      SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round "
-                      << last_completed_round_ << " (next round " << round_ << ")";
-    }
+    membership_.Resume(r);
+    checkpoints_.Resume(r);
+    mode_->Resume(r);
   }
 }
 
-// ---------------------------------------------------------------- Versions
+RoundEngine::~RoundEngine() = default;
 
-RoundEngine::Changes::Changes(RoundEngine* engine) : engine_(engine) {}
+// ----------------------------------------------------------------- Members
 
-RoundEngine::Changes::~Changes() {
-  if (engine_->record_changed_) {
-    ++engine_->record_version_;
-    engine_->status_changed_ = true;
-  }
-  if (engine_->status_changed_) ++engine_->status_version_;
-  engine_->record_changed_ = engine_->status_changed_ = false;
-}
-
-void RoundEngine::MarkStatusChanged() { status_changed_ = true; }
-
-void RoundEngine::MarkRecordChanged() { record_changed_ = true; }
-
-// ------------------------------------------------------ Members and indexes
-
-RoundEngine::Member& RoundEngine::At(const std::string& worker_id) const {
-  return *index_.at(worker_id);
-}
-
-absl::StatusOr<RoundEngine::Member*> RoundEngine::FindActive(const std::string& worker_id) {
-  auto it = index_.find(worker_id);
-  if (it == index_.end()) {
-    if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
-    return absl::NotFoundError(absl::StrCat("unknown worker id '", worker_id,
-                                            "' (never joined, left or was evicted: Join again)"));
-  }
-  return it->second;
-}
-
-bool RoundEngine::IsParticipant(const std::string& worker_id) const {
-  return participant_set_.contains(worker_id);
-}
-
-void RoundEngine::CountFlags(const Member& m, int sign) {
-  // Unsigned wrap-around makes -1 a decrement.
-  const size_t d = static_cast<size_t>(sign);
-  if (m.ready) ready_count_ += d;
-  if (m.connections_ok) connected_count_ += d;
-  if (m.connections_ok && !m.unreachable.empty()) unreachable_count_ += d;
-  if (m.done) done_count_ += d;
-}
-
-void RoundEngine::ResetRoundFlags(Member& m) {
-  UpdateFlags(m, [](Member& x) { x.ready = x.done = x.connections_ok = false; });
-}
-
-void RoundEngine::AddParticipant(const std::string& worker_id) {
-  if (!participant_set_.insert(worker_id).second) return;
-  participants_.push_back(worker_id);
-  CountFlags(At(worker_id), +1);
-}
-
-bool RoundEngine::RemoveParticipant(const std::string& worker_id) {
-  if (participant_set_.erase(worker_id) == 0) return false;
-  // Removals are rare (misses, departures); the vector keeps join order.
-  participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
-  CountFlags(At(worker_id), -1);
-  return true;
-}
-
-std::vector<std::string> RoundEngine::TakeParticipants() {
-  std::vector<std::string> taken = std::move(participants_);
-  participants_.clear();
-  participant_set_.clear();
-  ready_count_ = connected_count_ = unreachable_count_ = done_count_ = 0;
-  return taken;
-}
-
-void RoundEngine::Enqueue(const std::string& worker_id) {
-  if (queued_set_.insert(worker_id).second) queued_.push_back(worker_id);
-}
-
-bool RoundEngine::IsQueued(const std::string& worker_id) const {
-  return queued_set_.contains(worker_id);
-}
-
-void RoundEngine::Dequeue(const std::string& worker_id) {
-  if (queued_set_.erase(worker_id) == 0) return;
-  queued_.erase(std::find(queued_.begin(), queued_.end(), worker_id));
-}
-
-std::vector<std::string> RoundEngine::TakeQueue() {
-  std::vector<std::string> taken = std::move(queued_);
-  queued_.clear();
-  queued_set_.clear();
-  return taken;
-}
-
-bool RoundEngine::CountersConsistentForTesting() const {
+absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& request,
+                                             const std::string& unreachable) {
+  if (absl::Status s = Membership::CheckJoinRequest(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  size_t ready = 0, connected = 0, unreachable = 0, done = 0;
-  for (const std::string& id : participants_) {
-    if (!index_.contains(id)) return false;
-    const Member& m = At(id);
-    ready += m.ready;
-    connected += m.connections_ok;
-    unreachable += m.connections_ok && !m.unreachable.empty();
-    done += m.done;
+  Changes changes(this);
+  if (mode_->phase() == shoal::v1::FINISHED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", options_.run_id, " is finished after round ", mode_->last_completed_round()));
   }
-  if (participant_set_.size() != participants_.size() || queued_set_.size() != queued_.size() ||
-      index_.size() != members_.size()) {
-    return false;
+  versions_.MarkStatusChanged();
+  JoinResult result;
+  const std::string& previous = request.previous_worker_id();
+  Member* member = previous.empty() ? nullptr : membership_.Find(previous);
+  // A worker (new, or a member re-joining from another address) at the
+  // address of another active member means that member's process is gone.
+  for (const std::string& id : membership_.AtAddress(request.peer_address(), member)) {
+    mode_->RemoveMember(id, MemberState::kLeft, "replaced by a worker at the same address",
+                        &result.directives);
   }
-  for (const auto& [id, m] : members_) {
-    auto it = index_.find(id);
-    if (it == index_.end() || it->second != &m) return false;
+  if (member == nullptr) {
+    absl::StatusOr<Member*> added = membership_.Add(request, mode_->round());
+    if (!added.ok()) return added.status();
+    member = *added;
+  } else {
+    SHOAL_LOG(INFO) << "member re-joined: " << member->id << " at " << request.peer_address();
   }
-  for (const std::string& id : participants_) {
-    if (!participant_set_.contains(id)) return false;
+  membership_.Refresh(*member, request, unreachable);
+  topology_.MarkStale();  // a new member or maybe a new zone: the next Tick re-elects
+  mode_->OnJoined(*member, request);
+
+  auto& r = result.response;
+  // A fresh credential at every join: one a re-joining worker held before
+  // stops working.
+  if (std::string credential = membership_.IssueCredential(member->id, &result.directives);
+      !credential.empty()) {
+    r.set_member_credential(std::move(credential));
   }
-  for (const std::string& id : queued_) {
-    if (!queued_set_.contains(id) || !index_.contains(id)) return false;
+  r.set_worker_id(member->id);
+  r.set_outbound_only(member->outbound_only);
+  r.set_outbound_reason(member->outbound_reason);
+  r.set_data_rank(member->data_rank);
+  *r.mutable_config() = options_.config;
+  r.set_run_id(options_.run_id);
+  mode_->FillJoinResponse(*member, &r);
+  r.set_checkpoint_id(checkpoints_.checkpoint_id());
+  r.set_checkpoint_round(checkpoints_.checkpoint_round());
+  if (!options_.config.model().file_sha256().empty()) {
+    membership_.AddModelFileHolders(*member, &r);
   }
-  return ready == ready_count_ && connected == connected_count_ &&
-         unreachable == unreachable_count_ && done == done_count_;
+  return result;
+}
+
+absl::Status RoundEngine::Connect(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(worker_id);
+  if (!member.ok()) return member.status();
+  versions_.MarkStatusChanged();
+  membership_.Connect(**member);
+  mode_->OnConnected(**member);
+  return absl::OkStatus();
+}
+
+absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
+                                    const shoal::v1::Heartbeat& heartbeat) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(worker_id);
+  if (!member.ok()) return member.status();
+  // A heartbeat that only refreshes last_seen leaves a cached status valid
+  // (the service bounds its age); sync progress is shown, so it counts.
+  (*member)->last_seen = clock_->Now();
+  if (!mode_->OnHeartbeat(**member, heartbeat)) return absl::OkStatus();
+  membership_.TakeProgress(**member, heartbeat);
+  return absl::OkStatus();
+}
+
+Directives RoundEngine::Disconnect(const std::string& worker_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  Directives out;
+  if (membership_.Contains(worker_id)) {
+    versions_.MarkStatusChanged();
+    mode_->RemoveMember(worker_id, MemberState::kLeft, reason, &out);
+  }
+  return out;
+}
+
+bool RoundEngine::DepartMember(std::string worker_id, MemberState why, const std::string& reason,
+                               Directives* out) {
+  const Member* m = membership_.Find(worker_id);
+  if (m == nullptr) return false;
+  // What the status shows of it from now on, taken while every part still
+  // knows it.
+  shoal::v1::WorkerStatus gone;
+  FillWorker(*m, /*active=*/false, clock_->Now(), &gone);
+  gone.set_state(MemberStateName(why));
+  gone.set_reason(reason);
+  const bool was_participant = mode_->Forget(worker_id);
+  const uint64_t round = mode_->round();
+  membership_.Remove(worker_id, why, reason, std::move(gone), round, out);
+  topology_.Forget(worker_id, round);
+  return was_participant;
+}
+
+SharedMessage RoundEngine::MemberList(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  return membership_.MemberList(worker_id);
 }
 
 bool RoundEngine::IsActive(const std::string& worker_id) const {
   absl::MutexLock lock(&mu_);
-  return index_.contains(worker_id);
+  return membership_.Contains(worker_id);
 }
 
-absl::StatusOr<RoundEngine::Member*> RoundEngine::FindParticipant(const std::string& worker_id,
-                                                                  uint64_t round,
-                                                                  const char* what) {
-  auto found = FindActive(worker_id);
-  if (!found.ok()) return found.status();
-  if (absl::Status s = CheckRound(round, what); !s.ok()) return s;
-  if (!IsParticipant(worker_id)) {
-    const std::string& missed = (*found)->missed_reason;
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker_id, " is not a participant of round ", round_,
-                     missed.empty() ? "" : absl::StrCat(" (", missed, ")")));
-  }
-  return *found;
+uint64_t RoundEngine::departures() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.departures();
 }
 
-absl::Status RoundEngine::CheckRound(uint64_t round, const char* what) const {
-  if (round < round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " for round ", round, " is stale: the run is at round ", round_));
-  }
-  if (round > round_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " for round ", round, " is in the future: the run is at round ", round_));
-  }
-  return absl::OkStatus();
+// ------------------------------------------------------------ Mode's calls
+
+absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, uint64_t round,
+                                                Directives* out, uint64_t carried) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(worker_id);
+  if (!member.ok()) return member.status();
+  return mode_->JoinRound(**member, round, carried, out);
 }
 
-bool RoundEngine::HoldsAgreedModel(const Member& m) const {
-  return m.model_round == last_completed_round_ && m.model_hash == agreed_hash_ &&
-         !agreed_hash_.empty();
+absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& request,
+                                      Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
+  if (!member.ok()) return member.status();
+  return mode_->ReportReady(**member, request, out);
 }
 
-std::vector<std::string> RoundEngine::Holders() const {
-  std::vector<std::string> holders;
-  for (const auto& [id, m] : members_) {
-    if (HoldsAgreedModel(m) && !m.outbound_only) holders.push_back(m.address);
-  }
-  return holders;
+absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request,
+                                           Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
+  if (!member.ok()) return member.status();
+  return mode_->ConnectionsReady(**member, request, out);
 }
 
-// -------------------------------------------------------------------- Tick
+absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
+                                          Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
+  if (!member.ok()) return member.status();
+  return mode_->ReportRoundDone(**member, request, out);
+}
+
+absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
+                                           Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
+  if (!member.ok()) return member.status();
+  versions_.MarkStatusChanged();
+  return mode_->ReportCheckpoint(request, out);
+}
 
 Directives RoundEngine::Tick() {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   Directives out;
   const absl::Time now = clock_->Now();
-  ExpireLeases(now, &out);
-  WatchCheckpoint(now, &out);
-  if (!gossip()) ApplyRoundDeadline(now, &out);
-  if (gossip()) {
-    UpdateConsensusEvaluator(&out);
-    MaybeFinalAverage(&out);
+  const std::vector<std::pair<std::string, std::string>> expired = membership_.ExpiredLeases(now);
+  if (!expired.empty()) versions_.MarkStatusChanged();
+  for (const auto& [id, reason] : expired) {
+    mode_->RemoveMember(id, MemberState::kEvicted, reason, &out);
   }
-  if (election_stale_) Reelect(ElectionTrigger::kMembership);
+  mode_->Tick(now, &out);
+  topology_.ReelectIfStale(mode_->round());
   // Routes changed by an election since the last tick (relay on).
-  for (Directive& d : relay_changes_) out.push_back(std::move(d));
-  relay_changes_.clear();
+  topology_.TakeRelayChanges(&out);
   return out;
 }
 
@@ -241,13 +235,121 @@ Directives RoundEngine::HoldRounds(bool hold) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   Directives out;
-  if (rounds_held_ != hold) {
-    SHOAL_LOG(INFO) << (hold ? "rounds held: no round starts until released" : "rounds released");
-  }
-  rounds_held_ = hold;
-  // Also when it was not held: a start refused by before_round_start.
-  if (!hold) MaybeStartRound(&out);
+  mode_->HoldRounds(hold, &out);
   return out;
+}
+
+void RoundEngine::FinishRun(const std::string& reason, Directives* out) {
+  mode_->OnFinish();
+  versions_.MarkRecordChanged();
+  SHOAL_LOG(INFO) << "run " << options_.run_id << " finished: " << reason;
+  CoordinatorMessage msg;
+  msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
+  msg.mutable_run_finished()->set_reason(reason);
+  membership_.EndRun(Share(std::move(msg)), out);
+}
+
+SharedMessage RoundEngine::FinishedNotice(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  if (mode_->phase() != shoal::v1::FINISHED || !membership_.Contains(worker_id)) return nullptr;
+  CoordinatorMessage msg;
+  msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
+  msg.mutable_run_finished()->set_reason("the run finished before this session opened");
+  return Share(std::move(msg));
+}
+
+// ---------------------------------------------------------------- Topology
+
+ElectionResult RoundEngine::Election() {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  topology_.ReelectIfStale(mode_->round());
+  return topology_.election();
+}
+
+SharedMessage RoundEngine::RelayRoute(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (!membership_.Contains(worker_id)) return nullptr;
+  return topology_.RelayRoute(worker_id);
+}
+
+// ---------------------------------------------------------- Status, record
+
+shoal::v1::RunStatus RoundEngine::Status() const {
+  absl::MutexLock lock(&mu_);
+  return StatusLocked();
+}
+
+shoal::v1::RunStatus RoundEngine::Status(uint64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  *version = versions_.status_version();
+  return StatusLocked();
+}
+
+uint64_t RoundEngine::status_version() const {
+  absl::MutexLock lock(&mu_);
+  return versions_.status_version();
+}
+
+void RoundEngine::FillWorker(const Member& m, bool active, absl::Time now,
+                             shoal::v1::WorkerStatus* w) const {
+  membership_.FillWorker(m, active, now, w);
+  topology_.FillWorker(m.id, active, w);
+  mode_->FillWorker(m.id, w);
+}
+
+shoal::v1::RunStatus RoundEngine::StatusLocked() const {
+  const absl::Time now = clock_->Now();
+  shoal::v1::RunStatus s;
+  s.set_run_id(options_.run_id);
+  *s.mutable_config() = options_.config;
+  s.set_started_unix_ms(absl::ToUnixMillis(started_at_));
+  s.set_min_participants(options_.config.sync().min_participants());
+  s.set_members(membership_.size());
+  mode_->FillStatus(&s);
+  checkpoints_.FillStatus(&s);
+  for (const auto& [id, m] : membership_.members())
+    FillWorker(m, /*active=*/true, now, s.add_workers());
+  for (const shoal::v1::WorkerStatus& w : membership_.departed()) *s.add_workers() = w;
+  topology_.FillStatus(&s);
+  return s;
+}
+
+shoal::v1::RunRecord RoundEngine::Record() const {
+  absl::MutexLock lock(&mu_);
+  return CurrentRecord();
+}
+
+shoal::v1::RunRecord RoundEngine::CurrentRecord() const {
+  shoal::v1::RunRecord r;
+  r.set_run_id(options_.run_id);
+  *r.mutable_config() = options_.config;
+  mode_->FillRecord(&r);
+  r.set_next_worker_number(membership_.next_worker_number());
+  checkpoints_.FillRecord(&r);
+  r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  r.set_finished(mode_->phase() == shoal::v1::FINISHED);
+  return r;
+}
+
+uint64_t RoundEngine::record_version() const {
+  absl::MutexLock lock(&mu_);
+  return versions_.record_version();
+}
+
+bool RoundEngine::finished() const {
+  absl::MutexLock lock(&mu_);
+  return mode_->phase() == shoal::v1::FINISHED;
+}
+
+uint64_t RoundEngine::last_completed_round() const {
+  absl::MutexLock lock(&mu_);
+  return mode_->last_completed_round();
+}
+
+bool RoundEngine::CountersConsistentForTesting() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.ConsistentForTesting() && mode_->ConsistentForTesting();
 }
 
 }  // namespace shoal::coordinator

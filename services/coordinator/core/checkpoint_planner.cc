@@ -1,33 +1,49 @@
-// RoundEngine, checkpoints: who uploads a round's model
-// (DecideCheckpointUploader), its report, and moving an upload that stalls
-// or loses its worker (DecideCheckpointWatch); in gossip mode the
-// checkpointer (DecideGossipCheckpointer) and its reports.
+// CheckpointPlanner: who uploads, their reports, stalled uploads, and the
+// gossip checkpointer.
+#include "services/coordinator/core/checkpoint_planner.h"
+
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/upload_grant.h"
-#include "services/coordinator/core/gossip_status.h"
-#include "services/coordinator/core/round_decisions.h"
-#include "services/coordinator/core/round_engine.h"
-#include "services/coordinator/core/round_engine_internal.h"
 
 namespace shoal::coordinator {
 
-using internal::Share;
 using shoal::v1::CoordinatorMessage;
 
-void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
-  pending_checkpoint_round_ = 0;
-  pending_checkpoint_worker_.clear();
-  std::vector<CheckpointCandidate> candidates;
-  candidates.reserve(members_.size());
-  for (const auto& [id, m] : members_) {
-    candidates.push_back({id, m.model_round == round && m.model_hash == agreed_hash_});
-  }
+CheckpointPlanner::CheckpointPlanner(const EngineOptions& options, const Clock* clock,
+                                     EngineVersions* versions, const Membership* members)
+    : options_(options), clock_(clock), versions_(versions), members_(members) {}
+
+void CheckpointPlanner::Resume(const shoal::v1::RunRecord& record) {
+  checkpoint_id_ = record.checkpoint_id();
+  checkpoint_round_ = record.checkpoint_round();
+}
+
+// ----------------------------------------------------- Synchronous rounds
+
+bool CheckpointPlanner::Due(uint64_t round, bool last) const {
+  const uint32_t every = options_.config.checkpoints().every();
+  return !options_.config.checkpoints().store().empty() && every > 0 &&
+         (round % every == 0 || last);
+}
+
+void CheckpointPlanner::StartUpload(uint64_t round, const std::string& agreed_hash,
+                                    absl::Span<const CheckpointCandidate> candidates,
+                                    Directives* out) {
+  tried_.clear();
+  AssignUpload(round, agreed_hash, candidates, out);
+}
+
+void CheckpointPlanner::AssignUpload(uint64_t round, const std::string& agreed_hash,
+                                     absl::Span<const CheckpointCandidate> candidates,
+                                     Directives* out) {
+  pending_round_ = 0;
+  pending_worker_.clear();
   const CheckpointUploaderDecision uploader =
-      DecideCheckpointUploader(candidates, checkpoint_tried_, options_.checkpointers);
+      DecideCheckpointUploader(candidates, tried_, options_.checkpointers);
   switch (uploader.action) {
     case CheckpointUploaderDecision::Action::kGiveUp:
       SHOAL_LOG(WARNING) << "checkpoint of round " << round << " " << uploader.reason
@@ -41,13 +57,13 @@ void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
       break;
   }
   const std::string& id = uploader.worker_id;
-  checkpoint_tried_.insert(id);
-  pending_checkpoint_round_ = round;
-  pending_checkpoint_worker_ = id;
-  pending_checkpoint_since_ = clock_->Now();
+  tried_.insert(id);
+  pending_round_ = round;
+  pending_worker_ = id;
+  pending_since_ = clock_->Now();
   CoordinatorMessage msg;
   msg.mutable_checkpoint_request()->set_round(round);
-  msg.mutable_checkpoint_request()->set_model_hash(agreed_hash_);
+  msg.mutable_checkpoint_request()->set_model_hash(agreed_hash);
   msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
   if (!options_.upload_key.empty()) {
     // This round only, for as long as the upload may take before it moves
@@ -60,61 +76,56 @@ void RoundEngine::AssignCheckpoint(uint64_t round, Directives* out) {
   SHOAL_LOG(INFO) << "checkpoint of round " << round << " assigned to " << id;
 }
 
-absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
-                                           Directives* out) {
-  absl::MutexLock lock(&mu_);
-  Changes changes(this);
-  auto found = FindActive(request.worker_id());
-  if (!found.ok()) return found.status();
-  MarkStatusChanged();
-  if (gossip()) return ReportGossipCheckpoint(request);
-  if (pending_checkpoint_round_ == 0 || request.round() != pending_checkpoint_round_ ||
-      request.worker_id() != pending_checkpoint_worker_) {
+absl::Status CheckpointPlanner::ReportUpload(const shoal::v1::ReportCheckpointRequest& request,
+                                             bool* reassign) {
+  *reassign = false;
+  if (pending_round_ == 0 || request.round() != pending_round_ ||
+      request.worker_id() != pending_worker_) {
     return absl::FailedPreconditionError(absl::StrCat("no checkpoint of round ", request.round(),
                                                       " is expected from ", request.worker_id()));
   }
   if (!request.error().empty() || request.checkpoint_id().empty()) {
     SHOAL_LOG(WARNING) << "checkpoint of round " << request.round() << " by " << request.worker_id()
                        << " failed: " << request.error();
-    AssignCheckpoint(request.round(), out);
+    *reassign = true;
     return absl::OkStatus();
   }
   checkpoint_id_ = request.checkpoint_id();
   checkpoint_round_ = request.round();
-  pending_checkpoint_round_ = 0;
-  pending_checkpoint_worker_.clear();
-  MarkRecordChanged();
+  pending_round_ = 0;
+  pending_worker_.clear();
+  versions_->MarkRecordChanged();
   SHOAL_LOG(INFO) << "checkpoint " << checkpoint_id_ << " of round " << checkpoint_round_
                   << " stored by " << request.worker_id();
   return absl::OkStatus();
 }
 
-void RoundEngine::WatchCheckpoint(absl::Time now, Directives* out) {
-  if (pending_checkpoint_round_ == 0) return;  // the common case, without building a reason
+uint64_t CheckpointPlanner::StalledUpload(absl::Time now) {
+  if (pending_round_ == 0) return 0;  // the common case, without building a reason
   CheckpointWatch watch;
-  watch.pending_round = pending_checkpoint_round_;
-  watch.worker_id = pending_checkpoint_worker_;
-  watch.worker_active = index_.contains(pending_checkpoint_worker_);
-  watch.since = pending_checkpoint_since_;
+  watch.pending_round = pending_round_;
+  watch.worker_id = pending_worker_;
+  watch.worker_active = members_->Contains(pending_worker_);
+  watch.since = pending_since_;
   const CheckpointWatchDecision decision =
       DecideCheckpointWatch(watch, options_.checkpoint_timeout, now);
-  if (!decision.reassign) return;
-  MarkStatusChanged();
+  if (!decision.reassign) return 0;
+  versions_->MarkStatusChanged();
   SHOAL_LOG(WARNING) << "checkpoint: " << decision.reason << "; reassigning";
-  AssignCheckpoint(pending_checkpoint_round_, out);
+  return pending_round_;
 }
 
-void RoundEngine::AssignGossipCheckpointer(Directives* out) {
+// ------------------------------------------------------------------ Gossip
+
+void CheckpointPlanner::AssignGossipCheckpointer(
+    absl::Span<const GossipCheckpointerCandidate> candidates, Directives* out) {
   if (options_.config.checkpoints().store().empty() ||
       options_.config.gossip().checkpoint_every() == 0) {
     return;
   }
-  std::vector<GossipCheckpointerCandidate> candidates;
-  candidates.reserve(members_.size());
-  for (const auto& [id, m] : members_) candidates.push_back({id, m.gossiping});
   const GossipCheckpointerDecision d = DecideGossipCheckpointer(gossip_checkpointer_, candidates);
   if (!d.changed) return;
-  MarkStatusChanged();
+  versions_->MarkStatusChanged();
   gossip_checkpointer_ = d.worker_id;
   if (d.worker_id.empty()) {
     SHOAL_LOG(INFO) << "gossip checkpointer: none (" << d.reason << ")";
@@ -139,8 +150,7 @@ void RoundEngine::AssignGossipCheckpointer(Directives* out) {
                   << " local steps from sequence " << checkpoint_round_ + 1;
 }
 
-absl::Status RoundEngine::ReportGossipCheckpoint(
-    const shoal::v1::ReportCheckpointRequest& request) {
+absl::Status CheckpointPlanner::ReportGossip(const shoal::v1::ReportCheckpointRequest& request) {
   if (request.worker_id() != gossip_checkpointer_) {
     return absl::FailedPreconditionError(
         absl::StrCat(request.worker_id(), " is not the checkpointer of this gossip run (",
@@ -163,10 +173,33 @@ absl::Status RoundEngine::ReportGossipCheckpoint(
   checkpoint_steps_ = request.gossip_steps();
   checkpoint_worker_ = request.worker_id();
   checkpoint_time_ = clock_->Now();
-  MarkRecordChanged();
+  versions_->MarkRecordChanged();
   SHOAL_LOG(INFO) << "gossip checkpoint " << checkpoint_id_ << " stored by " << request.worker_id()
                   << " (clock " << checkpoint_clock_ << ", " << checkpoint_steps_ << " steps)";
   return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ Status
+
+void CheckpointPlanner::FillStatus(shoal::v1::RunStatus* s) const {
+  s->set_checkpoint_id(checkpoint_id_);
+  s->set_checkpoint_round(checkpoint_round_);
+  if (pending_round_ > 0) {
+    s->set_checkpoint_pending(absl::StrCat("round ", pending_round_, " by ", pending_worker_));
+  }
+  // Set by gossip runs only (empty otherwise).
+  s->set_checkpointer(gossip_checkpointer_);
+  s->set_checkpoint_clock(checkpoint_clock_);
+  s->set_checkpoint_steps(checkpoint_steps_);
+  s->set_checkpoint_worker(checkpoint_worker_);
+  if (checkpoint_time_ != absl::InfinitePast()) {
+    s->set_checkpoint_unix_ms(absl::ToUnixMillis(checkpoint_time_));
+  }
+}
+
+void CheckpointPlanner::FillRecord(shoal::v1::RunRecord* r) const {
+  r->set_checkpoint_id(checkpoint_id_);
+  r->set_checkpoint_round(checkpoint_round_);
 }
 
 }  // namespace shoal::coordinator

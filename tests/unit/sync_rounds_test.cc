@@ -1,0 +1,358 @@
+// SyncRounds on its own (services/coordinator/core/sync_rounds.h): the
+// synchronous rounds driven through the RunMode interface, with real
+// Membership, Topology and CheckpointPlanner parts and a test EngineHost in
+// place of RoundEngine (no lock, no facade). Time from a FakeClock.
+#include "services/coordinator/core/sync_rounds.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shoal::coordinator {
+namespace {
+
+using ::shoal::v1::CoordinatorMessage;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr uint64_t kTotal = 1000;
+
+std::vector<std::string> To(const Directives& ds, CoordinatorMessage::KindCase kind) {
+  std::vector<std::string> ids;
+  for (const Directive& d : ds) {
+    if (d.message->kind_case() == kind) ids.push_back(d.worker_id);
+  }
+  return ids;
+}
+
+// The parts of an engine around one SyncRounds, and the host it calls back:
+// departures go through every part as RoundEngine::DepartMember does.
+class Harness : public EngineHost {
+ public:
+  explicit Harness(EngineOptions options)
+      : options_(std::move(options)),
+        members_(options_, &clock_, &versions_, clock_.Now()),
+        topology_(options_, &clock_, &versions_, &members_),
+        checkpoints_(options_, &clock_, &versions_, &members_),
+        rounds_(options_, &clock_, &versions_, &members_, &topology_, &checkpoints_, this,
+                clock_.Now()) {}
+
+  bool DepartMember(std::string worker_id, MemberState why, const std::string& reason,
+                    Directives* out) override {
+    if (!members_.Contains(worker_id)) return false;
+    departed_.push_back(worker_id);
+    const bool was_participant = rounds_.Forget(worker_id);
+    v1::WorkerStatus gone;
+    gone.set_id(worker_id);
+    gone.set_state(MemberStateName(why));
+    members_.Remove(worker_id, why, reason, gone, rounds_.round(), out);
+    topology_.Forget(worker_id, rounds_.round());
+    return was_participant;
+  }
+  void FinishRun(const std::string& reason, Directives* out) override {
+    finished_ = reason;
+    rounds_.OnFinish();
+    versions_.MarkRecordChanged();
+    CoordinatorMessage msg;
+    msg.mutable_run_finished()->set_reason(reason);
+    members_.EndRun(Share(std::move(msg)), out);
+  }
+  v1::RunRecord CurrentRecord() const override {
+    v1::RunRecord r;
+    rounds_.FillRecord(&r);
+    checkpoints_.FillRecord(&r);
+    return r;
+  }
+
+  // Join and Connect as the facade does them.
+  std::string Add(int port, uint64_t model_round = 0, const std::string& model_hash = "") {
+    v1::JoinRequest request;
+    request.set_peer_address(absl::StrCat("127.0.0.1:", port));
+    request.set_model_round(model_round);
+    request.set_model_hash(model_hash);
+    absl::StatusOr<Member*> added = members_.Add(request, rounds_.round());
+    EXPECT_TRUE(added.ok()) << added.status();
+    members_.Refresh(**added, request, "");
+    rounds_.OnJoined(**added, request);
+    members_.Connect(**added);
+    rounds_.OnConnected(**added);
+    return (*added)->id;
+  }
+
+  absl::StatusOr<uint64_t> JoinRound(const std::string& id, uint64_t round, Directives* out) {
+    return rounds_.JoinRound(members_.At(id), round, /*carried=*/0, out);
+  }
+  absl::Status Ready(const std::string& id, uint64_t round, Directives* out,
+                     uint64_t total = kTotal) {
+    v1::ReportReadyRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_total_elements(total);
+    request.set_train_loss(0.5);
+    return rounds_.ReportReady(members_.At(id), request, out);
+  }
+  absl::Status Connected(const std::string& id, uint64_t round, Directives* out) {
+    v1::RunStatus s;
+    rounds_.FillStatus(&s);
+    v1::ConnectionsReadyRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_attempt(s.attempt());
+    return rounds_.ConnectionsReady(members_.At(id), request, out);
+  }
+  absl::Status Done(const std::string& id, uint64_t round, const std::string& hash, Directives* out,
+                    double step_seconds = 0) {
+    v1::ReportRoundDoneRequest request;
+    request.set_worker_id(id);
+    request.set_round(round);
+    request.set_model_hash(hash);
+    request.set_step_seconds(step_seconds);
+    return rounds_.ReportRoundDone(members_.At(id), request, out);
+  }
+  // Every id ready, connected and done with `hash`: the directives of it all.
+  Directives Complete(const std::vector<std::string>& ids, uint64_t round,
+                      const std::string& hash) {
+    Directives out;
+    for (const std::string& id : ids) EXPECT_TRUE(Ready(id, round, &out).ok());
+    for (const std::string& id : ids) EXPECT_TRUE(Connected(id, round, &out).ok());
+    for (const std::string& id : ids) EXPECT_TRUE(Done(id, round, hash, &out).ok());
+    return out;
+  }
+
+  FakeClock clock_;
+  const EngineOptions options_;
+  EngineVersions versions_;
+  Membership members_;
+  Topology topology_;
+  CheckpointPlanner checkpoints_;
+  SyncRounds rounds_;
+  std::vector<std::string> departed_;
+  std::string finished_;
+};
+
+EngineOptions Options(uint32_t min_participants, uint64_t rounds = 0) {
+  EngineOptions o;
+  o.run_id = "run-s";
+  o.config.mutable_sync()->set_min_participants(min_participants);
+  o.config.mutable_sync()->set_rounds(rounds);
+  o.round_timeout = absl::Seconds(60);
+  o.heartbeat_lease = absl::Seconds(1000);
+  o.session_grace = absl::Seconds(1000);
+  return o;
+}
+
+const std::string kHashA(64, 'a');
+const std::string kHashB(64, 'b');
+
+TEST(SyncRoundsTest, QueuesUntilMinParticipantsThenStartsRoundOneForAll) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  absl::StatusOr<uint64_t> admitted = h.JoinRound(w1, 1, &out);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(*admitted, 1u);
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_EQ(h.rounds_.phase(), v1::WAITING_FOR_MEMBERS);
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), ElementsAre(w1, w2));
+  EXPECT_EQ(h.rounds_.phase(), v1::TRAINING);
+  EXPECT_EQ(h.members_.At(w1).state, MemberState::kTraining);
+  v1::RunStatus s;
+  h.rounds_.FillStatus(&s);
+  EXPECT_THAT(s.participants(), ElementsAre(w1, w2));
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, AFullRoundPlansSharesVotesAndCompletesIntoTheRecord) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  out.clear();
+  ASSERT_TRUE(h.Ready(w1, 1, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), IsEmpty());  // w2 not ready yet
+  ASSERT_TRUE(h.Ready(w2, 1, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), UnorderedElementsAre(w1, w2));
+  EXPECT_EQ(h.rounds_.phase(), v1::SHARING);
+  out.clear();
+  ASSERT_TRUE(h.Connected(w1, 1, &out).ok());
+  ASSERT_TRUE(h.Connected(w2, 1, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kStartSharing), UnorderedElementsAre(w1, w2));
+  h.versions_.Commit();
+  const uint64_t record = h.versions_.record_version();
+  out.clear();
+  ASSERT_TRUE(h.Done(w1, 1, kHashA, &out, /*step_seconds=*/0.2).ok());
+  EXPECT_EQ(h.rounds_.last_completed_round(), 0u);
+  ASSERT_TRUE(h.Done(w2, 1, kHashA, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundComplete), UnorderedElementsAre(w1, w2));
+  EXPECT_EQ(h.rounds_.last_completed_round(), 1u);
+  // Participation is sticky: round 2 starts with the same two at once.
+  EXPECT_EQ(h.rounds_.round(), 2u);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), UnorderedElementsAre(w1, w2));
+  h.versions_.Commit();
+  EXPECT_EQ(h.versions_.record_version(), record + 1);
+  const v1::RunRecord r = h.CurrentRecord();
+  EXPECT_EQ(r.last_completed_round(), 1u);
+  EXPECT_EQ(r.model_hash(), kHashA);
+  // The round's measurements went to the topology.
+  v1::WorkerStatus w;
+  h.topology_.FillWorker(w1, true, &w);
+  EXPECT_DOUBLE_EQ(w.step_seconds(), 0.2);
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, AMinorityHashIsEvictedAndTheMajorityCompletes) {
+  Harness h(Options(3));
+  std::vector<std::string> ids = {h.Add(9001), h.Add(9002), h.Add(9003)};
+  Directives out;
+  for (const std::string& id : ids) ASSERT_TRUE(h.JoinRound(id, 1, &out).ok());
+  for (const std::string& id : ids) ASSERT_TRUE(h.Ready(id, 1, &out).ok());
+  for (const std::string& id : ids) ASSERT_TRUE(h.Connected(id, 1, &out).ok());
+  out.clear();
+  ASSERT_TRUE(h.Done(ids[0], 1, kHashA, &out).ok());
+  ASSERT_TRUE(h.Done(ids[1], 1, kHashB, &out).ok());
+  ASSERT_TRUE(h.Done(ids[2], 1, kHashA, &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kLeaveRequested), ElementsAre(ids[1]));
+  EXPECT_THAT(h.departed_, ElementsAre(ids[1]));
+  EXPECT_FALSE(h.members_.Contains(ids[1]));
+  EXPECT_EQ(h.rounds_.last_completed_round(), 1u);
+  EXPECT_EQ(h.CurrentRecord().model_hash(), kHashA);
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, ReportsOutsideTheRoundAreRefused) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  const std::string w3 = h.Add(9003);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  // Not a participant; a wrong round; a different model size.
+  EXPECT_EQ(h.Ready(w3, 1, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.Ready(w1, 2, &out).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(h.Ready(w1, 1, &out).ok());
+  const absl::Status other = h.Ready(w2, 1, &out, kTotal + 1);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.message(), HasSubstr("different --model"));
+  // Done before sharing.
+  EXPECT_EQ(h.Done(w1, 1, kHashA, &out).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SyncRoundsTest, HeldRoundsDoNotStartUntilReleased) {
+  Harness h(Options(1));
+  const std::string w1 = h.Add(9001);
+  Directives out;
+  h.rounds_.HoldRounds(true, &out);
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  EXPECT_THAT(out, IsEmpty());
+  EXPECT_EQ(h.rounds_.phase(), v1::WAITING_FOR_MEMBERS);
+  h.rounds_.HoldRounds(false, &out);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), ElementsAre(w1));
+  EXPECT_EQ(h.rounds_.phase(), v1::TRAINING);
+}
+
+TEST(SyncRoundsTest, BeforeRoundStartSeesTheCompletedRoundUnderItsOwnVersion) {
+  EngineOptions o = Options(1);
+  std::vector<std::pair<uint64_t, uint64_t>> asked;  // (last completed round, version)
+  bool allow = true;
+  o.before_round_start = [&](const v1::RunRecord& r, uint64_t version) {
+    asked.emplace_back(r.last_completed_round(), version);
+    return allow;
+  };
+  Harness h(std::move(o));
+  const std::string w1 = h.Add(9001);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_EQ(asked.size(), 1u);
+  h.versions_.Commit();
+  const uint64_t before = h.versions_.record_version();
+  allow = false;  // the record of round 1 cannot be written: round 2 waits
+  out = h.Complete({w1}, 1, kHashA);
+  ASSERT_EQ(asked.size(), 2u);
+  // The completed round was committed before it was handed out.
+  EXPECT_EQ(asked[1].first, 1u);
+  EXPECT_EQ(asked[1].second, before + 1);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), IsEmpty());
+  EXPECT_EQ(h.rounds_.phase(), v1::WAITING_FOR_MEMBERS);
+  // Nothing else changed the record: committing the call moves it no further.
+  h.versions_.Commit();
+  EXPECT_EQ(h.versions_.record_version(), before + 1);
+  allow = true;
+  out.clear();
+  h.rounds_.HoldRounds(false, &out);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), ElementsAre(w1));
+  EXPECT_EQ(h.rounds_.round(), 2u);
+}
+
+TEST(SyncRoundsTest, AParticipantNotReadyByTheDeadlineSitsTheRoundOut) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  ASSERT_TRUE(h.Ready(w1, 1, &out).ok());
+  out.clear();
+  h.clock_.Advance(absl::Seconds(59));
+  h.rounds_.Tick(h.clock_.Now(), &out);
+  EXPECT_THAT(out, IsEmpty());
+  h.clock_.Advance(absl::Seconds(2));
+  h.rounds_.Tick(h.clock_.Now(), &out);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundMissed), ElementsAre(w2));
+  // w1 goes on alone; w2 stays a member, queued for the next round.
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), ElementsAre(w1));
+  EXPECT_TRUE(h.members_.Contains(w2));
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, LosingTheLastUnreadyParticipantSendsThePlanToTheRest) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  ASSERT_TRUE(h.Ready(w1, 1, &out).ok());
+  out.clear();
+  h.rounds_.RemoveMember(w2, MemberState::kLeft, "session broke", &out);
+  EXPECT_THAT(h.departed_, ElementsAre(w2));
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), ElementsAre(w1));
+  EXPECT_EQ(h.rounds_.phase(), v1::SHARING);
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, TheLastRoundFinishesTheRunThroughTheHost) {
+  Harness h(Options(1, /*rounds=*/1));
+  const std::string w1 = h.Add(9001);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  out = h.Complete({w1}, 1, kHashA);
+  EXPECT_EQ(h.finished_, "completed 1 rounds");
+  EXPECT_EQ(h.rounds_.phase(), v1::FINISHED);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRunFinished), ElementsAre(w1));
+}
+
+TEST(SyncRoundsTest, AJoinerHoldingANewerRoundAfterARestartIsAdopted) {
+  Harness h(Options(1));
+  h.Add(9001, /*model_round=*/4, kHashB);
+  EXPECT_EQ(h.rounds_.last_completed_round(), 4u);
+  EXPECT_EQ(h.rounds_.round(), 5u);
+  EXPECT_EQ(h.CurrentRecord().model_hash(), kHashB);
+  v1::JoinResponse r;
+  h.rounds_.FillJoinResponse(h.members_.At("w1"), &r);
+  EXPECT_EQ(r.next_round(), 5u);
+}
+
+}  // namespace
+}  // namespace shoal::coordinator
