@@ -1,11 +1,11 @@
 // The seam between the round protocol and the ways of averaging
 // (../shared/DESIGN.md, "Growing the averaging"): given the local model and
 // the round's directive, produce the new model in place. The protocol
-// (core/worker_protocol.h) and the worker's loop do not know which
-// implementation runs. Implementations today: the sharded synchronous
-// exchange (services/worker/exchanger.h) and the hierarchical exchange
-// (zones and supernodes: services/worker/hierarchical_averager.h). Gossip
-// runs outside rounds (services/worker/gossip_fetcher.h).
+// (core/worker_protocol.h) and the sync runner do not know which
+// implementation runs. The implementation today: services/worker/exchanger.h,
+// which runs every round (flat or hierarchical, raw or encoded) as a plan of
+// steps (core/averaging_steps.h) through one fan-out (fan_out.h). Gossip
+// runs outside rounds (core/gossip_protocol.h, gossip_fetcher.h).
 //
 // An implementation writes only the memory it was given, follows the
 // lending rules of core/model_state.h for it, and returns when the average
@@ -46,7 +46,7 @@ struct AveragingStats {
   std::vector<uint64_t> stage_bytes_received;
   // Hierarchical round: the stages this worker carried from an earlier
   // attempt of the round instead of redoing them (their group and its
-  // inputs were unchanged; hierarchical_averager.h).
+  // inputs were unchanged; core/averaging_steps.h GroupIdentities).
   uint32_t stages_carried = 0;
 };
 
