@@ -157,8 +157,8 @@ class Worker final : private RunnerHost {
   std::string worker_id_;
   uint32_t heartbeat_ms_ = 0;
 
-  std::unique_ptr<Trainer> trainer_;      // created after the first Join (needs the config)
-  std::unique_ptr<ModelMemory> memory_;   // with the trainer
+  std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
+  std::unique_ptr<ModelMemory> memory_;  // with the trainer
   // The run's codec: how the synchronous exchange's changes and gossip
   // pulls travel (with the trainer).
   std::unique_ptr<Codec> codec_;

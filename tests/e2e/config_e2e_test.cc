@@ -106,8 +106,7 @@ TEST_F(ConfigE2eTest, ABrokenFileStopsTheCoordinatorWithItsKeyAndLine) {
   EXPECT_EQ(code, 2);
   EXPECT_THAT(out, HasSubstr("unknown key 'exchange.codecc'"));
   // A refused combination names the key and the flag.
-  const std::string hier =
-      Write("hier.json", R"({"gossip": {}, "topology": {"hierarchy": true}})");
+  const std::string hier = Write("hier.json", R"({"gossip": {}, "topology": {"hierarchy": true}})");
   out = Run(absl::StrCat(BinDir(), "/shoal-coordinator --config=", hier, " --check_config 2>&1"),
             &code);
   EXPECT_EQ(code, 2);

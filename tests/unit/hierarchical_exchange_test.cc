@@ -33,7 +33,6 @@
 #include "services/worker/core/outer_optimizer.h"
 #include "services/worker/exchanger.h"
 
-
 namespace shoal::worker {
 namespace {
 
@@ -136,7 +135,6 @@ std::vector<std::unique_ptr<Worker>> MakeWorkers(int n) {
   return workers;
 }
 
-
 // Runs `plan` on `averagers[k]` for the workers `who` (indices into
 // workers) in parallel.
 void RunAttempt(const shoal::v1::RoundPlan& plan, std::vector<std::unique_ptr<Worker>>& workers,
@@ -165,8 +163,8 @@ ExchangeOptions Options(AggregationSpec aggregation = {}) {
 // One exchanger per worker: fp32 models when `codec` is null, else the
 // changes from each worker's base with `codec` and its outer step.
 std::vector<std::unique_ptr<Exchanger>> MakeExchangers(
-    std::vector<std::unique_ptr<Worker>>& workers, PeerClient* peers, const ExchangeOptions& options,
-    const Codec* codec = nullptr) {
+    std::vector<std::unique_ptr<Worker>>& workers, PeerClient* peers,
+    const ExchangeOptions& options, const Codec* codec = nullptr) {
   std::vector<std::unique_ptr<Exchanger>> out;
   for (auto& w : workers) {
     ExchangeParts parts;

@@ -47,9 +47,9 @@ class EncodedStore {
   // FAILED_PRECONDITION: an older round or attempt, or a slice this worker
   // does not publish (in a hierarchical round: a stage it has passed and
   // published nothing of the kind there); INVALID_ARGUMENT: no kind, a kind
-  // this store never holds (GOSSIP, unknown values), an empty range. Stage gating (ReadEncodedRequest.stage): what a stage
-  // published stays served until the next round or attempt, even after the
-  // worker moved on to a later stage, because a slower member of the group
+  // this store never holds (GOSSIP, unknown values), an empty range. Stage gating
+  // (ReadEncodedRequest.stage): what a stage published stays served until the next round or
+  // attempt, even after the worker moved on to a later stage, because a slower member of the group
   // may still be reading it; the blobs are immutable copies, so the worker
   // rewrites its parameters freely meanwhile.
   absl::StatusOr<Blob> Find(const shoal::v1::ReadEncodedRequest& request) const;
