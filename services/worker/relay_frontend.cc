@@ -43,6 +43,10 @@ std::string CredentialWorker(const grpc::CallbackServerContext* ctx) {
   return std::string(value.substr(0, value.find(':')));
 }
 
+// How long the reader lets a write in flight return after the coordinator
+// ended the stream before it cancels the call.
+constexpr absl::Duration kWriteDrainTimeout = absl::Seconds(2);
+
 grpc::Status Unavailable(const std::string& why) {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
 }
@@ -56,8 +60,13 @@ struct RelayFrontend::Uplink {
   std::unique_ptr<grpc::ClientReaderWriter<RelayUp, RelayDown>> stream;
   absl::Mutex write_mu;
   bool finished ABSL_GUARDED_BY(write_mu) = false;
-  bool hello_sent = false;  // pump only, under RelayFrontend::mu_
-  size_t target = 0;        // set before the reader starts
+  // Set by the pump around its Write (inside write_mu): the reader waits on
+  // it without taking write_mu.
+  absl::Mutex writing_mu;
+  bool writing ABSL_GUARDED_BY(writing_mu) = false;
+  bool ended ABSL_GUARDED_BY(writing_mu) = false;  // the reader saw the end
+  bool hello_sent = false;                         // pump only, under RelayFrontend::mu_
+  size_t target = 0;                               // set before the reader starts
   std::thread reader;
 };
 
@@ -466,22 +475,38 @@ void RelayFrontend::Pump() {
     }
     absl::MutexLock lock(&uplink->write_mu);
     // A failed write: the reader sees the end and fails what is waiting.
-    if (!uplink->finished) uplink->stream->Write(batch);
+    if (uplink->finished || !StartWrite(uplink.get())) continue;
+    uplink->stream->Write(batch);
+    absl::MutexLock writing(&uplink->writing_mu);
+    uplink->writing = false;
   }
+}
+
+bool RelayFrontend::StartWrite(Uplink* uplink) {
+  absl::MutexLock lock(&uplink->writing_mu);
+  if (uplink->ended) return false;
+  uplink->writing = true;
+  return true;
 }
 
 void RelayFrontend::ReadUplink(Uplink* uplink) {
   RelayDown down;
   while (uplink->stream->Read(&down)) Route(down);
+  // The coordinator ended the stream. A write in flight returns once gRPC
+  // sees the end: wait for it (bounded) so that Finish reads the
+  // coordinator's own status, whose trailers name the leader when a standby
+  // refused. Cancelling at once would turn that refusal into CANCELLED.
+  {
+    absl::MutexLock lock(&uplink->writing_mu);
+    uplink->ended = true;  // no write starts after this one
+    auto idle = [uplink]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(uplink->writing_mu) { return !uplink->writing; };
+    if (!uplink->writing_mu.AwaitWithTimeout(absl::Condition(&idle), kWriteDrainTimeout)) {
+      uplink->ctx.TryCancel();  // a write stuck past the end returns now
+    }
+  }
   grpc::Status status;
-  if (uplink->write_mu.TryLock()) {
-    // No write in flight: the coordinator's own status (a standby's
-    // refusal names the leader in its trailers).
-    uplink->finished = true;
-    status = uplink->stream->Finish();
-    uplink->write_mu.Unlock();
-  } else {
-    uplink->ctx.TryCancel();  // a write in flight returns now
+  {
     absl::MutexLock lock(&uplink->write_mu);
     uplink->finished = true;
     status = uplink->stream->Finish();

@@ -138,6 +138,8 @@ class RelayFrontend final : public RawCallbackService<shoal::v1::Coordinator> {
   void Pump();
   // The reader thread of `uplink`.
   void ReadUplink(Uplink* uplink);
+  // Marks a write as in flight, unless the reader already saw the end.
+  static bool StartWrite(Uplink* uplink);
   void Route(const shoal::v1::RelayDown& down);
   void UplinkBroken(Uplink* uplink, const grpc::Status& status);
   // Moves at most max_batch entries of outbox_ into `batch`.
