@@ -517,9 +517,150 @@ absl::StatusOr<Blob> PeerService::FindGossipEncoding(
   return (*copy)->encoded;
 }
 
+namespace {
+
+// Serves one ReadEncoded of the encoded exchange. A piece its owner has not
+// published yet (UNAVAILABLE from the store) waits on the server, as a
+// parked AVERAGED ReadSlice does, instead of the reader asking again with
+// backoff: the store answers the wait when the piece is published, a timer
+// ends it UNAVAILABLE after `wait` (less than the reader's deadline), and a
+// cancelled call ends it at once. No thread is blocked meanwhile.
+//
+// Whichever of the three comes first decides, under the shared Decision's
+// mutex, and finishes the call; the others find it decided and do nothing.
+// The store's callback and the timer hold the Decision, never the reactor,
+// so neither runs on a deleted reactor. Deleted in OnDone.
+class ReadEncodedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ReadEncodedReactor(const EncodedStore* store, const shoal::v1::ReadEncodedRequest& request,
+                     shoal::v1::EncodedPiece* response, absl::Duration wait, const Clock* clock,
+                     absl::Time reader_deadline)
+      : store_(store), decision_(std::make_shared<Decision>()) {
+    ReactionScope reaction(this);
+    decision_->reactor = this;
+    decision_->request = request;
+    decision_->response = response;
+    // End a quarter of the time left (up to 500 ms) ahead of the reader's
+    // deadline, so that it hears why rather than DEADLINE_EXCEEDED.
+    const absl::Time now = clock->Now();
+    absl::Time until = now + wait;
+    if (reader_deadline < until) {
+      until = reader_deadline - std::min((reader_deadline - now) / 4, absl::Milliseconds(500));
+    }
+    if (until <= now) {
+      Decide(decision_, store_->Find(request));
+      return;
+    }
+    std::shared_ptr<Decision> decision = decision_;
+    const uint64_t ticket = store_->Await(
+        request, [decision](absl::StatusOr<Blob> blob) { Decide(decision, std::move(blob)); });
+    if (ticket == 0) return;  // answered at once
+    ticket_ = ticket;
+    SHOAL_VLOG(2) << "ReadEncoded from " << request.reader_id() << " parked";
+    // gRPC's alarms run on wall-clock time: the same distance ahead.
+    alarm_.Set(
+        absl::ToChronoTime(RealClock::Get()->Now() + (until - now)),
+        [decision, store = store_, ticket, clock, now](bool expired) {
+          const shoal::v1::ReadEncodedRequest& r = decision->request;
+          Abandon(decision, store, ticket,
+                  expired
+                      ? absl::UnavailableError(absl::StrCat(
+                            "encoded ", shoal::v1::SliceKind_Name(r.kind()), " [", r.begin(), ", ",
+                            r.end(), ") of round ", r.round(), " not encoded here yet (waited ",
+                            absl::FormatDuration(clock->Now() - now), " on the server)"))
+                      : absl::CancelledError("read cancelled while waiting for the piece"));
+        });
+  }
+
+  void OnCancel() override {
+    ReactionScope reaction(this);
+    if (ticket_ != 0) {
+      Abandon(decision_, store_, ticket_,
+              absl::CancelledError("read cancelled while waiting for the piece"));
+    }
+  }
+
+  void OnDone() override {
+    AfterAllReactions(this);
+    // Decided, so the store holds no wait of ours; ~Alarm cancels a pending
+    // timer, whose callback then finds the decision taken.
+    delete this;
+  }
+
+ private:
+  struct Decision {
+    absl::Mutex mu;
+    bool decided ABSL_GUARDED_BY(mu) = false;
+    ReadEncodedReactor* reactor = nullptr;  // alive until the decider's Finish
+    shoal::v1::ReadEncodedRequest request;
+    shoal::v1::EncodedPiece* response = nullptr;
+  };
+
+  // The store's answer (it has dropped the wait already).
+  static void Decide(const std::shared_ptr<Decision>& decision, absl::StatusOr<Blob> blob) {
+    {
+      absl::MutexLock lock(&decision->mu);
+      if (decision->decided) return;
+      decision->decided = true;
+    }
+    Answer(decision, std::move(blob));
+  }
+
+  // The timer or a cancel: only while the store still holds the wait (the
+  // store is alive while the call is undecided: it outlives the service's
+  // calls).
+  static void Abandon(const std::shared_ptr<Decision>& decision, const EncodedStore* store,
+                      uint64_t ticket, absl::Status why) {
+    {
+      absl::MutexLock lock(&decision->mu);
+      if (decision->decided || !store->CancelWait(ticket)) return;
+      decision->decided = true;
+    }
+    Answer(decision, std::move(why));
+  }
+
+  static void Answer(const std::shared_ptr<Decision>& decision, absl::StatusOr<Blob> blob) {
+    grpc::Status status;
+    if (!blob.ok()) {
+      SHOAL_VLOG(2) << "ReadEncoded from " << decision->request.reader_id() << ": "
+                    << blob.status();
+      status = ToGrpcStatus(blob.status());
+    } else {
+      absl::StatusOr<shoal::v1::EncodedPiece> piece =
+          ServeEncodedPiece(**blob, decision->request, kChunkBytes);
+      if (piece.ok()) {
+        *decision->response = *std::move(piece);
+      } else {
+        status = ToGrpcStatus(piece.status());
+      }
+    }
+    decision->reactor->Finish(status);
+  }
+
+  const EncodedStore* const store_;
+  const std::shared_ptr<Decision> decision_;
+  uint64_t ticket_ = 0;  // set in the constructor, then constant
+  grpc::Alarm alarm_;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* ctx,
                                                    const shoal::v1::ReadEncodedRequest* request,
                                                    shoal::v1::EncodedPiece* response) {
+  if (request->kind() != shoal::v1::GOSSIP && encoded_ != nullptr) {
+    if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
+      auto* reactor = ctx->DefaultReactor();
+      reactor->Finish(allowed);
+      return reactor;
+    }
+    const Clock* clock = options_.clock != nullptr ? options_.clock : RealClock::Get();
+    // The reader's deadline is wall-clock time; read it on the injected clock.
+    const absl::Time deadline =
+        clock->Now() + (absl::FromChrono(ctx->deadline()) - RealClock::Get()->Now());
+    return new ReadEncodedReactor(encoded_, *request, response, options_.averaged_wait, clock,
+                                  deadline);
+  }
   auto* reactor = ctx->DefaultReactor();
   if (grpc::Status allowed = Allowed(ctx); !allowed.ok()) {
     reactor->Finish(allowed);
@@ -527,11 +668,7 @@ grpc::ServerUnaryReactor* PeerService::ReadEncoded(grpc::CallbackServerContext* 
   }
   absl::StatusOr<Blob> blob =
       absl::UnimplementedError("this worker's run does not use the encoded exchange");
-  if (request->kind() == shoal::v1::GOSSIP) {
-    blob = FindGossipEncoding(*request);
-  } else if (encoded_ != nullptr) {
-    blob = encoded_->Find(*request);
-  }
+  if (request->kind() == shoal::v1::GOSSIP) blob = FindGossipEncoding(*request);
   if (!blob.ok()) {
     SHOAL_VLOG(2) << "ReadEncoded from " << request->reader_id() << ": " << blob.status();
     reactor->Finish(ToGrpcStatus(blob.status()));

@@ -12,7 +12,9 @@
 // An AVERAGED read of a slice whose owner has not averaged it yet waits on
 // the server (no thread blocked: a ModelState observer plus a timer) until
 // it is averaged, for at most `averaged_wait` (and less than the reader's
-// deadline); then it fails UNAVAILABLE and the reader may ask again.
+// deadline); then it fails UNAVAILABLE and the reader may ask again. A
+// ReadEncoded of a piece not published yet waits the same way, on the
+// EncodedStore (EncodedStore::Await) and a timer.
 #ifndef SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 #define SHOAL_SERVICES_WORKER_PEER_SERVICE_H_
 
@@ -36,8 +38,9 @@
 namespace shoal::worker {
 
 struct PeerServiceOptions {
-  // Longest wait of an AVERAGED read for its slice's average (0: refuse at
-  // once with UNAVAILABLE, as before reads were parked).
+  // Longest wait of an AVERAGED read for its slice's average, and of a
+  // ReadEncoded for a piece not published yet (0: refuse at once with
+  // UNAVAILABLE, as before reads were parked).
   absl::Duration averaged_wait = absl::Seconds(2);
   // Time source of the park deadlines (the real clock when null); gRPC's
   // alarms fire the same distance ahead on wall-clock time.

@@ -726,6 +726,91 @@ TEST_F(ZeroCopyServiceTest, CancelledParkedReadIsReleased) {
   EXPECT_TRUE(testing::WaitUntil([&] { return node_->state.observer_count() == 0; }, kTimeout));
 }
 
+// Peer.ReadEncoded of a piece its owner has not published yet waits on the
+// server (EncodedStore::Await and a timer) instead of the reader asking
+// again with backoff: answered when published, UNAVAILABLE saying it waited
+// when the server's wait ends, released when the reader gives up.
+class ParkedEncodedReadTest : public ::testing::Test {
+ protected:
+  void Start(absl::Duration wait) {
+    PeerServiceOptions options;
+    options.averaged_wait = wait;
+    node_ = std::make_unique<PeerNode>("w1", RandomVector(100, 8, 1.0f), options);
+    ASSERT_NE(node_->server, nullptr);
+    node_->service.set_encoded_store(&store_);
+    store_.BeginRound(kRound, kAttempt);
+  }
+  static v1::ReadEncodedRequest Averaged() {
+    v1::ReadEncodedRequest r;
+    r.set_round(kRound);
+    r.set_attempt(kAttempt);
+    r.set_kind(v1::AVERAGED);
+    r.set_begin(0);
+    r.set_end(100);
+    r.set_reader_id("test");
+    return r;
+  }
+  static constexpr uint64_t kRound = 5;
+  EncodedStore store_;  // outlives the node's server
+  std::unique_ptr<PeerNode> node_;
+  GrpcPeerClient client_;
+};
+
+TEST_F(ParkedEncodedReadTest, AnsweredWhenPublished) {
+  // The server's wait and the reader's deadline lie far beyond the hang
+  // guard the test waits for the answer: only the Publish can answer it.
+  Start(absl::Minutes(10));
+  absl::StatusOr<v1::EncodedPiece> piece = absl::UnknownError("not answered");
+  std::atomic<bool> finished{false};
+  CancellationToken canceller;
+  std::thread reader([&] {
+    piece = client_.ReadEncoded(node_->address(), Averaged(), absl::Minutes(5), &canceller);
+    finished = true;
+  });
+  ASSERT_TRUE(testing::WaitUntil([&] { return store_.waiting() == 1; }, kTimeout));
+  EXPECT_FALSE(finished.load());
+  store_.Publish(kRound, kAttempt, v1::AVERAGED, 0, 100,
+                 std::make_shared<const std::string>("the encoded average"));
+  const bool answered = testing::WaitUntil([&] { return finished.load(); }, kTimeout);
+  if (!answered) canceller.Cancel();
+  reader.join();
+  ASSERT_TRUE(answered) << "not answered when published";
+  ASSERT_TRUE(piece.ok()) << piece.status();
+  EXPECT_EQ(piece->data(), "the encoded average");
+  EXPECT_EQ(piece->total_bytes(), piece->data().size());
+}
+
+TEST_F(ParkedEncodedReadTest, TheServersWaitEndsUnavailableSayingSo) {
+  Start(absl::Milliseconds(300));
+  CancellationToken stop;
+  absl::StatusOr<v1::EncodedPiece> piece =
+      client_.ReadEncoded(node_->address(), Averaged(), kTimeout, &stop);
+  EXPECT_EQ(piece.status().code(), absl::StatusCode::kUnavailable) << piece.status();
+  EXPECT_NE(piece.status().message().find("waited"), std::string::npos) << piece.status();
+  EXPECT_EQ(store_.waiting(), 0u);
+  // A new attempt refuses what the old one never published, at once.
+  store_.BeginRound(kRound, kAttempt + 1);
+  piece = client_.ReadEncoded(node_->address(), Averaged(), kTimeout, &stop);
+  EXPECT_EQ(piece.status().code(), absl::StatusCode::kFailedPrecondition) << piece.status();
+}
+
+TEST_F(ParkedEncodedReadTest, AReaderThatGivesUpFreesTheWait) {
+  Start(absl::Minutes(10));
+  CancellationToken canceller;
+  absl::StatusOr<v1::EncodedPiece> piece = absl::UnknownError("not answered");
+  std::thread reader(
+      [&] { piece = client_.ReadEncoded(node_->address(), Averaged(), kTimeout, &canceller); });
+  ASSERT_TRUE(testing::WaitUntil([&] { return store_.waiting() == 1; }, kTimeout));
+  canceller.Cancel();
+  reader.join();
+  EXPECT_FALSE(piece.ok());
+  EXPECT_TRUE(testing::WaitUntil([&] { return store_.waiting() == 0; }, kTimeout));
+  // The server goes on: a published piece is served.
+  store_.Publish(kRound, kAttempt, v1::AVERAGED, 0, 100, std::make_shared<const std::string>("x"));
+  CancellationToken stop;
+  EXPECT_TRUE(client_.ReadEncoded(node_->address(), Averaged(), kTimeout, &stop).ok());
+}
+
 // A model much larger than what loopback TCP and HTTP/2 flow control buffer
 // between a server and a reader that does not read (a few MiB).
 class LargeModelTest : public ::testing::Test {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace shoal::worker {
 namespace {
@@ -188,6 +189,97 @@ TEST(EncodedStoreStageTest, APassedStageServesWhatItPublishedAndRefusesTheRest) 
   EXPECT_EQ(Code(s, old), absl::StatusCode::kFailedPrecondition);
   old.set_attempt(3);
   EXPECT_EQ(Code(s, old), absl::StatusCode::kUnavailable);
+}
+
+// Waits (EncodedStore::Await, what a parked Peer.ReadEncoded holds): a
+// piece already there or refused for good answers at once; one not there
+// yet is answered by the Publish, ReachStage or BeginRound that decides it,
+// exactly once; a cancelled wait is never answered.
+struct Answers {
+  std::vector<absl::StatusOr<Blob>> got;
+  EncodedStore::Waiter Waiter() {
+    return [this](absl::StatusOr<Blob> b) { got.push_back(std::move(b)); };
+  }
+};
+
+TEST(EncodedStoreWaitTest, WhatIsThereOrNeverComesAnswersAtOnce) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  s.Publish(7, 2, CONTRIBUTION, 0, 10, B("c"));
+  Answers a;
+  EXPECT_EQ(s.Await(Req(7, 2, CONTRIBUTION), a.Waiter()), 0u);
+  EXPECT_EQ(s.Await(Req(6, 2, CONTRIBUTION), a.Waiter()), 0u);        // an older round
+  EXPECT_EQ(s.Await(Req(7, 2, CONTRIBUTION, 5, 5), a.Waiter()), 0u);  // empty range
+  ASSERT_EQ(a.got.size(), 3u);
+  EXPECT_TRUE(a.got[0].ok());
+  EXPECT_EQ(a.got[1].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.got[2].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.waiting(), 0u);
+}
+
+TEST(EncodedStoreWaitTest, APublishAnswersTheWaitOnceAndOthersKeepWaiting) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  Answers a;
+  EXPECT_NE(s.Await(Req(7, 2, AVERAGED, 0, 10), a.Waiter()), 0u);
+  EXPECT_NE(s.Await(Req(7, 2, AVERAGED, 10, 20), a.Waiter()), 0u);
+  EXPECT_EQ(s.waiting(), 2u);
+  s.Publish(7, 2, CONTRIBUTION, 0, 10, B("not this kind"));
+  EXPECT_TRUE(a.got.empty());
+  const Blob avg = B("avg");
+  s.Publish(7, 2, AVERAGED, 0, 10, avg);
+  ASSERT_EQ(a.got.size(), 1u);
+  ASSERT_TRUE(a.got[0].ok()) << a.got[0].status();
+  EXPECT_EQ(*a.got[0], avg);
+  EXPECT_EQ(s.waiting(), 1u);
+  s.Publish(7, 2, AVERAGED, 0, 10, B("again"));  // answered already: not twice
+  EXPECT_EQ(a.got.size(), 1u);
+}
+
+TEST(EncodedStoreWaitTest, ANewAttemptOrAPassedStageEndsTheWaitRefused) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  Answers a;
+  EXPECT_NE(s.Await(Req(7, 2, AVERAGED), a.Waiter()), 0u);
+  s.BeginRound(7, 3);  // the attempt it waits for is gone
+  ASSERT_EQ(a.got.size(), 1u);
+  EXPECT_EQ(a.got[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  s.ReachStage(7, 3, 1);
+  EXPECT_EQ(s.Await(StageReq(1, AVERAGED), a.Waiter()), 0u);  // attempt 2: refused at once
+  ASSERT_EQ(a.got.size(), 2u);
+  shoal::v1::ReadEncodedRequest r = StageReq(1, AVERAGED);
+  r.set_attempt(3);
+  EXPECT_NE(s.Await(r, a.Waiter()), 0u);
+  s.ReachStage(7, 3, 2);  // stage 1 passed without this average
+  ASSERT_EQ(a.got.size(), 3u);
+  EXPECT_EQ(a.got[2].status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EncodedStoreWaitTest, ALaterRoundAndTheOuterStateAreWaitedFor) {
+  EncodedStore s;
+  Answers a;
+  EXPECT_NE(s.Await(Req(3, 0, CONTRIBUTION), a.Waiter()), 0u);
+  EXPECT_NE(s.Await(Req(3, 0, SNAPSHOT), a.Waiter()), 0u);
+  s.BeginRound(3, 0);
+  EXPECT_TRUE(a.got.empty());
+  s.Publish(3, 0, CONTRIBUTION, 0, 10, B("c"));
+  s.SetState(3, B("state"));
+  ASSERT_EQ(a.got.size(), 2u);
+  EXPECT_TRUE(a.got[0].ok());
+  EXPECT_TRUE(a.got[1].ok());
+}
+
+TEST(EncodedStoreWaitTest, ACancelledWaitIsNeverAnswered) {
+  EncodedStore s;
+  s.BeginRound(7, 2);
+  Answers a;
+  const uint64_t ticket = s.Await(Req(7, 2, AVERAGED), a.Waiter());
+  ASSERT_NE(ticket, 0u);
+  EXPECT_TRUE(s.CancelWait(ticket));
+  EXPECT_FALSE(s.CancelWait(ticket));
+  s.Publish(7, 2, AVERAGED, 0, 10, B("avg"));
+  EXPECT_TRUE(a.got.empty());
+  EXPECT_EQ(s.waiting(), 0u);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 namespace shoal::worker {
 
 void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   for (auto it = blobs_.begin(); it != blobs_.end();) {
     const auto& [r, a, stage, kind, b, e] = it->first;
     const bool keep =
@@ -19,28 +19,86 @@ void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
   attempt_ = attempt;
   started_ = true;
   stage_ = 0;
+  Answered answered = TakeAnsweredLocked();
+  lock.Release();
+  Deliver(std::move(answered));
 }
 
 void EncodedStore::ReachStage(uint64_t round, uint32_t attempt, uint32_t stage) {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (!started_ || round != round_ || attempt != attempt_) return;
   stage_ = std::max(stage_, stage);
+  Answered answered = TakeAnsweredLocked();
+  lock.Release();
+  Deliver(std::move(answered));
 }
 
 void EncodedStore::Publish(uint64_t round, uint32_t attempt, shoal::v1::SliceKind kind,
                            uint64_t begin, uint64_t end, Blob blob, uint32_t stage) {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (!started_ || round != round_ || attempt != attempt_) return;
   blobs_[Key{round, attempt, stage, kind, begin, end}] = std::move(blob);
+  Answered answered = TakeAnsweredLocked();
+  lock.Release();
+  Deliver(std::move(answered));
 }
 
 void EncodedStore::SetState(uint64_t round, Blob state) {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   state_round_ = round;
   state_ = std::move(state);
+  Answered answered = TakeAnsweredLocked();
+  lock.Release();
+  Deliver(std::move(answered));
+}
+
+uint64_t EncodedStore::Await(const shoal::v1::ReadEncodedRequest& request, Waiter done) const {
+  absl::ReleasableMutexLock lock(&mu_);
+  absl::StatusOr<Blob> now = FindLocked(request);
+  if (!absl::IsUnavailable(now.status())) {
+    lock.Release();
+    done(std::move(now));
+    return 0;
+  }
+  const uint64_t ticket = next_ticket_++;
+  waits_.emplace(ticket, Wait{request, std::move(done)});
+  return ticket;
+}
+
+bool EncodedStore::CancelWait(uint64_t ticket) const {
+  absl::MutexLock lock(&mu_);
+  return waits_.erase(ticket) > 0;
+}
+
+size_t EncodedStore::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waits_.size();
+}
+
+EncodedStore::Answered EncodedStore::TakeAnsweredLocked() {
+  Answered answered;
+  for (auto it = waits_.begin(); it != waits_.end();) {
+    absl::StatusOr<Blob> found = FindLocked(it->second.request);
+    if (absl::IsUnavailable(found.status())) {
+      ++it;
+      continue;
+    }
+    answered.emplace_back(std::move(it->second.done), std::move(found));
+    it = waits_.erase(it);
+  }
+  return answered;
+}
+
+void EncodedStore::Deliver(Answered answered) {
+  for (auto& [done, found] : answered) done(std::move(found));
 }
 
 absl::StatusOr<Blob> EncodedStore::Find(const shoal::v1::ReadEncodedRequest& r) const {
+  absl::MutexLock lock(&mu_);
+  return FindLocked(r);
+}
+
+absl::StatusOr<Blob> EncodedStore::FindLocked(const shoal::v1::ReadEncodedRequest& r) const {
   if (r.kind() == shoal::v1::SLICE_KIND_UNSPECIFIED) {
     return absl::InvalidArgumentError("ReadEncoded needs a kind");
   }
@@ -54,7 +112,6 @@ absl::StatusOr<Blob> EncodedStore::Find(const shoal::v1::ReadEncodedRequest& r) 
                      " is not served from the encoded exchange (CONTRIBUTION, AVERAGED, "
                      "STAGE_MODEL, SNAPSHOT)"));
   }
-  absl::MutexLock lock(&mu_);
   if (r.kind() == shoal::v1::SNAPSHOT) {
     if (state_ != nullptr && r.round() == state_round_) return state_;
     if (state_ == nullptr || r.round() > state_round_) {

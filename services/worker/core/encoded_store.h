@@ -10,10 +10,13 @@
 #define SHOAL_SERVICES_WORKER_CORE_ENCODED_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -54,7 +57,29 @@ class EncodedStore {
   // rewrites its parameters freely meanwhile.
   absl::StatusOr<Blob> Find(const shoal::v1::ReadEncodedRequest& request) const;
 
+  // A read that waits for its blob instead of asking again (Peer.ReadEncoded
+  // parks on it). `done` runs once with what Find returns as soon as that
+  // is anything but UNAVAILABLE: at once, on this thread, if it is so now
+  // (Await then returns 0); else from the Publish, ReachStage, BeginRound
+  // or SetState that changes it, on that thread, outside the store's lock.
+  // Returns the wait's ticket for CancelWait.
+  using Waiter = std::function<void(absl::StatusOr<Blob>)>;
+  uint64_t Await(const shoal::v1::ReadEncodedRequest& request, Waiter done) const;
+  // Drops a pending wait: true if it was still pending (its `done` never
+  // runs), false if `done` has run or is running.
+  bool CancelWait(uint64_t ticket) const;
+  // Waits pending (tests).
+  size_t waiting() const;
+
  private:
+  absl::StatusOr<Blob> FindLocked(const shoal::v1::ReadEncodedRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the waits whose answer is no longer UNAVAILABLE; the caller runs
+  // them after releasing mu_.
+  using Answered = std::vector<std::pair<Waiter, absl::StatusOr<Blob>>>;
+  Answered TakeAnsweredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Deliver(Answered answered);
+
   // round, attempt, stage, kind, begin, end.
   using Key = std::tuple<uint64_t, uint32_t, uint32_t, int, uint64_t, uint64_t>;
   mutable absl::Mutex mu_;
@@ -65,6 +90,12 @@ class EncodedStore {
   std::map<Key, Blob> blobs_ ABSL_GUARDED_BY(mu_);
   uint64_t state_round_ ABSL_GUARDED_BY(mu_) = 0;
   Blob state_ ABSL_GUARDED_BY(mu_);
+  struct Wait {
+    shoal::v1::ReadEncodedRequest request;
+    Waiter done;
+  };
+  mutable uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  mutable std::map<uint64_t, Wait> waits_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shoal::worker
