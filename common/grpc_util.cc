@@ -1,15 +1,22 @@
 #include "common/grpc_util.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/logging.h"
+#include "common/reactor_handoff.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace shoal {
@@ -44,6 +51,80 @@ class TokenInterceptorFactory final : public grpc::experimental::ClientIntercept
 
  private:
   const std::string header_;
+};
+
+// Why gRPC could not listen on `listen`: gRPC says only that it could not
+// (and prints its own internal error), so bind the address once more, here,
+// and name the errno with what to do about it.
+std::string WhyCannotListen(const std::string& listen) {
+  std::string host = HostOf(listen);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = listen.substr(listen.rfind(':') + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::StrCat("the host '", host, "' does not resolve: ", gai_strerror(rc));
+  }
+  std::string why = "gRPC refused it; binding it here worked (the address may be taken meanwhile)";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int rc = bind(fd, a->ai_addr, a->ai_addrlen);
+    const int err = errno;
+    close(fd);
+    if (rc == 0) continue;
+    why = absl::StrCat(std::strerror(err), " (errno ", err, ")");
+    if (err == EADDRINUSE) {
+      absl::StrAppend(&why, ": another process listens on port ", port,
+                      "; stop it or pick another port (0 lets the system pick one)");
+    } else if (err == EADDRNOTAVAIL) {
+      absl::StrAppend(&why, ": ", host, " is not an address of this machine");
+    } else if (err == EACCES) {
+      absl::StrAppend(&why, ": ports below 1024 need root or CAP_NET_BIND_SERVICE");
+    }
+    break;
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+// A call of a method this server does not serve ends UNIMPLEMENTED with a
+// message that says what answered and what to check, instead of gRPC's empty
+// one (a client pointed at the wrong port: --coordinator at the store, a
+// grpcurl at a worker).
+class UnknownMethods final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    const std::string& method = ctx->method();
+    const size_t slash = method.rfind('/');
+    const std::string service =
+        slash == std::string::npos || slash == 0 ? method : method.substr(1, slash - 1);
+    return new FinishedGenericStream(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("this server (shoal ", LogTag(), ") does not serve ", service, " (method ",
+                     method,
+                     "): check the address the client was given (--coordinator is the "
+                     "coordinator's, --store the checkpoint store's; `grpcurl -plaintext ADDRESS "
+                     "list` names what an address serves)")));
+  }
+
+ private:
+  class FinishedGenericStream final : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit FinishedGenericStream(grpc::Status status) {
+      ReactionScope reaction(this);
+      Finish(std::move(status));
+    }
+    void OnDone() override {
+      AfterAllReactions(this);
+      delete this;
+    }
+  };
 };
 
 }  // namespace
@@ -85,10 +166,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials, &server->port_);
   for (grpc::Service* s : services) builder.RegisterService(s);
+  server->unknown_methods_ = std::make_unique<UnknownMethods>();
+  builder.RegisterCallbackGenericService(server->unknown_methods_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+        absl::StrCat("cannot listen on ", listen, ": ", WhyCannotListen(listen)));
   }
   server->address_ = absl::StrCat(HostOf(listen), ":", server->port_);
   return server;

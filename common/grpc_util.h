@@ -4,6 +4,7 @@
 #ifndef SHOAL_COMMON_GRPC_UTIL_H_
 #define SHOAL_COMMON_GRPC_UTIL_H_
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -47,6 +48,9 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
+  // Answers methods of services this server does not have (declared before
+  // server_: it outlives it).
+  std::unique_ptr<grpc::CallbackGenericService> unknown_methods_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;

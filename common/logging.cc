@@ -25,6 +25,11 @@ void SetLogTag(const std::string& tag) {
   Tag() = tag;
 }
 
+std::string LogTag() {
+  std::lock_guard<std::mutex> lock(TagMutex());
+  return Tag();
+}
+
 int VerboseLevel() {
   static const int level = [] {
     const char* v = std::getenv("SHOAL_VERBOSE");

@@ -13,6 +13,8 @@ enum class LogLevel { kInfo, kWarning, kError, kFatal };
 
 // Sets the name printed on each line ("coordinator", "worker w2", ...).
 void SetLogTag(const std::string& tag);
+// The current tag (what this process is: "worker w2", "checkpoint", ...).
+std::string LogTag();
 int VerboseLevel();
 
 class LogMessage {

@@ -330,7 +330,8 @@ elapsed after_kill "$t"
 [[ "$("$DOCKER" inspect -f '{{.State.Running}}' "$VICTIM")" == false ]] || fail "the killed worker runs again"
 # The survivors go on in the same run (MEMBERSHIP.md: re-plan among them), not evicted.
 SURVIVOR_STATES=$(field "' '.join('%s=%s' % (w['id'], w['state']) for w in s['workers'] if w['id'] in '$SURVIVORS'.split())")
-[[ -n "$SURVIVOR_STATES" && "$SURVIVOR_STATES" != *left* && "$SURVIVOR_STATES" != *evicted* ]] ||
+[[ -n "$SURVIVOR_STATES" && "$SURVIVOR_STATES" != *left* && "$SURVIVOR_STATES" != *lost* &&
+  "$SURVIVOR_STATES" != *evicted* ]] ||
   fail "the workers that survived the kill were removed: $SURVIVOR_STATES ($(field "'; '.join('%s: %s' % (w['id'], w['reason']) for w in s['workers'] if w['reason'])"))"
 log "rounds went on: $(last_round) completed, ${TIMES[after_kill]}s for 3 rounds; $VICTIM_ID is $(field "[w['state'] for w in s['workers'] if w['id'] == '$VICTIM_ID'][0]"), survivors $SURVIVOR_STATES"
 "$DOCKER" rm "$VICTIM" >/dev/null
@@ -348,7 +349,7 @@ has_joined() { NEW_ID=$(joined_as "$NEW"); [[ -n "$NEW_ID" ]]; }
 wait_for "the new worker to join" has_joined
 JOIN_ROUND=$(last_round)
 in_step() {
-  [[ "$(field "any(w['id'] == '$NEW_ID' and w['state'] not in ('left', 'evicted')
+  [[ "$(field "any(w['id'] == '$NEW_ID' and w['state'] not in ('left', 'lost', 'finished', 'evicted')
                    and int(w['model_round']) == int(s['last_completed_round']) > $JOIN_ROUND
                    and w['model_hash'] == s['model_hash'] for w in s['workers'])")" == True ]]
 }
@@ -445,7 +446,7 @@ hashes_agree() {
   AGREED=$(status_json | "$PY" -c '
 import json, sys
 s = json.load(sys.stdin)
-act = [w for w in s["workers"] if w["state"] not in ("left", "evicted")]
+act = [w for w in s["workers"] if w["state"] not in ("left", "lost", "finished", "evicted")]
 last = int(s["last_completed_round"])
 if len(act) == int(sys.argv[1]) and all(
         int(w["model_round"]) == last and w["model_hash"] == s["model_hash"] for w in act):

@@ -163,7 +163,7 @@ def accuracy_of(st):
         if r.get("evaluated"):
             return float(r.get("test_accuracy", 0)), int(r.get("round", 0))
     accs = [float(w.get("test_accuracy", 0)) for w in st.get("workers", [])
-            if w.get("state") not in ("left", "evicted") and float(w.get("test_accuracy", 0)) > 0]
+            if w.get("state") not in ("left", "lost", "finished", "evicted") and float(w.get("test_accuracy", 0)) > 0]
     return (sum(accs) / len(accs) if accs else 0.0), 0
 
 

@@ -307,7 +307,8 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
     // Only the route that currently speaks for the member counts.
     if (!DropRelayed(relay, gone.worker_id())) continue;
     Directives left = engine_->Disconnect(
-        gone.worker_id(), gone.reason().empty() ? "its link to the relay broke" : gone.reason());
+        gone.worker_id(), gone.reason().empty() ? "its link to the relay broke" : gone.reason(),
+        RoundEngine::SessionEnd::kBroken);
     out.insert(out.end(), std::make_move_iterator(left.begin()),
                std::make_move_iterator(left.end()));
   }

@@ -109,7 +109,8 @@ class SessionReactor : public QueuedStream {
     if (worker_id.empty() || lost_.exchange(true)) return;
     // Only the session currently registered for the worker speaks for it.
     if (service_->Unregister(worker_id, this)) {
-      service_->Deliver(service_->engine_->Disconnect(worker_id, reason));
+      service_->Deliver(
+          service_->engine_->Disconnect(worker_id, reason, RoundEngine::SessionEnd::kBroken));
     }
   }
 

@@ -156,8 +156,10 @@ ABSL_FLAG(std::string, upload_key_file, "",
 ABSL_FLAG(uint32_t, checkpoint_every, 10,
           "Upload a checkpoint every N rounds (and after the last round); 0 = never. "
           "Synchronous mode only: --mode=gossip takes --gossip_checkpoint_every.");
-ABSL_FLAG(uint32_t, checkpointers, 1,
-          "Workers tried, one after the other, for each checkpoint upload before giving up.");
+ABSL_FLAG(
+    uint32_t, checkpointers, 1,
+    "Workers tried one after the other for each checkpoint upload: the checkpoint is given up "
+    "after max(1, N) + 2 failed attempts, each by a worker not tried yet.");
 ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Seconds(120),
           "An upload not reported within this time moves to another worker.");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),

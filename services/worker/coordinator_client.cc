@@ -13,6 +13,10 @@
 #include "common/status_util.h"
 
 namespace shoal::worker {
+namespace {
+// How often a call that keeps finding the coordinator unavailable says so.
+constexpr absl::Duration kWaitingNoteEvery = absl::Seconds(5);
+}  // namespace
 
 struct GrpcCoordinatorClient::Session {
   grpc::ClientContext ctx;
@@ -91,8 +95,12 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
   policy.max_backoff = options_.max_backoff;
   policy.deadline = window;
   policy.unavailable_only = true;
+  // Say what it waits for, every few seconds, rather than nothing until the
+  // window ends.
+  const absl::Time started = options_.clock->Now();
+  absl::Time next_note = started + kWaitingNoteEvery;
   return Retry(
-      policy, nullptr,
+      policy, options_.stop,
       [&](absl::Duration left) -> absl::Status {
         grpc::ClientContext ctx;
         if (options_.credential != nullptr) AddMemberCredential(*options_.credential, &ctx);
@@ -104,8 +112,23 @@ absl::Status GrpcCoordinatorClient::CallWithRetry(
         if (absl::IsUnavailable(s)) MoveOn(used, ctx);
         return s;
       },
-      [](const absl::Status& s, int) {
+      [&](const absl::Status& s, int attempt) {
         SHOAL_VLOG(1) << "coordinator unavailable (" << s.message() << "), retrying";
+        const absl::Time now = options_.clock->Now();
+        if (now < next_note) return;
+        next_note = now + kWaitingNoteEvery;
+        std::string at;
+        {
+          absl::MutexLock lock(&stubs_mu_);
+          at = current_;
+        }
+        SHOAL_LOG(WARNING) << "waiting for the coordinator at " << at << " for "
+                           << absl::FormatDuration(absl::Trunc(now - started, absl::Seconds(1)))
+                           << " (" << attempt << " attempts; " << s.message()
+                           << "); still trying for up to "
+                           << absl::FormatDuration(
+                                  absl::Trunc(window - (now - started), absl::Seconds(1)))
+                           << ": is it running, and is --coordinator its address?";
       });
 }
 

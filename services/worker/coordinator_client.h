@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/member_credentials.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
@@ -81,6 +82,12 @@ struct CoordinatorClientOptions {
   // Stamps heartbeats (sent_unix_ms); the relay cooldown of
   // RoutedCoordinatorClient reads it too.
   const Clock* clock = RealClock::Get();
+  // Ends the retries of the unary calls when cancelled (CANCELLED): a worker
+  // told to stop while it joins, re-joins or reports to a coordinator that is
+  // gone stops then, not after the window. Leave (one attempt of its own) is
+  // not affected: a worker that stops still says so. May be null; outlives
+  // the client.
+  CancellationToken* stop = nullptr;
 };
 
 // Thread-safe.
@@ -111,7 +118,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
  private:
   struct Session;
   // Calls `call(ctx)` with a fresh deadline until it is not UNAVAILABLE or the
-  // retry window closes.
+  // retry window closes (or options_.stop is cancelled).
   absl::Status CallWithRetry(
       const std::function<grpc::Status(shoal::v1::Coordinator::Stub*, grpc::ClientContext*)>& call,
       absl::Duration window);

@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
     copts.address = w->options_.coordinator;
     copts.rpc_timeout = w->options_.rpc_timeout;
     copts.retry_window = w->options_.connect_timeout;
+    copts.stop = &w->stop_token_;
     w->coordinator_ = std::make_shared<RoutedCoordinatorClient>(copts, &w->credential_);
   }
   if (w->options_.exchange.clock == nullptr) w->options_.exchange.clock = w->clock_;
@@ -314,10 +315,17 @@ std::optional<absl::Status> Worker::Join(const shoal::v1::JoinRequest& first) {
             return absl::Status(
                 joined.status().code(),
                 absl::StrCat("cannot join the run at coordinator ", options_.coordinator, ": ",
-                             joined.status().message()));
+                             joined.status().message(),
+                             absl::IsUnavailable(joined.status()) ||
+                                     absl::IsDeadlineExceeded(joined.status())
+                                 ? " (is the coordinator running, and is --coordinator its "
+                                   "address and port?)"
+                                 : ""));
           }
           const bool first_join = runner_ == nullptr;
-          SetLogTag(absl::StrCat("worker ", joined->worker_id()));
+          SetLogTag(options_.name.empty()
+                        ? absl::StrCat("worker ", joined->worker_id())
+                        : absl::StrCat("worker ", joined->worker_id(), " (", options_.name, ")"));
           worker_id_ = joined->worker_id();
           outbound_only_ = joined->outbound_only();
           if (outbound_only_) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
+#include "common/worker_state.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tests/support/test_support.h"
 
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
       absl::Seconds(60));
   int agreeing = 0, disagreeing = 0;
   for (const auto& w : final_status.workers()) {
-    if (w.state() == "evicted" || w.state() == "left") continue;
+    if (shoal::DepartedState(w.state())) continue;
     if (w.model_round() != final_status.last_completed_round()) continue;
     (w.model_hash() == final_status.model_hash() ? agreeing : disagreeing)++;
   }

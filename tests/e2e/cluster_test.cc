@@ -47,8 +47,18 @@ TEST_F(ClusterTest, ThreeWorkersTrainAndAgreeOnTheModel) {
   EXPECT_GT(last, 0.6) << Logs();
   EXPECT_GE(last, first - 0.02);
 
-  // Workers leave by themselves when the run is finished.
+  // Workers leave by themselves when the run is finished, and the status
+  // says so: "finished", not "left" or "lost".
   for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(20)), 0) << w->Log();
+  const v1::RunStatus ended = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        for (const auto& w : s.workers()) {
+          if (w.state() != "finished") return false;
+        }
+        return s.workers_size() == 3;
+      },
+      absl::Seconds(30));
+  for (const auto& w : ended.workers()) EXPECT_EQ(w.state(), "finished") << w.id() << w.reason();
 
   // shoalctl shows the same, as a table and as JSON.
   int code = -1;
@@ -143,15 +153,40 @@ TEST_F(ClusterTest, MissingDataDirIsAClearStartupError) {
   EXPECT_NE(log.find("dataset-fashion-mnist"), std::string::npos) << log;
 }
 
+// A worker told to stop while it is re-joining (its coordinator gone) stops
+// then, not after its --connect_timeout window: the hang guard (30 s) is a
+// quarter of that window.
+TEST_F(ClusterTest, SigtermWhileRejoiningEndsTheWorker) {
+  const std::string addr = StartCoordinator({"--min_participants=1", "--local_steps=20"});
+  Process* w = StartWorker(addr, {"--connect_timeout=120s"});
+  WaitForStatus([](const v1::RunStatus& s) { return s.last_completed_round() >= 1; },
+                absl::Minutes(2));
+  ASSERT_EQ(coordinator_->Stop(), 0);
+  // Wait for the worker to notice and start re-joining.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return w->Log().find("re-join") != std::string::npos ||
+               w->Log().find("waiting for the coordinator") != std::string::npos;
+      },
+      absl::Seconds(60)))
+      << w->Log();
+  w->Signal(SIGTERM);
+  const int code = w->Wait(absl::Seconds(30));
+  EXPECT_NE(code, -1) << "still running 30 s after SIGTERM\n" << w->Log();
+}
+
 TEST_F(ClusterTest, UnreachableCoordinatorIsAClearError) {
   // A coordinator that ran and stopped: nothing listens on its port now.
   const std::string addr = StartCoordinator({"--min_participants=1"});
   ASSERT_EQ(coordinator_->Stop(), 0);
-  Process* w = StartWorker(addr, {"--connect_timeout=3s"});
+  // Long enough for the waiting note (every 5 s) to be printed once.
+  Process* w = StartWorker(addr, {"--connect_timeout=7s"});
   EXPECT_EQ(w->Wait(absl::Seconds(60)), 1);
   const std::string log = w->Log();
+  EXPECT_NE(log.find("waiting for the coordinator at " + addr), std::string::npos) << log;
   EXPECT_NE(log.find("cannot join the run at coordinator " + addr), std::string::npos) << log;
   EXPECT_NE(log.find("UNAVAILABLE"), std::string::npos) << log;
+  EXPECT_NE(log.find("is --coordinator its address"), std::string::npos) << log;
 }
 
 TEST_F(ClusterTest, CoordinatorRejectsBadFlagsAndBusyPorts) {
@@ -175,6 +210,15 @@ TEST_F(ClusterTest, CoordinatorRejectsBadFlagsAndBusyPorts) {
                              dir_.path() + "/busy.log");
   EXPECT_EQ(busy->Wait(absl::Seconds(20)), 2);
   EXPECT_NE(busy->Log().find("cannot listen on " + addr), std::string::npos) << busy->Log();
+  // The errno, named, with what to do: not a guess.
+  EXPECT_NE(busy->Log().find("(errno 98): another process listens on port"), std::string::npos)
+      << busy->Log();
+  // An address that is not this machine's says so.
+  auto foreign = Process::Start({BinDir() + "/shoal-coordinator", "--listen=192.0.2.1:0"},
+                                dir_.path() + "/foreign.log");
+  EXPECT_EQ(foreign->Wait(absl::Seconds(20)), 2);
+  EXPECT_NE(foreign->Log().find("192.0.2.1 is not an address of this machine"), std::string::npos)
+      << foreign->Log();
   // The first coordinator still serves.
   v1::RunStatus status;
   EXPECT_TRUE(Status(&status));

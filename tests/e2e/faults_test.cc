@@ -131,6 +131,10 @@ TEST_F(FaultsTest, KillAfterASurvivorFinishedSharing) {
   const v1::WorkerStatus* e = FindWorker(after, early_id);
   ASSERT_NE(e, nullptr);
   EXPECT_NE(e->state(), "evicted") << e->reason() << Logs();
+  // A crash reads as one: "lost", not "left" as after SIGTERM.
+  const v1::WorkerStatus* killed = FindWorker(after, victim_id);
+  ASSERT_NE(killed, nullptr);
+  EXPECT_EQ(killed->state(), "lost") << killed->reason();
   EXPECT_EQ(e->model_hash(), after.model_hash()) << Logs();
   // The round of the kill completed among the two survivors.
   bool replanned = false;

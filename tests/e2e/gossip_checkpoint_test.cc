@@ -243,7 +243,7 @@ TEST_F(GossipCheckpointTest, WithoutTheFinalAverageEachWorkerLeavesWithItsOwnMod
   ASSERT_EQ(s.phase(), v1::FINISHED) << Logs();
   EXPECT_EQ(s.final_average(), "");
   for (const auto& w : s.workers()) {
-    EXPECT_EQ(w.state(), "left") << w.id();
+    EXPECT_EQ(w.state(), "finished") << w.id();
     EXPECT_EQ(w.final_models(), 0u) << w.id();
     EXPECT_NE(w.reason().find("finished 400 gossip steps"), std::string::npos) << w.reason();
   }

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "common/worker_state.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
@@ -37,7 +38,7 @@ double MeanAccuracy(const v1::RunStatus& s, int* evaluated) {
   double sum = 0;
   *evaluated = 0;
   for (const auto& w : s.workers()) {
-    if (w.state() == "left" || w.state() == "evicted" || w.eval_clock() <= 0) continue;
+    if (DepartedState(w.state()) || w.eval_clock() <= 0) continue;
     sum += w.test_accuracy();
     ++*evaluated;
   }
@@ -134,7 +135,7 @@ TEST_F(GossipTest, KilledPeerCostsAtMostOneFetchAndALateJoinerStartsFromAPeer) {
       [&](const v1::RunStatus& st) {
         int n = 0;
         for (const auto& w : st.workers()) {
-          if (w.id() == victim_id || w.state() == "left" || w.state() == "evicted") continue;
+          if (w.id() == victim_id || DepartedState(w.state())) continue;
           n += w.fetches_done() >= done_before[w.id()] + 5;
         }
         return n == 2;
@@ -142,7 +143,7 @@ TEST_F(GossipTest, KilledPeerCostsAtMostOneFetchAndALateJoinerStartsFromAPeer) {
       absl::Seconds(std::max(60.0, 200 * step * 4)));
   const v1::WorkerStatus* gone = FindWorker(s, victim_id);
   ASSERT_NE(gone, nullptr);
-  EXPECT_TRUE(gone->state() == "left" || gone->state() == "evicted") << gone->state();
+  EXPECT_TRUE(DepartedState(gone->state())) << gone->state();
   for (const auto& w : s.workers()) {
     if (w.id() == victim_id) continue;
     EXPECT_LE(w.fetches_timed_out() + w.fetches_failed(), failures_before[w.id()] + 1)

@@ -173,8 +173,8 @@ TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
   session_ctx.TryCancel();
   (void)session->Finish();
 
-  // A member that stops answering is evicted (it opens no session: its
-  // lease runs out after --heartbeat_lease), and its credential dies with it.
+  // A member that stops answering is lost (it opens no session: its lease
+  // runs out after --heartbeat_lease), and its credential dies with it.
   join.set_peer_address("127.0.0.1:10");
   join.set_name("evicted-e2e");
   v1::JoinResponse evicted;
@@ -189,7 +189,7 @@ TEST_F(MemberCredentialsTest, AFormerMemberAndAStrangerCannotReadTheModel) {
   WaitForStatus(
       [&](const v1::RunStatus& st) {
         for (const auto& w : st.workers()) {
-          if (w.id() == evicted.worker_id()) return w.state() == "evicted";
+          if (w.id() == evicted.worker_id()) return w.state() == "lost";
         }
         return false;
       },

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
+#include "common/worker_state.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
@@ -324,7 +325,7 @@ TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
   // Same workers (ids), all holding the agreed model.
   std::set<std::string> ids_after;
   for (const auto& w : after.workers()) {
-    if (w.state() != "evicted" && w.state() != "left") ids_after.insert(w.id());
+    if (!DepartedState(w.state())) ids_after.insert(w.id());
     EXPECT_EQ(w.model_hash(), after.model_hash()) << w.id();
   }
   EXPECT_EQ(ids_after, ids) << after.DebugString();

@@ -32,6 +32,7 @@
 #include "common/sha256.h"
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
+#include "common/worker_state.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "services/coordinator/core/join_limiter.h"
 #include "services/coordinator/core/round_engine.h"
@@ -1087,7 +1088,7 @@ void JoinRequestTarget(const uint8_t* data, size_t size) {
     std::set<uint32_t> ranks;
     const shoal::v1::RunStatus status = engine.Status();
     for (const auto& w : status.workers()) {
-      if (w.state() == "left" || w.state() == "evicted") continue;
+      if (DepartedState(w.state())) continue;
       FUZZ_CHECK(ids.insert(w.id()).second);
       FUZZ_CHECK(addresses.insert(w.address()).second);
       FUZZ_CHECK(ranks.insert(w.data_rank()).second);

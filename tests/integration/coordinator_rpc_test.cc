@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "common/status_util.h"
+#include "common/worker_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/coordinator_server.h"
@@ -678,7 +679,7 @@ TEST_F(CoordinatorRpcTest, CancelledSessionDuringTrainingRemovesTheWorker) {
         auto status = GetRunStatus();
         if (!status.ok()) return false;
         auto w = FindWorker(*status, w2->id);
-        return w.has_value() && w->state() == "left";
+        return w.has_value() && w->state() == "lost";  // a crash, not a Leave
       },
       kWait))
       << "the cancelled session did not remove " << w2->id;
@@ -708,7 +709,7 @@ TEST_F(CoordinatorRpcTest, CancelledSessionDuringTrainingRemovesTheWorker) {
   EXPECT_EQ(w1->log.Count(CoordinatorMessage::kRoundAborted), 0);
 }
 
-TEST_F(CoordinatorRpcTest, SilentSessionIsEvictedAfterTheLease) {
+TEST_F(CoordinatorRpcTest, SilentSessionIsLostAfterTheLease) {
   // Taken before the Join: the lease runs from a moment after it, so
   // "not evicted before the lease" holds however slowly this thread runs
   // (a lower bound that load cannot break; no upper bound on time).
@@ -732,7 +733,8 @@ TEST_F(CoordinatorRpcTest, SilentSessionIsEvictedAfterTheLease) {
         auto status = GetRunStatus();
         if (!status.ok()) return false;
         auto w = FindWorker(*status, id);
-        if (!w.has_value() || w->state() != "evicted") return false;
+        // No heartbeat within the lease: lost (a hung or crashed worker).
+        if (!w.has_value() || w->state() != "lost") return false;
         evicted = w;
         return true;
       },
@@ -760,7 +762,7 @@ TEST_F(CoordinatorRpcTest, HeartbeatingWorkerOutlivesTheLease) {
       [&] {
         auto status = GetRunStatus();
         auto w = status.ok() ? FindWorker(*status, w1->id) : std::nullopt;
-        removed = !w.has_value() || w->state() == "left" || w->state() == "evicted";
+        removed = !w.has_value() || DepartedState(w->state());
         return removed || absl::Now() >= until;
       },
       kWait));

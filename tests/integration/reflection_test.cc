@@ -25,6 +25,7 @@
 #include "services/coordinator/coordinator_server.h"
 #include "services/worker/core/model_state.h"
 #include "services/worker/peer_service.h"
+#include "shoal/v1/coordinator.grpc.pb.h"
 #include "tests/support/coordinator_fixture.h"
 #include "tests/support/test_support.h"
 
@@ -291,6 +292,30 @@ TEST(HealthReflectionTest, HealthCheckThroughReflectionOnTheCheckpointServer) {
   (*server)->Shutdown(absl::Seconds(1));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("\"status\": \"SERVING\"")) << r.out;
+}
+
+// A client pointed at the wrong server (a worker's Peer port given as the
+// coordinator) hears what answered and what to check, not an empty
+// UNIMPLEMENTED.
+TEST(UnknownMethodTest, AWorkersServerNamesWhatItDoesNotServe) {
+  worker::ModelState state;
+  worker::PeerService service(&state);
+  auto server = GrpcServer::Start("127.0.0.1:0", {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Coordinator::NewStub(MakeChannel((*server)->address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetRunStatusRequest request;
+  v1::RunStatus response;
+  const grpc::Status status = stub->GetRunStatus(&ctx, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(status.error_message(),
+              AllOf(HasSubstr("does not serve shoal.v1.Coordinator"),
+                    HasSubstr("/shoal.v1.Coordinator/GetRunStatus"), HasSubstr("--coordinator")));
+  // It keeps serving what it has.
+  CommandResult r = HealthCheck((*server)->address());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  (*server)->Shutdown(absl::Seconds(1));
 }
 
 }  // namespace

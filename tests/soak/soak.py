@@ -95,6 +95,8 @@ COORD_IP = "10.78.0.1"
 COORD_PORTS = (50051, 50052)
 STORE_PORT = 50060
 ETCD_PORTS = ((2379, 2380), (2479, 2480), (2579, 2580))
+# WorkerStatus.state of a worker no longer in the run (common/worker_state.h).
+DEPARTED = ("left", "lost", "finished", "evicted")
 PEER_PORT = 7000  # + the instance's generation in its namespace
 SITE_IP = {"a": "10.78.0.1%d", "b": "10.78.0.2%d"}
 NAT_NS, NAT_IP = "n1", "192.168.78.2"
@@ -389,7 +391,7 @@ class Soak:
         agreed = st.get("model_hash", "")
         # Every worker that reports the last completed round holds its hash.
         for w in st.get("workers", []):
-            if w.get("state") in ("evicted", "left"):
+            if w.get("state") in DEPARTED:
                 reason = w.get("reason", "")
                 key = (w.get("id"), reason)
                 if key not in self.evicted_seen:
@@ -555,7 +557,7 @@ class Soak:
             if not sid:
                 continue
             for w in st.get("workers", []):
-                if w.get("id") == sid and w.get("state") not in ("evicted", "left"):
+                if w.get("id") == sid and w.get("state") not in DEPARTED:
                     p = self.worker_by_address(w.get("address", ""))
                     if p is not None and p.alive() and not p.stopped:
                         out.append((z.get("path", ""), sid, p))

@@ -18,6 +18,7 @@
 #include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/tensor_wire.h"
+#include "common/worker_state.h"
 #include "gtest/gtest.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "services/coordinator/core/round_engine.h"
@@ -196,7 +197,7 @@ TEST(FuzzRegressionTest, RejoinAtAnotherMembersAddressReplacesIt) {
   std::map<std::string, std::string> active;
   const shoal::v1::RunStatus status = engine.Status();
   for (const auto& w : status.workers()) {
-    if (w.state() != "left" && w.state() != "evicted") active[w.id()] = w.address();
+    if (!DepartedState(w.state())) active[w.id()] = w.address();
   }
   EXPECT_EQ(active, (std::map<std::string, std::string>{{a, "127.0.0.1:5002"}})) << b;
 }

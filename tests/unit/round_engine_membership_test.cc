@@ -428,12 +428,12 @@ TEST_F(MembershipTest, BelowMinimumWaitsForMembersAndResumes) {
   EXPECT_EQ(status.last_completed_round(), 2u);
   EXPECT_EQ(status.queued(), 2u);
   EXPECT_THAT(status.detail(), HasSubstr("2 of 3 participants needed for round 3"));
-  EXPECT_THAT(status.detail(), HasSubstr("(2 members)"));
+  EXPECT_THAT(status.detail(), HasSubstr("(2 members joined"));
 
   // A member joining without asking for a round counts as a member only.
   const v1::JoinResponse j4 = AddMemberResponse(9004);
   EXPECT_EQ(j4.next_round(), 3u);
-  EXPECT_THAT(engine_->Status().detail(), HasSubstr("(3 members)"));
+  EXPECT_THAT(engine_->Status().detail(), HasSubstr("(3 members joined"));
   EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
 
   const Directives start = JoinRoundOk(j4.worker_id(), 3, 3);
@@ -659,7 +659,7 @@ TEST_F(MembershipTest, LeaseExpiryWhileTrainingLetsTheRoundGoOn) {
   const Directives out = Pass(absl::Seconds(1), {ids[0], ids[1]});
   EXPECT_THAT(out, IsEmpty());
   RunStatus status = engine_->Status();
-  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "lost");  // its lease expired
   EXPECT_THAT(FindWorker(status, ids[2])->reason(), HasSubstr("heartbeat"));
   EXPECT_EQ(status.phase(), v1::TRAINING);
   EXPECT_THAT(Participants(status), ElementsAre(ids[0], ids[1]));
@@ -685,7 +685,7 @@ TEST_F(MembershipTest, LeaseExpiryWhileConnectingReplans) {
   EXPECT_EQ(plan.attempt(), 2u);
   EXPECT_EQ(plan.slices_size(), 2);
   RunStatus status = engine_->Status();
-  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "lost");  // its lease expired
   EXPECT_EQ(status.attempt(), 2u);
   // The report for attempt 1 does not carry over.
   EXPECT_THAT(status.detail(), HasSubstr("connecting: 0/2"));
@@ -703,7 +703,7 @@ TEST_F(MembershipTest, LeaseExpiryWhileExchangingReplansWithNextAttempt) {
   EXPECT_THAT(To(out, kPlan), ElementsAre(ids[0], ids[1]));
   EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().attempt(), 2u);
   EXPECT_THAT(To(out, kAborted), IsEmpty());
-  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "lost");  // its lease expired
 
   // Attempt 2 passes its own barrier; the attempt-1 done report is void.
   AllConnected(1);
@@ -1033,7 +1033,7 @@ TEST_F(MembershipTest, StoppedWorkerMissCountsAndItsLeaseStillRemovesIt) {
   Pass(absl::Seconds(10), running);
   status = engine_->Status();
   EXPECT_EQ(status.members(), 2u);
-  EXPECT_EQ(FindWorker(status, ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, ids[2])->state(), "lost");  // its lease expired
 }
 
 TEST_F(MembershipTest, RetriedReadyReportIsMeasuredOnce) {

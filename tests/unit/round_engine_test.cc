@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/worker_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/core/versioned_cache.h"
@@ -227,7 +228,7 @@ TEST_F(RoundEngineTest, JoinAtAddressOfActiveMemberReplacesIt) {
   EXPECT_EQ(status.members(), 2u);
   const auto old = FindWorker(status, w1);
   ASSERT_TRUE(old.has_value());
-  EXPECT_EQ(old->state(), "left");
+  EXPECT_EQ(old->state(), "lost");  // its process is gone without a Leave
   EXPECT_THAT(old->reason(), HasSubstr("replaced"));
   EXPECT_EQ(FindWorker(status, w3)->address(), Address(9001));
   EXPECT_EQ(engine_->Connect(w1).code(), absl::StatusCode::kNotFound);
@@ -238,6 +239,36 @@ TEST_F(RoundEngineTest, JoinAtAddressOfActiveMemberReplacesIt) {
   EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
   EXPECT_THAT(To(JoinRoundOk(w3, 1, 1), kStart), IsEmpty());
   EXPECT_EQ(engine_->Status().phase(), v1::WAITING_FOR_MEMBERS);
+}
+
+// How a member departed shows in its state: a Leave is "left", a broken
+// session "lost" (a crash reads as one), and any departure once the run
+// has finished "finished". --name is shown beside the id.
+TEST_F(RoundEngineTest, DepartedStatesTellALeaveFromACrashAndTheNameIsShown) {
+  Start(3);
+  v1::JoinRequest request;
+  request.set_peer_address(Address(9001));
+  request.set_name("alice");
+  absl::StatusOr<JoinResult> joined = engine_->Join(request);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  const std::string named = joined->response.worker_id();
+  const std::string w2 = AddMember(9002);
+  const std::string w3 = AddMember(9003);
+  EXPECT_EQ(FindWorker(engine_->Status(), named)->name(), "alice");
+  EXPECT_EQ(FindWorker(engine_->Status(), w2)->name(), "worker-9002");  // AddMember names it
+
+  engine_->Disconnect(w2, "worker shut down", RoundEngine::SessionEnd::kLeave);
+  engine_->Disconnect(named, "session stream closed", RoundEngine::SessionEnd::kBroken);
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(FindWorker(status, w2)->state(), "left");
+  EXPECT_EQ(FindWorker(status, w2)->reason(), "worker shut down");
+  EXPECT_EQ(FindWorker(status, named)->state(), "lost");
+  EXPECT_EQ(FindWorker(status, named)->reason(), "session stream closed");
+  EXPECT_EQ(FindWorker(status, named)->name(), "alice");  // kept after it departed
+  EXPECT_TRUE(DepartedState("lost"));
+  EXPECT_TRUE(DepartedState("finished"));
+  EXPECT_FALSE(DepartedState("syncing"));
+  EXPECT_EQ(FindWorker(status, w3)->state(), "waiting");
 }
 
 TEST_F(RoundEngineTest, RejoinWithPreviousWorkerIdKeepsIdAndRank) {
@@ -506,6 +537,12 @@ TEST_F(RoundEngineTest, RoundsLimitFinishesRun) {
             absl::StatusCode::kFailedPrecondition);
   // A retried report for the last round is still accepted.
   EXPECT_THAT(DoneOk(ids[0], 2, Hash('b')), IsEmpty());
+
+  // Every worker's session ends now: each shows as finished, not lost.
+  engine_->Disconnect(ids[0], "session stream closed", RoundEngine::SessionEnd::kBroken);
+  engine_->Disconnect(w4, "worker shut down", RoundEngine::SessionEnd::kLeave);
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[0])->state(), "finished");
+  EXPECT_EQ(FindWorker(engine_->Status(), w4)->state(), "finished");
 }
 
 // ---------------------------------------------------------------- Bad input
@@ -788,7 +825,7 @@ TEST_F(RoundEngineTest, LastParticipantLostDuringSharingAbortsRound) {
 
 // ---------------------------------------------------------------- Leases
 
-TEST_F(RoundEngineTest, SilentConnectedMemberIsEvictedByTick) {
+TEST_F(RoundEngineTest, SilentConnectedMemberIsLostByTick) {
   Start(2);
   const std::string w1 = AddMember(9001);
   const std::string w2 = AddMember(9002);
@@ -803,7 +840,7 @@ TEST_F(RoundEngineTest, SilentConnectedMemberIsEvictedByTick) {
   engine_->Tick();
   RunStatus status = engine_->Status();
   EXPECT_EQ(status.members(), 1u);
-  EXPECT_EQ(FindWorker(status, w2)->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, w2)->state(), "lost");  // its lease expired
   EXPECT_THAT(FindWorker(status, w2)->reason(), HasSubstr("heartbeat"));
   EXPECT_EQ(FindWorker(status, w1)->state(), "waiting");
   EXPECT_EQ(FindWorker(status, w1)->last_seen_ms_ago(), 5000);
@@ -834,7 +871,7 @@ TEST_F(RoundEngineTest, LeaseExpiryDuringSharingReplans) {
   EXPECT_EQ(MessageFor(out, ids[0], kPlan).round_plan().round(), 1u);
   EXPECT_THAT(To(out, kAborted), IsEmpty());
   EXPECT_THAT(To(out, kStart), IsEmpty());
-  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "evicted");
+  EXPECT_EQ(FindWorker(engine_->Status(), ids[2])->state(), "lost");  // its lease expired
 
   AllConnected(1);
   const Directives done = AllDone({ids[0], ids[1]}, 1, Hash('a'));
@@ -859,7 +896,7 @@ TEST_F(RoundEngineTest, MemberWithoutSessionIsRemovedAfterGrace) {
   engine_->Tick();
   const RunStatus status = engine_->Status();
   EXPECT_EQ(status.members(), 1u);
-  EXPECT_EQ(FindWorker(status, w2)->state(), "evicted");
+  EXPECT_EQ(FindWorker(status, w2)->state(), "lost");  // its lease expired
   EXPECT_THAT(FindWorker(status, w2)->reason(), HasSubstr("session"));
   EXPECT_EQ(FindWorker(status, w1)->state(), "waiting");
 }
@@ -978,7 +1015,7 @@ TEST_F(RoundEngineTest, HashEvictionRespectsMaxDepartedShown) {
   const RunStatus status = engine_->Status();
   int departed = 0;
   for (const WorkerStatus& w : status.workers()) {
-    if (w.state() == "left" || w.state() == "evicted") ++departed;
+    if (DepartedState(w.state())) ++departed;
   }
   EXPECT_LE(departed, 1);
   EXPECT_EQ(FindWorker(status, w3)->state(), "evicted");  // the newest stays

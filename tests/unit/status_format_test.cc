@@ -188,6 +188,45 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
 }
 
+// Members first, then the departed, each by the number in its id; a
+// worker's --name beside its id.
+TEST(FormatStatusTableTest, ListsMembersThenTheDepartedByIdWithTheirNames) {
+  RunStatus s;
+  s.set_run_id("run-7");
+  s.set_phase(shoal::v1::TRAINING);
+  AddWorker(&s, "w10", "training", 3, kHash);
+  AddWorker(&s, "w3", "lost", 2, "")->set_reason("session stream closed");
+  AddWorker(&s, "w2", "training", 3, kHash)->set_name("alice");
+  AddWorker(&s, "w1", "finished", 3, kHash);
+  const std::string table = FormatStatusTable(s);
+  const size_t w2 = table.find("w2 (alice)");
+  const size_t w10 = table.find("w10 ");
+  const size_t w1 = table.find("w1 ");
+  const size_t w3 = table.find("w3 ");
+  ASSERT_NE(w2, std::string::npos) << table;
+  ASSERT_NE(w10, std::string::npos) << table;
+  ASSERT_NE(w1, std::string::npos) << table;
+  ASSERT_NE(w3, std::string::npos) << table;
+  EXPECT_LT(w2, w10) << table;
+  EXPECT_LT(w10, w1) << table;
+  EXPECT_LT(w1, w3) << table;
+  EXPECT_THAT(table, HasSubstr("lost"));
+  EXPECT_THAT(table, HasSubstr("finished"));
+}
+
+TEST(FormatStatusTableTest, ShowsTheCheckpointLine) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("checkpoint")));
+  s.mutable_config()->mutable_checkpoints()->set_store("127.0.0.1:50052");
+  s.mutable_config()->mutable_checkpoints()->set_every(5);
+  s.set_checkpoint_id("run-42-r5");
+  s.set_checkpoint_round(5);
+  s.set_checkpoint_pending("round 10 by w2");
+  EXPECT_THAT(FormatStatusTable(s),
+              HasSubstr("checkpoint run-42-r5 (round 5)  store 127.0.0.1:50052 every 5 rounds  "
+                        "uploading round 10 by w2"));
+}
+
 // Robust aggregation (issue 14): a line when the rule is not the mean.
 TEST(FormatStatusTableTest, ShowsARobustAggregationOnly) {
   RunStatus s = FinishedRun();
@@ -203,10 +242,13 @@ TEST(FormatStatusTableTest, ShowsLateWorkFoldedPerWorker) {
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("late work")));
   s.mutable_config()->mutable_sync()->set_fold_late_work(true);
   s.mutable_config()->mutable_sync()->set_max_staleness(4);
-  auto* fast = s.mutable_workers(0);
+  auto* fast = s.mutable_workers(1);
   fast->set_ready_seconds_median(1.02);
   fast->set_deadline_seconds(2.05);
-  auto* slow = s.mutable_workers(1);
+  // Deadlines that everyone met: no block.
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("late work")));
+  auto* slow = s.mutable_workers(0);
+  slow->set_state("training");
   slow->set_deadline_seconds(2.05);
   slow->set_rounds_late(6);
   slow->set_folded_updates(5);

@@ -3,17 +3,42 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/worker_state.h"
 
 namespace shoal::ctl {
 
 std::string PhaseName(shoal::v1::Phase phase) { return shoal::v1::Phase_Name(phase); }
 
 namespace {
+// The worker as a row names it: its id, and its --name when it gave one.
+std::string Who(const shoal::v1::WorkerStatus& w) {
+  return w.name().empty() ? w.id() : absl::StrCat(w.id(), " (", w.name(), ")");
+}
+
+// The workers in the order the tables list them: members first, then the
+// departed; each by the number in its id (w2 before w10).
+std::vector<const shoal::v1::WorkerStatus*> SortedWorkers(const shoal::v1::RunStatus& s) {
+  std::vector<const shoal::v1::WorkerStatus*> out;
+  for (const auto& w : s.workers()) out.push_back(&w);
+  const auto key = [](const shoal::v1::WorkerStatus* w) {
+    uint64_t n = 0;
+    if (w->id().size() < 2 || !absl::SimpleAtoi(w->id().substr(1), &n)) n = UINT64_MAX;
+    return std::make_tuple(DepartedState(w->state()), n, w->id());
+  };
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const auto* a, const auto* b) { return key(a) < key(b); });
+  return out;
+}
+
 // Gossip mode: no rounds or agreed hash; per worker its clock, loss,
 // accuracy, fetches and last partner, and the run's consensus distance.
 std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
@@ -38,12 +63,13 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
                                   "%-8s %s\n",
                                   "ID", "ADDRESS", "STATE", "STEPS", "CLOCK", "LOSS", "TEST_ACC",
                                   "FETCH_OK/TO/X", "PARTNER", "FACTOR", "SEEN", "REASON"));
-  for (const auto& w : s.workers()) {
-    const bool active = w.state() != "left" && w.state() != "evicted";
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    const bool active = !DepartedState(w.state());
     absl::StrAppend(
         &out,
         absl::StrFormat(
-            "%-5s %-22s %-9s %-8d %-10.0f %-8.4f %-9s %-13s %-8s %-7s %-8s %s\n", w.id(),
+            "%-5s %-22s %-9s %-8d %-10.0f %-8.4f %-9s %-13s %-8s %-7s %-8s %s\n", Who(w),
             w.address(), w.state(), w.gossip_steps(), w.gossip_clock(), w.gossip_loss(),
             w.eval_clock() > 0 ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
             absl::StrCat(w.fetches_done(), "/", w.fetches_timed_out(), "/", w.fetches_failed()),
@@ -102,7 +128,7 @@ std::string FormatConsensus(const shoal::v1::RunStatus& s) {
 std::string FormatGossipLine(const shoal::v1::RunStatus& s) {
   std::string out = "gossip:";
   for (const auto& w : s.workers()) {
-    if (w.state() == "left" || w.state() == "evicted" || !w.gossip()) continue;
+    if (DepartedState(w.state()) || !w.gossip()) continue;
     absl::StrAppend(
         &out, absl::StrFormat(" %s[steps=%d acc=%s fetches=%d]", w.id(), w.gossip_steps(),
                               w.eval_clock() > 0 ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
@@ -133,6 +159,18 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
     absl::StrAppend(&out, "  model_hash ", s.model_hash(), " (round ", s.last_completed_round(),
                     ")\n");
   }
+  // Checkpoints: the latest and the one being uploaded.
+  if (!s.config().checkpoints().store().empty() || !s.checkpoint_id().empty()) {
+    absl::StrAppend(&out, "  checkpoint ", s.checkpoint_id().empty() ? "-" : s.checkpoint_id());
+    if (s.checkpoint_round() > 0) absl::StrAppend(&out, " (round ", s.checkpoint_round(), ")");
+    if (!s.config().checkpoints().store().empty()) {
+      absl::StrAppend(&out, "  store ", s.config().checkpoints().store(), " every ",
+                      s.config().checkpoints().every(), " rounds");
+    }
+    if (!s.checkpoint_pending().empty())
+      absl::StrAppend(&out, "  uploading ", s.checkpoint_pending());
+    absl::StrAppend(&out, "\n");
+  }
   if (!s.ready_deadline_reason().empty()) {
     absl::StrAppend(&out, absl::StrFormat("  ready_deadline %.1fs after the round start (%s)\n",
                                           s.ready_deadline_seconds(), s.ready_deadline_reason()));
@@ -146,11 +184,12 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                                   "%-5s %s\n",
                                   "ID", "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH", "TEST_ACC",
                                   "TEST_LOSS", "TRAIN", "READY", "SEEN", "LATE", "REASON"));
-  for (const auto& w : s.workers()) {
-    const bool active = w.state() != "left" && w.state() != "evicted";
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    const bool active = !DepartedState(w.state());
     absl::StrAppend(
         &out, absl::StrFormat("%-5s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %-8s %-8s %-5d %s\n",
-                              w.id(), w.address(), w.state(), w.model_round(),
+                              Who(w), w.address(), w.state(), w.model_round(),
                               w.model_hash().empty() ? "-" : w.model_hash().substr(0, 12),
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_loss()) : "-",
@@ -162,10 +201,12 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   bool wire = false;
   for (const auto& w : s.workers()) wire = wire || w.wire_round() > 0;
   if (wire) {
+    absl::StrAppend(&out, "wire (each worker's latest exchange):\n");
     absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",
                                           "BYTES_IN", "BYTES_OUT", "RATIO"));
-    for (const auto& w : s.workers()) {
-      if (w.wire_round() == 0) continue;
+    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+      const shoal::v1::WorkerStatus& w = *row;
+      if (w.wire_round() == 0 || DepartedState(w.state())) continue;
       absl::StrAppend(&out,
                       absl::StrFormat("%-5s %-11d %-12d %-12d %.4f\n", w.id(), w.wire_round(),
                                       w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
@@ -186,13 +227,16 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   // for a worker late in every round, its own measure of its late
   // training), the deadline it was last held to and its late work folded
   // into later rounds (docs/MEMBERSHIP.md).
-  bool any_deadline = false;
-  for (const auto& w : s.workers()) any_deadline |= w.deadline_seconds() > 0;
-  if (any_deadline) {
+  // Only when some worker was late: a deadline that everyone met is noise.
+  bool any_late = false;
+  for (const auto& w : s.workers()) any_late |= w.rounds_late() > 0 || w.folded_updates() > 0;
+  if (any_late) {
     absl::StrAppend(
         &out, "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
         ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
-    for (const auto& w : s.workers()) {
+    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+      const shoal::v1::WorkerStatus& w = *row;
+      if (DepartedState(w.state())) continue;
       std::string last = "-";
       if (w.folded_updates() > 0) {
         last = absl::StrFormat("into round %d, staleness %d, weight %.3f, trained in %s",
@@ -255,10 +299,12 @@ std::string FormatZoneTree(const shoal::v1::RunStatus& s) {
     }
   }
   if (active == 0) return out;
+  absl::StrAppend(&out, "members by zone (role, measured step time and bandwidth):\n");
   absl::StrAppend(&out, absl::StrFormat("%-5s %-24s %-9s %-10s %s\n", "ID", "ZONE", "ROLE", "STEP",
                                         "BANDWIDTH"));
-  for (const auto& w : s.workers()) {
-    if (w.role().empty()) continue;  // left or evicted
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (w.role().empty()) continue;  // departed
     absl::StrAppend(
         &out, absl::StrFormat(
                   "%-5s %-24s %-9s %-10s %s%s\n", w.id(), w.zone().empty() ? "(root)" : w.zone(),

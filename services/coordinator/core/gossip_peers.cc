@@ -66,8 +66,12 @@ bool GossipPeers::Forget(const std::string& worker_id) {
 void GossipPeers::RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
                                Directives* out) {
   const bool was_gossiping = Gossiping(worker_id);
+  // A worker that did its --gossip_steps leaves saying "finished ...".
+  if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) {
+    why = MemberState::kFinished;
+    ++finished_;
+  }
   host_->DepartMember(worker_id, why, reason, out);
-  if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) ++finished_;
   if (members_->size() == 0 && phase_ != shoal::v1::FINISHED) {
     phase_ = shoal::v1::WAITING_FOR_MEMBERS;
     // With --gossip_steps the run ends when its last worker finished them.

@@ -50,6 +50,10 @@ const char* MemberStateName(MemberState s) {
       return "sharing";
     case MemberState::kLeft:
       return "left";
+    case MemberState::kLost:
+      return "lost";
+    case MemberState::kFinished:
+      return "finished";
     case MemberState::kEvicted:
       return "evicted";
   }
@@ -144,9 +148,11 @@ absl::StatusOr<Member*> Membership::Add(const shoal::v1::JoinRequest& request, u
   m.joined_at = clock_->Now();
   Member* member = &members_.emplace(m.id, std::move(m)).first->second;
   index_[member->id] = member;
-  SHOAL_LOG(INFO) << "member joined: " << member->id << " at " << request.peer_address()
-                  << " data_rank=" << member->data_rank << " model_round=" << request.model_round()
-                  << " round=" << round << " members=" << members_.size();
+  SHOAL_LOG(INFO) << "member joined: " << member->id
+                  << (member->name.empty() ? "" : absl::StrCat(" (", member->name, ")")) << " at "
+                  << request.peer_address() << " data_rank=" << member->data_rank
+                  << " model_round=" << request.model_round() << " round=" << round
+                  << " members=" << members_.size();
   return member;
 }
 
@@ -233,9 +239,8 @@ void Membership::Remove(std::string worker_id, MemberState why, const std::strin
   index_.erase(worker_id);
   members_.erase(it);
   ++departures_;
-  SHOAL_LOG(INFO) << "member " << (why == MemberState::kEvicted ? "evicted" : "left") << ": "
-                  << worker_id << " round=" << round << " reason=\"" << reason
-                  << "\" members=" << members_.size();
+  SHOAL_LOG(INFO) << "member " << MemberStateName(why) << ": " << worker_id << " round=" << round
+                  << " reason=\"" << reason << "\" members=" << members_.size();
   departed_.push_back(std::move(gone));
   while (departed_.size() > options_.max_departed_shown) departed_.pop_front();
   if (shoal::v1::MemberUpdate update; roster_.has_value() && roster_->Revoke(worker_id, &update)) {
@@ -272,6 +277,7 @@ SharedMessage Membership::MemberList(const std::string& worker_id) const {
 void Membership::FillWorker(const Member& m, bool active, absl::Time now,
                             shoal::v1::WorkerStatus* w) const {
   w->set_id(m.id);
+  w->set_name(m.name);
   w->set_address(m.address);
   w->set_zone(m.zone);
   w->set_outbound_only(m.outbound_only);

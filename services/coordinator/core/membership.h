@@ -30,7 +30,15 @@
 
 namespace shoal::coordinator {
 
-enum class MemberState { kWaiting, kTraining, kReady, kSharing, kLeft, kEvicted };
+// The last four are how a member departed (common/worker_state.h):
+//   kLeft      it said so (Leave: SIGTERM, a graceful stop, a replaced
+//              process at the same address);
+//   kLost      its session broke or its heartbeats stopped while the run
+//              went on (a crash, kill -9, a cut link);
+//   kFinished  its session ended after the run finished, or it left
+//              because its own work was done (gossip steps);
+//   kEvicted   the coordinator removed it (missed rounds, a bad hash, ...).
+enum class MemberState { kWaiting, kTraining, kReady, kSharing, kLeft, kLost, kFinished, kEvicted };
 
 // "waiting", "training", ... as the status shows it.
 const char* MemberStateName(MemberState s);

@@ -62,7 +62,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   // A worker (new, or a member re-joining from another address) at the
   // address of another active member means that member's process is gone.
   for (const std::string& id : membership_.AtAddress(request.peer_address(), member)) {
-    mode_->RemoveMember(id, MemberState::kLeft, "replaced by a worker at the same address",
+    mode_->RemoveMember(id, MemberState::kLost, "replaced by a worker at the same address",
                         &result.directives);
   }
   if (member == nullptr) {
@@ -123,13 +123,20 @@ absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
   return absl::OkStatus();
 }
 
-Directives RoundEngine::Disconnect(const std::string& worker_id, const std::string& reason) {
+Directives RoundEngine::Disconnect(const std::string& worker_id, const std::string& reason,
+                                   SessionEnd how) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   Directives out;
   if (membership_.Contains(worker_id)) {
     versions_.MarkStatusChanged();
-    mode_->RemoveMember(worker_id, MemberState::kLeft, reason, &out);
+    MemberState why = MemberState::kLeft;
+    if (mode_->phase() == shoal::v1::FINISHED) {
+      why = MemberState::kFinished;
+    } else if (how == SessionEnd::kBroken) {
+      why = MemberState::kLost;
+    }
+    mode_->RemoveMember(worker_id, why, reason, &out);
   }
   return out;
 }
@@ -222,7 +229,8 @@ Directives RoundEngine::Tick() {
   const std::vector<std::pair<std::string, std::string>> expired = membership_.ExpiredLeases(now);
   if (!expired.empty()) versions_.MarkStatusChanged();
   for (const auto& [id, reason] : expired) {
-    mode_->RemoveMember(id, MemberState::kEvicted, reason, &out);
+    // No heartbeat within the lease: it crashed, froze or was cut off.
+    mode_->RemoveMember(id, MemberState::kLost, reason, &out);
   }
   mode_->Tick(now, &out);
   topology_.ReelectIfStale(mode_->round());

@@ -76,8 +76,12 @@ class RoundEngine : private EngineHost {
   // A heartbeat arrived. NOT_FOUND for an unknown id.
   absl::Status Heartbeat(const std::string& worker_id,
                          const shoal::v1::Heartbeat& heartbeat = shoal::v1::Heartbeat());
-  // The session stream broke or the worker left: it is removed at once.
-  Directives Disconnect(const std::string& worker_id, const std::string& reason);
+  // The worker left (kLeave: its Leave call) or its session stream broke
+  // (kBroken): it is removed at once, as "left", or as "lost" ("finished"
+  // once the run has finished: every worker's session ends then).
+  enum class SessionEnd { kLeave, kBroken };
+  Directives Disconnect(const std::string& worker_id, const std::string& reason,
+                        SessionEnd how = SessionEnd::kLeave);
 
   // Admits the worker to `round` or, when that round already has a ready
   // participant, to the next one. Returns the admitted round. `carried`:

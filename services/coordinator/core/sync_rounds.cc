@@ -1013,8 +1013,12 @@ std::string SyncRounds::PhaseDetail() const {
   const uint32_t min = std::max<uint32_t>(1, options_.config.sync().min_participants());
   switch (phase_) {
     case shoal::v1::WAITING_FOR_MEMBERS:
+      // Members join first and queue for a round once their model and data
+      // are loaded: say both, so "0 of 3" with members present is clear.
       return absl::StrCat(queued_.size(), " of ", min, " participants needed for round ", round_,
-                          " (", members_->size(), " members)");
+                          " are queued (", members_->size(),
+                          members_->size() == 1 ? " member" : " members",
+                          " joined; a member queues once its model and data are loaded)");
     case shoal::v1::TRAINING:
       return absl::StrCat(ready_count_, "/", participants_.size(), " participants ready");
     case shoal::v1::SHARING: {

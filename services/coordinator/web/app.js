@@ -3,6 +3,8 @@
 // the charts are SVG drawn here; every point is a <circle class="pt"
 // data-series=... data-round=...> (the e2e test counts them).
 const POLL_MS = 2000;
+// WorkerStatus.state of a worker that is no longer a member (common/worker_state.h).
+const DEPARTED = new Set(['left', 'lost', 'finished', 'evicted']);
 const MAX_ROUNDS = 10000;
 const st = { rounds: [], checkpoints: [], after: 0 };
 
@@ -87,20 +89,23 @@ function render(s) {
     { name: 'test_accuracy', color: '#2a9d8f', points: r.filter((x) => x.evaluated).map((x) => [x.round, x.test_accuracy]).filter((p) => p[1] !== null) },
   ], { digits: 2 });
 
-  const workers = (s.workers || []).slice().sort((a, b) => String(a.id).localeCompare(String(b.id), 'en', { numeric: true }));
+  // Members first, then the departed (left, lost, finished, evicted); each by id.
+  const departed = (w) => DEPARTED.has(w.state);
+  const workers = (s.workers || []).slice().sort((a, b) =>
+    (departed(a) - departed(b)) || String(a.id).localeCompare(String(b.id), 'en', { numeric: true }));
   let recv = 0, sent = 0;
   const rows = workers.map((w) => {
-    recv += num(w.bytes_received); sent += num(w.bytes_sent);
+    if (!departed(w)) { recv += num(w.bytes_received); sent += num(w.bytes_sent); }
     const note = w.reason || w.missed_reason || (w.state === 'syncing' && num(w.sync_bytes_total) ? `sync ${bytes(w.sync_bytes_done)} / ${bytes(w.sync_bytes_total)}` : '');
-    return `<tr data-worker="${esc(w.id)}"><td>${esc(w.id)}</td><td class="state-${esc(w.state)}">${esc(w.state)}</td>` +
+    return `<tr data-worker="${esc(w.id)}"><td>${esc(w.id)}${w.name ? ` <span class="muted">${esc(w.name)}</span>` : ''}</td><td class="state-${esc(w.state)}">${esc(w.state)}</td>` +
       `<td>${esc(w.address)}</td><td class="num">${num(w.data_rank)}</td><td class="num">${num(w.rounds_completed)}</td>` +
-      `<td class="num">${w.state === 'left' || w.state === 'evicted' ? '-' : ago(w.last_seen_ms_ago)}</td><td class="num">${fixed(w.train_loss, 4)}</td>` +
+      `<td class="num">${departed(w) ? '-' : ago(w.last_seen_ms_ago)}</td><td class="num">${fixed(w.train_loss, 4)}</td>` +
       `<td class="num">${num(w.metrics_round) ? fixed(w.test_accuracy, 4) : '-'}</td>` +
       `<td class="num">${bytes(w.bytes_received)}</td><td class="num">${bytes(w.bytes_sent)}</td>` +
       `<td class="num">${num(w.wire_round) || '-'}</td><td class="muted">${esc(note)}</td></tr>`;
   });
   $('workers').tBodies[0].innerHTML = rows.join('');
-  $('bytes').textContent = `${workers.length} known · latest rounds' exchange: ${bytes(recv)} received, ${bytes(sent)} sent`;
+  $('bytes').textContent = `${workers.filter((w) => !departed(w)).length} members, ${workers.filter(departed).length} departed · members' latest exchange: ${bytes(recv)} received, ${bytes(sent)} sent`;
 
   // The zone tree (RunStatus.zones, pre-order), shown unless the run is flat.
   const zones = s.zones || [];
