@@ -24,6 +24,13 @@ std::string Who(const shoal::v1::WorkerStatus& w) {
   return w.name().empty() ? w.id() : absl::StrCat(w.id(), " (", w.name(), ")");
 }
 
+// Width of the ID column: the longest id with its name, at least 5.
+int WhoWidth(const shoal::v1::RunStatus& s) {
+  size_t width = 5;
+  for (const auto& w : s.workers()) width = std::max(width, Who(w).size());
+  return static_cast<int>(width);
+}
+
 // The workers in the order the tables list them: members first, then the
 // departed; each by the number in its id (w2 before w10).
 std::vector<const shoal::v1::WorkerStatus*> SortedWorkers(const shoal::v1::RunStatus& s) {
@@ -58,19 +65,19 @@ std::string FormatGossipTable(const shoal::v1::RunStatus& s) {
     }
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out,
-                  absl::StrFormat("%-5s %-22s %-9s %-8s %-10s %-8s %-9s %-13s %-8s %-7s "
-                                  "%-8s %s\n",
-                                  "ID", "ADDRESS", "STATE", "STEPS", "CLOCK", "LOSS", "TEST_ACC",
-                                  "FETCH_OK/TO/X", "PARTNER", "FACTOR", "SEEN", "REASON"));
+  absl::StrAppend(
+      &out, absl::StrFormat("%-*s %-22s %-9s %-8s %-10s %-8s %-9s %-13s %-8s %-7s "
+                            "%-8s %s\n",
+                            WhoWidth(s), "ID", "ADDRESS", "STATE", "STEPS", "CLOCK", "LOSS",
+                            "TEST_ACC", "FETCH_OK/TO/X", "PARTNER", "FACTOR", "SEEN", "REASON"));
   for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
     const shoal::v1::WorkerStatus& w = *row;
     const bool active = !DepartedState(w.state());
     absl::StrAppend(
         &out,
         absl::StrFormat(
-            "%-5s %-22s %-9s %-8d %-10.0f %-8.4f %-9s %-13s %-8s %-7s %-8s %s\n", Who(w),
-            w.address(), w.state(), w.gossip_steps(), w.gossip_clock(), w.gossip_loss(),
+            "%-*s %-22s %-9s %-8d %-10.0f %-8.4f %-9s %-13s %-8s %-7s %-8s %s\n", WhoWidth(s),
+            Who(w), w.address(), w.state(), w.gossip_steps(), w.gossip_clock(), w.gossip_loss(),
             w.eval_clock() > 0 ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
             absl::StrCat(w.fetches_done(), "/", w.fetches_timed_out(), "/", w.fetches_failed()),
             w.last_partner().empty() ? "-" : w.last_partner(),
@@ -179,17 +186,17 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   // from RoundStart to its ready report; LATE: rounds sat out for the
   // adaptive deadline.
   const auto seconds = [](double v) { return v > 0 ? absl::StrFormat("%.2fs", v) : "-"; };
-  absl::StrAppend(&out,
-                  absl::StrFormat("%-5s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %-8s %-8s "
-                                  "%-5s %s\n",
-                                  "ID", "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH", "TEST_ACC",
-                                  "TEST_LOSS", "TRAIN", "READY", "SEEN", "LATE", "REASON"));
+  absl::StrAppend(
+      &out, absl::StrFormat("%-*s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %-8s %-8s "
+                            "%-5s %s\n",
+                            WhoWidth(s), "ID", "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH",
+                            "TEST_ACC", "TEST_LOSS", "TRAIN", "READY", "SEEN", "LATE", "REASON"));
   for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
     const shoal::v1::WorkerStatus& w = *row;
     const bool active = !DepartedState(w.state());
     absl::StrAppend(
-        &out, absl::StrFormat("%-5s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %-8s %-8s %-5d %s\n",
-                              Who(w), w.address(), w.state(), w.model_round(),
+        &out, absl::StrFormat("%-*s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %-8s %-8s %-5d %s\n",
+                              WhoWidth(s), Who(w), w.address(), w.state(), w.model_round(),
                               w.model_hash().empty() ? "-" : w.model_hash().substr(0, 12),
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_loss()) : "-",
@@ -199,7 +206,7 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   }
   // Bytes on the wire of each worker's latest exchange (issue 16).
   bool wire = false;
-  for (const auto& w : s.workers()) wire = wire || w.wire_round() > 0;
+  for (const auto& w : s.workers()) wire |= w.wire_round() > 0 && !DepartedState(w.state());
   if (wire) {
     absl::StrAppend(&out, "wire (each worker's latest exchange):\n");
     absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",

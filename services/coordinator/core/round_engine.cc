@@ -131,12 +131,14 @@ Directives RoundEngine::Disconnect(const std::string& worker_id, const std::stri
   if (membership_.Contains(worker_id)) {
     versions_.MarkStatusChanged();
     MemberState why = MemberState::kLeft;
+    std::string said = reason;
     if (mode_->phase() == shoal::v1::FINISHED) {
       why = MemberState::kFinished;
+      if (how == SessionEnd::kBroken) said = "its session ended after the run finished";
     } else if (how == SessionEnd::kBroken) {
       why = MemberState::kLost;
     }
-    mode_->RemoveMember(worker_id, why, reason, &out);
+    mode_->RemoveMember(worker_id, why, said, &out);
   }
   return out;
 }
