@@ -306,6 +306,20 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
   for (const shoal::v1::RelayedMemberGone& gone : up.gone()) {
     // Only the route that currently speaks for the member counts.
     if (!DropRelayed(relay, gone.worker_id())) continue;
+    // A member the coordinator has routed away from this relay (a new
+    // supernode, or direct) ends its stream here on purpose as it moves: it
+    // keeps its lease and re-opens on its new route, as the members of a
+    // relay that goes away do. Without this, a supernode elected while its
+    // own session ran through the old one was removed as lost.
+    if (SharedMessage route = engine_->RelayRoute(gone.worker_id());
+        route != nullptr && route->use_relay().relay_id() != relay->relay_id()) {
+      SHOAL_LOG(INFO) << "relayed session of " << gone.worker_id() << " through "
+                      << relay->relay_id() << " ended as it moves to "
+                      << (route->use_relay().relay_id().empty() ? std::string("direct")
+                                                                : route->use_relay().relay_id())
+                      << "; it keeps its lease";
+      continue;
+    }
     Directives left = engine_->Disconnect(
         gone.worker_id(), gone.reason().empty() ? "its link to the relay broke" : gone.reason(),
         RoundEngine::SessionEnd::kBroken);

@@ -206,14 +206,19 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   }
   // Bytes on the wire of each worker's latest exchange (issue 16).
   bool wire = false;
-  for (const auto& w : s.workers()) wire |= w.wire_round() > 0 && !DepartedState(w.state());
+  // Members' figures, and those of the workers that finished the run (its
+  // last exchange); not those of workers that left, were lost or evicted.
+  const auto shows_wire = [](const shoal::v1::WorkerStatus& w) {
+    return w.wire_round() > 0 && (!DepartedState(w.state()) || w.state() == "finished");
+  };
+  for (const auto& w : s.workers()) wire |= shows_wire(w);
   if (wire) {
     absl::StrAppend(&out, "wire (each worker's latest exchange):\n");
     absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",
                                           "BYTES_IN", "BYTES_OUT", "RATIO"));
     for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
       const shoal::v1::WorkerStatus& w = *row;
-      if (w.wire_round() == 0 || DepartedState(w.state())) continue;
+      if (!shows_wire(w)) continue;
       absl::StrAppend(&out,
                       absl::StrFormat("%-5s %-11d %-12d %-12d %.4f\n", w.id(), w.wire_round(),
                                       w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
