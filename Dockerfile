@@ -22,7 +22,7 @@ RUN bash scripts/install-deps.sh --image && rm -rf /var/lib/apt/lists/*
 COPY . .
 ARG BUILD_TYPE=RelWithDebInfo
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE} \
-      -DSHOAL_TEST_TIERS= -DCCACHE_PROGRAM=OFF \
+      -DSHOAL_TEST_TIERS= -DSHOAL_PYTHON=OFF -DCCACHE_PROGRAM=OFF \
  && ninja -C /build shoal-coordinator shoal-worker shoal-checkpoint shoalctl \
  && mkdir -p /out \
  && for b in shoal-coordinator shoal-worker shoal-checkpoint shoalctl; do \

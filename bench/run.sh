@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -232,7 +232,21 @@ run_wan() {
     ${WAN_ARGS:-} 2>>"$OUT/wan.log" | tee "$OUT/wan.txt"
 }
 
+run_python() {
+  header python
+  local args=()
+  [[ "$QUICK" == 1 ]] && args=(--rounds=6 --local_steps=50 --lm_rounds=6 --lm_steps=10)
+  mkdir -p "$OUT/python"
+  /usr/bin/python3 bench/python/python_bench.py --bin="$BIN" --pythonpath="$BUILD/python" \
+    --out="$OUT/python" "${args[@]}" 2>>"$OUT/python.log" | tee "$OUT/python.txt"
+}
+
 case "$NAME" in
+  python)
+    ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl _shoal >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_python
+    ;;
   failover | wan | hier)
     if [[ ! -x "$BIN/shoal-coordinator" ]]; then
       echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2

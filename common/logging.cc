@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -18,7 +20,16 @@ std::string& Tag() {
   static std::string tag = "shoal";
   return tag;
 }
+std::shared_ptr<const LogSink>& Sink() {
+  static std::shared_ptr<const LogSink> sink;
+  return sink;
+}
 }  // namespace
+
+void SetLogSink(LogSink sink) {
+  std::lock_guard<std::mutex> lock(TagMutex());
+  Sink() = sink ? std::make_shared<const LogSink>(std::move(sink)) : nullptr;
+}
 
 void SetLogTag(const std::string& tag) {
   std::lock_guard<std::mutex> lock(TagMutex());
@@ -49,9 +60,19 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   stream_ << kLetters[static_cast<int>(level)]
           << absl::FormatTime("%H:%M:%E3S", RealClock::Get()->Now(), absl::LocalTimeZone()) << " ["
           << tag << "] " << (base ? base + 1 : file) << ":" << line << "] ";
+  prefix_ = stream_.str().size();
 }
 
 LogMessage::~LogMessage() {
+  std::shared_ptr<const LogSink> sink;
+  {
+    std::lock_guard<std::mutex> lock(TagMutex());
+    sink = Sink();
+  }
+  if (sink != nullptr && level_ != LogLevel::kFatal) {
+    (*sink)(level_, stream_.str().substr(prefix_));
+    return;
+  }
   stream_ << '\n';
   const std::string line = stream_.str();
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -4,6 +4,8 @@
 #ifndef SHOAL_COMMON_LOGGING_H_
 #define SHOAL_COMMON_LOGGING_H_
 
+#include <cstddef>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -17,6 +19,13 @@ void SetLogTag(const std::string& tag);
 std::string LogTag();
 int VerboseLevel();
 
+// Where lines go instead of stderr: the message (without the time, tag and
+// source prefix) and its level; FATAL lines still go to stderr. An empty
+// sink restores stderr. Called on the logging thread, under no lock of
+// logging's. The Python module hands lines to Python's `logging` this way.
+using LogSink = std::function<void(LogLevel level, const std::string& message)>;
+void SetLogSink(LogSink sink);
+
 class LogMessage {
  public:
   LogMessage(LogLevel level, const char* file, int line);
@@ -26,6 +35,7 @@ class LogMessage {
  private:
   LogLevel level_;
   std::ostringstream stream_;
+  size_t prefix_ = 0;  // the time, tag and source
 };
 
 }  // namespace shoal

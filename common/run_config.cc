@@ -54,9 +54,9 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   // ---- Single keys, group by group.
   const shoal::v1::ModelConfig& model = c.model();
   const std::string& name = model.name();
-  if (name != "mlp" && name != "cnn" && name != "torchscript") {
-    return Refuse(
-        absl::StrCat("model.name (--model) must be mlp, cnn or torchscript, got '", name, "'"));
+  if (name != "mlp" && name != "cnn" && name != "torchscript" && name != "module") {
+    return Refuse(absl::StrCat(
+        "model.name (--model) must be mlp, cnn, torchscript or module, got '", name, "'"));
   }
   const bool torchscript = name == "torchscript";
   if (torchscript && model.file_sha256().empty()) {

@@ -32,6 +32,9 @@ if [[ "${1:-}" != "--image" ]]; then
   PKGS+=(etcd-server etcd-client)
   # Headless Chromium loads the coordinator's web page in its e2e test.
   PKGS+=(chromium)
+  # The Python module (python/, docs/PYTHON.md), its tests, and the char LM
+  # example's text.
+  PKGS+=(pybind11-dev python3-dev python3-pytest fortunes)
   # The NAT router of tests/support/two_sites.sh --nat (supernode_netns_test,
   # make soak) and the soak's blackholed peer port.
   PKGS+=(iptables)

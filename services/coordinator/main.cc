@@ -50,9 +50,10 @@ ABSL_FLAG(std::string, http_listen, "",
           "--metrics_listen = one server for both; empty = off.");
 ABSL_FLAG(std::string, run_id, "", "Run id; empty generates one (run-<time>-<random>).");
 ABSL_FLAG(std::string, model, "mlp",
-          "Model every worker trains: mlp or cnn (built in), or torchscript:PATH (a file written "
+          "Model every worker trains: mlp or cnn (built in), torchscript:PATH (a file written "
           "by torch.jit.script(model).save(PATH); checked here at start, served to the workers, "
-          "which verify its SHA-256).");
+          "which verify its SHA-256), or module (any model of Python workers: the first member "
+          "declares its layout, docs/PYTHON.md).");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "Local optimizer of every worker: sgd (with --momentum), adam or adamw (state stays "
           "local).");

@@ -128,6 +128,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kTrain: {
       const absl::Time t0 = parts_.clock->Now();
+      parts_.trainer->SetRound(a.round);
       const double loss = parts_.memory->Train(a.round, [&](float* params) {
         const double l = parts_.trainer->TrainSteps(protocol_.config().training().local_steps());
         if (parts_.options->contribution_transform) {

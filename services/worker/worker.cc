@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
 #include "common/model_file.h"
+#include "common/model_layout.h"
 #include "common/retry.h"
 #include "common/run_options.h"
 #include "common/status_util.h"
@@ -51,9 +52,11 @@ Worker::Worker(Options options)
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
-  absl::StatusOr<FashionMnist> data = LoadDataset(w->options_.dataset, w->options_.data_dir);
-  if (!data.ok()) return data.status();
-  w->data_ = std::move(*data);
+  if (!w->options_.make_trainer) {  // the built-in trainer's data
+    absl::StatusOr<FashionMnist> data = LoadDataset(w->options_.dataset, w->options_.data_dir);
+    if (!data.ok()) return data.status();
+    w->data_ = std::move(*data);
+  }
   w->state_ = std::make_unique<ModelState>();
   w->upload_limiter_ = std::make_unique<RateLimiter>(w->options_.upload_rate_mbps * 1e6 / 8);
   PeerServiceOptions popts;
@@ -307,43 +310,22 @@ std::optional<absl::Status> Worker::Join(const shoal::v1::JoinRequest& first) {
         policy, &stop_token_,
         [&](absl::Duration) -> absl::Status {
           // What this worker holds may have changed since the last attempt.
-          const shoal::v1::JoinRequest request =
+          shoal::v1::JoinRequest request =
               first_attempt || runner_ == nullptr ? first : runner_->JoinRequest();
           first_attempt = false;
-          absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
-          if (!joined.ok()) {
-            return absl::Status(
-                joined.status().code(),
-                absl::StrCat("cannot join the run at coordinator ", options_.coordinator, ": ",
-                             joined.status().message(),
-                             absl::IsUnavailable(joined.status()) ||
-                                     absl::IsDeadlineExceeded(joined.status())
-                                 ? " (is the coordinator running, and is --coordinator its "
-                                   "address and port?)"
-                                 : ""));
-          }
+          AddDeclaration(&request);
+          absl::StatusOr<shoal::v1::JoinResponse> joined = JoinOnce(request);
+          if (!joined.ok()) return joined.status();
           const bool first_join = runner_ == nullptr;
-          SetLogTag(options_.name.empty()
-                        ? absl::StrCat("worker ", joined->worker_id())
-                        : absl::StrCat("worker ", joined->worker_id(), " (", options_.name, ")"));
-          worker_id_ = joined->worker_id();
-          outbound_only_ = joined->outbound_only();
-          if (outbound_only_) {
-            SHOAL_LOG(INFO) << "outbound connections only (" << joined->outbound_reason()
-                            << "): this worker pushes its contributions";
-          }
-          if (!joined->member_credential().empty()) {
-            // The run checks members: send this credential to peers, and
-            // serve only current members from now on.
-            credential_.Set(joined->worker_id(), joined->member_credential());
-            members_.Enable();
-          }
-          // The RelayHello of the stream it opens if members use it.
-          relay_frontend_->SetRelayId(joined->worker_id());
-          state_->SetWorkerId(joined->worker_id());
           if (first_join) {
+            // The model is built from the first answer; the run learns its
+            // layout from this worker unless a member declared one.
+            AcceptJoin(*joined);
             RETURN_IF_ERROR(BuildModel(*joined));
-          } else {
+            RETURN_IF_ERROR(DeclareModel(&*joined));
+          }
+          if (!first_join) {
+            AcceptJoin(*joined);
             SHOAL_LOG(INFO) << "re-joined run " << joined->run_id() << " as "
                             << joined->worker_id();
           }
@@ -369,6 +351,74 @@ std::optional<absl::Status> Worker::Join(const shoal::v1::JoinRequest& first) {
   return std::nullopt;
 }
 
+absl::StatusOr<shoal::v1::JoinResponse> Worker::JoinOnce(const shoal::v1::JoinRequest& request) {
+  absl::StatusOr<shoal::v1::JoinResponse> joined = coordinator_->Join(request);
+  if (joined.ok()) return joined;
+  return absl::Status(
+      joined.status().code(),
+      absl::StrCat("cannot join the run at coordinator ", options_.coordinator, ": ",
+                   joined.status().message(),
+                   absl::IsUnavailable(joined.status()) || absl::IsDeadlineExceeded(joined.status())
+                       ? " (is the coordinator running, and is --coordinator its address and "
+                         "port?)"
+                       : ""));
+}
+
+void Worker::AcceptJoin(const shoal::v1::JoinResponse& joined) {
+  SetLogTag(options_.name.empty()
+                ? absl::StrCat("worker ", joined.worker_id())
+                : absl::StrCat("worker ", joined.worker_id(), " (", options_.name, ")"));
+  worker_id_ = joined.worker_id();
+  outbound_only_ = joined.outbound_only();
+  if (outbound_only_) {
+    SHOAL_LOG(INFO) << "outbound connections only (" << joined.outbound_reason()
+                    << "): this worker pushes its contributions";
+  }
+  if (!joined.member_credential().empty()) {
+    // The run checks members: send this credential to peers, and serve only
+    // current members from now on.
+    credential_.Set(joined.worker_id(), joined.member_credential());
+    members_.Enable();
+  }
+  // The RelayHello of the stream it opens if members use it.
+  relay_frontend_->SetRelayId(joined.worker_id());
+  state_->SetWorkerId(joined.worker_id());
+}
+
+void Worker::AddDeclaration(shoal::v1::JoinRequest* request) const {
+  if (layout_.has_value()) {
+    *request->mutable_layout() = *layout_;
+  } else if (options_.layout.has_value()) {  // the first join of a Python worker
+    *request->mutable_layout() = *options_.layout;
+    request->set_initial_model_hash(options_.initial_model_hash);
+  }
+}
+
+absl::Status Worker::DeclareModel(shoal::v1::JoinResponse* joined) {
+  layout_ = LayoutOf(trainer_->layers());
+  if (joined->has_layout()) {
+    // Declared by a member (maybe this worker, at this join): the run's.
+    return CompareLayouts(joined->layout(), *layout_, "the run's");
+  }
+  // The first member to declare: join once more, with the layout and the
+  // initial model (the same id; the coordinator records both).
+  shoal::v1::JoinRequest declare = NewJoinRequest(identity_);
+  declare.set_previous_worker_id(joined->worker_id());
+  declare.set_previous_data_rank(joined->data_rank());
+  *declare.mutable_layout() = *layout_;
+  declare.set_initial_model_hash(HashParameters(trainer_->parameters(), trainer_->num_elements()));
+  absl::StatusOr<shoal::v1::JoinResponse> again = JoinOnce(declare);
+  if (!again.ok()) return again.status();
+  if (again->worker_id() != joined->worker_id() ||
+      again->config().SerializeAsString() != joined->config().SerializeAsString()) {
+    return absl::UnavailableError("the run changed while this worker declared its model");
+  }
+  *joined = std::move(*again);
+  AcceptJoin(*joined);
+  if (joined->has_layout()) return CompareLayouts(joined->layout(), *layout_, "the run's");
+  return absl::OkStatus();
+}
+
 absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   const shoal::v1::RunConfig& config = joined.config();
   TrainerOptions topts;
@@ -376,12 +426,13 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.data_rank = joined.data_rank();
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
-  if (config.model().name() == "torchscript") {
+  if (config.model().name() == "torchscript" && !options_.make_trainer) {
     absl::StatusOr<std::string> file = FetchRunModelFile(joined);
     if (!file.ok()) return file.status();
     topts.model_file = std::move(*file);
   }
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(topts, &data_);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      options_.make_trainer ? options_.make_trainer(topts) : Trainer::Create(topts, &data_);
   if (!trainer.ok()) return trainer.status();
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
@@ -437,6 +488,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
                   << " images, model=" << config.model().name() << " (" << n << " parameters, hash "
                   << hash.substr(0, 12) << "), averaging " << averaging;
+  if (options_.make_trainer) return absl::OkStatus();  // the data is the caller's
   SHOAL_LOG(INFO) << "data split "
                   << (config.training().data_split().empty() ? "iid"
                                                              : config.training().data_split())

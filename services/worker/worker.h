@@ -85,6 +85,10 @@ class Worker final : private RunnerHost {
   absl::Status WritePredictions(const std::string& path, int64_t n);
 
   const std::string& address() const { return advertise_; }
+  // The id the run gave this worker (empty before the first join). Set on
+  // Run()'s thread: read it after something Run() did since (the Python
+  // module: after its first turn).
+  const std::string& worker_id() const { return worker_id_; }
   int port() const { return server_->port(); }
   // The metrics port, 0 when metrics_listen is off.
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
@@ -108,6 +112,16 @@ class Worker final : private RunnerHost {
   void OnSessionMessage(const shoal::v1::CoordinatorMessage& message);
   void FillHeartbeat(shoal::v1::Heartbeat* heartbeat);
   void Push(WorkerEvent event);
+  // One Join call; its error says what to check.
+  absl::StatusOr<shoal::v1::JoinResponse> JoinOnce(const shoal::v1::JoinRequest& request);
+  // Takes the id, credential and routing a join answer gives.
+  void AcceptJoin(const shoal::v1::JoinResponse& joined);
+  // The model's layout on every join once it is known (JoinRequest.layout).
+  void AddDeclaration(shoal::v1::JoinRequest* request) const;
+  // After BuildModel: this worker's layout must be the run's; when the run
+  // has none yet, joins once more declaring it and the initial model
+  // (`joined` becomes that answer).
+  absl::Status DeclareModel(shoal::v1::JoinResponse* joined);
   // After the first join: the model, the averaging (synchronous rounds),
   // and the mode's runner.
   absl::Status BuildModel(const shoal::v1::JoinResponse& joined);
@@ -157,7 +171,9 @@ class Worker final : private RunnerHost {
   std::string worker_id_;
   uint32_t heartbeat_ms_ = 0;
 
-  std::unique_ptr<Trainer> trainer_;     // created after the first Join (needs the config)
+  std::unique_ptr<Trainer> trainer_;  // created after the first Join (needs the config)
+  // Its layout, declared with every join once the model is built.
+  std::optional<shoal::v1::ModelLayout> layout_;
   std::unique_ptr<ModelMemory> memory_;  // with the trainer
   // The run's codec: how the synchronous exchange's changes and gossip
   // pulls travel (with the trainer).

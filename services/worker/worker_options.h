@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -13,6 +14,7 @@
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "services/worker/coordinator_client.h"
+#include "services/worker/core/trainer.h"
 #include "services/worker/exchanger.h"
 #include "services/worker/model_syncer.h"
 
@@ -66,6 +68,14 @@ struct WorkerOptions {
   // instead of the routed gRPC client to `coordinator` (a fake that the
   // test drives).
   std::shared_ptr<CoordinatorClient> coordinator_client;
+  // The trainer seam (core/trainer.h), set by the Python module
+  // (python/shoal): makes the trainer once the first join gave the run's
+  // configuration, instead of the built-in one; the dataset (data_dir) is
+  // then not read. `layout` and `initial_model_hash`, known before joining,
+  // are declared with the first join (JoinRequest.layout).
+  std::function<absl::StatusOr<std::unique_ptr<Trainer>>(const TrainerOptions&)> make_trainer;
+  std::optional<shoal::v1::ModelLayout> layout;
+  std::string initial_model_hash;
 };
 
 }  // namespace shoal::worker

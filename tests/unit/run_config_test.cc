@@ -95,7 +95,7 @@ struct Refusal {
 TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
   const std::vector<Refusal> cases = {
       {"model", [](RunConfig* c) { c->mutable_model()->set_name("resnet"); },
-       "model.name (--model) must be mlp, cnn or torchscript, got 'resnet'"},
+       "model.name (--model) must be mlp, cnn, torchscript or module, got 'resnet'"},
       {"torchscript without file",
        [](RunConfig* c) {
          c->mutable_model()->set_name("torchscript");

@@ -113,3 +113,6 @@ shoal_test(sync_rounds_test unit ${CMAKE_CURRENT_LIST_DIR}/sync_rounds_test.cc L
 # Not gossip_peers_test: that is the workers' PeerService (integration).
 shoal_test(coordinator_gossip_peers_test unit
   ${CMAKE_CURRENT_LIST_DIR}/coordinator_gossip_peers_test.cc LIBS coordinator_core)
+# The model layout rule and the external trainer (docs/PYTHON.md).
+shoal_test(model_layout_test unit ${CMAKE_CURRENT_LIST_DIR}/model_layout_test.cc
+  LIBS coordinator_core worker_core)

@@ -100,6 +100,10 @@ absl::Status Membership::CheckJoinRequest(const shoal::v1::JoinRequest& request)
   if (!request.model_hash().empty() && !IsHexSha256(request.model_hash())) {
     return absl::InvalidArgumentError("model_hash must be 64 lowercase hex digits (SHA-256)");
   }
+  if (!request.initial_model_hash().empty() && !IsHexSha256(request.initial_model_hash())) {
+    return absl::InvalidArgumentError(
+        "initial_model_hash must be 64 lowercase hex digits (SHA-256)");
+  }
   return absl::OkStatus();
 }
 

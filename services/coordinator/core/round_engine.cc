@@ -38,6 +38,7 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
     const shoal::v1::RunRecord& r = *options_.resume;
     membership_.Resume(r);
     checkpoints_.Resume(r);
+    layouts_.Resume(r);
     mode_->Resume(r);
   }
 }
@@ -55,6 +56,9 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     return absl::FailedPreconditionError(absl::StrCat(
         "run ", options_.run_id, " is finished after round ", mode_->last_completed_round()));
   }
+  if (request.has_layout()) {
+    if (absl::Status s = layouts_.Check(request.layout()); !s.ok()) return s;
+  }
   versions_.MarkStatusChanged();
   JoinResult result;
   const std::string& previous = request.previous_worker_id();
@@ -71,6 +75,9 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
     member = *added;
   } else {
     SHOAL_LOG(INFO) << "member re-joined: " << member->id << " at " << request.peer_address();
+  }
+  if (request.has_layout() && layouts_.Record(member->id, request.layout())) {
+    versions_.MarkRecordChanged();
   }
   membership_.Refresh(*member, request, unreachable);
   topology_.MarkStale();  // a new member or maybe a new zone: the next Tick re-elects
@@ -90,6 +97,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   *r.mutable_config() = options_.config;
   r.set_run_id(options_.run_id);
   mode_->FillJoinResponse(*member, &r);
+  if (const shoal::v1::ModelLayout* layout = layouts_.layout()) *r.mutable_layout() = *layout;
   r.set_checkpoint_id(checkpoints_.checkpoint_id());
   r.set_checkpoint_round(checkpoints_.checkpoint_round());
   if (!options_.config.model().file_sha256().empty()) {
@@ -337,6 +345,7 @@ shoal::v1::RunRecord RoundEngine::CurrentRecord() const {
   mode_->FillRecord(&r);
   r.set_next_worker_number(membership_.next_worker_number());
   checkpoints_.FillRecord(&r);
+  layouts_.FillRecord(&r);
   r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
   r.set_finished(mode_->phase() == shoal::v1::FINISHED);
   return r;

@@ -47,6 +47,7 @@
 #include "common/clock.h"
 #include "services/coordinator/core/checkpoint_planner.h"
 #include "services/coordinator/core/engine_types.h"
+#include "services/coordinator/core/layout_book.h"
 #include "services/coordinator/core/membership.h"
 #include "services/coordinator/core/run_mode.h"
 #include "services/coordinator/core/topology.h"
@@ -186,6 +187,8 @@ class RoundEngine : private EngineHost {
   Membership membership_ ABSL_GUARDED_BY(mu_);
   Topology topology_ ABSL_GUARDED_BY(mu_);
   CheckpointPlanner checkpoints_ ABSL_GUARDED_BY(mu_);
+  // The run's model layout (JoinRequest.layout).
+  LayoutBook layouts_ ABSL_GUARDED_BY(mu_);
   // SyncRounds or GossipPeers, for the whole run.
   const std::unique_ptr<RunMode> mode_ ABSL_PT_GUARDED_BY(mu_);
 };

@@ -191,6 +191,19 @@ void SyncRounds::OnJoined(Member& m, const shoal::v1::JoinRequest& request) {
   r.plan_list_known = 0;  // a new session has no participant list yet
   r.model_round = request.model_round();
   r.model_hash = request.model_hash();
+  if (request.model_round() == 0 && !request.initial_model_hash().empty()) {
+    // A worker that declares its model (docs/PYTHON.md "Any model"): the
+    // first initial model declared before round 1 starts is the run's; a
+    // worker holding another one takes it from the holders (RoundStart).
+    r.model_hash = request.initial_model_hash();
+    if (last_completed_round_ == 0 && agreed_hash_.empty() && round_ == 1 &&
+        phase_ == shoal::v1::WAITING_FOR_MEMBERS && participants_.empty()) {
+      agreed_hash_ = request.initial_model_hash();
+      versions_->MarkRecordChanged();
+      SHOAL_LOG(INFO) << "the run's initial model is " << m.id << "'s (hash "
+                      << agreed_hash_.substr(0, 12) << ")";
+    }
+  }
   // After a restart, workers may hold a round the record had not saved yet
   // (the coordinator died between their reports and the write): adopt it.
   if (fresh_start_ && request.model_round() > last_completed_round_ &&

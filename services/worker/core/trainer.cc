@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_layout.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/status_util.h"
@@ -77,6 +78,27 @@ torch::Tensor Labels(const ImageSet& set, const std::vector<int64_t>& rows) {
 
 }  // namespace
 
+// The built-in trainer (Trainer::Create).
+class BuiltinTrainer final : public Trainer {
+ public:
+  struct Impl;
+  explicit BuiltinTrainer(std::unique_ptr<Impl> impl);
+  ~BuiltinTrainer() override;
+
+  double TrainSteps(uint32_t steps) override;
+  shoal::v1::Metrics Evaluate() override;
+  absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* params) override;
+  std::vector<Prediction> Predict(int64_t n) override;
+  float* parameters() override;
+  uint64_t num_elements() const override;
+  const std::vector<LayerInfo>& layers() const override;
+  size_t shard_size() const override;
+  const std::vector<uint64_t>& shard_label_counts() const override;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // An integer buffer of a TorchScript module mirrored as float32 elements of
 // the flat buffer.
 struct MirroredBuffer {
@@ -99,6 +121,34 @@ struct ModelInstance {
   std::vector<MirroredBuffer> mirrored;
   std::vector<torch::Tensor> trainable;
 };
+
+// The dtype as Python names it (str(tensor.dtype) without "torch.").
+std::string DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kFloat64:
+      return "float64";
+    case torch::kFloat16:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kInt64:
+      return "int64";
+    case torch::kInt32:
+      return "int32";
+    case torch::kInt16:
+      return "int16";
+    case torch::kInt8:
+      return "int8";
+    case torch::kUInt8:
+      return "uint8";
+    case torch::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
+  }
+}
 
 // Builds the model and moves every parameter and float buffer into one
 // flat buffer (each becomes a view of it); integer buffers get float32
@@ -170,8 +220,10 @@ absl::Status BuildInstance(const TrainerOptions& options, const std::vector<int6
       } else {
         p.set_data(view.view(p.sizes()));
       }
-      out->layers.push_back(
-          {name, p.sizes().vec(), static_cast<uint64_t>(offset), static_cast<uint64_t>(n)});
+      LayerInfo layer{name, p.sizes().vec(), static_cast<uint64_t>(offset),
+                      static_cast<uint64_t>(n)};
+      if (mirror) layer.dtype = DtypeName(p.scalar_type());
+      out->layers.push_back(std::move(layer));
       offset += n;
     }
   }
@@ -189,7 +241,7 @@ void CopyInMirrored(ModelInstance& m) {
 
 }  // namespace
 
-struct Trainer::Impl {
+struct BuiltinTrainer::Impl {
   TrainerOptions options;
   std::vector<int64_t> input_shape;
   ModelInstance model;
@@ -203,12 +255,12 @@ struct Trainer::Impl {
   std::mt19937_64 rng;
 };
 
-Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Trainer::~Trainer() = default;
+BuiltinTrainer::BuiltinTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BuiltinTrainer::~BuiltinTrainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
                                                          const FashionMnist* data) {
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<BuiltinTrainer::Impl>();
   impl->options = options;
   const auto& config = options.config;
   torch::set_num_threads(std::max(1, options.threads));
@@ -295,10 +347,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   std::iota(impl->order.begin(), impl->order.end(), 0);
   impl->rng.seed(config.training().seed() * 1000003 + options.data_rank);
   std::shuffle(impl->order.begin(), impl->order.end(), impl->rng);
-  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  return std::unique_ptr<Trainer>(new BuiltinTrainer(std::move(impl)));
 }
 
-double Trainer::TrainSteps(uint32_t steps) {
+double BuiltinTrainer::TrainSteps(uint32_t steps) {
   Impl& s = *impl_;
   ModelInstance& m = s.model;
   m.set_training(true);
@@ -356,13 +408,13 @@ shoal::v1::Metrics EvaluateOn(const std::function<torch::Tensor(torch::Tensor)>&
 
 }  // namespace
 
-shoal::v1::Metrics Trainer::Evaluate() {
+shoal::v1::Metrics BuiltinTrainer::Evaluate() {
   Impl& s = *impl_;
   s.model.set_training(false);
   return EvaluateOn(s.model.forward, s.test_x, s.test_y);
 }
 
-absl::StatusOr<shoal::v1::Metrics> Trainer::EvaluateParams(const float* params) {
+absl::StatusOr<shoal::v1::Metrics> BuiltinTrainer::EvaluateParams(const float* params) {
   Impl& s = *impl_;
   if (s.eval == nullptr) {
     // A second instance of the model. Building it draws its (overwritten)
@@ -393,7 +445,7 @@ absl::StatusOr<shoal::v1::Metrics> Trainer::EvaluateParams(const float* params) 
   return EvaluateOn(m.forward, s.test_x, s.test_y);
 }
 
-std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
+std::vector<Trainer::Prediction> BuiltinTrainer::Predict(int64_t n) {
   Impl& s = *impl_;
   torch::NoGradGuard no_grad;
   s.model.set_training(false);
@@ -409,12 +461,24 @@ std::vector<Trainer::Prediction> Trainer::Predict(int64_t n) {
   return out;
 }
 
-float* Trainer::parameters() { return impl_->model.flat.data_ptr<float>(); }
-uint64_t Trainer::num_elements() const { return impl_->model.flat.numel(); }
-const std::vector<LayerInfo>& Trainer::layers() const { return impl_->model.layers; }
-size_t Trainer::shard_size() const { return impl_->order.size(); }
-const std::vector<uint64_t>& Trainer::shard_label_counts() const {
+float* BuiltinTrainer::parameters() { return impl_->model.flat.data_ptr<float>(); }
+uint64_t BuiltinTrainer::num_elements() const { return impl_->model.flat.numel(); }
+const std::vector<LayerInfo>& BuiltinTrainer::layers() const { return impl_->model.layers; }
+size_t BuiltinTrainer::shard_size() const { return impl_->order.size(); }
+const std::vector<uint64_t>& BuiltinTrainer::shard_label_counts() const {
   return impl_->shard_label_counts;
+}
+
+shoal::v1::ModelLayout LayoutOf(const std::vector<LayerInfo>& layers) {
+  shoal::v1::ModelLayout layout;
+  for (const LayerInfo& l : layers) {
+    shoal::v1::TensorSpec* t = layout.add_tensors();
+    t->set_name(l.name);
+    for (int64_t d : l.shape) t->add_shape(d);
+    t->set_dtype(l.dtype);
+  }
+  layout.set_hash(LayoutHash(layout));
+  return layout;
 }
 
 std::string HashParameters(const float* data, uint64_t count) {

@@ -1,18 +1,23 @@
-// Local training of one worker: the model (MLP or CNN, built in C++ with
-// deterministic initialisation from the run seed, or a TorchScript module
-// loaded from the run's file), its optimizer (SGD with momentum, Adam or
-// AdamW; the state stays local) and its disjoint shard of the training set
-// (--data_split: iid or Dirichlet label skew, data_split.h).
+// Local training of one worker, behind one interface (the trainer seam):
+//   - the built-in trainer (Trainer::Create): the model (MLP or CNN, built in
+//     C++ with deterministic initialisation from the run seed, or a
+//     TorchScript module loaded from the run's file), its optimizer (SGD with
+//     momentum, Adam or AdamW; the state stays local) and its disjoint shard
+//     of the training set (--data_split: iid or Dirichlet label skew,
+//     data_split.h);
+//   - an external trainer (external_trainer.h): the training loop of a
+//     Python process, whose module's tensors are views of Shoal's buffer
+//     (docs/PYTHON.md).
 //
 // All parameters live in one flat float32 buffer (each parameter tensor is a
 // view into it), so slices of the model are plain memory ranges that the
 // exchange reads and writes in place, without whole-model copies. A
-// TorchScript module's buffers follow its parameters in the same buffer:
-// float32 buffers (BatchNorm running_mean / running_var) are views too, so
-// they are averaged (plain mean), hashed and checkpointed with the weights;
-// integer buffers (num_batches_tracked) are mirrored as float32 elements,
-// copied in before and out after each TrainSteps call. Layer names are the
-// module's own state_dict keys.
+// module's buffers follow its parameters in the same buffer: float32
+// buffers (BatchNorm running_mean / running_var) are views too, so they are
+// averaged (plain mean), hashed and checkpointed with the weights; integer
+// buffers (num_batches_tracked) are mirrored as float32 elements, copied in
+// before and out after each TrainSteps call. Layer names are the module's
+// own state_dict keys.
 //
 // This header has no Torch types; only trainer.cc includes LibTorch.
 // Not thread-safe: one thread trains; the exchange touches the buffer only
@@ -51,46 +56,51 @@ struct LayerInfo {
   std::vector<int64_t> shape;
   uint64_t offset = 0;  // first element
   uint64_t elements = 0;
+  // The module's own dtype; anything but float32 is mirrored.
+  std::string dtype = "float32";
 };
 
 class Trainer {
  public:
-  // INVALID_ARGUMENT for an unknown model name.
+  // The built-in trainer. INVALID_ARGUMENT for an unknown model name.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
                                                          const FashionMnist* data);
-  ~Trainer();
+  virtual ~Trainer() = default;
 
   // Runs `steps` SGD steps on the worker's shard; returns the mean loss.
-  double TrainSteps(uint32_t steps);
-  // Accuracy and mean loss on the test set.
-  shoal::v1::Metrics Evaluate();
+  virtual double TrainSteps(uint32_t steps) = 0;
+  // The synchronous round the next TrainSteps trains (from the model of the
+  // rounds before it); the built-in trainer does not need it.
+  virtual void SetRound(uint64_t round) {}
+  // Accuracy and mean loss on the test set (evaluated() false when the
+  // trainer has nothing to evaluate on).
+  virtual shoal::v1::Metrics Evaluate() = 0;
   // The same for the model with parameters `params` (num_elements(), in
   // the flat buffer's layout), e.g. an average of several workers' models,
   // evaluated on a second instance of the model: the trained parameters are
   // neither read nor written. The instance is built at the first call
-  // (its memory is kept).
-  absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* params);
+  // (its memory is kept). UNIMPLEMENTED when the trainer cannot.
+  virtual absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* params) = 0;
   // The predicted class (argmax of the logits) and the label of each of
   // the first `n` test images (fewer if the test set is smaller).
   struct Prediction {
     int64_t label = 0;
     int64_t predicted = 0;
   };
-  std::vector<Prediction> Predict(int64_t n);
+  virtual std::vector<Prediction> Predict(int64_t n) = 0;
 
-  float* parameters();
-  uint64_t num_elements() const;
-  const std::vector<LayerInfo>& layers() const;
-  // Number of training images in this worker's shard.
-  size_t shard_size() const;
-  // Images per label (index = label) in this worker's shard.
-  const std::vector<uint64_t>& shard_label_counts() const;
-
- private:
-  struct Impl;
-  explicit Trainer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  virtual float* parameters() = 0;
+  virtual uint64_t num_elements() const = 0;
+  virtual const std::vector<LayerInfo>& layers() const = 0;
+  // Number of training samples in this worker's shard (0: unknown).
+  virtual size_t shard_size() const = 0;
+  // Samples per label (index = label) in this worker's shard (empty:
+  // unknown).
+  virtual const std::vector<uint64_t>& shard_label_counts() const = 0;
 };
+
+// The layout the worker declares at join (common/model_layout.h), sealed.
+shoal::v1::ModelLayout LayoutOf(const std::vector<LayerInfo>& layers);
 
 // SHA-256 (hex) of `count` float32 elements.
 std::string HashParameters(const float* data, uint64_t count);

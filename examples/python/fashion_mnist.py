@@ -1,0 +1,88 @@
+"""The demo's MLP on Fashion-MNIST, trained in a Shoal run from Python.
+
+Start a coordinator, then this script once per worker (docs/PYTHON.md):
+
+    build/bin/shoal-coordinator --listen=127.0.0.1:50051 --model=module \\
+        --min_participants=3 --rounds=30 --local_steps=100 &
+    for n in a b c; do
+      PYTHONPATH=build/python /usr/bin/python3 examples/python/fashion_mnist.py --name=$n &
+    done
+
+The model's tensors are named like the C++ worker's built-in MLP (fc1, fc2,
+fc3), so this script also joins a --model=mlp run beside C++ workers.
+Prints one line a round: round, test accuracy, mean loss and the model hash.
+"""
+import argparse
+import gzip
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import shoal
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 256)
+        self.fc2 = torch.nn.Linear(256, 128)
+        self.fc3 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.view(-1, 784))))))
+
+
+def load(kind, root="/usr/share/datasets/fashion-mnist"):
+    with gzip.open(f"{root}/{kind}-images-idx3-ubyte.gz") as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(f"{root}/{kind}-labels-idx1-ubyte.gz") as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    return (torch.tensor(x, dtype=torch.float32) / 255 - 0.2860) / 0.3530, torch.tensor(y).long()
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--coordinator", default="127.0.0.1:50051")
+    p.add_argument("--name", default="")
+    p.add_argument("--token_file", default="")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(1)  # as shoal-worker's --torch_threads: several workers share a machine
+    train_x, train_y = load("train")
+    test_x, test_y = load("t10k")
+
+    model = MLP()
+    with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file) as w:
+        print(f"joined as {w.worker_id}: accuracy {accuracy(model, test_x, test_y):.4f} "
+              f"hash {w.model_hash()}", flush=True)
+        x, y = train_x[w.rank % w.shards::w.shards], train_y[w.rank % w.shards::w.shards]
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        every = max(1, int(w.config["training"].get("eval_every", 1)))  # the run's --eval_every
+        while w.running:
+            for batch in torch.randperm(len(x)).split(args.batch):
+                loss = F.cross_entropy(model(x[batch]), y[batch])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if not w.step(loss):
+                    break
+                if w.new_round and (w.round - 1) % every == 0:  # the averaged model
+                    acc = accuracy(model, test_x, test_y)
+                    w.report(acc)
+                    print(f"round {w.round - 1} accuracy {acc:.4f} loss {loss.item():.4f} "
+                          f"hash {w.model_hash()}", flush=True)
+        print(f"done after {w.rounds} rounds: accuracy {accuracy(model, test_x, test_y):.4f} "
+              f"hash {w.model_hash()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
