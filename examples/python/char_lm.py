@@ -39,7 +39,7 @@ def corpus(root="/usr/share/games/fortunes"):
 
 
 class CharLM(torch.nn.Module):
-    def __init__(self, vocab, dim=96, heads=4, layers=2):
+    def __init__(self, vocab, dim=64, heads=4, layers=2):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, dim)
         self.position = torch.nn.Parameter(torch.zeros(CONTEXT, dim))
@@ -87,8 +87,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--coordinator", default="127.0.0.1:50051")
     p.add_argument("--name", default="")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--alone", action="store_true", help="train in this process, no Shoal")
     p.add_argument("--steps", type=int, default=1000, help="--alone: steps to train")
     args = p.parse_args()

@@ -75,12 +75,13 @@ def main():
                 opt.step()
                 if not w.step(loss):
                     break
-                if w.new_round and (w.round - 1) % every == 0:  # the averaged model
+                done = w.rounds if w.gossip else w.round - 1  # steps, or the agreed round
+                if w.new_round and done % every == 0:  # the module holds the averaged model
                     acc = accuracy(model, test_x, test_y)
                     w.report(acc)
-                    print(f"round {w.round - 1} accuracy {acc:.4f} loss {loss.item():.4f} "
+                    print(f"{'step' if w.gossip else 'round'} {done} accuracy {acc:.4f} loss {loss.item():.4f} "
                           f"hash {w.model_hash()}", flush=True)
-        print(f"done after {w.rounds} rounds: accuracy {accuracy(model, test_x, test_y):.4f} "
+        print(f"done after {w.rounds} {'steps' if w.gossip else 'rounds'}: accuracy {accuracy(model, test_x, test_y):.4f} "
               f"hash {w.model_hash()}", flush=True)
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("SHOAL_BIN_DIR", ROOT / "build" / "bin"))
 PYTHONPATH = os.environ.get("SHOAL_PYTHONPATH", str(BIN.parent / "python"))
 DATA = "/usr/share/datasets/fashion-mnist"
+sys.path.insert(0, PYTHONPATH)  # `import shoal` in the tests themselves
 
 
 def wait_until(condition, timeout, what):
@@ -52,7 +53,7 @@ class Proc:
     def wait_for(self, pattern, timeout=120):
         """The first match of `pattern` in the log; fails if the process ends
         first or after `timeout` s."""
-        rx = re.compile(pattern)
+        rx = re.compile(pattern, re.M)
 
         def found():
             m = rx.search(self.log())
