@@ -4,10 +4,12 @@ three-worker char LM against one process (docs/PYTHON.md).
 
 Arms, each a real coordinator and workers on 127.0.0.1:
   cpp     two shoal-worker processes, the built-in MLP (--model=mlp)
+          (cpp and python alternate --reps times; the figures are medians)
   python  two Python workers (examples/python/fashion_mnist.py), the same
           MLP, batch (64), local steps and rounds, one Torch thread each
-  lm3     three Python workers of examples/python/char_lm.py, --rounds x
-          --local_steps steps each
+  lm3     three Python workers of examples/python/char_lm.py, --lm_rounds x
+          --lm_steps steps each, coordinator flags --lm_flags (default DiLoCo's
+          Nesterov outer step)
   lm1     char_lm.py --alone: one process, 3 x rounds x local_steps steps
           (the same number of samples)
 Figures:
@@ -133,7 +135,7 @@ def lm_arm(procs, args, arm):
         return loss
     c, address = coordinator(procs, args.bin, "lm-coordinator", "--model=module",
                              "--min_participants=3", f"--rounds={args.lm_rounds}",
-                             f"--local_steps={args.lm_steps}")
+                             f"--local_steps={args.lm_steps}", *args.lm_flags.split())
     workers = [procs.start([PY, script, f"--coordinator={address}", f"--name=lm{i}"],
                            f"lm{i}", env) for i in range(3)]
     losses = [float(wait_for(w, r"final validation loss ([0-9.]+)", 3600).group(1))
@@ -152,6 +154,10 @@ def main():
     ap.add_argument("--lm_rounds", type=int, default=40)
     ap.add_argument("--lm_steps", type=int, default=25)
     ap.add_argument("--arms", default="cpp,python,lm3,lm1")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="the cpp and python arms alternate this many times (medians)")
+    ap.add_argument("--lm_flags", default="--outer_optimizer=nesterov",
+                    help="coordinator flags of the lm3 run")
     args = ap.parse_args()
     procs = Procs(args.out)
 
@@ -163,13 +169,23 @@ def main():
     signal.signal(signal.SIGINT, stop)
     figures = {}
     try:
-        for arm in args.arms.split(","):
+        arms = args.arms.split(",")
+        mlp = [a for a in arms if a in ("cpp", "python")]
+        order = [a for _ in range(args.reps) for a in mlp] + [a for a in arms if a not in mlp]
+        runs = {}
+        for arm in order:
             t0 = time.monotonic()
-            figures[arm] = mlp_arm(procs, args, arm) if arm in ("cpp", "python") else \
-                lm_arm(procs, args, arm)
-            unit = "round_s" if arm in ("cpp", "python") else "final_loss"
-            print(f"{arm:8s} {unit}={figures[arm]:.4f}  ({time.monotonic() - t0:.0f} s, load "
+            value = mlp_arm(procs, args, arm) if arm in mlp else lm_arm(procs, args, arm)
+            runs.setdefault(arm, []).append(value)
+            unit = "round_s" if arm in mlp else "final_loss"
+            print(f"{arm:8s} {unit}={value:.4f}  ({time.monotonic() - t0:.0f} s, load "
                   f"{open('/proc/loadavg').read().split()[0]})", flush=True)
+        figures = {arm: statistics.median(v) for arm, v in runs.items()}
+        if mlp:
+            ratios = [p / c for c, p in zip(runs.get("cpp", []), runs.get("python", []))]
+            if ratios:
+                print(f"python / cpp round_s per repetition: "
+                      f"{', '.join(f'{r:.3f}' for r in ratios)}", flush=True)
     finally:
         procs.stop_all()
     line = "python:"

@@ -64,13 +64,14 @@ def main():
     with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file) as w:
         print(f"joined as {w.worker_id}: accuracy {accuracy(model, test_x, test_y):.4f} "
               f"hash {w.model_hash()}", flush=True)
-        x, y = train_x[w.rank % w.shards::w.shards], train_y[w.rank % w.shards::w.shards]
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        x = train_x[w.rank % w.shards::w.shards].contiguous()  # this worker's shard
+        y = train_y[w.rank % w.shards::w.shards].contiguous()
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, foreach=True)
         every = max(1, int(w.config["training"].get("eval_every", 1)))  # the run's --eval_every
         while w.running:
             for batch in torch.randperm(len(x)).split(args.batch):
-                loss = F.cross_entropy(model(x[batch]), y[batch])
-                opt.zero_grad()
+                loss = F.cross_entropy(model(x.index_select(0, batch)), y.index_select(0, batch))
+                opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 if not w.step(loss):

@@ -84,7 +84,18 @@ def test_killed_python_worker_and_a_late_joiner(cluster):
     joined = late.wait_for(r"joined as (w\d+): accuracy ([0-9.]+) hash", 300)
     assert float(joined.group(2)) > 0.5, late.log()
     late.wait_for(r"^round \d+ ", 300)
-    for w in (a, b, late):
+    # Ctrl-C leaves the run cleanly: the coordinator says left, not lost.
+    b_id = b.wait_for(r"joined as (w\d+)").group(1)
+    b.signal(signal.SIGINT)
+    b.wait(60)
+    c_id = c.wait_for(r"joined as (w\d+)").group(1)
+
+    def states():
+        return {w["id"]: w["state"] for w in cluster.status()["workers"]}
+
+    wait_until(lambda: states().get(b_id) == "left", 60, f"{b_id} left")
+    wait_until(lambda: states().get(c_id) == "lost", 60, f"{c_id} lost")
+    for w in (a, late):
         w.stop()
 
 
