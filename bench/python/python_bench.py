@@ -136,8 +136,9 @@ def lm_arm(procs, args, arm):
     c, address = coordinator(procs, args.bin, "lm-coordinator", "--model=module",
                              "--min_participants=3", f"--rounds={args.lm_rounds}",
                              f"--local_steps={args.lm_steps}", *args.lm_flags.split())
-    workers = [procs.start([PY, script, f"--coordinator={address}", f"--name=lm{i}"],
-                           f"lm{i}", env) for i in range(3)]
+    workers = [procs.start([PY, script, f"--coordinator={address}", f"--name=lm{i}",
+                            *([f"--lr={args.lm_lr}"] if args.lm_lr else [])], f"lm{i}", env)
+               for i in range(3)]
     losses = [float(wait_for(w, r"final validation loss ([0-9.]+)", 3600).group(1))
               for w in workers]
     procs.stop_all()
@@ -158,6 +159,8 @@ def main():
                     help="the cpp and python arms alternate this many times (medians)")
     ap.add_argument("--lm_flags", default="--outer_optimizer=nesterov",
                     help="coordinator flags of the lm3 run")
+    ap.add_argument("--lm_lr", type=float, default=0,
+                    help="the lm3 workers' learning rate (0: the example's, as lm1's)")
     args = ap.parse_args()
     procs = Procs(args.out)
 

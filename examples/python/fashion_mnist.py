@@ -82,6 +82,9 @@ def main():
                     w.report(acc)
                     print(f"{'step' if w.gossip else 'round'} {done} accuracy {acc:.4f} loss {loss.item():.4f} "
                           f"hash {w.model_hash()}", flush=True)
+        st = w.status()  # the coordinator's view, as Python objects
+        print(f"status: phase {st.phase} round {st.last_completed_round} members {st.members} "
+              f"states {sorted(m.state for m in st.workers)}", flush=True)
         print(f"done after {w.rounds} {'steps' if w.gossip else 'rounds'}: accuracy {accuracy(model, test_x, test_y):.4f} "
               f"hash {w.model_hash()}", flush=True)
 

@@ -398,7 +398,7 @@ absl::Status Worker::DeclareModel(shoal::v1::JoinResponse* joined) {
   layout_ = LayoutOf(trainer_->layers());
   if (joined->has_layout()) {
     // Declared by a member (maybe this worker, at this join): the run's.
-    return CompareLayouts(joined->layout(), *layout_, "the run's");
+    return CompareLayouts(joined->layout(), *layout_, "as the coordinator recorded it");
   }
   // The first member to declare: join once more, with the layout and the
   // initial model (the same id; the coordinator records both).
@@ -415,7 +415,8 @@ absl::Status Worker::DeclareModel(shoal::v1::JoinResponse* joined) {
   }
   *joined = std::move(*again);
   AcceptJoin(*joined);
-  if (joined->has_layout()) return CompareLayouts(joined->layout(), *layout_, "the run's");
+  if (joined->has_layout())
+    return CompareLayouts(joined->layout(), *layout_, "as the coordinator recorded it");
   return absl::OkStatus();
 }
 

@@ -54,11 +54,18 @@ TEST_F(TokenRunTest, MembersTrainStrangersAreRefusedAndOnlyTheAdminDeletes) {
        "--checkpoint_every=2", "--run_id=token-run", "--token_file=" + TokenFile("run"),
        // both workers in the last round (checked) however loaded the machine
        "--adaptive_deadline=false", "--upload_key_file=" + TokenFile("upload"),
-       // Limits (RESOURCE_EXHAUSTED past them): two members, three joins a
-       // minute from one address (every process here is on 127.0.0.1).
-       "--max_members=2", "--max_joins_per_minute=3"});
+       // Limits (RESOURCE_EXHAUSTED past them): two members, four joins a
+       // minute from one address (every process here is on 127.0.0.1; the
+       // first worker joins twice, the second time to declare its model).
+       "--max_members=2", "--max_joins_per_minute=4"});
   ASSERT_FALSE(addr.empty());
   StartWorker(addr, {"--token_file=" + TokenFile("run")});
+  // The first worker's second join declares the model; then the second
+  // worker joins once: three joins, whatever the timing.
+  ASSERT_TRUE(WaitUntil(
+      [&] { return coordinator_->Log().find("the run's model layout") != std::string::npos; },
+      absl::Minutes(1)))
+      << Logs();
   StartWorker(addr, {"--token_file=" + TokenFile("run")});
   // Without the token, and with a wrong one, a worker cannot join.
   Process* no_token = StartWorker(addr, {"--connect_timeout=5s"});

@@ -1,6 +1,7 @@
 """Python workers in Shoal runs: three train the MLP, mixed with C++ workers,
 killed and late joiners, refusals, the char LM, and the export."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,10 @@ def test_three_python_workers_train_the_mlp_with_one_hash_per_round(cluster):
     for w in workers:
         acc = float(w.wait_for(r"done after \d+ rounds: accuracy ([0-9.]+)").group(1))
         assert acc >= 0.85, w.log()
+        # The run's status as Python objects, and the worker's logs through
+        # Python's logging (logger "shoal").
+        assert f"status: phase FINISHED round {rounds} members" in w.log(), w.log()
+        assert re.search(r" shoal joined run run-", w.log()), w.log()
     # The round hashes the coordinator agreed on are the workers'.
     agreed = {int(r["round"]): r["model_hash"] for r in cluster.status()["recent_rounds"]}
     for r, h in agreed.items():
@@ -54,6 +59,23 @@ def test_cpp_and_python_workers_agree_on_every_round(cluster):
     # Every round had all three.
     for r in cluster.status()["recent_rounds"]:
         assert int(r["participants"]) == 3, r
+
+
+def test_python_workers_with_int8_and_nesterov_agree_on_every_round(cluster):
+    # The run's codec and outer optimizer apply to Python workers as to C++ ones.
+    rounds = 5
+    cluster.coordinator("--model=module", "--min_participants=2", f"--rounds={rounds}",
+                        "--local_steps=30", "--codec=int8", "--outer_optimizer=nesterov")
+    workers = [cluster.example("fashion_mnist.py", n) for n in ("a", "b")]
+    for w in workers:
+        w.wait_for(r"done after \d+ rounds", 600)
+        assert w.wait(60) == 0, w.log()
+        assert "codec=int8" in w.log(), w.log()
+    hashes = [round_hashes(w.log()) for w in workers]
+    for r in range(1, rounds):
+        assert hashes[0][r] == hashes[1][r], f"round {r}"
+    finals = [w.wait_for(r"done after .* hash ([0-9a-f]{64})").group(1) for w in workers]
+    assert finals[0] == finals[1]
 
 
 def test_python_workers_gossip_and_end_with_one_final_average(cluster):
@@ -109,6 +131,25 @@ def test_a_module_of_another_layout_is_refused_with_the_tensor_name(cluster):
     assert other.wait(120) == 3, other.log()
     assert "error FAILED_PRECONDITION" in other.log()
     assert "fc1.weight" in other.log() and "[200, 784]" in other.log(), other.log()
+
+
+def test_a_cpp_worker_follows_the_same_layout_rule(cluster):
+    # A --model=mlp run whose layout a Python worker declared first: the
+    # built-in MLP differs and shoal-worker exits naming the tensor.
+    cluster.coordinator("--model=mlp", "--min_participants=2", "--rounds=3")
+    cluster.python(ROOT / "tests" / "python" / "refusal_main.py", "first", "--hidden=200")
+    cluster.coordinator_proc.wait_for(r"the run's model layout: 6 tensors", 120)
+    cpp = cluster.cpp_worker("cpp")
+    assert cpp.wait(120) != 0, cpp.log()
+    assert "tensor 'fc1.weight' is [256, 784] float32 here, [200, 784] float32 in the run" in \
+        cpp.log(), cpp.log()
+
+
+def test_a_cpp_worker_cannot_join_a_module_run(cluster):
+    cluster.coordinator("--model=module", "--min_participants=2", "--rounds=3")
+    cpp = cluster.cpp_worker("cpp")
+    assert cpp.wait(120) != 0, cpp.log()
+    assert "Python workers declare (--model=module" in cpp.log(), cpp.log()
 
 
 def test_a_wrong_token_raises_unauthenticated(cluster, tmp_path):

@@ -197,6 +197,10 @@ absl::Status BuildInstance(const TrainerOptions& options, const std::vector<int6
         int_buffers.emplace_back(b.name, b.value);
       }
     }
+  } else if (config.model().name() == "module") {
+    return absl::InvalidArgumentError(
+        "this run trains the model its Python workers declare (--model=module, "
+        "docs/PYTHON.md); shoal-worker builds mlp, cnn or torchscript models");
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model().name(), "'"));
   }
