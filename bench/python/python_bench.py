@@ -152,7 +152,7 @@ def main():
     ap.add_argument("--out", default="/tmp")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--local_steps", type=int, default=100)
-    ap.add_argument("--lm_rounds", type=int, default=40)
+    ap.add_argument("--lm_rounds", type=int, default=120)
     ap.add_argument("--lm_steps", type=int, default=25)
     ap.add_argument("--arms", default="cpp,python,lm3,lm1")
     ap.add_argument("--reps", type=int, default=3,

@@ -99,11 +99,11 @@ def main():
     model = CharLM(len(chars))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    def train_step(x, y):
+    def train_step(x, y, opt=opt):
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        opt.step(loss=loss) if isinstance(opt, shoal.Optimizer) else opt.step()
         return loss
 
     if args.alone:
@@ -119,7 +119,9 @@ def main():
             shard = train[len(train) * (w.rank % w.shards) // w.shards:
                           len(train) * (w.rank % w.shards + 1) // w.shards]
             data = batches(shard, args.batch, torch.Generator().manual_seed(7 + w.rank))
-            while w.step(train_step(*next(data))):
+            shoal_opt = shoal.Optimizer(opt, w)  # each optimizer step is a Shoal step
+            while w.running:
+                train_step(*next(data), opt=shoal_opt)
                 if w.new_round:
                     v = validation_loss(model, valid)
                     w.report(0.0, v)

@@ -37,7 +37,7 @@ import torch
 
 from . import _shoal
 
-__all__ = ["Error", "Worker", "RunStatus", "MemberStatus", "flatten_module"]
+__all__ = ["Error", "Worker", "Optimizer", "RunStatus", "MemberStatus", "flatten_module"]
 
 _log = logging.getLogger("shoal")
 
@@ -416,6 +416,28 @@ class Worker:
         if err is not None:
             raise err
         raise Error(9, "FAILED_PRECONDITION", otherwise)
+
+
+class Optimizer:
+    """Wraps a torch optimizer so that each of its steps is also a Shoal step:
+    `opt = shoal.Optimizer(torch.optim.AdamW(...), worker)`, then the loop
+    calls `opt.step()` as before and stops when `worker.running` is False.
+    Everything else (zero_grad, param_groups, state_dict, schedulers) is the
+    wrapped optimizer's."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, worker: Worker):
+        self.optimizer = optimizer
+        self.worker = worker
+
+    def step(self, closure=None, loss=None):
+        """The optimizer's step, then `worker.step(loss)` (the closure's loss
+        when there is one). Returns the closure's loss."""
+        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        self.worker.step(loss if loss is not None else out)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
 
 
 def _close_all():
