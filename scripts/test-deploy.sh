@@ -213,7 +213,7 @@ expect_exit 2 "Read-only file system" --read-only "$IMAGE" \
 expect_exit 2 "--data_dir is required" "$IMAGE" shoal-checkpoint --listen=127.0.0.1:0
 expect_exit 2 "is not writable" --read-only "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --state_dir=/var/lib/shoal/coordinator
-expect_exit 2 "model.name (--model) must be mlp, cnn or torchscript" "$IMAGE" \
+expect_exit 2 "model.name (--model) must be mlp, cnn, torchscript or module" "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --model=resnet
 expect_exit 1 "Unknown command line flag 'min_participant'" "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --min_participant=3
