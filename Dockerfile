@@ -21,8 +21,11 @@ COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh --image && rm -rf /var/lib/apt/lists/*
 COPY . .
 ARG BUILD_TYPE=RelWithDebInfo
+# What --version names: the image has no git history (.dockerignore), so the
+# build passes the commit (scripts/test-deploy.sh does).
+ARG SHOAL_COMMIT=unknown
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE} \
-      -DSHOAL_TEST_TIERS= -DSHOAL_PYTHON=OFF -DCCACHE_PROGRAM=OFF \
+      -DSHOAL_TEST_TIERS= -DSHOAL_PYTHON=OFF -DCCACHE_PROGRAM=OFF -DSHOAL_COMMIT=${SHOAL_COMMIT} \
  && ninja -C /build shoal-coordinator shoal-worker shoal-checkpoint shoalctl \
  && mkdir -p /out \
  && for b in shoal-coordinator shoal-worker shoal-checkpoint shoalctl; do \
@@ -77,7 +80,7 @@ EXPOSE 50051 50052 50060 2379 2380
 HEALTHCHECK --interval=10s --timeout=6s --start-period=60s --retries=3 \
   CMD case "$(cat /proc/1/comm)" in \
         shoal-worker) exec bash -c "exec 3<>/dev/tcp/127.0.0.1/${SHOAL_HEALTH_PORT:-50060}" ;; \
-        shoal-checkpoi*) exec shoalctl checkpoints list --store=127.0.0.1:${SHOAL_HEALTH_PORT:-50052} --timeout=5s >/dev/null ;; \
+        shoal-checkpoi*) exec shoalctl checkpoints list --store=127.0.0.1:${SHOAL_HEALTH_PORT:-50052} --rpc_timeout=5s >/dev/null ;; \
         etcd) exec bash -c "exec 3<>/dev/tcp/127.0.0.1/${SHOAL_HEALTH_PORT:-2379} && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && grep -q '\"health\":\"true\"' <&3" ;; \
         *) exec shoalctl status --coordinator=127.0.0.1:${SHOAL_HEALTH_PORT:-50051} --rpc_timeout=5s >/dev/null ;; \
       esac

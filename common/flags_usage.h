@@ -7,6 +7,8 @@
 #define SHOAL_COMMON_FLAGS_USAGE_H_
 
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -20,6 +22,24 @@ void UseFlagsOfFileForHelp(absl::string_view main_file);
 // The same with more files whose flags the binary shares (common/tls_flags).
 void UseFlagsOfFileForHelp(absl::string_view main_file,
                            std::initializer_list<absl::string_view> shared_files);
+
+// absl::ParseCommandLine with two habits of the tools operators know:
+// `--version` prints `version_line` (common/version.h) and exits 0, and an
+// unknown flag ends the program with exit code 2 and the nearest flag's name
+// ("unknown flag --coordinater (did you mean --coordinator?)") instead of
+// Abseil's bare "Unknown command line flag". Returns the positional
+// arguments, as absl::ParseCommandLine does.
+std::vector<char*> ParseFlagsOrExit(int argc, char** argv, const std::string& version_line);
+
+// The unknown flags among `args` (argv without the program name) with their
+// suggestion, one message per flag; empty when every flag is known. Looks
+// flags up in Abseil's registry; pure otherwise (tests).
+std::vector<std::string> UnknownFlagMessages(const std::vector<std::string>& args);
+
+// The candidate nearest to `word` by edit distance when it is close enough to
+// be a typo (at most 2 edits, 3 for words longer than 8; a candidate that
+// starts with `word` also counts), else "".
+std::string NearestWord(absl::string_view word, const std::vector<std::string>& candidates);
 
 }  // namespace shoal
 

@@ -1,6 +1,18 @@
 #include "common/metrics.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -20,6 +32,64 @@ const std::shared_ptr<prometheus::Registry>& SharedRegistry() {
 }
 
 prometheus::Registry& ProcessRegistry() { return *SharedRegistry(); }
+
+std::string ReadFile(const char* path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int CountOpenFds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n - 3;  // ".", ".." and the directory's own descriptor
+}
+
+// The standard process series, read from /proc/self when /metrics is asked.
+void UpdateProcessMetrics() {
+  static std::mutex mu;
+  static double reported_cpu = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string stat = ReadFile("/proc/self/stat");
+  // Fields after the command name (which may hold spaces) in parentheses.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return;
+  const std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+  // f[0] is field 3 (state): field N is f[N - 3].
+  if (f.size() < 22) return;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double cpu = (std::stod(f[14 - 3]) + std::stod(f[15 - 3])) / ticks;
+  static const MetricCounter cpu_total = Metrics::Counter(
+      "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.");
+  if (cpu > reported_cpu) {
+    cpu_total.Add(cpu - reported_cpu);
+    reported_cpu = cpu;
+  }
+  Metrics::Gauge("process_threads", "Number of OS threads in the process.")
+      .Set(std::stod(f[20 - 3]));
+  Metrics::Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.")
+      .Set(std::stod(f[23 - 3]));
+  Metrics::Gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
+      .Set(std::stod(f[24 - 3]) * page);
+  double boot = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFile("/proc/stat"), '\n')) {
+    if (absl::ConsumePrefix(&line, "btime ")) boot = std::stod(std::string(line));
+  }
+  Metrics::Gauge("process_start_time_seconds",
+                 "Start time of the process since unix epoch in seconds.")
+      .Set(boot + std::stod(f[22 - 3]) / ticks);
+  Metrics::Gauge("process_open_fds", "Number of open file descriptors.").Set(CountOpenFds());
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    Metrics::Gauge("process_max_fds", "Maximum number of open file descriptors.")
+        .Set(static_cast<double>(limit.rlim_cur));
+  }
+}
 
 }  // namespace
 
@@ -101,7 +171,28 @@ std::vector<double> Metrics::BytesBuckets() {
   return b;
 }
 
+void Metrics::SetBuildInfo(absl::string_view component, absl::string_view version,
+                           absl::string_view commit) {
+  Gauge("shoal_build_info", "1 for the build this process runs: its version and commit.",
+        {{"component", std::string(component)},
+         {"version", std::string(version)},
+         {"commit", std::string(commit)}})
+      .Set(1);
+}
+
+void Metrics::SetRunInfo(absl::string_view run_id) {
+  static std::mutex mu;
+  static std::string* current = new std::string;
+  std::lock_guard<std::mutex> lock(mu);
+  if (*current == run_id) return;
+  constexpr char kHelp[] = "1 for the run this process serves (0 for one it served before).";
+  if (!current->empty()) Gauge("shoal_run_info", kHelp, {{"run_id", *current}}).Set(0);
+  *current = std::string(run_id);
+  Gauge("shoal_run_info", kHelp, {{"run_id", *current}}).Set(1);
+}
+
 std::string Metrics::Render() {
+  UpdateProcessMetrics();
   return prometheus::TextSerializer().Serialize(ProcessRegistry().Collect());
 }
 

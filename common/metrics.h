@@ -101,12 +101,25 @@ class Metrics {
                                    const std::vector<double>& buckets,
                                    const MetricLabels& labels = {});
 
+  // `shoal_build_info{component, version, commit} 1`: which build serves
+  // (each binary's main() calls it with common/version.h's values).
+  static void SetBuildInfo(absl::string_view component, absl::string_view version,
+                           absl::string_view commit);
+  // `shoal_run_info{run_id} 1`: the run this process serves (the
+  // coordinator at start, a worker when it joins); the run it served before
+  // drops to 0. Join other series to it by instance for a per-run view.
+  static void SetRunInfo(absl::string_view run_id);
+
   // Bucket bounds for durations, 5 ms .. 10 min.
   static std::vector<double> SecondsBuckets();
   // Bucket bounds for sizes, 1 KiB .. 4 GiB (powers of 4).
   static std::vector<double> BytesBuckets();
 
-  // The text exposition of every series (what /metrics returns); tests.
+  // The text exposition of every series (what /metrics returns), with the
+  // process metrics of Prometheus' client libraries read from /proc at that
+  // moment: process_cpu_seconds_total, process_resident_memory_bytes,
+  // process_virtual_memory_bytes, process_open_fds, process_max_fds,
+  // process_threads, process_start_time_seconds.
   static std::string Render();
 
  private:

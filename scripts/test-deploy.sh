@@ -170,12 +170,18 @@ elapsed base "$t"
 # ------------------------------------------------------------------- image --
 t=$(date +%s)
 log "docker build -t $IMAGE . (log: build.log; timeout ${BUILD_TIMEOUT}s)"
+COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 if ! timeout "$BUILD_TIMEOUT" "$DOCKER" build --network host -t "$IMAGE" \
-    --build-arg BASE_IMAGE="$BASE_IMAGE" . >"$WORK/build.log" 2>&1; then
+    --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg SHOAL_COMMIT="$COMMIT" . >"$WORK/build.log" 2>&1; then
   tail -n 40 "$WORK/build.log"
   fail "docker build"
 fi
 elapsed build "$t"
+# The image's binaries name the commit they were built from.
+version=$(timeout 60 "$DOCKER" run --rm --network host "$IMAGE" shoalctl --version) ||
+  fail "shoalctl --version in the image"
+log "image: $version"
+[[ "$version" == *"commit $COMMIT"* ]] || fail "the image's shoalctl --version does not name $COMMIT: $version"
 IMAGE_BYTES=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
 log "built $IMAGE: $((IMAGE_BYTES / 1000000)) MB in ${TIMES[build]}s"
 "$DOCKER" run --rm --network none "$IMAGE" id -u | grep -qx 10001 || fail "the image does not run as uid 10001"

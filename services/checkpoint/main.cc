@@ -8,9 +8,11 @@
 #include "common/auth.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
+#include "common/version.h"
 #include "services/checkpoint/checkpoint_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
@@ -42,7 +44,8 @@ int main(int argc, char** argv) {
       "Usage: shoal-checkpoint --data_dir=/var/lib/shoal/checkpoints [--listen=127.0.0.1:50052] "
       "[--retain=5] [--verify_on_start=true]");
   shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
-  absl::ParseCommandLine(argc, argv);
+  shoal::ParseFlagsOrExit(argc, argv, shoal::VersionLine("shoal-checkpoint"));
+  shoal::Metrics::SetBuildInfo("checkpoint", shoal::ShoalVersion(), shoal::ShoalCommit());
   shoal::SetLogTag("checkpoint");
   if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;

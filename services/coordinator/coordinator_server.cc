@@ -56,6 +56,7 @@ class StatusMetrics {
   void Update(const RoundEngine& engine) {
     if (engine.status_version() == version_ && version_ != 0) return;
     const shoal::v1::RunStatus s = engine.Status(&version_);
+    if (!s.run_id().empty()) Metrics::SetRunInfo(s.run_id());
     round_.Set(static_cast<double>(s.round()));
     last_completed_.Set(static_cast<double>(s.last_completed_round()));
     members_.Set(s.members());

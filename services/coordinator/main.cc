@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/model_file.h"
 #include "common/mutex_mode.h"
 #include "common/run_config.h"
@@ -27,6 +28,7 @@
 #include "common/sha256.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
+#include "common/version.h"
 #include "services/coordinator/coordinator_server.h"
 #include "services/coordinator/core/run_settings.h"
 #include "services/worker/core/torchscript_model.h"
@@ -650,7 +652,8 @@ int main(int argc, char** argv) {
       "       shoal-coordinator --config=run.yaml [flags overriding its keys]\n"
       "       shoal-coordinator --config=run.yaml --check_config");
   shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
-  absl::ParseCommandLine(argc, argv);
+  shoal::ParseFlagsOrExit(argc, argv, shoal::VersionLine("shoal-coordinator"));
+  shoal::Metrics::SetBuildInfo("coordinator", shoal::ShoalVersion(), shoal::ShoalCommit());
   shoal::SetLogTag("coordinator");
 
   std::string model_file;

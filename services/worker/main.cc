@@ -4,9 +4,11 @@
 #include "absl/flags/usage.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/mutex_mode.h"
 #include "common/signals.h"
 #include "common/tls_flags.h"
+#include "common/version.h"
 #include "common/zone.h"
 #include "services/worker/malloc_tuning.h"
 #include "services/worker/worker.h"
@@ -67,7 +69,8 @@ int main(int argc, char** argv) {
       "peers.\nUsage: shoal-worker --coordinator=127.0.0.1:50051 --listen=127.0.0.1:0 "
       "--data_dir=/usr/share/datasets/fashion-mnist");
   shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
-  absl::ParseCommandLine(argc, argv);
+  shoal::ParseFlagsOrExit(argc, argv, shoal::VersionLine("shoal-worker"));
+  shoal::Metrics::SetBuildInfo("worker", shoal::ShoalVersion(), shoal::ShoalCommit());
   shoal::SetLogTag("worker");
   if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
     SHOAL_LOG(ERROR) << "cannot start: " << tls;

@@ -13,6 +13,7 @@
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/member_credentials_grpc.h"
+#include "common/metrics.h"
 #include "common/model_file.h"
 #include "common/model_layout.h"
 #include "common/retry.h"
@@ -485,6 +486,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
     averaging = averaging_->Describe(config);
     runner_ = std::make_unique<SyncRunner>(static_cast<RunnerHost*>(this), Parts(), hash);
   }
+  Metrics::SetRunInfo(joined.run_id());
   SHOAL_LOG(INFO) << "joined run " << joined.run_id() << " as " << joined.worker_id()
                   << " data_rank=" << joined.data_rank() << " shard=" << trainer_->shard_size()
                   << " images, model=" << config.model().name() << " (" << n << " parameters, hash "

@@ -258,13 +258,13 @@ TEST_F(CheckpointE2eTest, ShoalctlListsShowsDeletesAndExportsForTorch) {
   EXPECT_EQ(Ctl({"delete", store, "--id=run-x-r2"}, &out, &err), 1);
 }
 
-// The same through the shoalctl binary, once its main dispatches
-// `checkpoints` to RunCheckpointsCommand.
+// The same through the shoalctl binary.
 TEST_F(CheckpointE2eTest, ShoalctlBinaryRunsCheckpointsCommands) {
   int code = -1;
   const std::string shoalctl = BinDir() + "/shoalctl";
-  std::string out = RunShell(shoalctl + " checkpoints help", &code);
-  if (code != 0) GTEST_SKIP() << "shoalctl does not dispatch 'checkpoints' yet: " << out;
+  std::string out = RunShell(shoalctl + " help checkpoints", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("checkpoints export"));
   const std::string address = StartServer();
   ASSERT_FALSE(address.empty());
   const std::vector<TestLayer> model = Model(5);

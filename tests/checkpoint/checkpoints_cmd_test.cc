@@ -161,7 +161,8 @@ TEST_F(CheckpointsCmdTest, ListTable) {
 }
 
 TEST_F(CheckpointsCmdTest, ListJson) {
-  ASSERT_EQ(Run({"list", "--store=h:1", "--json", "--run_id=run-1", "--timeout=2s"}), 0) << err_;
+  ASSERT_EQ(Run({"list", "--store=h:1", "--json", "--run_id=run-1", "--rpc_timeout=2s"}), 0)
+      << err_;
   EXPECT_EQ(fake_.calls.back(), "List run-1");
   EXPECT_EQ(timeout_, absl::Seconds(2));
   EXPECT_EQ(out_,
@@ -230,18 +231,32 @@ TEST_F(CheckpointsCmdTest, UsageErrorsExitTwo) {
       {"list", "--colour=red"},
       {"list", "extra", "args"},
       {"list", "--json=maybe"},
-      {"list", "--timeout=soon"},
+      {"list", "--rpc_timeout=soon"},
+      {"list", "--timeout=2s"},  // watch's flag
+      {"list", "-o", "xml"},
+      {"export", "-o", "json", "--id=run-1-r3", "--out=x.pt"},
+      {"show", "a", "--id=b"},
       {"show"},
       {"delete", "--id="},
       {"export", "--id=run-1-r3"},
   };
   for (const auto& args : bad) {
     EXPECT_EQ(Run(args), 2) << ::testing::PrintToString(args);
-    EXPECT_THAT(err_, HasSubstr("shoalctl checkpoints list")) << "usage printed";
+    EXPECT_THAT(err_, HasSubstr("Run 'shoalctl help checkpoints")) << "usage named";
     EXPECT_TRUE(fake_.calls.empty()) << "no call made";
   }
-  EXPECT_EQ(Run({"help"}), 0);
-  EXPECT_THAT(out_, HasSubstr("export"));
+  EXPECT_EQ(Run({"list", "--help"}), 0);
+  EXPECT_THAT(out_, HasSubstr("--run_id=RUN"));
+}
+
+TEST_F(CheckpointsCmdTest, OperandsAndYaml) {
+  ASSERT_EQ(Run({"show", "run-1-r3", "-o", "yaml"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("id: run-1-r3\nrun_id: run-1\nround: 3\n"));
+  EXPECT_THAT(out_, HasSubstr("layers:\n  - name: fc1.weight\n    dtype: float32\n"));
+  ASSERT_EQ(Run({"list", "-o", "yaml"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("- id: run-1-r3\n  run_id: run-1\n"));
+  ASSERT_EQ(Run({"list", "-o", "wide"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("CREATED"));
 }
 
 TEST_F(CheckpointsCmdTest, ExportWritesAZipAndChecksHashes) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -161,6 +162,61 @@ TEST_F(PrometheusTest, ScrapesEveryServerOfARun) {
       std::stoi(coordinator_metrics.substr(coordinator_metrics.rfind(':') + 1)), "/metrics");
   std::cout << "coordinator /metrics: " << body.size() << " bytes\n";
   EXPECT_NE(body.find("shoal_phase{phase=\"training\"}"), std::string::npos) << body;
+
+  // Every server says which build it runs, its process figures, and the
+  // coordinator and the workers the run they serve.
+  std::string build_info, rss, run_info;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        build_info = Query("shoal_build_info == 1");
+        rss = Query("process_resident_memory_bytes > 0");
+        run_info = Query("shoal_run_info{run_id=\"prom\"} == 1");
+        return Values(build_info).size() == 4 && Values(rss).size() == 4 &&
+               Values(run_info).size() == 3;
+      },
+      absl::Seconds(20)))
+      << build_info << "\n"
+      << rss << "\n"
+      << run_info;
+  for (const char* component : {"coordinator", "worker", "checkpoint"}) {
+    EXPECT_NE(build_info.find(absl::StrCat("\"component\":\"", component, "\"")), std::string::npos)
+        << build_info;
+  }
+  EXPECT_NE(build_info.find("\"commit\":\""), std::string::npos) << build_info;
+  for (const char* process_metric : {"process_cpu_seconds_total", "process_open_fds",
+                                     "process_threads", "process_start_time_seconds"}) {
+    EXPECT_EQ(Values(Query(process_metric)).size(), 4u) << process_metric;
+  }
+
+  // Every query of the Grafana dashboard names metrics the servers export.
+  std::set<std::string> exported;
+  for (const std::string& address :
+       std::vector<std::string>{coordinator_metrics, store_metrics, worker_metrics[0]}) {
+    const std::string text = HttpGet(std::stoi(address.substr(address.rfind(':') + 1)), "/metrics");
+    static const std::regex kType("# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) ([a-z]+)");
+    for (std::sregex_iterator it(text.begin(), text.end(), kType), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      exported.insert(name);
+      if ((*it)[2] == "histogram") {
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) exported.insert(name + suffix);
+      }
+    }
+  }
+  std::ifstream in(std::string(SHOAL_SOURCE_DIR) + "/deploy/grafana/shoal-dashboard.json");
+  const std::string dashboard(std::istreambuf_iterator<char>(in), {});
+  ASSERT_FALSE(dashboard.empty());
+  static const std::regex kExpr("\"expr\": *\"((?:[^\"\\\\]|\\\\.)*)\"");
+  static const std::regex kName("\\b(shoal_[a-z0-9_]+|process_[a-z0-9_]+)\\b");
+  int queries = 0;
+  for (std::sregex_iterator it(dashboard.begin(), dashboard.end(), kExpr), end; it != end; ++it) {
+    ++queries;
+    const std::string expr = (*it)[1];
+    for (std::sregex_iterator n(expr.begin(), expr.end(), kName), nend; n != nend; ++n) {
+      EXPECT_TRUE(exported.count((*n)[1])) << "the dashboard's query " << expr << " names "
+                                           << (*n)[1] << ", which no server exports";
+    }
+  }
+  EXPECT_GT(queries, 10);
 }
 
 }  // namespace

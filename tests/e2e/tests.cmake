@@ -9,6 +9,8 @@ add_executable(shoal-chaos e2e/chaos.cc)
 target_link_libraries(shoal-chaos PRIVATE test_support shoal_protos shoal_common absl::flags
   absl::flags_parse)
 add_dependencies(shoal-chaos shoal-coordinator shoal-worker)
+shoal_test(shoalctl_e2e_test e2e e2e/shoalctl_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(shoalctl_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 shoal_test(checkpoint_run_test e2e e2e/checkpoint_run_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(checkpoint_run_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 # --help of every binary lists its own flags (quick; no cluster).
@@ -19,6 +21,7 @@ add_dependencies(straggler_test shoal-coordinator shoal-worker)
 # A real Prometheus scrapes every server of a run (issue 15).
 shoal_test(prometheus_test e2e e2e/prometheus_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(prometheus_test shoal-coordinator shoal-worker shoal-checkpoint)
+target_compile_definitions(prometheus_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # The coordinator's web page in headless Chromium (issue 15); keeps a
 # screenshot in build/artifacts/web_page_test/ (or $SHOAL_ARTIFACT_DIR).
 shoal_test(web_page_test e2e e2e/web_page_test.cc LIBS shoal_protos shoal_common SERIAL)

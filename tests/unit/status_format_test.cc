@@ -1,6 +1,7 @@
 // Unit tests of shoalctl's run status rendering.
 #include "tools/shoalctl/status_format.h"
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 
@@ -163,7 +164,7 @@ TEST(HashesAgreeTest, OnlyLeftWorkersReported) {
 
 TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   RunStatus s = FinishedRun();
-  const std::string table = FormatStatusTable(s);
+  const std::string table = FormatStatusTable(s, /*wide=*/true);
   EXPECT_THAT(table, HasSubstr("run-42"));
   EXPECT_THAT(table, HasSubstr("FINISHED"));
   EXPECT_THAT(table, Not(HasSubstr("PHASE_")));
@@ -188,6 +189,23 @@ TEST(FormatStatusTableTest, ShowsRunWorkersStatesAndPhase) {
   EXPECT_THAT(FormatStatusTable(s), HasSubstr("WAITING_FOR_MEMBERS"));
 }
 
+// -o table: the workers that left, were lost or evicted fold into one line
+// with their reasons; those that finished stay rows. -o wide lists them all.
+TEST(FormatStatusTableTest, FoldsDepartedWorkersUnlessWide) {
+  RunStatus s = FinishedRun();
+  s.mutable_workers(1)->set_state("finished");
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("workers:\n"));
+  EXPECT_THAT(table, HasSubstr("departed (2; -o wide lists them): w1 left (run finished), "
+                               "w3 evicted (missed heartbeats)\n"));
+  EXPECT_THAT(table, Not(HasSubstr("127.0.0.1:5001")));  // w1's row
+  EXPECT_THAT(table, HasSubstr("127.0.0.1:5002"));       // w2 finished: a row
+  const std::string wide = FormatStatusTable(s, /*wide=*/true);
+  EXPECT_THAT(wide, HasSubstr("127.0.0.1:5001"));
+  EXPECT_THAT(wide, HasSubstr("127.0.0.1:5003"));
+  EXPECT_THAT(wide, Not(HasSubstr("departed (")));
+}
+
 // Members first, then the departed, each by the number in its id; a
 // worker's --name beside its id.
 TEST(FormatStatusTableTest, ListsMembersThenTheDepartedByIdWithTheirNames) {
@@ -198,7 +216,7 @@ TEST(FormatStatusTableTest, ListsMembersThenTheDepartedByIdWithTheirNames) {
   AddWorker(&s, "w3", "lost", 2, "")->set_reason("session stream closed");
   AddWorker(&s, "w2", "training", 3, kHash)->set_name("alice");
   AddWorker(&s, "w1", "finished", 3, kHash);
-  const std::string table = FormatStatusTable(s);
+  const std::string table = FormatStatusTable(s, /*wide=*/true);
   const size_t w2 = table.find("w2 (alice)");
   const size_t w10 = table.find("w10 ");
   const size_t w1 = table.find("w1 ");
@@ -279,7 +297,7 @@ TEST(FormatStatusTableTest, ShowsTheReadyDeadlineAndMeasuredTimes) {
   w->set_train_seconds_median(1.5);
   w->set_ready_seconds_median(3.13);
   w->set_rounds_late(7);
-  const std::string table = FormatStatusTable(s);
+  const std::string table = FormatStatusTable(s, /*wide=*/true);
   EXPECT_THAT(table, HasSubstr("ready_deadline 6.3s after the round start (adaptive 6.25s = 2 x "
                                "median ready time 3.125s)"));
   EXPECT_THAT(table, HasSubstr("1.50s"));
@@ -434,6 +452,28 @@ TEST(FormatRoundLineTest, ShowsMetricsWhenEvaluated) {
   const std::string not_evaluated = FormatRoundLine(s.recent_rounds(2), 0);
   EXPECT_THAT(not_evaluated, HasSubstr("round 5 "));
   EXPECT_THAT(not_evaluated, HasSubstr("test_accuracy=-"));
+}
+
+// watch -o json: one object per line, each parsing back.
+TEST(FormatRoundLineTest, JsonLinesParseBack) {
+  RunStatus s = FinishedRun();
+  const std::string line = FormatRoundJsonLine(s.recent_rounds(1), 5);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_THAT(line, HasSubstr("{\"event\":\"round\",\"total_rounds\":5,\"round\":\"4\""));
+  v1::RoundSummary parsed;
+  google::protobuf::util::JsonParseOptions ignore;
+  ignore.ignore_unknown_fields = true;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &parsed, ignore).ok()) << line;
+  EXPECT_EQ(parsed.round(), 4u);
+  EXPECT_DOUBLE_EQ(parsed.test_accuracy(), 0.88456);
+  const std::string finished = FormatFinishedJsonLine(s, 12.5);
+  EXPECT_THAT(finished, HasSubstr("\"event\":\"finished\",\"run_id\":\"run-42\""));
+  EXPECT_THAT(finished, HasSubstr("\"test_accuracy\":0.884560"));
+  EXPECT_THAT(finished, HasSubstr("\"hashes_agree\":true"));
+  EXPECT_THAT(finished, HasSubstr("\"elapsed_seconds\":12.500}"));
+  google::protobuf::Struct any;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(finished, &any).ok()) << finished;
+  EXPECT_EQ(JsonQuote("a\"b\n"), "\"a\\\"b\\n\"");
 }
 
 // ---------------------------------------------------------------- JSON

@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "common/auth.h"
 #include "common/progress.h"
-#include "common/tls.h"
 #include "tools/shoalctl/export_torch.h"
+#include "tools/shoalctl/status_format.h"
+#include "tools/shoalctl/yaml_output.h"
 
 namespace shoal::ctl {
 
@@ -23,53 +23,7 @@ using shoal::checkpoint::CheckpointClient;
 using shoal::v1::CheckpointInfo;
 using shoal::v1::Manifest;
 
-const char kCheckpointsUsage[] =
-    "shoalctl checkpoints: checkpoints of a shoal-checkpoint store.\n"
-    "  shoalctl checkpoints list   --store=ADDR [--json] [--run_id=RUN]\n"
-    "      newest first; --json prints an array of {id, run_id, round, created, bytes, ...}\n"
-    "  shoalctl checkpoints show   --store=ADDR --id=ID [--json]\n"
-    "      the manifest: run, round, model, layers (name, dtype, shape, bytes, sha256)\n"
-    "  shoalctl checkpoints export --store=ADDR --id=ID --out=FILE\n"
-    "      every layer, checked against its SHA-256, into FILE; in Python\n"
-    "      torch.load(FILE) returns a dict name -> tensor\n"
-    "  shoalctl checkpoints delete --store=ADDR --id=ID\n"
-    "  Options: --store defaults to 127.0.0.1:50052; --timeout=10s is each call's deadline;\n"
-    "  --tls_cert, --tls_key, --tls_ca, --tls_server_name as for the other commands;\n"
-    "  --token_file=FILE: the run token (list, show, export) or the store's admin token "
-    "(delete).";
-
 namespace {
-
-std::string Json(absl::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += "\"";
-  return out;
-}
 
 std::string Created(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
@@ -78,57 +32,6 @@ std::string Created(int64_t unix_ms) {
 
 std::string Shape(const shoal::v1::LayerEntry& l) {
   return absl::StrCat("[", absl::StrJoin(l.shape(), ", "), "]");
-}
-
-// `--key=value` options; `--key` alone is "true".
-struct Options {
-  std::string command;
-  std::map<std::string, std::string> values;
-
-  std::string Get(const std::string& key, const std::string& fallback = "") const {
-    auto it = values.find(key);
-    return it == values.end() ? fallback : it->second;
-  }
-};
-
-absl::StatusOr<Options> Parse(const std::vector<std::string>& args) {
-  static const std::set<std::string> kKnown = {
-      "store",   "json",   "run_id",          "id",        "out", "timeout", "tls_cert",
-      "tls_key", "tls_ca", "tls_server_name", "token_file"};
-  Options o;
-  for (const std::string& a : args) {
-    if (!absl::StartsWith(a, "--")) {
-      if (!o.command.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
-      }
-      o.command = a;
-      continue;
-    }
-    const size_t eq = a.find('=');
-    const std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (kKnown.count(key) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option '--", key, "'"));
-    }
-    o.values[key] = eq == std::string::npos ? "true" : a.substr(eq + 1);
-  }
-  if (o.command.empty()) return absl::InvalidArgumentError("no command given");
-  return o;
-}
-
-absl::StatusOr<bool> Bool(const Options& o, const std::string& key) {
-  const std::string v = o.Get(key, "false");
-  if (v == "true" || v == "1") return true;
-  if (v == "false" || v == "0") return false;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", key, " must be true or false, got '", v, "'"));
-}
-
-absl::StatusOr<std::string> Required(const Options& o, const std::string& key) {
-  const std::string v = o.Get(key);
-  if (v.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(o.command, " needs --", key, "=..."));
-  }
-  return v;
 }
 
 // The damage note of checkpoint `id` (List knows it, GetManifest does not).
@@ -146,9 +49,19 @@ int Fail(std::ostream& err, const absl::Status& s) {
   return 1;
 }
 
-int Usage(std::ostream& err, const absl::Status& s) {
-  err << "shoalctl checkpoints: " << s.message() << "\n" << kCheckpointsUsage << "\n";
+int Usage(std::ostream& err, const absl::Status& s, absl::string_view command) {
+  err << "shoalctl: " << s.message() << "\nRun 'shoalctl help " << command << "' for its usage.\n";
   return 2;
+}
+
+// YAML from the JSON form; on a table/wide request the table.
+std::string Render(OutputFormat format, const std::string& json, const std::string& table) {
+  if (format == OutputFormat::kJson) return json;
+  if (format == OutputFormat::kYaml) {
+    absl::StatusOr<std::string> yaml = JsonToYaml(json);
+    return yaml.ok() ? *yaml : json;
+  }
+  return table;
 }
 
 int Export(CheckpointClient* client, const std::string& id, const std::string& path,
@@ -216,11 +129,11 @@ std::string FormatCheckpointsJson(const std::vector<CheckpointInfo>& checkpoints
   std::string out = "[";
   for (size_t i = 0; i < checkpoints.size(); ++i) {
     const CheckpointInfo& c = checkpoints[i];
-    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "  {\"id\": ", Json(c.id()),
-                    ", \"run_id\": ", Json(c.run_id()), ", \"round\": ", c.round(),
-                    ", \"created\": ", Json(Created(c.created_unix_ms())),
+    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "  {\"id\": ", JsonQuote(c.id()),
+                    ", \"run_id\": ", JsonQuote(c.run_id()), ", \"round\": ", c.round(),
+                    ", \"created\": ", JsonQuote(Created(c.created_unix_ms())),
                     ", \"created_unix_ms\": ", c.created_unix_ms(), ", \"bytes\": ", c.bytes(),
-                    ", \"layers\": ", c.layers(), ", \"damage\": ", Json(c.damage()), "}");
+                    ", \"layers\": ", c.layers(), ", \"damage\": ", JsonQuote(c.damage()), "}");
   }
   absl::StrAppend(&out, checkpoints.empty() ? "]\n" : "\n]\n");
   return out;
@@ -266,104 +179,99 @@ std::string FormatManifest(const Manifest& m, const std::string& damage) {
 std::string FormatManifestJson(const Manifest& m, const std::string& damage) {
   uint64_t total = 0;
   for (const auto& l : m.layers()) total += l.bytes();
-  std::string out = absl::StrCat(
-      "{\n  \"id\": ", Json(m.id()), ",\n  \"run_id\": ", Json(m.run_id()),
-      ",\n  \"round\": ", m.round(), ",\n  \"epoch\": ", m.epoch(),
-      ",\n  \"model\": ", Json(m.model()), ",\n  \"model_sha256\": ", Json(m.model_sha256()),
-      ",\n  \"created\": ", Json(Created(m.created_unix_ms())),
-      ",\n  \"created_unix_ms\": ", m.created_unix_ms(), ",\n  \"bytes\": ", total,
-      ",\n  \"damage\": ", Json(damage), ",\n  \"layers\": [");
+  std::string out =
+      absl::StrCat("{\n  \"id\": ", JsonQuote(m.id()), ",\n  \"run_id\": ", JsonQuote(m.run_id()),
+                   ",\n  \"round\": ", m.round(), ",\n  \"epoch\": ", m.epoch(),
+                   ",\n  \"model\": ", JsonQuote(m.model()),
+                   ",\n  \"model_sha256\": ", JsonQuote(m.model_sha256()),
+                   ",\n  \"created\": ", JsonQuote(Created(m.created_unix_ms())),
+                   ",\n  \"created_unix_ms\": ", m.created_unix_ms(), ",\n  \"bytes\": ", total,
+                   ",\n  \"damage\": ", JsonQuote(damage), ",\n  \"layers\": [");
   if (m.gossip()) {
     // Inserted before the layers so that the layers stay the last member.
     const size_t at = out.rfind(",\n  \"layers\": [");
-    out.insert(at, absl::StrCat(",\n  \"gossip\": true, \"worker_id\": ", Json(m.worker_id()),
+    out.insert(at, absl::StrCat(",\n  \"gossip\": true, \"worker_id\": ", JsonQuote(m.worker_id()),
                                 ", \"gossip_clock\": ", m.gossip_clock(),
                                 ", \"gossip_steps\": ", m.gossip_steps()));
   }
   for (int i = 0; i < m.layers_size(); ++i) {
     const auto& l = m.layers(i);
-    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "    {\"name\": ", Json(l.name()),
-                    ", \"dtype\": ", Json(l.dtype()), ", \"shape\": [",
+    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "    {\"name\": ", JsonQuote(l.name()),
+                    ", \"dtype\": ", JsonQuote(l.dtype()), ", \"shape\": [",
                     absl::StrJoin(l.shape(), ", "), "], \"bytes\": ", l.bytes(),
-                    ", \"sha256\": ", Json(l.sha256()),
+                    ", \"sha256\": ", JsonQuote(l.sha256()),
                     l.optimizer_state() ? ", \"optimizer_state\": true}" : "}");
   }
   absl::StrAppend(&out, m.layers().empty() ? "]\n}\n" : "\n  ]\n}\n");
   return out;
 }
 
-int RunCheckpointsCommand(const std::vector<std::string>& args,
-                          const CheckpointClientFactory& make_client, std::ostream& out,
-                          std::ostream& err) {
-  absl::StatusOr<Options> o = Parse(args);
-  if (!o.ok()) return Usage(err, o.status());
-  if (o->command == "help") {
-    out << kCheckpointsUsage << "\n";
-    return 0;
+int RunCheckpointsCommand(const Invocation& inv, const CheckpointClientFactory& make_client,
+                          std::ostream& out, std::ostream& err) {
+  const std::string name = inv.CommandName();
+  if (absl::Status s = CheckOutput(inv); !s.ok()) return Usage(err, s, name);
+  absl::StatusOr<absl::Duration> timeout = DurationFlag(inv, "rpc_timeout", absl::Seconds(10));
+  if (!timeout.ok()) return Usage(err, timeout.status(), name);
+  const std::string command = inv.command.size() > 1 ? inv.command[1] : "";
+  std::string id = inv.Get("id");
+  if (!inv.operands.empty()) {
+    if (!id.empty() && id != inv.operands[0]) {
+      return Usage(err,
+                   absl::InvalidArgumentError(absl::StrCat("two checkpoints given: --id=", id,
+                                                           " and '", inv.operands[0], "'")),
+                   name);
+    }
+    id = inv.operands[0];
   }
-  static const std::set<std::string> kCommands = {"list", "show", "export", "delete"};
-  if (kCommands.count(o->command) == 0) {
-    return Usage(err,
-                 absl::InvalidArgumentError(absl::StrCat("unknown command '", o->command, "'")));
+  if (command != "list" && id.empty()) {
+    return Usage(
+        err, absl::InvalidArgumentError(absl::StrCat(name, " needs a checkpoint: ID or --id=ID")),
+        name);
   }
-  absl::StatusOr<bool> json = Bool(*o, "json");
-  if (!json.ok()) return Usage(err, json.status());
-  absl::Duration timeout = absl::Seconds(10);
-  if (const std::string t = o->Get("timeout"); !t.empty() && !absl::ParseDuration(t, &timeout)) {
-    return Usage(err, absl::InvalidArgumentError(absl::StrCat("bad --timeout '", t, "'")));
+  const std::string path = inv.Get("out");
+  if (command == "export" && path.empty()) {
+    return Usage(err, absl::InvalidArgumentError("checkpoints export needs --out=FILE"), name);
   }
-  std::string id;
-  if (o->command != "list") {
-    absl::StatusOr<std::string> v = Required(*o, "id");
-    if (!v.ok()) return Usage(err, v.status());
-    id = *v;
-  }
-  std::string path;
-  if (o->command == "export") {
-    absl::StatusOr<std::string> v = Required(*o, "out");
-    if (!v.ok()) return Usage(err, v.status());
-    path = *v;
-  }
-  // The store's channel speaks TLS with these (common/tls.h), as --tls_* do
-  // for the other commands.
-  TlsFiles tls_files{o->Get("tls_cert"), o->Get("tls_key"), o->Get("tls_ca"),
-                     o->Get("tls_server_name")};
-  absl::StatusOr<TlsConfig> tls = LoadTls(tls_files);
-  if (!tls.ok()) return Usage(err, tls.status());
-  if (tls->enabled()) SetProcessTls(*std::move(tls));
-  // The run token lists, shows and exports; `delete` needs the store's admin
-  // token (common/auth.h).
-  if (const std::string token_file = o->Get("token_file"); !token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
-    if (!token.ok()) return Usage(err, token.status());
-    SetProcessToken(*std::move(token));
-  }
-  std::unique_ptr<CheckpointClient> client =
-      make_client(o->Get("store", "127.0.0.1:50052"), timeout);
+  std::unique_ptr<CheckpointClient> client = make_client(inv.Get("store"), *timeout);
 
-  if (o->command == "list") {
-    auto list = client->List(o->Get("run_id"));
+  if (command == "list") {
+    auto list = client->List(inv.Get("run_id"));
     if (!list.ok()) return Fail(err, list.status());
-    out << (*json ? FormatCheckpointsJson(*list) : FormatCheckpointTable(*list));
+    out << Render(inv.output, FormatCheckpointsJson(*list), FormatCheckpointTable(*list));
     return 0;
   }
-  if (o->command == "show") {
+  if (command == "show") {
     auto m = client->GetManifest(id);
     if (!m.ok()) return Fail(err, m.status());
     const std::string damage = DamageOf(client.get(), *m);
-    out << (*json ? FormatManifestJson(*m, damage) : FormatManifest(*m, damage));
+    out << Render(inv.output, FormatManifestJson(*m, damage), FormatManifest(*m, damage));
     return 0;
   }
-  if (o->command == "export") return Export(client.get(), id, path, out, err);
+  if (command == "export") return Export(client.get(), id, path, out, err);
   // delete
   if (absl::Status s = client->Delete(id); !s.ok()) return Fail(err, s);
   out << "deleted " << id << "\n";
   return 0;
 }
 
-int RunCheckpointsCommand(const std::vector<std::string>& args) {
+int RunCheckpointsCommand(const std::vector<std::string>& args,
+                          const CheckpointClientFactory& make_client, std::ostream& out,
+                          std::ostream& err) {
+  std::vector<std::string> line = {"checkpoints"};
+  line.insert(line.end(), args.begin(), args.end());
+  absl::StatusOr<Invocation> inv =
+      ParseCommandLine(line, [](const std::string&) { return std::optional<std::string>(); });
+  if (!inv.ok()) return Usage(err, inv.status(), "checkpoints");
+  if (inv->help) {
+    out << *HelpText(inv->command);
+    return 0;
+  }
+  return RunCheckpointsCommand(*inv, make_client, out, err);
+}
+
+int RunCheckpointsCommand(const Invocation& inv) {
   return RunCheckpointsCommand(
-      args,
+      inv,
       [](const std::string& store, absl::Duration timeout) {
         shoal::checkpoint::CheckpointClientOptions options;
         options.call_timeout = timeout;

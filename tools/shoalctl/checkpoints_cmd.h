@@ -1,10 +1,10 @@
 // `shoalctl checkpoints ...`: list, show, export and delete checkpoints of a
 // shoal-checkpoint store.
-//   shoalctl checkpoints list   --store=ADDR [--json] [--run_id=RUN]
-//   shoalctl checkpoints show   --store=ADDR --id=ID [--json]
-//   shoalctl checkpoints export --store=ADDR --id=ID --out=FILE
-//   shoalctl checkpoints delete --store=ADDR --id=ID
-// Common: --timeout=DURATION (deadline of each call, default 10s).
+//   shoalctl checkpoints list   [--run_id=RUN] [-o table|wide|json|yaml]
+//   shoalctl checkpoints show   ID [-o ...]
+//   shoalctl checkpoints export ID --out=FILE
+//   shoalctl checkpoints delete ID
+// with the global flags (--store, --rpc_timeout, TLS, token; cli.h).
 #ifndef SHOAL_TOOLS_SHOALCTL_CHECKPOINTS_CMD_H_
 #define SHOAL_TOOLS_SHOALCTL_CHECKPOINTS_CMD_H_
 
@@ -16,21 +16,22 @@
 
 #include "services/checkpoint/checkpoint_client.h"
 #include "shoal/v1/checkpoint.pb.h"
+#include "tools/shoalctl/cli.h"
 
 namespace shoal::ctl {
 
-// Usage text of `shoalctl checkpoints`.
-extern const char kCheckpointsUsage[];
-
-// Runs `shoalctl checkpoints <args...>` (args are what follows
-// "checkpoints"; options are `--key=value`, `--json` alone means true) and
-// returns the exit code: 0 done, 1 the store refused or failed, 2 bad usage.
-// Output goes to stdout, errors to stderr.
-int RunCheckpointsCommand(const std::vector<std::string>& args);
-
-// The same with the client and streams injected (tests).
 using CheckpointClientFactory = std::function<std::unique_ptr<shoal::checkpoint::CheckpointClient>(
     const std::string& store, absl::Duration timeout)>;
+
+// Runs a parsed `shoalctl checkpoints list|show|export|delete` (cli.h) and
+// returns the exit code: 0 done, 1 the store refused or failed, 2 bad usage.
+// Output goes to stdout, errors to stderr. TLS and the token are the
+// process's (main.cc sets them from the global flags).
+int RunCheckpointsCommand(const Invocation& inv);
+int RunCheckpointsCommand(const Invocation& inv, const CheckpointClientFactory& make_client,
+                          std::ostream& out, std::ostream& err);
+// Tests: parses `checkpoints <args...>` without the environment, then runs
+// it (or prints its help).
 int RunCheckpointsCommand(const std::vector<std::string>& args,
                           const CheckpointClientFactory& make_client, std::ostream& out,
                           std::ostream& err);

@@ -1,36 +1,28 @@
-// shoalctl: the operator CLI.
-//   shoalctl status --coordinator=ADDR [--json]
-//   shoalctl watch  --coordinator=ADDR [--timeout=10m]
-//   shoalctl config --coordinator=ADDR
-//   shoalctl checkpoints list|show|export|delete --store=ADDR ...
-#include <cstdio>
+// shoalctl: the operator CLI. Commands, flags, environment variables and
+// help are cli.cc's table (`shoalctl help`); this file runs them.
+//   shoalctl status [-o table|wide|json|yaml]
+//   shoalctl watch [-o json] [--timeout=30m]
+//   shoalctl config [-o yaml]
+//   shoalctl checkpoints list|show|export|delete ...
 #include <iostream>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/clock.h"
-#include "common/flags_usage.h"
 #include "common/grpc_util.h"
 #include "common/run_config.h"
 #include "common/signals.h"
 #include "common/status_util.h"
-#include "common/tls_flags.h"
+#include "common/tls.h"
+#include "common/version.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tools/shoalctl/checkpoints_cmd.h"
+#include "tools/shoalctl/cli.h"
 #include "tools/shoalctl/status_format.h"
-
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
-          "Coordinator address (host:port), or the replicas' addresses separated by commas "
-          "(the leader answers; a standby's view when none does).");
-ABSL_FLAG(bool, json, false, "status: print the RunStatus as JSON.");
-ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5), "Deadline of each call.");
-ABSL_FLAG(absl::Duration, timeout, absl::Minutes(30),
-          "watch: give up (exit 1) when the run has not finished after this long.");
-ABSL_FLAG(absl::Duration, interval, absl::Milliseconds(250), "watch: polling interval.");
+#include "tools/shoalctl/yaml_output.h"
 
 namespace {
 
@@ -49,12 +41,18 @@ constexpr char kUsage[] =
 // The coordinators named by --coordinator: one address, several separated by
 // commas (replicas, docs/REPLICAS.md), or a DNS name.
 struct Coordinators {
+  std::string address;  // as given
+  absl::Duration rpc_timeout;
   std::vector<std::unique_ptr<shoal::v1::Coordinator::Stub>> stubs;
 };
 
-absl::StatusOr<shoal::v1::RunStatus> GetStatusFrom(shoal::v1::Coordinator::Stub* stub) {
+using shoal::ctl::Invocation;
+using shoal::ctl::OutputFormat;
+
+absl::StatusOr<shoal::v1::RunStatus> GetStatusFrom(shoal::v1::Coordinator::Stub* stub,
+                                                   absl::Duration rpc_timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(shoal::DeadlineIn(absl::GetFlag(FLAGS_rpc_timeout)));
+  ctx.set_deadline(shoal::DeadlineIn(rpc_timeout));
   shoal::v1::RunStatus status;
   grpc::Status s = stub->GetRunStatus(&ctx, shoal::v1::GetRunStatusRequest(), &status);
   if (!s.ok()) return shoal::FromGrpcStatus(s);
@@ -67,7 +65,7 @@ absl::StatusOr<shoal::v1::RunStatus> GetStatus(Coordinators* c) {
   absl::StatusOr<shoal::v1::RunStatus> standby = absl::UnavailableError("no coordinator");
   absl::Status last = absl::UnavailableError("no coordinator address");
   for (auto& stub : c->stubs) {
-    absl::StatusOr<shoal::v1::RunStatus> s = GetStatusFrom(stub.get());
+    absl::StatusOr<shoal::v1::RunStatus> s = GetStatusFrom(stub.get(), c->rpc_timeout);
     if (!s.ok()) {
       last = s.status();
       continue;
@@ -79,108 +77,220 @@ absl::StatusOr<shoal::v1::RunStatus> GetStatus(Coordinators* c) {
   return last;
 }
 
-int Status(Coordinators* stub) {
-  auto status = GetStatus(stub);
+// "cannot get status from ADDR: ...", with what to check when nothing
+// answered.
+std::string CannotReach(const Coordinators& c, const absl::Status& s) {
+  std::string out = absl::StrCat("cannot get status from ", c.address, ": ", s.ToString());
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    absl::StrAppend(&out,
+                    " (is a coordinator running there? --coordinator or SHOAL_COORDINATOR "
+                    "names it)");
+  }
+  return out;
+}
+
+// The document in the asked format (json or yaml from the JSON form).
+std::string Document(OutputFormat format, const std::string& json) {
+  if (format != OutputFormat::kYaml) return json;
+  absl::StatusOr<std::string> yaml = shoal::ctl::JsonToYaml(json);
+  return yaml.ok() ? *yaml : json;
+}
+
+int Status(Coordinators* c, const Invocation& inv) {
+  auto status = GetStatus(c);
   if (!status.ok()) {
-    std::cerr << "shoalctl: cannot get status from " << absl::GetFlag(FLAGS_coordinator) << ": "
-              << status.status() << "\n";
+    std::cerr << "shoalctl: " << CannotReach(*c, status.status()) << "\n";
     return 1;
   }
-  std::cout << (absl::GetFlag(FLAGS_json) ? shoal::ctl::FormatStatusJson(*status)
-                                          : shoal::ctl::FormatStatusTable(*status));
+  switch (inv.output) {
+    case OutputFormat::kJson:
+    case OutputFormat::kYaml:
+      std::cout << Document(inv.output, shoal::ctl::FormatStatusJson(*status));
+      break;
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      std::cout << shoal::ctl::FormatStatusTable(*status, inv.output == OutputFormat::kWide);
+      break;
+  }
   return 0;
 }
 
-// The run's effective config (RunStatus.config), as the JSON a coordinator's
-// --config reads back (docs/CONFIG.md).
-int Config(Coordinators* stub) {
-  auto status = GetStatus(stub);
+// The run's effective config (RunStatus.config), as the file a
+// coordinator's --config reads back (docs/CONFIG.md).
+int Config(Coordinators* c, const Invocation& inv) {
+  auto status = GetStatus(c);
   if (!status.ok()) {
-    std::cerr << "shoalctl: cannot get status from " << absl::GetFlag(FLAGS_coordinator) << ": "
-              << status.status() << "\n";
+    std::cerr << "shoalctl: " << CannotReach(*c, status.status()) << "\n";
     return 1;
   }
-  std::cout << shoal::RunConfigJson(status->config()) << "\n";
+  std::cout << Document(inv.output, shoal::RunConfigJson(status->config()) + "\n");
   return 0;
 }
 
-int Watch(Coordinators* stub, const shoal::Clock* clock) {
+// Table: progress lines for people; json: one object per line (status_format.h).
+int Watch(Coordinators* c, const Invocation& inv, const shoal::Clock* clock) {
+  const bool json = inv.output == OutputFormat::kJson;
+  absl::StatusOr<absl::Duration> timeout =
+      shoal::ctl::DurationFlag(inv, "timeout", absl::Minutes(30));
+  absl::StatusOr<absl::Duration> interval =
+      shoal::ctl::DurationFlag(inv, "interval", absl::Milliseconds(250));
+  if (!timeout.ok() || !interval.ok()) {
+    std::cerr << "shoalctl: " << (timeout.ok() ? interval.status() : timeout.status()).message()
+              << "\n";
+    return 2;
+  }
   const absl::Time start = clock->Now();
-  const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
+  const absl::Time give_up = start + *timeout;
   uint64_t printed = 0;
-  std::string last_error;
   std::string last_detail;
   std::string last_gossip_line;
   absl::Time next_gossip_line = absl::InfinitePast();
+  // While the coordinator cannot be reached: a line at once, then every 10 s.
+  absl::Time unreachable_since = absl::InfinitePast();
+  absl::Time next_unreachable_line = absl::InfinitePast();
   while (true) {
-    auto status = GetStatus(stub);
+    auto status = GetStatus(c);
     if (!status.ok()) {
-      const std::string err = status.status().ToString();
-      if (err != last_error) std::cerr << "shoalctl: coordinator: " << err << " (retrying)\n";
-      last_error = err;
+      const absl::Time now = clock->Now();
+      if (unreachable_since == absl::InfinitePast()) unreachable_since = now;
+      if (now >= next_unreachable_line) {
+        const double for_seconds = absl::ToDoubleSeconds(now - unreachable_since);
+        if (json) {
+          std::cout << absl::StrFormat(
+                           "{\"event\":\"unreachable\",\"coordinator\":%s,\"seconds\":%.1f,"
+                           "\"error\":%s}",
+                           shoal::ctl::JsonQuote(c->address), for_seconds,
+                           shoal::ctl::JsonQuote(status.status().ToString()))
+                    << std::endl;
+        } else {
+          std::cerr << "shoalctl: " << CannotReach(*c, status.status())
+                    << absl::StrFormat(
+                           "; for %.0fs, retrying until --timeout (%s left)\n", for_seconds,
+                           absl::FormatDuration(absl::Trunc(give_up - now, absl::Seconds(1))));
+        }
+        next_unreachable_line = now + absl::Seconds(10);
+      }
     } else {
-      last_error.clear();
+      unreachable_since = next_unreachable_line = absl::InfinitePast();
       if (printed == 0 && status->last_completed_round() == 0 && status->detail() != last_detail) {
-        std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
-                  << status->detail() << std::endl;
+        if (json) {
+          std::cout << "{\"event\":\"waiting\",\"phase\":"
+                    << shoal::ctl::JsonQuote(shoal::ctl::PhaseName(status->phase()))
+                    << ",\"detail\":" << shoal::ctl::JsonQuote(status->detail()) << "}"
+                    << std::endl;
+        } else {
+          std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
+                    << status->detail() << std::endl;
+        }
         last_detail = status->detail();
       }
       if (shoal::ctl::IsGossip(*status) && clock->Now() >= next_gossip_line) {
         const std::string line = shoal::ctl::FormatGossipLine(*status);
-        if (line != last_gossip_line) std::cout << line << std::endl;
+        if (line != last_gossip_line) {
+          std::cout << (json ? absl::StrCat("{\"event\":\"gossip\",\"line\":",
+                                            shoal::ctl::JsonQuote(line), "}")
+                             : line)
+                    << std::endl;
+        }
         last_gossip_line = line;
         next_gossip_line = clock->Now() + absl::Seconds(5);
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
-        std::cout << shoal::ctl::FormatRoundLine(r, status->config().sync().rounds()) << std::endl;
+        const uint64_t total = status->config().sync().rounds();
+        std::cout << (json ? shoal::ctl::FormatRoundJsonLine(r, total)
+                           : shoal::ctl::FormatRoundLine(r, total))
+                  << std::endl;
         printed = r.round();
       }
       if (status->phase() == shoal::v1::FINISHED) {
-        std::cout << shoal::ctl::FormatSummaryLine(*status,
-                                                   absl::ToDoubleSeconds(clock->Now() - start))
+        const double elapsed = absl::ToDoubleSeconds(clock->Now() - start);
+        std::cout << (json ? shoal::ctl::FormatFinishedJsonLine(*status, elapsed)
+                           : shoal::ctl::FormatSummaryLine(*status, elapsed))
                   << std::endl;
         return shoal::ctl::HashesAgree(*status) ? 0 : 3;
       }
     }
     if (clock->Now() >= give_up) {
-      std::cerr << "shoalctl: the run did not finish within " << absl::GetFlag(FLAGS_timeout)
-                << "\n";
+      std::cerr << "shoalctl: the run did not finish within " << *timeout << "\n";
       return 1;
     }
-    if (shoal::ShutdownSignal::WaitFor(absl::GetFlag(FLAGS_interval))) return 130;
+    if (shoal::ShutdownSignal::WaitFor(*interval)) return 130;
   }
+}
+
+// TLS and the token of every call, from the global flags.
+absl::Status ApplySecurity(const Invocation& inv) {
+  shoal::TlsFiles files{inv.Get("tls_cert"), inv.Get("tls_key"), inv.Get("tls_ca"),
+                        inv.Get("tls_server_name")};
+  absl::StatusOr<shoal::TlsConfig> tls = shoal::LoadTls(files);
+  if (!tls.ok()) return tls.status();
+  if (tls->enabled()) shoal::SetProcessTls(*std::move(tls));
+  if (const std::string file = inv.Get("token_file"); !file.empty()) {
+    absl::StatusOr<std::string> token = shoal::ReadTokenFile(file);
+    if (!token.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--token_file: ", token.status().message()));
+    }
+    shoal::SetProcessToken(*std::move(token));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // `checkpoints` parses its own --key=value arguments.
-  if (argc >= 2 && std::string(argv[1]) == "checkpoints") {
-    return shoal::ctl::RunCheckpointsCommand(std::vector<std::string>(argv + 2, argv + argc));
-  }
-  absl::SetProgramUsageMessage(kUsage);
-  shoal::UseFlagsOfFileForHelp(__FILE__, {shoal::TlsFlagsFile()});
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) {
-    std::cerr << kUsage << "\n";
+  absl::StatusOr<Invocation> inv = shoal::ctl::ParseCommandLine(
+      std::vector<std::string>(argv + 1, argv + argc), shoal::ctl::ProcessEnv());
+  if (!inv.ok()) {
+    std::cerr << "shoalctl: " << inv.status().message() << "\nRun 'shoalctl help' for usage.\n";
     return 2;
   }
-  const std::string command = args[1];
-  if (absl::Status tls = shoal::ApplyTlsFlags(); !tls.ok()) {
-    std::cerr << "shoalctl: " << tls << "\n";
+  const std::vector<std::string>& command = inv->command;
+  if (inv->version || command == std::vector<std::string>{"version"}) {
+    std::cout << shoal::VersionLine("shoalctl") << "\n";
+    return 0;
+  }
+  if (inv->help || command.empty() || command[0] == "help") {
+    const std::vector<std::string> topic =
+        !command.empty() && command[0] == "help" ? inv->operands : command;
+    absl::StatusOr<std::string> text = shoal::ctl::HelpText(topic);
+    if (!text.ok()) {
+      std::cerr << "shoalctl: " << text.status().message() << "\n";
+      return 2;
+    }
+    // `shoalctl` alone is a usage error; asking for help is not.
+    if (command.empty() && !inv->help) {
+      std::cerr << *text;
+      return 2;
+    }
+    std::cout << *text;
+    return 0;
+  }
+  if (command[0] == "completion") {
+    std::cout << shoal::ctl::BashCompletion();
+    return 0;
+  }
+  if (absl::Status s = shoal::ctl::CheckOutput(*inv); !s.ok()) {
+    std::cerr << "shoalctl: " << s.message() << "\n";
     return 2;
   }
-  // The run token (status, list, export) or the store's admin token
-  // (checkpoints delete); sent with every call.
-  if (absl::StatusOr<std::string> token = shoal::ApplyTokenFlag(); !token.ok()) {
-    std::cerr << "shoalctl: --token_file: " << token.status().message() << "\n";
+  if (absl::Status s = ApplySecurity(*inv); !s.ok()) {
+    std::cerr << "shoalctl: " << s.message() << "\n";
     return 2;
   }
   shoal::ShutdownSignal::Install();
+  if (command[0] == "checkpoints") return shoal::ctl::RunCheckpointsCommand(*inv);
+
   Coordinators coordinators;
-  for (absl::string_view a :
-       absl::StrSplit(absl::GetFlag(FLAGS_coordinator), ',', absl::SkipWhitespace())) {
+  coordinators.address = inv->Get("coordinator");
+  absl::StatusOr<absl::Duration> rpc_timeout =
+      shoal::ctl::DurationFlag(*inv, "rpc_timeout", absl::Seconds(5));
+  if (!rpc_timeout.ok()) {
+    std::cerr << "shoalctl: " << rpc_timeout.status().message() << "\n";
+    return 2;
+  }
+  coordinators.rpc_timeout = *rpc_timeout;
+  for (absl::string_view a : absl::StrSplit(coordinators.address, ',', absl::SkipWhitespace())) {
     coordinators.stubs.push_back(
         shoal::v1::Coordinator::NewStub(shoal::MakeChannel(std::string(a))));
   }
@@ -188,9 +298,9 @@ int main(int argc, char** argv) {
     std::cerr << "shoalctl: --coordinator names no address\n";
     return 2;
   }
-  if (command == "status") return Status(&coordinators);
-  if (command == "watch") return Watch(&coordinators, shoal::RealClock::Get());
-  if (command == "config") return Config(&coordinators);
-  std::cerr << "shoalctl: unknown command '" << command << "'\n" << kUsage << "\n";
+  if (command[0] == "status") return Status(&coordinators, *inv);
+  if (command[0] == "watch") return Watch(&coordinators, *inv, shoal::RealClock::Get());
+  if (command[0] == "config") return Config(&coordinators, *inv);
+  std::cerr << "shoalctl: command '" << inv->CommandName() << "' has no runner\n";
   return 2;
 }

@@ -18,6 +18,37 @@ namespace shoal::ctl {
 
 std::string PhaseName(shoal::v1::Phase phase) { return shoal::v1::Phase_Name(phase); }
 
+std::string JsonQuote(absl::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
+
 namespace {
 // The worker as a row names it: its id, and its --name when it gave one.
 std::string Who(const shoal::v1::WorkerStatus& w) {
@@ -145,7 +176,7 @@ std::string FormatGossipLine(const shoal::v1::RunStatus& s) {
   return out;
 }
 
-std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
+std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
   if (IsGossip(s)) return FormatGossipTable(s);
   std::string out = absl::StrFormat(
       "run %s  phase %s  round %d  last_completed_round %d  min_participants %d  members %d\n",
@@ -186,14 +217,26 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
   // from RoundStart to its ready report; LATE: rounds sat out for the
   // adaptive deadline.
   const auto seconds = [](double v) { return v > 0 ? absl::StrFormat("%.2fs", v) : "-"; };
+  // Folded into one line unless wide: workers that left, were lost or
+  // evicted (those that finished the run stay rows).
+  const auto folded = [wide](const shoal::v1::WorkerStatus& w) {
+    return !wide && DepartedState(w.state()) && w.state() != "finished";
+  };
+  absl::StrAppend(&out, "workers:\n");
   absl::StrAppend(
       &out, absl::StrFormat("%-*s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %-8s %-8s "
                             "%-5s %s\n",
                             WhoWidth(s), "ID", "ADDRESS", "STATE", "MODEL_ROUND", "MODEL_HASH",
                             "TEST_ACC", "TEST_LOSS", "TRAIN", "READY", "SEEN", "LATE", "REASON"));
+  std::vector<std::string> departed;
   for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
     const shoal::v1::WorkerStatus& w = *row;
     const bool active = !DepartedState(w.state());
+    if (folded(w)) {
+      departed.push_back(absl::StrCat(
+          Who(w), " ", w.state(), w.reason().empty() ? "" : absl::StrCat(" (", w.reason(), ")")));
+      continue;
+    }
     absl::StrAppend(
         &out, absl::StrFormat("%-*s %-22s %-9s %-11d %-14s %-9s %-9s %-8s %-8s %-8s %-5d %s\n",
                               WhoWidth(s), Who(w), w.address(), w.state(), w.model_round(),
@@ -204,7 +247,11 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s) {
                               active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
                               w.rounds_late(), w.reason()));
   }
-  // Bytes on the wire of each worker's latest exchange (issue 16).
+  if (!departed.empty()) {
+    absl::StrAppend(&out, "departed (", departed.size(),
+                    "; -o wide lists them): ", absl::StrJoin(departed, ", "), "\n");
+  }
+  // Bytes on the wire of each worker's latest exchange.
   bool wire = false;
   // Members' figures, and those of the workers that finished the run (its
   // last exchange); not those of workers that left, were lost or evicted.
@@ -351,6 +398,17 @@ std::string FormatRoundLine(const shoal::v1::RoundSummary& r, uint64_t total_rou
       r.exchange_seconds(), r.model_hash().substr(0, 12));
 }
 
+std::string FormatRoundJsonLine(const shoal::v1::RoundSummary& r, uint64_t total_rounds) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(r, &json, options);
+  // {"event":"round","total_rounds":N, <the RoundSummary's fields>}
+  return absl::StrCat("{\"event\":\"round\",\"total_rounds\":", total_rounds,
+                      json.size() > 2 ? "," : "", json.substr(1));
+}
+
 namespace {
 // Workers that reported the last completed round (also those that left
 // after it, as every worker does when the run finishes), evicted ones aside.
@@ -406,6 +464,36 @@ std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seco
       "hashes_agree=%s model_hash=%s elapsed=%.1fs",
       s.run_id(), PhaseName(s.phase()), s.last_completed_round(), active, accuracy, loss,
       HashesAgree(s) ? "true" : "false", s.model_hash().substr(0, 16), elapsed_seconds);
+}
+
+std::string FormatFinishedJsonLine(const shoal::v1::RunStatus& s, double elapsed_seconds) {
+  double accuracy = 0, loss = 0;
+  for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
+    if (it->evaluated()) {
+      accuracy = it->test_accuracy();
+      loss = it->test_loss();
+      break;
+    }
+  }
+  int workers = 0;
+  for (const auto& w : s.workers()) workers += ReportedLastRound(s, w);
+  if (IsGossip(s)) {
+    int n = 0;
+    GossipAccuracy(s, &accuracy, &loss, &n);
+    workers = n;
+  }
+  // Gossip without a final average ends with a model per worker: null.
+  const char* agree = HashesAgree(s) ? "true" : "false";
+  if (IsGossip(s)) {
+    agree = !s.config().gossip().final_average() ? "null" : FinalHash(s).empty() ? "false" : "true";
+  }
+  return absl::StrFormat(
+      "{\"event\":\"finished\",\"run_id\":%s,\"phase\":%s,\"mode\":%s,\"rounds\":%d,"
+      "\"workers\":%d,\"test_accuracy\":%.6f,\"test_loss\":%.6f,\"hashes_agree\":%s,"
+      "\"model_hash\":%s,\"elapsed_seconds\":%.3f}",
+      JsonQuote(s.run_id()), JsonQuote(PhaseName(s.phase())),
+      JsonQuote(IsGossip(s) ? "gossip" : "sync"), s.last_completed_round(), workers, accuracy, loss,
+      agree, JsonQuote(IsGossip(s) ? FinalHash(s) : s.model_hash()), elapsed_seconds);
 }
 
 }  // namespace shoal::ctl

@@ -5,13 +5,20 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::ctl {
 
+// `s` as a JSON string literal, quotes included.
+std::string JsonQuote(absl::string_view s);
 // Phase name without prefix, e.g. "TRAINING".
 std::string PhaseName(shoal::v1::Phase phase);
-std::string FormatStatusTable(const shoal::v1::RunStatus& status);
+// `shoalctl status` (-o table): titled sections; the workers table lists
+// the members and the workers that finished the run, and folds those that
+// left, were lost or evicted into one "departed" line with their reasons.
+// `wide` (-o wide) lists every worker as a row instead.
+std::string FormatStatusTable(const shoal::v1::RunStatus& status, bool wide = false);
 // The zone tree (docs/SUPERNODES.md), indented by depth: per zone its
 // workers, supernode, standby, why and since when; then each active
 // active worker's zone, role and measurements. No tree for a flat run
@@ -25,6 +32,11 @@ std::string FormatRoundLine(const shoal::v1::RoundSummary& round, uint64_t total
 // agreed hash (and at least one did). Workers that left after reporting it
 // count; evicted ones do not.
 bool HashesAgree(const shoal::v1::RunStatus& status);
+// `watch -o json`: one JSON object per line, each with an "event": a
+// completed round (the RoundSummary's fields, proto names), the finished
+// run (rounds, test_accuracy, elapsed_seconds, hashes_agree, model_hash).
+std::string FormatRoundJsonLine(const shoal::v1::RoundSummary& round, uint64_t total_rounds);
+std::string FormatFinishedJsonLine(const shoal::v1::RunStatus& status, double elapsed_seconds);
 // The run's closing line; contains "test_accuracy=<value>".
 std::string FormatSummaryLine(const shoal::v1::RunStatus& status, double elapsed_seconds);
 // Gossip mode (docs/GOSSIP.md): whether the run gossips, its consensus
