@@ -3,7 +3,11 @@
 // parsed by Debian's Python (json, python3-yaml) and must carry the same
 // document; watch -o json prints one parseable object per line; the
 // endpoints come from SHOAL_COORDINATOR / SHOAL_STORE as well as from flags.
+#include <signal.h>
+
 #include <fstream>
+#include <iostream>
+#include <map>
 
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -144,6 +148,85 @@ TEST_F(ShoalctlE2eTest, EveryReadCommandInEveryFormat) {
       << Read("show.json") << Read("show.yaml");
   ASSERT_EQ(CtlTo("checkpoints list -o wide --store=" + store, "list.txt"), 0);
   EXPECT_THAT(Read("list.txt"), ::testing::HasSubstr("ctl-a-r3"));
+}
+
+// explain and doctor on a run with a frozen worker (SIGSTOP), a worker
+// behind NAT (--outbound_only) and one whose advertised address nobody can
+// reach: each finding is named, and doctor exits 1.
+TEST_F(ShoalctlE2eTest, ExplainAndDoctorNameEachFinding) {
+  const std::string store = StartStore();
+  const std::string addr = StartCoordinator(
+      {"--min_participants=2", "--local_steps=10", "--rounds=100000", "--heartbeat_lease=120s",
+       "--checkpoint_store=" + store, "--checkpoint_every=5", "--run_id=ctl-b"});
+  StartWorker(addr, {"--name=steady"});
+  Process* frozen = StartWorker(addr, {"--name=frozen"});
+  StartWorker(addr, {"--name=natted", "--outbound_only=true"});
+  // A port nobody listens on (bound and closed again): its advertised
+  // address refuses every connection.
+  StartWorker(addr, {"--name=hidden", "--advertise=127.0.0.1:1"});
+  const v1::RunStatus running = WaitForStatus(
+      [](const v1::RunStatus& s) {
+        int active = 0;
+        for (const auto& w : s.workers()) active += w.state() != "syncing" && !w.address().empty();
+        return s.last_completed_round() >= 2 && active == 4;
+      },
+      absl::Minutes(3));
+  ASSERT_GE(running.last_completed_round(), 2u) << Logs();
+  std::map<std::string, std::string> id_of;
+  for (const auto& w : running.workers()) id_of[w.name()] = w.id();
+
+  frozen->Signal(SIGSTOP);
+  WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        for (const auto& w : s.workers()) {
+          if (w.name() == "frozen") return w.last_seen_ms_ago() > 4000;
+        }
+        return false;
+      },
+      absl::Seconds(60));
+
+  int code = -1;
+  const std::string explain_frozen =
+      Run(absl::StrCat(BinDir(), "/shoalctl explain frozen --coordinator=", addr, " 2>&1"), &code);
+  EXPECT_EQ(code, 1) << explain_frozen;
+  EXPECT_THAT(explain_frozen, ::testing::HasSubstr("PROBLEM"));
+  EXPECT_THAT(explain_frozen, ::testing::HasSubstr("not heard from for"));
+  EXPECT_THAT(explain_frozen, ::testing::HasSubstr("frozen (SIGSTOP)"));
+
+  const std::string explain_nat = Run(absl::StrCat(BinDir(), "/shoalctl explain ", id_of["natted"],
+                                                   " --coordinator=", addr, " 2>&1"),
+                                      &code);
+  EXPECT_THAT(explain_nat, ::testing::HasSubstr("behind NAT, in push mode"));
+
+  const std::string explain_hidden =
+      Run(absl::StrCat(BinDir(), "/shoalctl explain hidden --coordinator=", addr, " 2>&1"), &code);
+  EXPECT_THAT(explain_hidden, ::testing::HasSubstr("127.0.0.1:1"));
+  EXPECT_THAT(explain_hidden, ::testing::HasSubstr("not reachable from this host"));
+
+  const std::string unknown =
+      Run(absl::StrCat(BinDir(), "/shoalctl explain nobody --coordinator=", addr, " 2>&1"), &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(unknown, ::testing::HasSubstr("no worker 'nobody' in run ctl-b; workers: "));
+
+  const std::string doctor =
+      Run(absl::StrCat(BinDir(), "/shoalctl doctor --coordinator=", addr, " 2>&1"), &code);
+  EXPECT_EQ(code, 1) << doctor;
+  std::cout << "shoalctl explain frozen:\n" << explain_frozen << "shoalctl doctor:\n" << doctor;
+  EXPECT_THAT(doctor, ::testing::HasSubstr("answers: run ctl-b"));
+  EXPECT_THAT(doctor, ::testing::ContainsRegex("PROBLEM +" + id_of["frozen"] +
+                                               " \\(frozen\\) +not heard from"));
+  EXPECT_THAT(doctor, ::testing::ContainsRegex(id_of["natted"] + " \\(natted\\) +behind NAT"));
+  EXPECT_THAT(doctor, ::testing::HasSubstr("advertised address 127.0.0.1:1 is not reachable"));
+  EXPECT_THAT(doctor, ::testing::ContainsRegex("ok +store +" + store + " answers"));
+  EXPECT_THAT(doctor, ::testing::HasSubstr("doctor: something is wrong"));
+  frozen->Signal(SIGCONT);
+
+  // A coordinator address with nothing behind it: one PROBLEM naming it.
+  const std::string nobody = Run(
+      absl::StrCat(BinDir(), "/shoalctl doctor --rpc_timeout=2s --coordinator=127.0.0.1:1 2>&1"),
+      &code);
+  EXPECT_EQ(code, 1) << nobody;
+  EXPECT_THAT(nobody, ::testing::HasSubstr("127.0.0.1:1 is not reachable"));
 }
 
 }  // namespace

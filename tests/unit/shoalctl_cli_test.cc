@@ -155,7 +155,8 @@ TEST(ShoalctlCliTest, CheckpointIdsAsOperands) {
 TEST(ShoalctlCliTest, HelpDescribesEveryFlagOfEveryCommand) {
   absl::StatusOr<std::string> overview = HelpText({});
   ASSERT_TRUE(overview.ok());
-  for (const char* command : {"status", "watch", "config", "checkpoints list", "checkpoints show",
+  for (const char* command : {"status", "watch", "config", "explain WORKER", "doctor",
+                              "checkpoints list", "checkpoints show",
                               "checkpoints export", "checkpoints delete", "completion", "help"}) {
     EXPECT_THAT(*overview, HasSubstr(command));
   }

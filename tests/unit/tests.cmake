@@ -27,6 +27,7 @@ shoal_test(status_format_test unit ${CMAKE_CURRENT_LIST_DIR}/status_format_test.
   LIBS shoalctl_lib)
 shoal_test(shoalctl_cli_test unit ${CMAKE_CURRENT_LIST_DIR}/shoalctl_cli_test.cc
   LIBS shoalctl_lib)
+shoal_test(diagnose_test unit ${CMAKE_CURRENT_LIST_DIR}/diagnose_test.cc LIBS shoalctl_lib)
 shoal_test(round_engine_membership_test unit
   ${CMAKE_CURRENT_LIST_DIR}/round_engine_membership_test.cc LIBS coordinator_core)
 shoal_test(run_record_test unit ${CMAKE_CURRENT_LIST_DIR}/run_record_test.cc

@@ -108,6 +108,30 @@ const std::vector<CommandSpec>& Commands() {
        "json (the default) or yaml; both are valid --config files (docs/CONFIG.md).",
        {},
        {OutputFormat::kJson, OutputFormat::kYaml}},
+      {{"explain"},
+       "WORKER",
+       1,
+       1,
+       "Why a worker is or is not contributing, in words.",
+       "WORKER is its id (w3) or its --name. From the coordinator's status: its state and "
+       "reason (finished, left on SIGTERM, lost in a crash, evicted), the round it waits for "
+       "and on whom, its catch-up, lateness, a stale or disagreeing model, NAT and relays, "
+       "silence past the heartbeat lease; and whether this host reaches its advertised "
+       "address. Exits 1 when a finding is a PROBLEM.",
+       {},
+       {OutputFormat::kTable}},
+      {{"doctor"},
+       "",
+       0,
+       0,
+       "Check the whole run: one line per finding, exit 1 when something is wrong.",
+       "The coordinator (reachable, leader or standby, token and TLS as its answer tells), "
+       "every member (heard from, its advertised address reachable from this host, agreeing), "
+       "the store (the run's --checkpoint_store, else --store: reachable, taking checkpoints at "
+       "the configured rate, damaged checkpoints) and this host's clock against the "
+       "coordinator's newest timestamp.",
+       {},
+       {OutputFormat::kTable}},
       {{"checkpoints", "list"},
        "",
        0,

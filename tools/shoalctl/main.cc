@@ -5,10 +5,13 @@
 //   shoalctl config [-o yaml]
 //   shoalctl checkpoints list|show|export|delete ...
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/clock.h"
@@ -16,11 +19,15 @@
 #include "common/run_config.h"
 #include "common/signals.h"
 #include "common/status_util.h"
+#include "common/tcp_prober.h"
 #include "common/tls.h"
 #include "common/version.h"
+#include "common/worker_state.h"
+#include "services/checkpoint/checkpoint_client.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 #include "tools/shoalctl/checkpoints_cmd.h"
 #include "tools/shoalctl/cli.h"
+#include "tools/shoalctl/diagnose.h"
 #include "tools/shoalctl/status_format.h"
 #include "tools/shoalctl/yaml_output.h"
 
@@ -219,6 +226,103 @@ int Watch(Coordinators* c, const Invocation& inv, const shoal::Clock* clock) {
   }
 }
 
+// This host's TCP handshake to each address (id -> host:port), all at once,
+// each within `timeout`.
+struct ProbeResults {
+  std::map<std::string, absl::Status> status;
+  size_t want = 0;
+  static bool Done(ProbeResults* r) { return r->status.size() >= r->want; }
+};
+
+std::map<std::string, absl::Status> ProbeAll(const std::map<std::string, std::string>& addresses,
+                                             absl::Duration timeout) {
+  absl::Mutex mu;
+  ProbeResults results;
+  results.want = addresses.size();
+  {
+    absl::StatusOr<std::unique_ptr<shoal::TcpProber>> prober =
+        shoal::TcpProber::Start(shoal::RealClock::Get());
+    if (!prober.ok()) return {};
+    for (const auto& [id, address] : addresses) {
+      (*prober)->Probe(address, timeout, [&mu, &results, id = id](absl::Status s) {
+        absl::MutexLock lock(&mu);
+        results.status[id] = std::move(s);
+      });
+    }
+    {
+      absl::MutexLock lock(&mu);
+      mu.AwaitWithTimeout(absl::Condition(&ProbeResults::Done, &results),
+                          timeout + absl::Seconds(2));
+    }
+    // Runs what is still in flight (CANCELLED) before `results` goes.
+    (*prober)->Shutdown();
+  }
+  absl::MutexLock lock(&mu);
+  return results.status;
+}
+
+int Explain(Coordinators* c, const Invocation& inv) {
+  auto status = GetStatus(c);
+  if (!status.ok()) {
+    std::cerr << "shoalctl: " << CannotReach(*c, status.status()) << "\n";
+    return 1;
+  }
+  const std::string& who = inv.operands[0];
+  std::optional<absl::Status> reachable;
+  for (const auto& w : status->workers()) {
+    if ((w.id() == who || (!w.name().empty() && w.name() == who)) && !w.address().empty()) {
+      auto probed = ProbeAll({{w.id(), w.address()}}, absl::Seconds(3));
+      if (auto it = probed.find(w.id()); it != probed.end()) reachable = it->second;
+    }
+  }
+  absl::StatusOr<std::vector<shoal::ctl::Finding>> findings =
+      shoal::ctl::ExplainWorker(*status, who, reachable);
+  if (!findings.ok()) {
+    std::cerr << "shoalctl: " << findings.status().message() << "\n";
+    return 1;
+  }
+  std::cout << shoal::ctl::FormatFindings(*findings);
+  return shoal::ctl::AnyProblem(*findings) ? 1 : 0;
+}
+
+int Doctor(Coordinators* c, const Invocation& inv) {
+  shoal::ctl::DoctorFacts facts;
+  facts.coordinator_address = c->address;
+  facts.client_tls = !inv.Get("tls_ca").empty();
+  facts.client_token = !inv.Get("token_file").empty();
+  shoal::v1::RunStatus status;
+  absl::StatusOr<shoal::v1::RunStatus> got = GetStatus(c);
+  facts.local_unix_ms = absl::ToUnixMillis(absl::Now());
+  if (got.ok()) {
+    status = *std::move(got);
+  } else {
+    facts.coordinator = got.status();
+  }
+  std::map<std::string, std::string> addresses;
+  for (const auto& w : status.workers()) {
+    if (!shoal::DepartedState(w.state()) && !w.address().empty()) addresses[w.id()] = w.address();
+  }
+  facts.member_reachable = ProbeAll(addresses, absl::Seconds(3));
+  // The run's store, else --store when given (the default names none).
+  facts.store_address = status.config().checkpoints().store();
+  if (facts.store_address.empty() && inv.given.count("store"))
+    facts.store_address = inv.Get("store");
+  if (!facts.store_address.empty()) {
+    shoal::checkpoint::CheckpointClientOptions options;
+    options.call_timeout = c->rpc_timeout;
+    shoal::checkpoint::GrpcCheckpointClient store(facts.store_address, options);
+    auto list = store.List(status.run_id());
+    facts.store = list.ok() ? absl::OkStatus() : list.status();
+    if (list.ok()) facts.checkpoints = *std::move(list);
+  }
+  const std::vector<shoal::ctl::Finding> findings = shoal::ctl::Doctor(status, facts);
+  std::cout << shoal::ctl::FormatFindings(findings);
+  const bool problem = shoal::ctl::AnyProblem(findings);
+  std::cout << (problem ? "doctor: something is wrong (the PROBLEM lines)\n"
+                        : "doctor: no problem found\n");
+  return problem ? 1 : 0;
+}
+
 // TLS and the token of every call, from the global flags.
 absl::Status ApplySecurity(const Invocation& inv) {
   shoal::TlsFiles files{inv.Get("tls_cert"), inv.Get("tls_key"), inv.Get("tls_ca"),
@@ -301,6 +405,8 @@ int main(int argc, char** argv) {
   if (command[0] == "status") return Status(&coordinators, *inv);
   if (command[0] == "watch") return Watch(&coordinators, *inv, shoal::RealClock::Get());
   if (command[0] == "config") return Config(&coordinators, *inv);
+  if (command[0] == "explain") return Explain(&coordinators, *inv);
+  if (command[0] == "doctor") return Doctor(&coordinators, *inv);
   std::cerr << "shoalctl: command '" << inv->CommandName() << "' has no runner\n";
   return 2;
 }
