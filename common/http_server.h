@@ -11,6 +11,14 @@
 // is busy and the queue is full, a new connection gets 503 at once.
 // A malformed request gets 400; the server keeps serving.
 //
+// Security follows the process's gRPC servers (common/tls.h, common/auth.h):
+// with a certificate (--tls_cert/--tls_key) it speaks HTTPS only, and with a
+// token (--token_file) every request must carry it, as
+// `Authorization: Bearer TOKEN` (Prometheus' `authorization` scrape setting,
+// curl -H) or as the cookie a browser gets from the login form: a request
+// without it gets 401, with the form when a browser asks for a page.
+// GET /login?token=... checks a token and sets the cookie.
+//
 // Thread-safe: handlers run on the answering threads, concurrently.
 #ifndef SHOAL_COMMON_HTTP_SERVER_H_
 #define SHOAL_COMMON_HTTP_SERVER_H_
@@ -18,7 +26,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -30,6 +40,8 @@ struct HttpRequest {
   std::string method;  // "GET" or "HEAD"
   std::string path;    // without the query
   std::string query;   // after '?', undecoded; empty when none
+  // Header values by lower-case name (the last of a repeated name).
+  std::map<std::string, std::string> headers;
 };
 
 struct HttpResponse {
@@ -59,6 +71,13 @@ class HttpServer {
     // Reads the deadlines above (sockets wait in real time: a fake clock
     // only moves what the server decides from it).
     const Clock* clock = RealClock::Get();
+    // HTTPS with this PEM certificate chain and key; unset = the process's
+    // (ProcessTls(): plain HTTP when it has no certificate).
+    std::optional<std::string> tls_cert_pem;
+    std::optional<std::string> tls_key_pem;
+    // The token every request must carry; unset = the process's
+    // (ProcessToken(): none when empty).
+    std::optional<std::string> token;
   };
 
   // Serves `routes` (exact paths) at `listen` ("IPV4:PORT", port 0 = any
@@ -80,6 +99,8 @@ class HttpServer {
   int port() const { return port_; }
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // "https" or "http".
+  const char* scheme() const;
 
   // Parses a request head (request line and headers, up to the blank line);
   // the 4xx code and the request. Exposed for tests.
@@ -90,6 +111,7 @@ class HttpServer {
   HttpServer() = default;
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
+  bool tls_ = false;
   std::string address_;
 };
 

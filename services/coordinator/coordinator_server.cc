@@ -179,7 +179,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
     if (!http.ok()) return http.status();
     server->http_ = std::move(*http);
-    SHOAL_LOG(INFO) << "web page on http://" << server->http_->address() << "/";
+    SHOAL_LOG(INFO) << "web page on " << server->http_->scheme() << "://"
+                    << server->http_->address() << "/";
     if (server->metrics_merged_) SHOAL_LOG(INFO) << "metrics on " << server->http_->address();
     server->web_->Update();
   }

@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/auth.h"
+#include "common/tls.h"
 #include "tests/e2e/cluster_fixture.h"
 #include "tests/support/http_get.h"
 
@@ -20,6 +22,7 @@ namespace shoal {
 namespace {
 
 using ::shoal::testing::HttpGet;
+using ::shoal::testing::HttpsExchange;
 
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
 
@@ -217,6 +220,142 @@ TEST_F(PrometheusTest, ScrapesEveryServerOfARun) {
     }
   }
   EXPECT_GT(queries, 10);
+}
+
+// With TLS and a run token, every server serves /metrics over HTTPS with its
+// certificate and wants the token: the real Prometheus scrapes with its
+// `tls_config` and `authorization` settings, and a job without the token
+// gets 401 (`up` 0).
+class PrometheusSecureTest : public PrometheusTest {
+ protected:
+  void SetUp() override {
+    PrometheusTest::SetUp();
+    if (IsSkipped()) return;
+    const std::string command = std::string("bash ") + SHOAL_SOURCE_DIR +
+                                "/scripts/make-certs.sh " + dir_.path() +
+                                "/pki 127.0.0.1 localhost >/dev/null";
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    std::ofstream(dir_.path() + "/run.token") << kToken << "\n";
+    auto tls = LoadTls({Pki("shoal.pem"), Pki("shoal.key"), Pki("ca.pem"), ""});
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    // The fixture's status calls are a member's.
+    SetProcessTls(*tls);
+    SetProcessToken(kToken);
+  }
+  void TearDown() override {
+    SetProcessTls(TlsConfig());
+    SetProcessToken("");
+  }
+  std::string Pki(const std::string& file) { return dir_.path() + "/pki/" + file; }
+  std::vector<std::string> Secure() {
+    return {"--tls_cert=" + Pki("shoal.pem"), "--tls_key=" + Pki("shoal.key"),
+            "--tls_ca=" + Pki("ca.pem"), "--token_file=" + dir_.path() + "/run.token",
+            "--metrics_listen=127.0.0.1:0"};
+  }
+  static constexpr char kToken[] = "prometheus-run-token-0123456789";
+};
+
+TEST_F(PrometheusSecureTest, ScrapesOverTlsWithTheRunToken) {
+  if (access(kPrometheus, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus << " not installed (scripts/install-deps.sh installs it)";
+  }
+  std::vector<std::string> store_argv = {BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
+                                         "--data_dir=" + dir_.path() + "/store"};
+  for (const std::string& f : Secure()) store_argv.push_back(f);
+  store_ = Process::Start(store_argv, dir_.path() + "/store.log");
+  ASSERT_FALSE(store_->WaitForListenAddress(absl::Seconds(60)).empty()) << store_->Log();
+  std::vector<std::string> flags = {"--min_participants=1", "--local_steps=5", "--run_id=prom-tls"};
+  for (const std::string& f : Secure()) flags.push_back(f);
+  const std::string addr = StartCoordinator(flags);
+  ASSERT_FALSE(addr.empty());
+  StartWorker(addr, Secure());
+  std::vector<std::string> targets = {WaitForMetricsAddress(coordinator_.get()),
+                                      WaitForMetricsAddress(workers_[0].get()),
+                                      WaitForMetricsAddress(store_.get())};
+  for (const std::string& t : targets) ASSERT_FALSE(t.empty()) << Logs() << store_->Log();
+  // Plain HTTP to an HTTPS port gets no answer.
+  EXPECT_EQ(HttpGet(std::stoi(targets[0].substr(targets[0].rfind(':') + 1)), "/metrics"), "");
+
+  const std::string config = dir_.path() + "/prometheus.yml";
+  const std::string all = absl::StrJoin(targets, "', '");
+  {
+    std::ofstream out(config);
+    out << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        << "scrape_configs:\n"
+        << "  - job_name: shoal\n    scheme: https\n"
+        << "    tls_config:\n      ca_file: " << Pki("ca.pem") << "\n"
+        << "    authorization:\n      type: Bearer\n      credentials_file: " << dir_.path()
+        << "/run.token\n"
+        << "    static_configs:\n      - targets: ['" << all << "']\n"
+        << "  - job_name: stranger\n    scheme: https\n"
+        << "    tls_config:\n      ca_file: " << Pki("ca.pem") << "\n"
+        << "    static_configs:\n      - targets: ['" << all << "']\n";
+  }
+  prometheus_port_ = FreePort();
+  ASSERT_GT(prometheus_port_, 0);
+  prometheus_ = Process::Start(
+      {kPrometheus, "--config.file=" + config, "--storage.tsdb.path=" + dir_.path() + "/tsdb",
+       absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port_),
+       "--storage.tsdb.retention.time=1h", "--log.level=warn"},
+      dir_.path() + "/prometheus.log");
+  std::string up, down, build;
+  const bool ok = WaitUntil(
+      [&] {
+        up = Query("up{job=\"shoal\"} == 1");
+        down = Query("up{job=\"stranger\"} == 0");
+        build = Query("shoal_build_info{job=\"shoal\"}");
+        return Values(up).size() == 3 && Values(down).size() == 3 && Values(build).size() == 3;
+      },
+      absl::Seconds(40));
+  EXPECT_TRUE(ok) << "up: " << up << "\nstranger: " << down << "\nbuild_info: " << build
+                  << "\n--- prometheus ---\n"
+                  << prometheus_->Log() << Logs();
+  // Why the stranger's scrapes fail, as Prometheus reports it.
+  const std::string targets_json = HttpGet(prometheus_port_, "/api/v1/targets");
+  EXPECT_NE(targets_json.find("401"), std::string::npos) << targets_json;
+}
+
+// The coordinator's page under TLS and a token: HTTPS with the process's
+// certificate, 401 and a sign-in form for a browser without the token,
+// /login sets the cookie that opens the page and /api/status; a Bearer
+// header opens them too.
+TEST_F(PrometheusSecureTest, ThePageWantsTheTokenOverHttps) {
+  std::vector<std::string> flags = {"--min_participants=1", "--local_steps=5", "--run_id=page-tls",
+                                    "--http_listen=127.0.0.1:0"};
+  for (const std::string& f : Secure()) flags.push_back(f);
+  const std::string addr = StartCoordinator(flags);
+  ASSERT_FALSE(addr.empty());
+  std::smatch m;
+  std::string log;
+  static const std::regex kWeb("web page on https://[0-9.]+:([0-9]+)/");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        log = coordinator_->Log();
+        return std::regex_search(log, m, kWeb);
+      },
+      absl::Seconds(20)))
+      << log;
+  const int port = std::stoi(m[1]);
+  std::ifstream in(Pki("ca.pem"));
+  const std::string ca((std::istreambuf_iterator<char>(in)), {});
+  const auto get = [&](const std::string& path, const std::string& headers) {
+    return HttpsExchange(port, ca, "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n");
+  };
+  EXPECT_EQ(HttpGet(port, "/api/status"), "") << "plain HTTP answered";
+  const std::string anonymous = get("/api/status", "");
+  EXPECT_EQ(anonymous.rfind("HTTP/1.1 401", 0), 0u) << anonymous;
+  const std::string form = get("/", "Accept: text/html\r\n");
+  EXPECT_EQ(form.rfind("HTTP/1.1 401", 0), 0u) << form;
+  EXPECT_NE(form.find("action=\"/login\""), std::string::npos) << form;
+  const std::string login = get(std::string("/login?token=") + kToken, "");
+  EXPECT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
+  EXPECT_NE(login.find("; Secure"), std::string::npos) << login;
+  const std::string page = get("/", std::string("Cookie: shoal_token=") + kToken + "\r\n");
+  EXPECT_EQ(page.rfind("HTTP/1.1 200", 0), 0u) << page.substr(0, 300);
+  const std::string status =
+      get("/api/status", std::string("Authorization: Bearer ") + kToken + "\r\n");
+  EXPECT_EQ(status.rfind("HTTP/1.1 200", 0), 0u) << status.substr(0, 300);
+  EXPECT_NE(status.find("page-tls"), std::string::npos);
 }
 
 }  // namespace

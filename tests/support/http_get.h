@@ -5,6 +5,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -43,6 +46,46 @@ inline std::string HttpGet(int port, const std::string& path) {
     return "";
   }
   return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// Sends `request` (a whole HTTP request head) to 127.0.0.1:`port` over TLS,
+// trusting only the CA certificate(s) in `ca_pem`; the whole answer (head
+// and body), or "" when the connection, the handshake or the verification
+// failed. 5 s timeouts.
+inline std::string HttpsExchange(int port, const std::string& ca_pem, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    BIO* b = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
+    while (X509* ca = PEM_read_bio_X509(b, nullptr, nullptr, nullptr)) {
+      X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), ca);
+      X509_free(ca);
+    }
+    ERR_clear_error();
+    BIO_free(b);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    if (SSL_connect(ssl) == 1) {
+      SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+      char buf[16384];
+      int n;
+      while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) out.append(buf, n);
+    }
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+  }
+  close(fd);
+  return out;
 }
 
 }  // namespace shoal::testing

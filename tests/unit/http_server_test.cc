@@ -5,6 +5,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -123,6 +128,140 @@ TEST(HttpServerTest, RejectsMalformedAddresses) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find("--http_listen"), std::string::npos);
   }
+}
+
+// A self-signed certificate and its key, made in memory (PEM).
+struct SelfSigned {
+  std::string cert_pem, key_pem;
+};
+
+SelfSigned MakeSelfSigned() {
+  SelfSigned out;
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* cert = X509_new();
+  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert), -60);
+  X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
+  X509_set_pubkey(cert, key);
+  X509_NAME* name = X509_get_subject_name(cert);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
+  X509_set_issuer_name(cert, name);
+  X509_sign(cert, key, EVP_sha256());
+  BIO* b = BIO_new(BIO_s_mem());
+  PEM_write_bio_X509(b, cert);
+  char* data = nullptr;
+  long n = BIO_get_mem_data(b, &data);
+  out.cert_pem.assign(data, n);
+  BIO_free(b);
+  b = BIO_new(BIO_s_mem());
+  PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr);
+  n = BIO_get_mem_data(b, &data);
+  out.key_pem.assign(data, n);
+  BIO_free(b);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  return out;
+}
+
+// Sends `request` over TLS, trusting `ca_pem` only; the whole answer, or ""
+// when the handshake or the verification failed.
+std::string TlsExchange(int port, const std::string& ca_pem, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  BIO* b = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
+  X509* ca = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
+  BIO_free(b);
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), ca);
+  X509_free(ca);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  std::string out;
+  if (SSL_connect(ssl) == 1) {
+    SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+    char buf[4096];
+    int n;
+    while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) out.append(buf, n);
+  }
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(fd);
+  return out;
+}
+
+TEST(HttpServerTest, ServesHttpsWithItsCertificate) {
+  const SelfSigned pki = MakeSelfSigned();
+  HttpServer::Options options;
+  options.tls_cert_pem = pki.cert_pem;
+  options.tls_key_pem = pki.key_pem;
+  auto s = Serve(options);
+  ASSERT_NE(s, nullptr);
+  EXPECT_STREQ(s->scheme(), "https");
+  const std::string ok = TlsExchange(s->port(), pki.cert_pem, "GET /hello?x=2 HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(ok.find("hello x=2"), std::string::npos) << ok;
+  // Plain text gets no HTTP answer from a TLS port.
+  const std::string plain = Exchange(s->port(), "GET /hello HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(plain.find("HTTP/1.1 200"), std::string::npos) << plain;
+  // A client trusting another CA refuses the server.
+  EXPECT_EQ(TlsExchange(s->port(), MakeSelfSigned().cert_pem, "GET /hello HTTP/1.1\r\n\r\n"), "");
+  // Still serving.
+  EXPECT_EQ(
+      TlsExchange(s->port(), pki.cert_pem, "GET /hello HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0),
+      0u);
+  EXPECT_STREQ(Serve()->scheme(), "http");
+  // A key that is not the certificate's: refused at start.
+  options.tls_key_pem = MakeSelfSigned().key_pem;
+  auto bad = HttpServer::Start("127.0.0.1:0", "metrics_listen", {}, options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("--metrics_listen over TLS"), std::string::npos);
+}
+
+TEST(HttpServerTest, RequiresTheTokenAsBearerOrLoginCookie) {
+  const std::string token = "0123456789abcdef-token";
+  HttpServer::Options options;
+  options.token = token;
+  auto s = Serve(options);
+  ASSERT_NE(s, nullptr);
+  const std::string none = Exchange(s->port(), "GET /hello HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none;
+  EXPECT_NE(none.find("WWW-Authenticate: Bearer"), std::string::npos) << none;
+  EXPECT_NE(none.find("needs the run's token"), std::string::npos) << none;
+  const std::string wrong = Exchange(
+      s->port(), "GET /hello HTTP/1.1\r\nAuthorization: Bearer nope-nope-nope-nope\r\n\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  EXPECT_NE(wrong.find("not the run's"), std::string::npos) << wrong;
+  const std::string right =
+      Exchange(s->port(),
+               absl::StrCat("GET /hello?y HTTP/1.1\r\nAuthorization: Bearer ", token, "\r\n\r\n"));
+  EXPECT_EQ(right.rfind("HTTP/1.1 200", 0), 0u) << right;
+  EXPECT_NE(right.find("hello y"), std::string::npos) << right;
+  // A browser: the form, then /login sets the cookie, which opens the page.
+  const std::string form =
+      Exchange(s->port(), "GET /hello HTTP/1.1\r\nAccept: text/html,*/*\r\n\r\n");
+  EXPECT_EQ(form.rfind("HTTP/1.1 401", 0), 0u) << form;
+  EXPECT_NE(form.find("<form method=\"get\" action=\"/login\">"), std::string::npos) << form;
+  const std::string bad_login = Exchange(s->port(), "GET /login?token=guess HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(bad_login.rfind("HTTP/1.1 401", 0), 0u) << bad_login;
+  EXPECT_EQ(bad_login.find("Set-Cookie"), std::string::npos) << bad_login;
+  const std::string login =
+      Exchange(s->port(), absl::StrCat("GET /login?token=", token, " HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
+  EXPECT_NE(login.find("Location: /\r\n"), std::string::npos) << login;
+  EXPECT_NE(login.find(absl::StrCat("Set-Cookie: shoal_token=", token, "; Path=/; HttpOnly")),
+            std::string::npos)
+      << login;
+  const std::string with_cookie =
+      Exchange(s->port(),
+               absl::StrCat("GET /hello HTTP/1.1\r\nCookie: a=b; shoal_token=", token, "\r\n\r\n"));
+  EXPECT_EQ(with_cookie.rfind("HTTP/1.1 200", 0), 0u) << with_cookie;
+  // No token configured: everything is open, /login is just another path.
+  auto open = Serve();
+  EXPECT_EQ(Exchange(open->port(), "GET /hello HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(Exchange(open->port(), "GET /login HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
 }
 
 }  // namespace
