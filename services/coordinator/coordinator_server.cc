@@ -333,7 +333,10 @@ shoal::v1::RunStatus CoordinatorServer::CurrentStatus(uint64_t* version) {
   }
   // What GetRunStatus answers (the replica's role merged in).
   shoal::v1::RunStatus status = engine->Status(version);
-  if (service != nullptr) status.MergeFrom(service->status_extra());
+  if (service != nullptr) {
+    status.MergeFrom(service->status_extra());
+    service->FillRelayedBy(&status);
+  }
   return status;
 }
 

@@ -133,6 +133,10 @@ class CoordinatorService final {
   // leader, --etcd). Set before the service is reachable.
   void set_status_extra(shoal::v1::RunStatus extra) { status_extra_ = std::move(extra); }
   const shoal::v1::RunStatus& status_extra() const { return status_extra_; }
+  // WorkerStatus.relayed_by of the members whose session goes through a
+  // relay now (GetRunStatus and the web page's status; takes mu_; lock order
+  // status_mu_, then mu_).
+  void FillRelayedBy(shoal::v1::RunStatus* status) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pushes directives to the sessions they are addressed to, direct or
   // relayed (one RelayDown per relay, one entry per distinct message); a
@@ -258,9 +262,6 @@ class CoordinatorService final {
   // Ends `worker_id`'s direct session, if it has one.
   void CloseDirectLocked(const std::string& worker_id, const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // WorkerStatus.relayed_by of the members whose session goes through a
-  // relay now (takes mu_; lock order status_mu_, then mu_).
-  void FillRelayedBy(shoal::v1::RunStatus* status) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the routes of `relay` (mu_ held).
   void RemoveRelayLocked(RelayReactor* relay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -50,6 +50,12 @@ std::string JsonString(absl::string_view s) {
   return out + "\"";
 }
 
+// RFC 9110's Date: the page's clock for the run's elapsed time.
+std::string DateHeader(absl::Time now) {
+  return absl::StrCat("Date: ",
+                      absl::FormatTime("%a, %d %b %Y %H:%M:%S GMT", now, absl::UTCTimeZone()));
+}
+
 }  // namespace
 
 WebPage::WebPage(Source source, const Clock* clock) : clock_(clock), source_(std::move(source)) {}
@@ -63,10 +69,38 @@ std::shared_ptr<WebPage::Snapshot> WebPage::Current() {
   auto s = std::make_shared<Snapshot>();
   s->status = source_.status(&s->version);
   s->built = now;
+  // The first snapshot of a restarted coordinator holds the rounds it
+  // resumed: when they completed is unknown.
+  const int64_t seen_unix_ms = snapshot_ == nullptr ? 0 : absl::ToUnixMillis(now);
+  // Every report of a round not yet in the history, kept until it is: a
+  // worker reporting the next round before a snapshot saw this one complete
+  // still counts (each snapshot sees each worker's latest report only).
+  const uint64_t kept = rounds_.empty() ? 0 : rounds_.back().summary.round();
+  for (const shoal::v1::WorkerStatus& w : s->status.workers()) {
+    if (w.wire_round() > kept) wire_[w.wire_round()][w.id()] = w.bytes_received();
+  }
   for (const shoal::v1::RoundSummary& r : s->status.recent_rounds()) {
-    if (!rounds_.empty() && r.round() <= rounds_.back().round()) continue;
-    rounds_.push_back(r);
-    rounds_.back().clear_model_hash();  // not drawn; keeps the history small
+    if (!rounds_.empty() && r.round() <= rounds_.back().summary.round()) continue;
+    Round round;
+    round.summary = r;
+    // The page shows a short hash; keeps the history small.
+    round.summary.set_model_hash(r.model_hash().substr(0, kHashChars));
+    round.unix_ms = seen_unix_ms;
+    // The wire of this round: what its participants received, from the
+    // reports seen (scaled up to the participants when some were not: every
+    // participant of a round receives about as much).
+    auto it = wire_.find(r.round());
+    if (it != wire_.end() && !it->second.empty()) {
+      uint64_t bytes = 0;
+      for (const auto& [id, b] : it->second) bytes += b;
+      const uint64_t reported = it->second.size();
+      round.wire_bytes = static_cast<int64_t>(
+          reported >= r.participants() ? bytes : bytes * r.participants() / reported);
+    }
+    rounds_.push_back(std::move(round));
+  }
+  if (!rounds_.empty()) {
+    wire_.erase(wire_.begin(), wire_.upper_bound(rounds_.back().summary.round()));
   }
   while (rounds_.size() > kMaxRounds) rounds_.pop_front();
   const std::string& id = s->status.checkpoint_id();
@@ -101,6 +135,7 @@ HttpResponse WebPage::Status() {
   r.content_type = "application/json";
   r.body = std::move(json);
   r.headers.push_back("Cache-Control: no-store");
+  r.headers.push_back(DateHeader(clock_->Now()));
   return r;
 }
 
@@ -119,7 +154,8 @@ HttpResponse WebPage::History(const HttpRequest& request) {
     absl::MutexLock lock(&mu_);
     Current();
     bool first = true;
-    for (const shoal::v1::RoundSummary& r : rounds_) {
+    for (const Round& round : rounds_) {
+      const shoal::v1::RoundSummary& r = round.summary;
       if (r.round() <= after) continue;
       absl::StrAppend(
           &out, first ? "" : ",", "{\"round\":", r.round(), ",\"participants\":", r.participants(),
@@ -127,10 +163,13 @@ HttpResponse WebPage::History(const HttpRequest& request) {
           ",\"evaluated\":", r.evaluated() ? "true" : "false",
           ",\"test_accuracy\":", JsonNumber(r.test_accuracy()),
           ",\"test_loss\":", JsonNumber(r.test_loss()),
-          ",\"exchange_seconds\":", JsonNumber(r.exchange_seconds()), "}");
+          ",\"exchange_seconds\":", JsonNumber(r.exchange_seconds()),
+          ",\"model_hash\":", JsonString(r.model_hash()),
+          ",\"wire_bytes\":", round.wire_bytes < 0 ? "null" : absl::StrCat(round.wire_bytes),
+          ",\"unix_ms\":", round.unix_ms, "}");
       first = false;
     }
-    absl::StrAppend(&out, "],\"last_round\":", rounds_.empty() ? 0 : rounds_.back().round(),
+    absl::StrAppend(&out, "],\"last_round\":", rounds_.empty() ? 0 : rounds_.back().summary.round(),
                     ",\"checkpoints\":[");
     first = true;
     for (const Checkpoint& c : checkpoints_) {
@@ -144,6 +183,7 @@ HttpResponse WebPage::History(const HttpRequest& request) {
   r.content_type = "application/json";
   r.body = std::move(out);
   r.headers.push_back("Cache-Control: no-store");
+  r.headers.push_back(DateHeader(clock_->Now()));
   return r;
 }
 

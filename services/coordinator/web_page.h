@@ -6,9 +6,14 @@
 //
 // RunStatus.recent_rounds keeps the last 100 rounds only, so the curves'
 // history is kept here: the ticker calls Update() and each newly completed
-// round is appended (at most kMaxRounds, oldest dropped). The status and its
+// round is appended (at most kMaxRounds, oldest dropped) with what the page
+// needs and RoundSummary lacks: the bytes of its exchange (the workers'
+// WorkerStatus.bytes_received of that wire_round, as the snapshots saw them)
+// and when this coordinator saw it complete. The status and its
 // JSON are built at most once per status change or kMaxAge, whatever the
-// number of pages polling (each build is O(workers)).
+// number of pages polling (each build is O(workers)). Both answers carry a
+// Date header: the page measures the run's elapsed time on the
+// coordinator's clock, not the browser's.
 //
 // Thread-safe.
 #ifndef SHOAL_SERVICES_COORDINATOR_WEB_PAGE_H_
@@ -59,6 +64,17 @@ class WebPage {
     shoal::v1::RunStatus status;
     std::string json;  // built on the first /api/status of this snapshot
   };
+  // A completed round as the history keeps it.
+  struct Round {
+    shoal::v1::RoundSummary summary;  // model_hash cut to kHashChars
+    // Bytes the participants received in its exchange (-1 = unknown: no
+    // member reported this round's wire when the round was first seen).
+    int64_t wire_bytes = -1;
+    // When this coordinator saw it complete (within a tick); 0 = unknown
+    // (a round of the status a restarted coordinator resumed).
+    int64_t unix_ms = 0;
+  };
+  static constexpr size_t kHashChars = 12;
   struct Checkpoint {
     std::string id;
     uint64_t round = 0;
@@ -70,7 +86,9 @@ class WebPage {
   const Source source_;
   absl::Mutex mu_;
   std::shared_ptr<Snapshot> snapshot_ ABSL_GUARDED_BY(mu_);
-  std::deque<shoal::v1::RoundSummary> rounds_ ABSL_GUARDED_BY(mu_);
+  std::deque<Round> rounds_ ABSL_GUARDED_BY(mu_);
+  // Bytes received by worker, by wire round, for rounds not yet in rounds_.
+  std::map<uint64_t, std::map<std::string, uint64_t>> wire_ ABSL_GUARDED_BY(mu_);
   std::deque<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
