@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -241,7 +241,24 @@ run_python() {
     --out="$OUT/python" "${args[@]}" 2>>"$OUT/python.log" | tee "$OUT/python.txt"
 }
 
+# SIGTERM to exit per binary and state (tests/e2e/shutdown_test.cc prints a
+# `sigterm:` line per case); goal: every one under 5 s.
+run_sigterm() {
+  header sigterm
+  (cd "$BUILD" && SHOAL_BIN_DIR="$PWD/bin" ./bin/shutdown_test) >"$OUT/sigterm.log" 2>&1 ||
+    { tail -n 40 "$OUT/sigterm.log"; return 1; }
+  grep '^sigterm:' "$OUT/sigterm.log" | tee "$OUT/sigterm.txt"
+  awk '/^sigterm:/ { s = $(NF); sub(/s$/, "", s); if (s + 0 > max) max = s + 0; n++ }
+       END { printf "sigterm: %d cases, slowest %.2fs, goal 5s: %s\n", n, max,
+             (max < 5 ? "met" : "NOT met") }' "$OUT/sigterm.log" | tee -a "$OUT/sigterm.txt"
+}
+
 case "$NAME" in
+  sigterm)
+    ninja -C "$BUILD" shoal-coordinator shoal-worker shoal-checkpoint shoalctl shutdown_test \
+      >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_sigterm
+    ;;
   python)
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl _shoal >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }

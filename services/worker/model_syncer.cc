@@ -273,6 +273,11 @@ absl::Status SyncRun::Run() {
                          << "; reading it from checkpoint " << store_->id;
       BuildTableFromCheckpoint(*store_);
     }
+    if (options_.stop != nullptr && options_.stop->cancelled()) {
+      // The worker is stopping: the caller cancels the reads (StopAll).
+      Fail(absl::CancelledError("the worker is shutting down"));
+      break;
+    }
     ProcessReads();
     HashAhead();
     if (!failure_.ok()) break;

@@ -72,6 +72,9 @@ struct SyncOptions {
   absl::Duration poll_interval = absl::Milliseconds(50);
   // Time source for throughput and stalls; the real clock when null.
   const Clock* clock = nullptr;
+  // The worker's stop: once cancelled the sync ends (CANCELLED) within a
+  // poll interval, its reads cancelled. Not owned; null = never.
+  const CancellationToken* stop = nullptr;
 };
 
 // Where to read what no holder can serve. Unused when `client` is null.

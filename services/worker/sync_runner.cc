@@ -136,6 +136,13 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         }
         return l;
       });
+      if (host_->StopRequested()) {
+        // Training ended early for the shutdown: leave without reporting
+        // the unfinished round.
+        parts_.stop->Cancel();
+        *next = protocol_.OnStopRequested();
+        return std::nullopt;
+      }
       M().train_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       M().train_loss.Set(loss);
       *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements());
@@ -422,7 +429,9 @@ absl::Status SyncRunner::PullModel(const Action& a, float* dst, uint64_t total) 
                       << a.checkpoint_id << " from the store";
     }
   }
-  ModelSyncer syncer(parts_.peers, parts_.options->sync);
+  SyncOptions options = parts_.options->sync;
+  options.stop = parts_.stop;
+  ModelSyncer syncer(parts_.peers, options);
   return syncer.Sync(a.round, a.hash, a.holders, dst, total, protocol_.worker_id(),
                      parts_.sync_progress, fallback);
 }

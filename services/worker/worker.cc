@@ -155,7 +155,13 @@ absl::Status Worker::Run() {
                   << "; joining coordinator " << options_.coordinator;
   // The first join: the run's configuration (and so the mode) comes with
   // its answer, which builds the model and the mode's runner.
-  if (std::optional<absl::Status> exit = Join(NewJoinRequest(identity_))) return *exit;
+  if (std::optional<absl::Status> exit = Join(NewJoinRequest(identity_))) {
+    // Stopped after the coordinator took the join (while the model was
+    // built or the session opened): say goodbye, so that the status reads
+    // "left", not "lost" once the session grace runs out.
+    if (StopRequested() && !worker_id_.empty()) Leave("worker shut down");
+    return *exit;
+  }
   if (runner_ == nullptr) return absl::OkStatus();  // stopped before the first join
   return runner_->Run();
 }
@@ -428,6 +434,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.data_rank = joined.data_rank();
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
+  topts.stop = &stop_token_;
   if (config.model().name() == "torchscript" && !options_.make_trainer) {
     absl::StatusOr<std::string> file = FetchRunModelFile(joined);
     if (!file.ok()) return file.status();

@@ -5,19 +5,7 @@
 namespace shoal {
 namespace {
 
-class CheckpointRunTest : public ClusterTest {
- protected:
-  std::string StartStore() {
-    store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
-                             "--data_dir=" + dir_.path() + "/store"},
-                            dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
-    EXPECT_FALSE(address.empty()) << store_->Log();
-    return address;
-  }
-
-  std::unique_ptr<Process> store_;
-};
+using CheckpointRunTest = ClusterTest;
 
 TEST_F(CheckpointRunTest, CheckpointsAreUploadedAndRecorded) {
   const std::string store = StartStore();

@@ -36,6 +36,18 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
+  // Starts a checkpoint store on 127.0.0.1:0 (its data in the test's
+  // directory) and returns its address.
+  std::string StartStore(std::vector<std::string> flags = {}) {
+    std::vector<std::string> argv = {BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
+                                     "--data_dir=" + dir_.path() + "/store"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    store_ = Process::Start(argv, dir_.path() + "/store.log");
+    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
+    EXPECT_FALSE(address.empty()) << store_->Log();
+    return address;
+  }
+
   // Starts a coordinator on 127.0.0.1:0 and returns its address.
   std::string StartCoordinator(std::vector<std::string> flags) {
     return StartCoordinatorAt("127.0.0.1:0", std::move(flags));
@@ -155,6 +167,7 @@ class ClusterTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
+  std::unique_ptr<Process> store_;  // StartStore's
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 

@@ -26,15 +26,6 @@ namespace {
 
 class GossipCheckpointTest : public ClusterTest {
  protected:
-  std::string StartStore() {
-    store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
-                             "--data_dir=" + dir_.path() + "/store"},
-                            dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
-    EXPECT_FALSE(address.empty()) << store_->Log();
-    return address;
-  }
-
   // The value of "key": in shoalctl's JSON (a string or a number), or "".
   static std::string JsonValue(const std::string& json, const std::string& key) {
     const std::string k = absl::StrCat("\"", key, "\": ");
@@ -57,8 +48,6 @@ class GossipCheckpointTest : public ClusterTest {
     EXPECT_EQ(code, 0) << show;
     return show;
   }
-
-  std::unique_ptr<Process> store_;
 };
 
 TEST_F(GossipCheckpointTest, CheckpointerTakeoverExportAndResume) {

@@ -18,15 +18,6 @@ namespace {
 
 class ShoalctlE2eTest : public ClusterTest {
  protected:
-  std::string StartStore() {
-    store_ = Process::Start({BinDir() + "/shoal-checkpoint", "--listen=127.0.0.1:0",
-                             "--data_dir=" + dir_.path() + "/store"},
-                            dir_.path() + "/store.log");
-    const std::string address = store_->WaitForListenAddress(absl::Seconds(60));
-    EXPECT_FALSE(address.empty()) << store_->Log();
-    return address;
-  }
-
   // Runs `shoalctl ARGS` (a shell line) with its stdout into FILE; returns
   // the exit code.
   int CtlTo(const std::string& args, const std::string& file) {
@@ -55,8 +46,6 @@ class ShoalctlE2eTest : public ClusterTest {
         &code);
     return code == 0;
   }
-
-  std::unique_ptr<Process> store_;
 };
 
 TEST_F(ShoalctlE2eTest, EveryReadCommandInEveryFormat) {

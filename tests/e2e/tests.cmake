@@ -9,6 +9,8 @@ add_executable(shoal-chaos e2e/chaos.cc)
 target_link_libraries(shoal-chaos PRIVATE test_support shoal_protos shoal_common absl::flags
   absl::flags_parse)
 add_dependencies(shoal-chaos shoal-coordinator shoal-worker)
+shoal_test(shutdown_test e2e e2e/shutdown_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(shutdown_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 shoal_test(shoalctl_e2e_test e2e e2e/shoalctl_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(shoalctl_e2e_test shoal-coordinator shoal-worker shoal-checkpoint shoalctl)
 shoal_test(checkpoint_run_test e2e e2e/checkpoint_run_test.cc LIBS shoal_protos shoal_common SERIAL)

@@ -16,11 +16,11 @@
 
 namespace shoal::testing {
 
-// GETs http://127.0.0.1:`port``path`; returns the body of a 200 answer, or ""
-// (connection refused, another status, a timeout of 5 s).
-inline std::string HttpGet(int port, const std::string& path) {
+// A TCP connection to 127.0.0.1:`port` with 5 s send and receive timeouts;
+// -1 when refused.
+inline int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -28,8 +28,20 @@ inline std::string HttpGet(int port, const std::string& path) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GETs http://127.0.0.1:`port``path`; returns the body of a 200 answer, or ""
+// (connection refused, another status, a timeout of 5 s).
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+  {
     const std::string request =
         "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
@@ -53,17 +65,10 @@ inline std::string HttpGet(int port, const std::string& path) {
 // and body), or "" when the connection, the handshake or the verification
 // failed. 5 s timeouts.
 inline std::string HttpsExchange(int port, const std::string& ca_pem, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = ConnectLoopback(port);
   if (fd < 0) return "";
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+  {
     SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
     BIO* b = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
     while (X509* ca = PEM_read_bio_X509(b, nullptr, nullptr, nullptr)) {

@@ -20,9 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/support/http_get.h"
 
 namespace shoal {
 namespace {
+
+using ::shoal::testing::HttpsExchange;
 
 int Connect(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -164,33 +167,6 @@ SelfSigned MakeSelfSigned() {
   return out;
 }
 
-// Sends `request` over TLS, trusting `ca_pem` only; the whole answer, or ""
-// when the handshake or the verification failed.
-std::string TlsExchange(int port, const std::string& ca_pem, const std::string& request) {
-  const int fd = Connect(port);
-  if (fd < 0) return "";
-  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  BIO* b = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
-  X509* ca = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
-  BIO_free(b);
-  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), ca);
-  X509_free(ca);
-  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
-  SSL* ssl = SSL_new(ctx);
-  SSL_set_fd(ssl, fd);
-  std::string out;
-  if (SSL_connect(ssl) == 1) {
-    SSL_write(ssl, request.data(), static_cast<int>(request.size()));
-    char buf[4096];
-    int n;
-    while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) out.append(buf, n);
-  }
-  SSL_free(ssl);
-  SSL_CTX_free(ctx);
-  close(fd);
-  return out;
-}
-
 TEST(HttpServerTest, ServesHttpsWithItsCertificate) {
   const SelfSigned pki = MakeSelfSigned();
   HttpServer::Options options;
@@ -199,18 +175,18 @@ TEST(HttpServerTest, ServesHttpsWithItsCertificate) {
   auto s = Serve(options);
   ASSERT_NE(s, nullptr);
   EXPECT_STREQ(s->scheme(), "https");
-  const std::string ok = TlsExchange(s->port(), pki.cert_pem, "GET /hello?x=2 HTTP/1.1\r\n\r\n");
+  const std::string ok = HttpsExchange(s->port(), pki.cert_pem, "GET /hello?x=2 HTTP/1.1\r\n\r\n");
   EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
   EXPECT_NE(ok.find("hello x=2"), std::string::npos) << ok;
   // Plain text gets no HTTP answer from a TLS port.
   const std::string plain = Exchange(s->port(), "GET /hello HTTP/1.1\r\n\r\n");
   EXPECT_EQ(plain.find("HTTP/1.1 200"), std::string::npos) << plain;
   // A client trusting another CA refuses the server.
-  EXPECT_EQ(TlsExchange(s->port(), MakeSelfSigned().cert_pem, "GET /hello HTTP/1.1\r\n\r\n"), "");
+  EXPECT_EQ(HttpsExchange(s->port(), MakeSelfSigned().cert_pem, "GET /hello HTTP/1.1\r\n\r\n"), "");
   // Still serving.
-  EXPECT_EQ(
-      TlsExchange(s->port(), pki.cert_pem, "GET /hello HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0),
-      0u);
+  EXPECT_EQ(HttpsExchange(s->port(), pki.cert_pem, "GET /hello HTTP/1.1\r\n\r\n")
+                .rfind("HTTP/1.1 200", 0),
+            0u);
   EXPECT_STREQ(Serve()->scheme(), "http");
   // A key that is not the certificate's: refused at start.
   options.tls_key_pem = MakeSelfSigned().key_pem;

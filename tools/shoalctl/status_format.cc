@@ -410,6 +410,17 @@ std::string FormatRoundJsonLine(const shoal::v1::RoundSummary& r, uint64_t total
 }
 
 namespace {
+// The test accuracy and loss of the newest evaluated round (0 when none).
+void LastEvaluated(const shoal::v1::RunStatus& s, double* accuracy, double* loss) {
+  for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
+    if (it->evaluated()) {
+      *accuracy = it->test_accuracy();
+      *loss = it->test_loss();
+      return;
+    }
+  }
+}
+
 // Workers that reported the last completed round (also those that left
 // after it, as every worker does when the run finishes), evicted ones aside.
 bool ReportedLastRound(const shoal::v1::RunStatus& s, const shoal::v1::WorkerStatus& w) {
@@ -450,13 +461,7 @@ std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seco
         s.run_id(), PhaseName(s.phase()), n, accuracy, loss, elapsed_seconds);
   }
   double accuracy = 0, loss = 0;
-  for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
-    if (it->evaluated()) {
-      accuracy = it->test_accuracy();
-      loss = it->test_loss();
-      break;
-    }
-  }
+  LastEvaluated(s, &accuracy, &loss);
   int active = 0;
   for (const auto& w : s.workers()) active += ReportedLastRound(s, w);
   return absl::StrFormat(
@@ -468,13 +473,7 @@ std::string FormatSummaryLine(const shoal::v1::RunStatus& s, double elapsed_seco
 
 std::string FormatFinishedJsonLine(const shoal::v1::RunStatus& s, double elapsed_seconds) {
   double accuracy = 0, loss = 0;
-  for (auto it = s.recent_rounds().rbegin(); it != s.recent_rounds().rend(); ++it) {
-    if (it->evaluated()) {
-      accuracy = it->test_accuracy();
-      loss = it->test_loss();
-      break;
-    }
-  }
+  LastEvaluated(s, &accuracy, &loss);
   int workers = 0;
   for (const auto& w : s.workers()) workers += ReportedLastRound(s, w);
   if (IsGossip(s)) {

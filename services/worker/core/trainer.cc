@@ -362,7 +362,9 @@ double BuiltinTrainer::TrainSteps(uint32_t steps) {
   CopyInMirrored(m);  // the averaged values, rounded
   const int64_t batch = s.options.config.training().batch_size();
   double loss_sum = 0;
+  uint32_t done = 0;
   for (uint32_t step = 0; step < steps; ++step) {
+    if (s.options.stop != nullptr && s.options.stop->cancelled()) break;  // shutting down
     if (s.cursor + batch > s.order.size()) {  // next epoch over the shard
       std::shuffle(s.order.begin(), s.order.end(), s.rng);
       s.cursor = 0;
@@ -377,12 +379,13 @@ double BuiltinTrainer::TrainSteps(uint32_t steps) {
     loss.backward();
     s.optimizer->step();
     loss_sum += loss.item<double>();
+    ++done;
   }
   for (MirroredBuffer& b : m.mirrored) {
     torch::Tensor v = b.tensor.reshape({b.tensor.numel()}).to(torch::kFloat32);
     std::copy_n(v.data_ptr<float>(), v.numel(), flat + b.offset);
   }
-  return steps == 0 ? 0 : loss_sum / steps;
+  return done == 0 ? 0 : loss_sum / done;
 }
 
 namespace {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cancellation.h"
 #include "services/worker/core/idx_reader.h"
 #include "shoal/v1/common.pb.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -48,6 +49,10 @@ struct TrainerOptions {
   // config.model().name() == "torchscript": the file's bytes (verified against
   // config.model().file_sha256() by the caller).
   std::string model_file;
+  // The worker's stop (SIGTERM): TrainSteps ends after the step in progress
+  // once it is cancelled, so that a long round never delays the shutdown.
+  // Not owned; null = never.
+  const CancellationToken* stop = nullptr;
 };
 
 // A parameter tensor's place in the flat buffer.
@@ -67,7 +72,8 @@ class Trainer {
                                                          const FashionMnist* data);
   virtual ~Trainer() = default;
 
-  // Runs `steps` SGD steps on the worker's shard; returns the mean loss.
+  // Runs `steps` SGD steps on the worker's shard (fewer when the options'
+  // stop is cancelled); returns the mean loss of the steps run.
   virtual double TrainSteps(uint32_t steps) = 0;
   // The synchronous round the next TrainSteps trains (from the model of the
   // rounds before it); the built-in trainer does not need it.
