@@ -155,9 +155,9 @@ TEST(ShoalctlCliTest, CheckpointIdsAsOperands) {
 TEST(ShoalctlCliTest, HelpDescribesEveryFlagOfEveryCommand) {
   absl::StatusOr<std::string> overview = HelpText({});
   ASSERT_TRUE(overview.ok());
-  for (const char* command : {"status", "watch", "config", "explain WORKER", "doctor",
-                              "checkpoints list", "checkpoints show",
-                              "checkpoints export", "checkpoints delete", "completion", "help"}) {
+  for (const char* command :
+       {"status", "watch", "config", "explain WORKER", "doctor", "checkpoints list",
+        "checkpoints show", "checkpoints export", "checkpoints delete", "completion", "help"}) {
     EXPECT_THAT(*overview, HasSubstr(command));
   }
   for (const char* env : {"SHOAL_COORDINATOR", "SHOAL_STORE", "SHOAL_TOKEN_FILE", "SHOAL_TLS_CA",
