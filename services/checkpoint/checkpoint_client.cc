@@ -113,6 +113,7 @@ absl::StatusOr<shoal::v1::CheckpointInfo> GrpcCheckpointClient::Upload(
   const size_t chunk_bytes = std::clamp<size_t>(options_.chunk_bytes, 1, kMaxChunkBytes);
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(options_.transfer_timeout));
+  ScopedCancelCallback cancel(options_.stop, [&ctx] { ctx.TryCancel(); });
   {
     absl::MutexLock lock(&grant_mu_);
     if (!grant_.empty()) ctx.AddMetadata(kUploadGrantMetadataKey, grant_);
@@ -178,9 +179,11 @@ absl::Status GrpcCheckpointClient::ReadLayer(const std::string& id, uint32_t lay
   uint64_t next = offset;
   // A retried read resumes at `next`, so nothing is delivered twice.
   absl::Status s = Retry(
-      StorePolicy(options_.transfer_timeout), nullptr, [&](absl::Duration left) -> absl::Status {
+      StorePolicy(options_.transfer_timeout), options_.stop,
+      [&](absl::Duration left) -> absl::Status {
         grpc::ClientContext ctx;
         ctx.set_deadline(DeadlineIn(left));
+        ScopedCancelCallback cancel(options_.stop, [&ctx] { ctx.TryCancel(); });
         shoal::v1::ReadLayerRequest request;
         request.set_id(id);
         request.set_layer(layer);

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/cancellation.h"
 #include "shoal/v1/checkpoint.grpc.pb.h"
 
 namespace shoal::checkpoint {
@@ -82,6 +83,10 @@ struct CheckpointClientOptions {
   absl::Duration transfer_timeout = absl::Minutes(10);
   // Bytes per upload chunk.
   size_t chunk_bytes = 1 << 20;
+  // Cancels the Upload or ReadLayer in flight when cancelled (the worker's
+  // stop: SIGTERM must not wait for a store that stopped reading). Not
+  // owned; null = never.
+  CancellationToken* stop = nullptr;
 };
 
 // gRPC implementation. Idempotent reads (List, GetManifest, ReadLayer) are

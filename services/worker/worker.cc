@@ -471,7 +471,10 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   // element for encodings).
   push_box_->SetMaxBytes(2 * 8 * n + (uint64_t{16} << 20));
   if (store_ == nullptr && !config.checkpoints().store().empty()) {
-    store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config.checkpoints().store());
+    checkpoint::CheckpointClientOptions store_options;
+    store_options.stop = &stop_token_;  // SIGTERM cancels an upload in flight
+    store_ = std::make_unique<checkpoint::GrpcCheckpointClient>(config.checkpoints().store(),
+                                                                store_options);
   }
   heartbeat_ms_ = config.timeouts().heartbeat_interval_ms();
   std::string averaging = absl::StrCat("gossip, pulls ", codec_->name());

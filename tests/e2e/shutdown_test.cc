@@ -1,6 +1,7 @@
 // SIGTERM ends every binary, in every state it can be in: a worker joining a
 // coordinator that is not there, waiting at the barrier for members,
-// training, pulling the model as a late joiner; the coordinator with members;
+// training, pulling the model as a late joiner, uploading a checkpoint; the
+// coordinator with members;
 // the store; shoalctl watch. Each must exit by itself with a clean code (the
 // test waits for the exit, not for a duration: 60 s is only a hang guard).
 // The time from the signal to the exit is printed as `sigterm: ...` lines:
@@ -82,6 +83,23 @@ TEST_F(ShutdownTest, LateJoinerPullingTheModel) {
   ASSERT_TRUE(WaitUntil([&] { return WorkerIs("late", "syncing"); }, absl::Seconds(60))) << Logs();
   EXPECT_EQ(Terminate(late, "worker-pulling"), 0) << late->Log();
   if (getenv("SHOAL_SHUTDOWN_LOG")) std::cout << late->Log();
+}
+
+TEST_F(ShutdownTest, WorkerUploadingACheckpoint) {
+  // A store that stops reading (SIGSTOP) after the first checkpoint: the
+  // next upload hangs in flight, and the worker is signalled during it.
+  const std::string store = StartStore();
+  const std::string addr =
+      StartCoordinator({"--min_participants=1", "--local_steps=5", "--checkpoint_every=1",
+                        "--checkpoint_store=" + store, "--run_id=sigterm-upload"});
+  Process* w = StartWorker(addr, {"--name=uploader"});
+  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 1; }, absl::Minutes(2));
+  store_->Signal(SIGSTOP);
+  const v1::RunStatus pending = WaitForStatus(
+      [](const v1::RunStatus& s) { return !s.checkpoint_pending().empty(); }, absl::Minutes(1));
+  ASSERT_FALSE(pending.checkpoint_pending().empty()) << Logs();
+  EXPECT_EQ(Terminate(w, "worker-uploading"), 0) << w->Log();
+  store_->Signal(SIGCONT);
 }
 
 TEST_F(ShutdownTest, StoreAndWatch) {
