@@ -145,8 +145,11 @@ TEST_F(ShoalctlE2eTest, EveryReadCommandInEveryFormat) {
 TEST_F(ShoalctlE2eTest, ExplainAndDoctorNameEachFinding) {
   const std::string store = StartStore();
   const std::string addr = StartCoordinator(
+      // The frozen worker stays a member however long the checks take: no
+      // eviction for missed rounds, a long lease.
       {"--min_participants=2", "--local_steps=10", "--rounds=100000", "--heartbeat_lease=120s",
-       "--checkpoint_store=" + store, "--checkpoint_every=5", "--run_id=ctl-b"});
+       "--max_missed_rounds=0", "--checkpoint_store=" + store, "--checkpoint_every=5",
+       "--run_id=ctl-b"});
   StartWorker(addr, {"--name=steady"});
   Process* frozen = StartWorker(addr, {"--name=frozen"});
   StartWorker(addr, {"--name=natted", "--outbound_only=true"});
@@ -208,6 +211,17 @@ TEST_F(ShoalctlE2eTest, ExplainAndDoctorNameEachFinding) {
   EXPECT_THAT(doctor, ::testing::HasSubstr("advertised address 127.0.0.1:1 is not reachable"));
   EXPECT_THAT(doctor, ::testing::ContainsRegex("ok +store +" + store + " answers"));
   EXPECT_THAT(doctor, ::testing::HasSubstr("doctor: something is wrong"));
+  // The findings as JSON and YAML (the run moves on between the calls: each
+  // document's "problem" matches its own exit code).
+  const int json_code = CtlTo("doctor -o json --coordinator=" + addr, "doctor.json");
+  const int yaml_code = CtlTo("doctor -o yaml --coordinator=" + addr, "doctor.yaml");
+  EXPECT_TRUE(PythonSays(
+      "doctor.json", "doctor.yaml",
+      absl::StrCat("j['problem'] == ", json_code == 1 ? "True" : "False",
+                   " and y['problem'] == ", yaml_code == 1 ? "True" : "False",
+                   " and j['findings'][0]['subject'] == 'coordinator' and "
+                   "all(set(f) == {'level', 'subject', 'text'} for f in y['findings'])")))
+      << Read("doctor.json") << Read("doctor.yaml");
   frozen->Signal(SIGCONT);
 
   // A coordinator address with nothing behind it: one PROBLEM naming it.

@@ -119,6 +119,17 @@ TEST(ExplainTest, CatchUpWaitingAndUnknownWorkers) {
               HasSubstr("no worker 'w9' in run r1; workers: w1 (alice), w2"));
 }
 
+TEST(ExplainTest, FindingsAsJson) {
+  const std::vector<Finding> f = {{Level::kOk, "w1", "fine"},
+                                  {Level::kProblem, "w2", "said \"no\""}};
+  EXPECT_EQ(FormatFindingsJson(f),
+            "{\"problem\": true, \"findings\": [\n"
+            "  {\"level\": \"ok\", \"subject\": \"w1\", \"text\": \"fine\"},\n"
+            "  {\"level\": \"PROBLEM\", \"subject\": \"w2\", \"text\": \"said \\\"no\\\"\"}\n"
+            "]}\n");
+  EXPECT_EQ(FormatFindingsJson({}), "{\"problem\": false, \"findings\": []}\n");
+}
+
 TEST(DoctorTest, NamesTheCoordinatorsRefusalWithWhatToCheck) {
   DoctorFacts f;
   f.coordinator_address = "10.0.0.1:50051";

@@ -119,7 +119,7 @@ const std::vector<CommandSpec>& Commands() {
        "silence past the heartbeat lease; and whether this host reaches its advertised "
        "address. Exits 1 when a finding is a PROBLEM.",
        {},
-       {OutputFormat::kTable}},
+       {OutputFormat::kTable, OutputFormat::kJson, OutputFormat::kYaml}},
       {{"doctor"},
        "",
        0,
@@ -131,7 +131,7 @@ const std::vector<CommandSpec>& Commands() {
        "the configured rate, damaged checkpoints) and this host's clock against the "
        "coordinator's newest timestamp.",
        {},
-       {OutputFormat::kTable}},
+       {OutputFormat::kTable, OutputFormat::kJson, OutputFormat::kYaml}},
       {{"checkpoints", "list"},
        "",
        0,

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/worker_state.h"
+#include "tools/shoalctl/status_format.h"
 
 namespace shoal::ctl {
 namespace {
@@ -115,6 +116,19 @@ std::string FormatFindings(const std::vector<Finding>& findings) {
     absl::StrAppendFormat(&out, "%-7s  %-*s  %s\n", LevelName(f.level), static_cast<int>(width),
                           f.subject, f.text);
   }
+  return out;
+}
+
+std::string FormatFindingsJson(const std::vector<Finding>& findings) {
+  std::string out =
+      absl::StrCat("{\"problem\": ", AnyProblem(findings) ? "true" : "false", ", \"findings\": [");
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "  {\"level\": ", JsonQuote(LevelName(f.level)),
+                    ", \"subject\": ", JsonQuote(f.subject), ", \"text\": ", JsonQuote(f.text),
+                    "}");
+  }
+  absl::StrAppend(&out, findings.empty() ? "]}\n" : "\n]}\n");
   return out;
 }
 

@@ -32,6 +32,8 @@ const char* LevelName(Finding::Level level);
 // One line per finding: "PROBLEM  w3        not heard from for 12.0s ...".
 std::string FormatFindings(const std::vector<Finding>& findings);
 bool AnyProblem(const std::vector<Finding>& findings);
+// -o json: {"problem": bool, "findings": [{"level", "subject", "text"}, ...]}.
+std::string FormatFindingsJson(const std::vector<Finding>& findings);
 
 // Why WORKER (an id such as "w3" or its --name) is or is not contributing,
 // as far as the coordinator's status tells: its state and reason, the round

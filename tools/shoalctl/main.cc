@@ -281,7 +281,9 @@ int Explain(Coordinators* c, const Invocation& inv) {
     std::cerr << "shoalctl: " << findings.status().message() << "\n";
     return 1;
   }
-  std::cout << shoal::ctl::FormatFindings(*findings);
+  std::cout << (inv.output == OutputFormat::kTable
+                    ? shoal::ctl::FormatFindings(*findings)
+                    : Document(inv.output, shoal::ctl::FormatFindingsJson(*findings)));
   return shoal::ctl::AnyProblem(*findings) ? 1 : 0;
 }
 
@@ -316,8 +318,12 @@ int Doctor(Coordinators* c, const Invocation& inv) {
     if (list.ok()) facts.checkpoints = *std::move(list);
   }
   const std::vector<shoal::ctl::Finding> findings = shoal::ctl::Doctor(status, facts);
-  std::cout << shoal::ctl::FormatFindings(findings);
   const bool problem = shoal::ctl::AnyProblem(findings);
+  if (inv.output != OutputFormat::kTable) {
+    std::cout << Document(inv.output, shoal::ctl::FormatFindingsJson(findings));
+    return problem ? 1 : 0;
+  }
+  std::cout << shoal::ctl::FormatFindings(findings);
   std::cout << (problem ? "doctor: something is wrong (the PROBLEM lines)\n"
                         : "doctor: no problem found\n");
   return problem ? 1 : 0;
