@@ -221,7 +221,7 @@ expect_exit 2 "is not writable" --read-only "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --state_dir=/var/lib/shoal/coordinator
 expect_exit 2 "model.name (--model) must be mlp, cnn, torchscript or module" "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --model=resnet
-expect_exit 1 "Unknown command line flag 'min_participant'" "$IMAGE" \
+expect_exit 2 "unknown flag --min_participant (did you mean --min_participants?)" "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --min_participant=3
 expect_exit 1 "Illegal value 'three' specified for flag 'min_participants'" "$IMAGE" \
   shoal-coordinator --listen=127.0.0.1:0 --min_participants=three
