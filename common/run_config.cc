@@ -42,6 +42,11 @@ void NormalizeRunConfig(RunConfig* c) {
   if (c->training().data_shards() == 0 && c->has_sync()) {
     c->mutable_training()->set_data_shards(c->sync().min_participants());
   }
+  if (c->training().sample_ledger() && c->has_sync()) {
+    // A late update folded into a later round would train its samples
+    // outside the ledger: they go back to the pool instead.
+    c->mutable_sync()->set_fold_late_work(false);
+  }
   if (c->has_gossip()) {
     shoal::v1::GossipMode* g = c->mutable_gossip();
     g->set_every(std::max<uint32_t>(1, g->every()));
@@ -103,6 +108,22 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   const shoal::v1::SyncMode& sync = c.sync();
   if (!gossip && sync.min_participants() == 0) {
     return Refuse("sync.min_participants (--min_participants) must be > 0");
+  }
+  if (t.sample_ledger()) {
+    if (gossip) return Refuse("training.sample_ledger (--sample_ledger) needs synchronous rounds");
+    absl::StatusOr<DataSplit> split = ParseDataSplit(t.data_split());
+    if (split.ok() && split->label_skew) {
+      return Refuse(
+          "training.sample_ledger (--sample_ledger) needs training.data_split (--data_split) iid: "
+          "the ledger draws every round's samples from the whole training set");
+    }
+    if (name == "module") {
+      return Refuse(
+          "training.sample_ledger (--sample_ledger) needs the built-in trainer: a Python "
+          "training loop (model.name module) chooses its own samples");
+    }
+  } else if (t.epochs() > 0) {
+    return Refuse("training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)");
   }
   // After min_participants: it is data_shards' default.
   if (t.data_shards() == 0) return Refuse("training.data_shards (--data_shards) must be > 0");

@@ -1,6 +1,8 @@
 #include "services/coordinator/coordinator_server.h"
 
+#include <algorithm>
 #include <unordered_set>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,7 @@
 #include "common/sha256.h"
 #include "services/checkpoint/checkpoint_client.h"
 #include "services/coordinator/coordinator_endpoint.h"
+#include "services/coordinator/core/base_recovery.h"
 #include "services/coordinator/core/run_settings.h"
 
 namespace shoal::coordinator {
@@ -105,26 +108,45 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> ResumeFromStore(const std::s
                                                            run_id, " in --checkpoint_store ", store,
                                                            ": ", list.status().message()));
   }
-  const shoal::v1::CheckpointInfo* newest = nullptr;
+  // The intact checkpoints, newest first: the newest is where the run
+  // resumes, the others where it goes back to should that one turn out
+  // damaged as the workers load it (core/base_recovery.h).
+  std::vector<const shoal::v1::CheckpointInfo*> intact;
   for (const auto& info : *list) {
-    if (info.run_id() != run_id || !info.damage().empty()) continue;
-    if (newest == nullptr || info.round() > newest->round()) newest = &info;
+    if (info.run_id() == run_id && info.damage().empty()) intact.push_back(&info);
   }
-  if (newest == nullptr) {
+  std::sort(intact.begin(), intact.end(),
+            [](const auto* a, const auto* b) { return a->round() > b->round(); });
+  if (intact.empty()) {
     SHOAL_LOG(INFO) << "no checkpoint of run " << run_id << " in " << store << "; starting fresh";
     return std::optional<shoal::v1::RunRecord>();
   }
-  absl::StatusOr<shoal::v1::Manifest> manifest = client.GetManifest(newest->id());
-  if (!manifest.ok()) return manifest.status();
   shoal::v1::RunRecord r;
   r.set_run_id(run_id);
-  r.set_last_completed_round(manifest->round());
-  r.set_model_hash(manifest->model_sha256());
-  r.set_checkpoint_id(manifest->id());
-  r.set_checkpoint_round(manifest->round());
   r.set_next_worker_number(1);
-  SHOAL_LOG(INFO) << "resuming run " << run_id << " from checkpoint " << manifest->id()
-                  << " (round " << manifest->round() << ")";
+  for (const shoal::v1::CheckpointInfo* info : intact) {
+    if (static_cast<size_t>(r.checkpoints_size()) == coordinator::kKnownCheckpoints) break;
+    absl::StatusOr<shoal::v1::Manifest> manifest = client.GetManifest(info->id());
+    if (!manifest.ok()) {
+      if (r.checkpoints_size() == 0) return manifest.status();
+      SHOAL_LOG(WARNING) << "checkpoint " << info->id()
+                         << " left out of those to go back to: " << manifest.status();
+      continue;
+    }
+    shoal::v1::CheckpointRef* ref = r.add_checkpoints();
+    ref->set_id(manifest->id());
+    ref->set_round(manifest->round());
+    ref->set_model_hash(manifest->model_sha256());
+    if (manifest->has_ledger()) *ref->mutable_ledger() = manifest->ledger();
+  }
+  const shoal::v1::CheckpointRef& newest = r.checkpoints(0);
+  r.set_last_completed_round(newest.round());
+  r.set_model_hash(newest.model_hash());
+  r.set_checkpoint_id(newest.id());
+  r.set_checkpoint_round(newest.round());
+  if (newest.has_ledger()) *r.mutable_ledger() = newest.ledger();
+  SHOAL_LOG(INFO) << "resuming run " << run_id << " from checkpoint " << newest.id() << " (round "
+                  << newest.round() << ")";
   return std::optional<shoal::v1::RunRecord>(r);
 }
 

@@ -195,6 +195,15 @@ ABSL_FLAG(std::string, relay, "off",
           "directly.");
 ABSL_FLAG(std::string, data_split, "iid",
           "How training data is split across data ranks: iid or label_skew:ALPHA (Dirichlet).");
+ABSL_FLAG(bool, sample_ledger, false,
+          "Synchronous rounds: the coordinator hands every participant the samples it trains "
+          "in each round from a ledger of the run's epochs, and the samples of lost work "
+          "(evicted, killed, sitting out, aborted rounds) are trained again in a later round: "
+          "every sample is trained exactly once per epoch (docs/DATA.md). Needs the built-in "
+          "trainer and --data_split=iid; turns --fold_late_work off.");
+ABSL_FLAG(uint32_t, epochs, 0,
+          "With --sample_ledger: finish the run once this many epochs are trained (0 = no "
+          "limit; --rounds still applies).");
 ABSL_FLAG(std::string, mode, "sync",
           "sync: synchronous rounds. gossip: no rounds; workers train without stopping and "
           "average pair-wise with peers (dpwa, docs/GOSSIP.md); the coordinator keeps "
@@ -355,6 +364,16 @@ std::vector<RunConfigFlag> RunConfigFlags() {
       Key(FLAGS_data_split, "training.data_split",
           [](RunConfig* c, const std::string& v) {
             c->mutable_training()->set_data_split(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_sample_ledger, "training.sample_ledger",
+          [](RunConfig* c, bool v) {
+            c->mutable_training()->set_sample_ledger(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_epochs, "training.epochs",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_training()->set_epochs(v);
             return absl::OkStatus();
           }),
       Key(FLAGS_eval_every, "training.eval_every",

@@ -255,6 +255,14 @@ class SyncRun {
   std::string whole_digest_ ABSL_GUARDED_BY(mu_);
 };
 
+// The code of a sync that failed on the store: DATA_LOSS when the store
+// found the checkpoint damaged, UNAVAILABLE otherwise (the store may come
+// back).
+absl::StatusCode StoreFailureCode(const absl::Status& store_error) {
+  return absl::IsDataLoss(store_error) ? absl::StatusCode::kDataLoss
+                                       : absl::StatusCode::kUnavailable;
+}
+
 absl::Status SyncRun::Run() {
   StartManifestCalls();
   absl::MutexLock lock(&mu_);
@@ -264,7 +272,8 @@ absl::Status SyncRun::Run() {
       // No holder described the model: the store's manifest is the table.
       EnsureStore();
       if (!store_.has_value()) {
-        Fail(absl::UnavailableError(
+        Fail(absl::Status(
+            StoreFailureCode(store_error_),
             absl::StrCat("no holder could describe the model of round ", round_, PeerReasons(),
                          " and the checkpoint store cannot serve it: ", store_error_.message())));
         break;
@@ -585,7 +594,11 @@ void SyncRun::ProcessReads() {
     piece.state = Piece::kPending;
     ++pieces_refetched_;
     if (store) {
-      Fail(absl::UnavailableError(
+      // Bytes that do not match the digest, or the store's own DATA_LOSS:
+      // the checkpoint is damaged (the coordinator goes back to an older
+      // one when nobody else holds the round).
+      Fail(absl::Status(
+          r.status.ok() ? absl::StatusCode::kDataLoss : StoreFailureCode(r.status),
           absl::StrCat("no holder can serve layer '", layers_[piece.layer].name, "' of round ",
                        round_, PeerReasons(), " and the checkpoint store failed: ",
                        r.status.ok() ? absl::StrCat("its bytes do not match the layer's digest")
@@ -649,9 +662,9 @@ void SyncRun::LayerChecked(uint32_t index, bool ok) {
                      << " does not match its digest; reading it again elsewhere";
   for (size_t source : layer.sources) {
     if (source == kStore) {
-      Fail(absl::UnavailableError(absl::StrCat("layer '", layer.name,
-                                               "' from the checkpoint store does not match "
-                                               "its digest")));
+      Fail(absl::DataLossError(absl::StrCat("layer '", layer.name,
+                                            "' from the checkpoint store does not match "
+                                            "its digest: the checkpoint is damaged")));
       return;
     }
     failed_.insert({index, source});
@@ -808,7 +821,8 @@ void SyncRun::Schedule() {
   }
   if (!store_.has_value()) {
     const Piece& p = pieces_[plan.unservable.front()];
-    Fail(absl::UnavailableError(
+    Fail(absl::Status(
+        StoreFailureCode(store_error_),
         absl::StrCat("no holder can serve layer '", layers_[p.layer].name, "' of round ", round_,
                      PeerReasons(), " and the checkpoint store cannot: ", store_error_.message())));
     return;

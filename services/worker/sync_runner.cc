@@ -129,6 +129,13 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     case Action::kTrain: {
       const absl::Time t0 = parts_.clock->Now();
       parts_.trainer->SetRound(a.round);
+      if (protocol_.config().training().sample_ledger()) {
+        // The coordinator's samples of this round (a trainer that cannot
+        // take them was refused at join).
+        if (absl::Status s = parts_.trainer->SetSamples(a.samples); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("round ", a.round, ": ", s.message()));
+        }
+      }
       const double loss = parts_.memory->Train(a.round, [&](float* params) {
         const double l = parts_.trainer->TrainSteps(protocol_.config().training().local_steps());
         if (parts_.options->contribution_transform) {

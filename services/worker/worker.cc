@@ -393,6 +393,7 @@ void Worker::AcceptJoin(const shoal::v1::JoinResponse& joined) {
 }
 
 void Worker::AddDeclaration(shoal::v1::JoinRequest* request) const {
+  if (trainer_ != nullptr) request->set_train_samples(trainer_->train_samples());
   if (layout_.has_value()) {
     *request->mutable_layout() = *layout_;
   } else if (options_.layout.has_value()) {  // the first join of a Python worker
@@ -414,6 +415,7 @@ absl::Status Worker::DeclareModel(shoal::v1::JoinResponse* joined) {
   declare.set_previous_data_rank(joined->data_rank());
   *declare.mutable_layout() = *layout_;
   declare.set_initial_model_hash(HashParameters(trainer_->parameters(), trainer_->num_elements()));
+  declare.set_train_samples(trainer_->train_samples());
   absl::StatusOr<shoal::v1::JoinResponse> again = JoinOnce(declare);
   if (!again.ok()) return again.status();
   if (again->worker_id() != joined->worker_id() ||

@@ -96,3 +96,6 @@ add_dependencies(member_e2e_test shoal-coordinator shoal-worker)
 # --check_config, GetRunStatus's effective config, shoalctl config.
 shoal_test(config_e2e_test e2e e2e/config_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(config_e2e_test shoal-coordinator shoal-worker shoalctl)
+# The sample ledger under churn (issue 28).
+shoal_test(ledger_test e2e e2e/ledger_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(ledger_test shoal-coordinator shoal-worker)

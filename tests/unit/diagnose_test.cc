@@ -149,6 +149,19 @@ TEST(DoctorTest, NamesTheCoordinatorsRefusalWithWhatToCheck) {
               HasSubstr("10.0.0.1:50051 is not reachable: Connection refused (is it running?"));
 }
 
+TEST(DoctorTest, NamesARunThatStoppedOrWentBack) {
+  v1::RunStatus s = Training();
+  s.set_base_fallback("round 9: checkpoint r1-r8 is damaged; went back to r1-r6");
+  DoctorFacts f;
+  f.coordinator_address = "127.0.0.1:50051";
+  std::vector<Finding> findings = Doctor(s, f);
+  EXPECT_THAT(Text(findings), HasSubstr("went back: round 9: checkpoint r1-r8 is damaged"));
+  s.set_error("checkpoint r1-r8 is damaged and no older one is known");
+  findings = Doctor(s, f);
+  EXPECT_TRUE(AnyProblem(findings));
+  EXPECT_THAT(Text(findings), HasSubstr("stopped: checkpoint r1-r8 is damaged"));
+}
+
 TEST(DoctorTest, ChecksMembersStoreAndClock) {
   v1::RunStatus s = Training();
   s.mutable_config()->mutable_checkpoints()->set_store("127.0.0.1:50052");

@@ -56,6 +56,10 @@ class Harness : public EngineHost {
     topology_.Forget(worker_id, rounds_.round());
     return was_participant;
   }
+  void FailRun(const std::string& error, Directives* out) override {
+    failed_ = error;
+    FinishRun(error, out);
+  }
   void FinishRun(const std::string& reason, Directives* out) override {
     finished_ = reason;
     rounds_.OnFinish();
@@ -135,6 +139,7 @@ class Harness : public EngineHost {
   SyncRounds rounds_;
   std::vector<std::string> departed_;
   std::string finished_;
+  std::string failed_;
 };
 
 EngineOptions Options(uint32_t min_participants, uint64_t rounds = 0) {
@@ -353,6 +358,130 @@ TEST(SyncRoundsTest, AJoinerHoldingANewerRoundAfterARestartIsAdopted) {
   h.rounds_.FillJoinResponse(h.members_.At("w1"), &r);
   EXPECT_EQ(r.next_round(), 5u);
 }
+
+namespace base_recovery {
+
+// A run resumed at round 8 from checkpoint run-s-r8 that nobody holds; the
+// run also knows run-s-r4 (and run-s-r6 with `six`).
+v1::RunRecord Resumed(bool six, bool four = true) {
+  v1::RunRecord r;
+  r.set_run_id("run-s");
+  r.set_last_completed_round(8);
+  r.set_model_hash(kHashA);
+  r.set_checkpoint_id("run-s-r8");
+  r.set_checkpoint_round(8);
+  auto add = [&](uint64_t round, const std::string& hash) {
+    v1::CheckpointRef* ref = r.add_checkpoints();
+    ref->set_id(absl::StrCat("run-s-r", round));
+    ref->set_round(round);
+    ref->set_model_hash(hash);
+  };
+  add(8, kHashA);
+  if (six) add(6, std::string(64, '6'));
+  if (four) add(4, kHashB);
+  return r;
+}
+
+v1::ReportReadyRequest Unavailable(const std::string& id, uint64_t round, bool damaged) {
+  v1::ReportReadyRequest request;
+  request.set_worker_id(id);
+  request.set_round(round);
+  request.set_base_unavailable(damaged ? "blob 12ab is corrupted" : "store unreachable");
+  request.set_base_checkpoint_damaged(damaged);
+  return request;
+}
+
+TEST(SyncRoundsTest, DamagedCheckpointNobodyHoldsTakesTheRunBackToTheNewestIntactOne) {
+  Harness h(Options(2));
+  h.rounds_.Resume(Resumed(/*six=*/true));
+  h.checkpoints_.Resume(Resumed(/*six=*/true));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 9, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 9, &out).ok());
+  ASSERT_EQ(h.rounds_.round(), 9u);
+  out.clear();
+  ASSERT_TRUE(h.rounds_.ReportReady(h.members_.At(w1), Unavailable(w1, 9, true), &out).ok());
+  // Round 9 is aborted and round 7 starts from checkpoint run-s-r6.
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundAborted), UnorderedElementsAre(w1, w2));
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundStart), UnorderedElementsAre(w1, w2));
+  for (const Directive& d : out) {
+    if (d.message->kind_case() != CoordinatorMessage::kRoundStart) continue;
+    EXPECT_EQ(d.message->round_start().round(), 7u);
+    EXPECT_EQ(d.message->round_start().base_model_round(), 6u);
+    EXPECT_EQ(d.message->round_start().base_model_hash(), std::string(64, '6'));
+    EXPECT_EQ(d.message->round_start().checkpoint_id(), "run-s-r6");
+    EXPECT_EQ(d.message->round_start().checkpoint_round(), 6u);
+  }
+  EXPECT_EQ(h.rounds_.last_completed_round(), 6u);
+  v1::RunStatus s;
+  h.rounds_.FillStatus(&s);
+  EXPECT_THAT(s.base_fallback(), HasSubstr("checkpoint run-s-r8 is damaged"));
+  EXPECT_THAT(s.base_fallback(), HasSubstr("went back to checkpoint run-s-r6 of round 6"));
+  // The record goes back too, and forgets the damaged checkpoint.
+  const v1::RunRecord record = h.CurrentRecord();
+  EXPECT_EQ(record.last_completed_round(), 6u);
+  EXPECT_EQ(record.checkpoint_id(), "run-s-r6");
+  ASSERT_EQ(record.checkpoints_size(), 2);
+  EXPECT_EQ(record.checkpoints(0).id(), "run-s-r6");
+  EXPECT_EQ(record.checkpoints(1).id(), "run-s-r4");
+  // The report of the other worker for the aborted round is refused.
+  EXPECT_FALSE(h.rounds_.ReportReady(h.members_.At(w2), Unavailable(w2, 9, true), &out).ok());
+  // Should run-s-r6 be damaged as well, the run goes back to run-s-r4.
+  out.clear();
+  ASSERT_TRUE(h.rounds_.ReportReady(h.members_.At(w2), Unavailable(w2, 7, true), &out).ok());
+  EXPECT_EQ(h.rounds_.last_completed_round(), 4u);
+  EXPECT_EQ(h.rounds_.round(), 5u);
+  EXPECT_TRUE(h.failed_.empty());
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, DamagedCheckpointWithNoOlderOneStopsTheRunNamingIt) {
+  Harness h(Options(1));
+  h.rounds_.Resume(Resumed(/*six=*/false, /*four=*/false));
+  h.checkpoints_.Resume(Resumed(/*six=*/false, /*four=*/false));
+  const std::string w1 = h.Add(9001);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 9, &out).ok());
+  out.clear();
+  ASSERT_TRUE(h.rounds_.ReportReady(h.members_.At(w1), Unavailable(w1, 9, true), &out).ok());
+  EXPECT_THAT(h.failed_, HasSubstr("checkpoint run-s-r8 is damaged"));
+  EXPECT_THAT(h.failed_, HasSubstr("Restore checkpoint run-s-r8"));
+  EXPECT_EQ(h.rounds_.phase(), v1::FINISHED);
+  EXPECT_EQ(h.rounds_.last_completed_round(), 8u);  // no round completed on another model
+  EXPECT_THAT(To(out, CoordinatorMessage::kRunFinished), ElementsAre(w1));
+}
+
+TEST(SyncRoundsTest, BaseUnavailableWhileAnotherMemberHoldsItOnlySitsOut) {
+  Harness h(Options(2));
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  h.Complete({w1, w2}, 1, kHashA);
+  // w3 joins once round 2 has a ready participant: it is queued for round 3.
+  ASSERT_TRUE(h.Ready(w1, 2, &out).ok());
+  const std::string w3 = h.Add(9003);
+  ASSERT_TRUE(h.JoinRound(w3, 3, &out).ok());
+  ASSERT_TRUE(h.Ready(w2, 2, &out).ok());
+  for (const std::string& id : {w1, w2}) ASSERT_TRUE(h.Connected(id, 2, &out).ok());
+  for (const std::string& id : {w1, w2}) ASSERT_TRUE(h.Done(id, 2, kHashB, &out).ok());
+  ASSERT_EQ(h.rounds_.round(), 3u);
+  ASSERT_EQ(h.rounds_.phase(), v1::TRAINING);
+  out.clear();
+  ASSERT_TRUE(h.rounds_.ReportReady(h.members_.At(w3), Unavailable(w3, 3, false), &out).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundMissed), ElementsAre(w3));
+  EXPECT_EQ(h.rounds_.last_completed_round(), 2u);
+  EXPECT_TRUE(h.failed_.empty());
+  // The others complete the round without it.
+  out.clear();
+  h.Complete({w1, w2}, 3, kHashA);
+  EXPECT_EQ(h.rounds_.last_completed_round(), 3u);
+}
+
+}  // namespace base_recovery
 
 }  // namespace
 }  // namespace shoal::coordinator

@@ -113,6 +113,9 @@ shoal_test(topology_test unit ${CMAKE_CURRENT_LIST_DIR}/topology_test.cc LIBS co
 shoal_test(checkpoint_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/checkpoint_planner_test.cc
   LIBS coordinator_core)
 shoal_test(sync_rounds_test unit ${CMAKE_CURRENT_LIST_DIR}/sync_rounds_test.cc LIBS coordinator_core)
+shoal_test(base_recovery_test unit ${CMAKE_CURRENT_LIST_DIR}/base_recovery_test.cc LIBS coordinator_core)
+shoal_test(sample_ledger_test unit ${CMAKE_CURRENT_LIST_DIR}/sample_ledger_test.cc
+  LIBS coordinator_core worker_core)
 # Not gossip_peers_test: that is the workers' PeerService (integration).
 shoal_test(coordinator_gossip_peers_test unit
   ${CMAKE_CURRENT_LIST_DIR}/coordinator_gossip_peers_test.cc LIBS coordinator_core)

@@ -21,6 +21,7 @@ namespace shoal::worker {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr char kSelf[] = "w1";
@@ -129,6 +130,8 @@ class Harness {
   FakeCoordinatorClient coordinator;
   // Every action carried out, "name:round", oldest first.
   std::vector<std::string> log;
+  // The samples of each kTrain.
+  std::vector<std::vector<shoal::v1::SampleRange>> trained_samples;
   absl::Status exit;
   bool exited = false;
 
@@ -176,6 +179,7 @@ class Harness {
           next = protocol_.OnCaughtUp(a.round, a.hash, catch_up_result);
           break;
         case Action::kTrain:
+          trained_samples.push_back(a.samples);
           clock.Advance(train_time);
           next = protocol_.OnTrained(a.round, 0.25, 300);
           break;
@@ -518,25 +522,104 @@ TEST(WorkerProtocolTest, FailedCatchUpKeepsTheModel) {
 // worker that could not pull the base sits the round out (no ready report)
 // instead of ending it with a model nobody else has; with raw fp32 averaging
 // it contributes its own model as before.
-TEST(WorkerProtocolTest, FailedCatchUpSitsOutAnEncodedRoundButNotAnFp32One) {
+TEST(WorkerProtocolTest, FailedCatchUpSitsOutAndSaysWhyInEveryMode) {
   shoal::v1::RunConfig encoded = Config();
   encoded.mutable_exchange()->set_codec("int8");
   encoded.mutable_exchange()->mutable_outer_optimizer()->set_kind("nesterov");
-  Harness h(encoded);
-  h.catch_up_result = absl::UnavailableError("the snapshot was replaced during the read");
-  EXPECT_THAT(h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})), ElementsAre("catch-up:3"));
-  EXPECT_EQ(h.protocol().rounds_sat_out_for_base(), 1u);
-  // The next round start catches up again, and then the worker trains.
-  h.catch_up_result = absl::OkStatus();
-  EXPECT_THAT(h.Directive(Start(5, 4, "h4", {"10.0.0.2:7000"})),
-              ElementsAre("catch-up:4", "train:5", "report-ready:5"));
-  EXPECT_EQ(h.protocol().model_round(), 4u);
+  for (const shoal::v1::RunConfig& config : {encoded, Config()}) {
+    Harness h(config);
+    h.catch_up_result = absl::UnavailableError("the snapshot was replaced during the read");
+    // No training: the ready report says why instead.
+    EXPECT_THAT(h.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})),
+                ElementsAre("catch-up:3", "report-ready:4"));
+    EXPECT_EQ(h.protocol().rounds_sat_out_for_base(), 1u);
+    ASSERT_EQ(h.coordinator.ready.size(), 1u);
+    EXPECT_EQ(h.coordinator.ready[0].base_unavailable(),
+              "the snapshot was replaced during the read");
+    EXPECT_FALSE(h.coordinator.ready[0].base_checkpoint_damaged());
+    // The next round start catches up again, and then the worker trains.
+    h.catch_up_result = absl::OkStatus();
+    EXPECT_THAT(h.Directive(Start(5, 4, "h4", {"10.0.0.2:7000"})),
+                ElementsAre("catch-up:4", "train:5", "report-ready:5"));
+    EXPECT_EQ(h.protocol().model_round(), 4u);
+    EXPECT_EQ(h.coordinator.ready[1].base_unavailable(), "");
+  }
+}
 
-  Harness raw;  // fp32, no outer optimizer
-  raw.catch_up_result = absl::UnavailableError("no holder");
-  EXPECT_THAT(raw.Directive(Start(4, 3, "h3", {"10.0.0.2:7000"})),
-              ElementsAre("catch-up:3", "train:4", "report-ready:4"));
-  EXPECT_EQ(raw.protocol().rounds_sat_out_for_base(), 0u);
+TEST(WorkerProtocolTest, DamagedCheckpointIsNamedAndARunGoingBackIsFollowed) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  h.Directive(Complete(1, "h1"));
+  // Round 8 starts from checkpoint r-r7 that nobody else holds; the store
+  // finds it damaged.
+  shoal::v1::CoordinatorMessage start = Start(8, 7, "h7");
+  start.mutable_round_start()->set_checkpoint_id("r-r7");
+  start.mutable_round_start()->set_checkpoint_round(7);
+  h.catch_up_result = absl::DataLossError("blob ab12 is corrupted");
+  EXPECT_THAT(h.Directive(start), ElementsAre("catch-up:7", "report-ready:8"));
+  ASSERT_EQ(h.coordinator.ready.size(), 2u);
+  EXPECT_TRUE(h.coordinator.ready[1].base_checkpoint_damaged());
+  // The run goes back to checkpoint r-r4. This worker holds round 1 and
+  // loads it.
+  shoal::v1::CoordinatorMessage back = Start(5, 4, "h4");
+  back.mutable_round_start()->set_checkpoint_id("r-r4");
+  back.mutable_round_start()->set_checkpoint_round(4);
+  h.catch_up_result = absl::OkStatus();
+  EXPECT_THAT(h.Directive(back), ElementsAre("catch-up:4", "train:5", "report-ready:5"));
+  EXPECT_EQ(h.protocol().model_round(), 4u);
+  EXPECT_EQ(h.protocol().model_hash(), "h4");
+}
+
+TEST(WorkerProtocolTest, ARunThatWentBackToACheckpointIsFollowedFromANewerModel) {
+  Harness h;
+  h.RoundUntilPending(1, "h0");
+  h.Directive(Complete(1, "h1"));
+  h.next_exchange_hash = "h2";
+  h.RoundUntilPending(2, "h1");
+  h.Directive(Complete(2, "h2"));
+  ASSERT_EQ(h.protocol().model_round(), 2u);
+  // Without a checkpoint of the older round the worker keeps its model...
+  EXPECT_THAT(h.Directive(Start(2, 1, "h1")), ElementsAre("train:2", "report-ready:2"));
+  // ...with one it loads the run's model.
+  shoal::v1::CoordinatorMessage back = Start(2, 1, "h1");
+  back.mutable_round_start()->set_checkpoint_id("r-r1");
+  back.mutable_round_start()->set_checkpoint_round(1);
+  EXPECT_THAT(h.Directive(back), ElementsAre("catch-up:1", "train:2", "report-ready:2"));
+  EXPECT_EQ(h.protocol().model_round(), 1u);
+}
+
+TEST(WorkerProtocolTest, TheLedgersSamplesOfTheRoundGoToTraining) {
+  shoal::v1::RunConfig config = Config();
+  config.mutable_training()->set_sample_ledger(true);
+  Harness h(config);
+  shoal::v1::CoordinatorMessage start = Start(1, 0, "h0");
+  shoal::v1::SampleRange* r = start.mutable_round_start()->add_samples();
+  r->set_epoch(0);
+  r->set_begin(640);
+  r->set_count(640);
+  h.Directive(start);
+  ASSERT_EQ(h.trained_samples.size(), 1u);
+  ASSERT_EQ(h.trained_samples[0].size(), 1u);
+  EXPECT_EQ(h.trained_samples[0][0].begin(), 640u);
+  // The next round's start names its own samples (none here).
+  h.Directive(PlanMsg(1, 1));
+  h.Directive(Sharing(1, 1));
+  h.Directive(Complete(1, "h1"));
+  h.Directive(Start(2, 1, "h1"));
+  ASSERT_EQ(h.trained_samples.size(), 2u);
+  EXPECT_TRUE(h.trained_samples[1].empty());
+}
+
+TEST(WorkerProtocolTest, FailedRunExitsWithItsError) {
+  Harness h;
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_run_finished()->set_last_round(7);
+  m.mutable_run_finished()->set_reason("checkpoint r-r7 is damaged");
+  m.mutable_run_finished()->set_failed(true);
+  h.Directive(m);
+  EXPECT_TRUE(h.exited);
+  EXPECT_TRUE(absl::IsFailedPrecondition(h.exit)) << h.exit;
+  EXPECT_THAT(std::string(h.exit.message()), HasSubstr("checkpoint r-r7 is damaged"));
 }
 
 TEST(WorkerProtocolTest, CheckpointRequestOfThePendingRoundCommitsAndUploads) {

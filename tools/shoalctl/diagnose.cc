@@ -308,6 +308,10 @@ std::vector<Finding> Doctor(const RunStatus& s, const DoctorFacts& f) {
           absl::StrCat("answered as a standby replica; leader: ",
                        s.leader().empty() ? "none elected" : s.leader()));
     }
+    if (!s.error().empty()) Add(&out, Level::kProblem, "run", absl::StrCat("stopped: ", s.error()));
+    if (!s.base_fallback().empty()) {
+      Add(&out, Level::kNote, "run", absl::StrCat("went back: ", s.base_fallback()));
+    }
     if (s.phase() == shoal::v1::WAITING_FOR_MEMBERS) {
       Add(&out, Level::kNote, "run",
           absl::StrCat("waiting for members: ", s.members(), " of ", s.min_participants(),

@@ -183,6 +183,8 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
       s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
       s.members());
   if (!s.detail().empty()) absl::StrAppend(&out, "  ", s.detail(), "\n");
+  if (!s.error().empty()) absl::StrAppend(&out, "  STOPPED: ", s.error(), "\n");
+  if (!s.base_fallback().empty()) absl::StrAppend(&out, "  went back: ", s.base_fallback(), "\n");
   // Robust aggregation (issue 14): shown when it is not the plain mean.
   if (const std::string& agg = s.config().exchange().aggregation(); !agg.empty() && agg != "mean") {
     absl::StrAppend(&out, "  aggregation ", agg, " at slice owners\n");
@@ -208,6 +210,17 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
     if (!s.checkpoint_pending().empty())
       absl::StrAppend(&out, "  uploading ", s.checkpoint_pending());
     absl::StrAppend(&out, "\n");
+  }
+  if (s.has_ledger()) {
+    const shoal::v1::SampleLedger& l = s.ledger();
+    uint64_t pool = 0;
+    for (const auto& r : l.pool()) pool += r.count();
+    absl::StrAppend(
+        &out, absl::StrFormat("  ledger epoch %d at %d/%d  epochs_done %d  trained %d  lost %d  "
+                              "redone %d  waiting %d  in_flight %d\n",
+                              l.epoch(), l.offset(), l.dataset_samples(), l.epochs_done(),
+                              l.samples_trained(), l.samples_lost(), l.samples_redone(), pool,
+                              l.samples_in_flight()));
   }
   if (!s.ready_deadline_reason().empty()) {
     absl::StrAppend(&out, absl::StrFormat("  ready_deadline %.1fs after the round start (%s)\n",

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/upload_grant.h"
+#include "services/coordinator/core/base_recovery.h"
 
 namespace shoal::coordinator {
 
@@ -20,6 +21,27 @@ CheckpointPlanner::CheckpointPlanner(const EngineOptions& options, const Clock* 
 void CheckpointPlanner::Resume(const shoal::v1::RunRecord& record) {
   checkpoint_id_ = record.checkpoint_id();
   checkpoint_round_ = record.checkpoint_round();
+  known_.assign(record.checkpoints().begin(), record.checkpoints().end());
+  if (known_.empty() && !checkpoint_id_.empty() &&
+      record.last_completed_round() == checkpoint_round_) {
+    // A record written before the list: its checkpoint is of the agreed
+    // round, whose hash it has.
+    shoal::v1::CheckpointRef ref;
+    ref.set_id(checkpoint_id_);
+    ref.set_round(checkpoint_round_);
+    ref.set_model_hash(record.model_hash());
+    known_.push_back(ref);
+  }
+}
+
+void CheckpointPlanner::GoBack(const shoal::v1::CheckpointRef& to, const std::string& damaged_id) {
+  ForgetAfter(to, damaged_id, &known_);
+  RememberCheckpoint(to, &known_);
+  checkpoint_id_ = to.id();
+  checkpoint_round_ = to.round();
+  pending_round_ = 0;
+  pending_worker_.clear();
+  versions_->MarkRecordChanged();
 }
 
 // ----------------------------------------------------- Synchronous rounds
@@ -32,8 +54,9 @@ bool CheckpointPlanner::Due(uint64_t round, bool last) const {
 
 void CheckpointPlanner::StartUpload(uint64_t round, const std::string& agreed_hash,
                                     absl::Span<const CheckpointCandidate> candidates,
-                                    Directives* out) {
+                                    Directives* out, const shoal::v1::SampleLedger& ledger) {
   tried_.clear();
+  pending_ledger_ = ledger;
   AssignUpload(round, agreed_hash, candidates, out);
 }
 
@@ -59,12 +82,16 @@ void CheckpointPlanner::AssignUpload(uint64_t round, const std::string& agreed_h
   const std::string& id = uploader.worker_id;
   tried_.insert(id);
   pending_round_ = round;
+  pending_hash_ = agreed_hash;
   pending_worker_ = id;
   pending_since_ = clock_->Now();
   CoordinatorMessage msg;
   msg.mutable_checkpoint_request()->set_round(round);
   msg.mutable_checkpoint_request()->set_model_hash(agreed_hash);
   msg.mutable_checkpoint_request()->set_run_id(options_.run_id);
+  if (pending_ledger_.dataset_samples() > 0) {
+    *msg.mutable_checkpoint_request()->mutable_ledger() = pending_ledger_;
+  }
   if (!options_.upload_key.empty()) {
     // This round only, for as long as the upload may take before it moves
     // to another worker (and a minute of clock skew with the store).
@@ -92,6 +119,12 @@ absl::Status CheckpointPlanner::ReportUpload(const shoal::v1::ReportCheckpointRe
   }
   checkpoint_id_ = request.checkpoint_id();
   checkpoint_round_ = request.round();
+  shoal::v1::CheckpointRef ref;
+  ref.set_id(checkpoint_id_);
+  ref.set_round(checkpoint_round_);
+  ref.set_model_hash(pending_hash_);
+  if (pending_ledger_.dataset_samples() > 0) *ref.mutable_ledger() = pending_ledger_;
+  RememberCheckpoint(ref, &known_);
   pending_round_ = 0;
   pending_worker_.clear();
   versions_->MarkRecordChanged();
@@ -200,6 +233,7 @@ void CheckpointPlanner::FillStatus(shoal::v1::RunStatus* s) const {
 void CheckpointPlanner::FillRecord(shoal::v1::RunRecord* r) const {
   r->set_checkpoint_id(checkpoint_id_);
   r->set_checkpoint_round(checkpoint_round_);
+  for (const shoal::v1::CheckpointRef& ref : known_) *r->add_checkpoints() = ref;
 }
 
 }  // namespace shoal::coordinator

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -37,10 +38,16 @@ class CheckpointPlanner {
   CheckpointPlanner(const CheckpointPlanner&) = delete;
   CheckpointPlanner& operator=(const CheckpointPlanner&) = delete;
 
-  // A resumed run keeps its latest checkpoint.
+  // A resumed run keeps its latest checkpoint and those it can go back to.
   void Resume(const shoal::v1::RunRecord& record);
   const std::string& checkpoint_id() const { return checkpoint_id_; }
   uint64_t checkpoint_round() const { return checkpoint_round_; }
+  // The run's intact checkpoints, newest first (core/base_recovery.h).
+  const std::vector<shoal::v1::CheckpointRef>& known() const { return known_; }
+  // The run goes back to `to` (core/base_recovery.h): it becomes the latest
+  // checkpoint; `damaged_id` and those newer than `to` are forgotten, and an
+  // upload in progress is dropped.
+  void GoBack(const shoal::v1::CheckpointRef& to, const std::string& damaged_id);
 
   // ------------------------------------------------- Synchronous rounds
   // Whether the completed round `round` is to be uploaded: the run has a
@@ -48,8 +55,11 @@ class CheckpointPlanner {
   bool Due(uint64_t round, bool last) const;
   // A new upload of `round`: asks the first holder of its agreed model
   // (`candidates`, by id) to upload it.
+  // `ledger`: the sample ledger as of `round` (empty without one), carried
+  // by the request into the manifest and kept with the checkpoint's ref.
   void StartUpload(uint64_t round, const std::string& agreed_hash,
-                   absl::Span<const CheckpointCandidate> candidates, Directives* out);
+                   absl::Span<const CheckpointCandidate> candidates, Directives* out,
+                   const shoal::v1::SampleLedger& ledger = shoal::v1::SampleLedger());
   // Asks the next untried holder of `round`'s model to upload it; gives up
   // when none is left (the next checkpoint round tries again).
   void AssignUpload(uint64_t round, const std::string& agreed_hash,
@@ -83,9 +93,12 @@ class CheckpointPlanner {
   const Membership* const members_;
   std::string checkpoint_id_;
   uint64_t checkpoint_round_ = 0;
-  // The upload in progress: round (0 = none), worker, since when, and the
-  // workers already tried for it.
+  std::vector<shoal::v1::CheckpointRef> known_;
+  // The upload in progress: round (0 = none), its model hash, worker, since
+  // when, and the workers already tried for it.
   uint64_t pending_round_ = 0;
+  std::string pending_hash_;
+  shoal::v1::SampleLedger pending_ledger_;
   std::string pending_worker_;
   absl::Time pending_since_;
   std::set<std::string> tried_;

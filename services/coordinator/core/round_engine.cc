@@ -59,6 +59,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   if (request.has_layout()) {
     if (absl::Status s = layouts_.Check(request.layout()); !s.ok()) return s;
   }
+  if (absl::Status s = mode_->CheckJoin(request); !s.ok()) return s;
   versions_.MarkStatusChanged();
   JoinResult result;
   const std::string& previous = request.previous_worker_id();
@@ -267,12 +268,26 @@ void RoundEngine::FinishRun(const std::string& reason, Directives* out) {
   membership_.EndRun(Share(std::move(msg)), out);
 }
 
+void RoundEngine::FailRun(const std::string& error, Directives* out) {
+  mode_->OnFinish();
+  run_error_ = error;
+  versions_.MarkRecordChanged();
+  SHOAL_LOG(ERROR) << "run " << options_.run_id << " stopped: " << error;
+  CoordinatorMessage msg;
+  msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
+  msg.mutable_run_finished()->set_reason(error);
+  msg.mutable_run_finished()->set_failed(true);
+  membership_.EndRun(Share(std::move(msg)), out);
+}
+
 SharedMessage RoundEngine::FinishedNotice(const std::string& worker_id) const {
   absl::MutexLock lock(&mu_);
   if (mode_->phase() != shoal::v1::FINISHED || !membership_.Contains(worker_id)) return nullptr;
   CoordinatorMessage msg;
   msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
-  msg.mutable_run_finished()->set_reason("the run finished before this session opened");
+  msg.mutable_run_finished()->set_reason(
+      run_error_.empty() ? "the run finished before this session opened" : run_error_);
+  msg.mutable_run_finished()->set_failed(!run_error_.empty());
   return Share(std::move(msg));
 }
 
@@ -330,6 +345,7 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
     FillWorker(m, /*active=*/true, now, s.add_workers());
   for (const shoal::v1::WorkerStatus& w : membership_.departed()) *s.add_workers() = w;
   topology_.FillStatus(&s);
+  s.set_error(run_error_);
   return s;
 }
 
@@ -347,7 +363,8 @@ shoal::v1::RunRecord RoundEngine::CurrentRecord() const {
   checkpoints_.FillRecord(&r);
   layouts_.FillRecord(&r);
   r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
-  r.set_finished(mode_->phase() == shoal::v1::FINISHED);
+  // A run stopped on an error is not finished: a restart tries again.
+  r.set_finished(mode_->phase() == shoal::v1::FINISHED && run_error_.empty());
   return r;
 }
 

@@ -170,6 +170,8 @@ class RoundEngine : private EngineHost {
                     Directives* out) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishRun(const std::string& reason, Directives* out) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailRun(const std::string& error, Directives* out) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   shoal::v1::RunRecord CurrentRecord() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -189,6 +191,8 @@ class RoundEngine : private EngineHost {
   CheckpointPlanner checkpoints_ ABSL_GUARDED_BY(mu_);
   // The run's model layout (JoinRequest.layout).
   LayoutBook layouts_ ABSL_GUARDED_BY(mu_);
+  // Why the run stopped (FailRun); empty otherwise.
+  std::string run_error_ ABSL_GUARDED_BY(mu_);
   // SyncRounds or GossipPeers, for the whole run.
   const std::unique_ptr<RunMode> mode_ ABSL_PT_GUARDED_BY(mu_);
 };

@@ -37,6 +37,10 @@ class EngineHost {
                             Directives* out) = 0;
   // Ends the run: RunFinished to every member.
   virtual void FinishRun(const std::string& reason, Directives* out) = 0;
+  // Stops the run on an error: RunFinished (failed) to every member, and
+  // the status shows `error`. The record is not marked finished, so a
+  // restarted coordinator tries again.
+  virtual void FailRun(const std::string& error, Directives* out) { FinishRun(error, out); }
   // The run record as it stands.
   virtual shoal::v1::RunRecord CurrentRecord() const = 0;
 };
@@ -58,6 +62,9 @@ class RunMode {
   // ------------------------------------------------------------- Members
   // Join took the member in (new or re-joining; `request` says which model
   // it holds): what the mode keeps of it.
+  // A join the mode refuses (the engine's own checks passed), e.g. a
+  // worker that cannot follow the sample ledger.
+  virtual absl::Status CheckJoin(const shoal::v1::JoinRequest&) { return absl::OkStatus(); }
   virtual void OnJoined(Member& m, const shoal::v1::JoinRequest& request) = 0;
   // Join's answer: the round open to the joiner and what it catches up on.
   virtual void FillJoinResponse(const Member& m, shoal::v1::JoinResponse* r) const = 0;

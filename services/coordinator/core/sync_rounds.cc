@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/shard_plan.h"
+#include "common/status_util.h"
+#include "services/coordinator/core/base_recovery.h"
 #include "services/coordinator/core/hierarchy_plan.h"
 
 namespace shoal::coordinator {
@@ -37,6 +39,11 @@ SyncRounds::SyncRounds(const EngineOptions& options, const Clock* clock, EngineV
       topology_(topology),
       checkpoints_(checkpoints),
       host_(host) {
+  if (options_.config.training().sample_ledger()) {
+    ledger_.emplace(static_cast<uint64_t>(options_.config.training().local_steps()) *
+                        options_.config.training().batch_size(),
+                    options_.config.training().epochs());
+  }
   // Versions of participant lists from different coordinator starts never
   // meet (a worker may keep a list across a restart): they start at the
   // start time in ms times 1000.
@@ -48,6 +55,7 @@ void SyncRounds::Resume(const shoal::v1::RunRecord& record) {
   last_completed_round_ = record.last_completed_round();
   agreed_hash_ = record.model_hash();
   round_ = last_completed_round_ + 1;
+  if (ledger_.has_value()) ledger_->Resume(record.ledger());
   if (record.finished()) phase_ = shoal::v1::FINISHED;
   SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round " << last_completed_round_
                   << " (next round " << round_ << ")";
@@ -91,6 +99,8 @@ void SyncRounds::AddParticipant(const std::string& worker_id) {
 
 bool SyncRounds::RemoveParticipant(const std::string& worker_id) {
   if (participant_set_.erase(worker_id) == 0) return false;
+  // Its work will not be in the round: its samples go back to the pool.
+  if (ledger_.has_value()) ledger_->Lost(worker_id);
   // Removals are rare (misses, departures); the vector keeps join order.
   participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
   CountFlags(R(worker_id), -1);
@@ -184,6 +194,17 @@ std::vector<std::string> SyncRounds::Holders() const {
     if (HoldsAgreedModel(R(id)) && !m.outbound_only) holders.push_back(m.address);
   }
   return holders;
+}
+
+absl::Status SyncRounds::CheckJoin(const shoal::v1::JoinRequest& request) {
+  if (!ledger_.has_value()) return absl::OkStatus();
+  // A worker's first join comes before its trainer exists (it needs the
+  // run's config): it declares its training set with its model.
+  if (request.train_samples() == 0 && !request.has_layout()) return absl::OkStatus();
+  const uint64_t before = ledger_->dataset();
+  RETURN_IF_ERROR(ledger_->CheckDataset(request.train_samples()));
+  if (before == 0) versions_->MarkRecordChanged();
+  return absl::OkStatus();
 }
 
 void SyncRounds::OnJoined(Member& m, const shoal::v1::JoinRequest& request) {
@@ -402,6 +423,15 @@ void SyncRounds::MaybeStartRound(Directives* out) {
     r.exchange_seconds = 0;
     r.training_since = round_started_at_;
     AddParticipant(id);
+    if (ledger_.has_value()) {
+      // Each participant's own samples: one message each.
+      CoordinatorMessage mine = *(holds ? start : start_with_holders);
+      for (shoal::v1::SampleRange& range : ledger_->Assign(id)) {
+        *mine.mutable_round_start()->add_samples() = std::move(range);
+      }
+      out->push_back({id, Share(std::move(mine))});
+      continue;
+    }
     out->push_back({id, holds ? start : start_with_holders});
   }
   UpdateReadyDeadline(round_started_at_);
@@ -420,6 +450,7 @@ absl::Status SyncRounds::ReportReady(Member& m, const shoal::v1::ReportReadyRequ
     return absl::FailedPreconditionError(
         absl::StrCat("round ", round_, " is no longer accepting ready reports"));
   }
+  if (!request.base_unavailable().empty()) return BaseUnavailable(m, request, out);
   if (request.total_elements() == 0) {
     return absl::InvalidArgumentError("total_elements must be positive");
   }
@@ -797,6 +828,7 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
       summary.set_test_loss(r.metrics.test_loss());
     }
     r.rounds_completed++;
+    if (ledger_.has_value()) ledger_->Trained(id);
     r.missed_in_row = 0;
     r.deadline_seconds = ready_deadline_seconds;
     if (r.fold_round == round_) {
@@ -834,12 +866,15 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
   for (const std::string& id : participants_) out->push_back({id, shared_done});
 
   const uint64_t limit = options_.config.sync().rounds();
-  const bool last = limit > 0 && last_completed_round_ >= limit;
+  const bool epochs_done = ledger_.has_value() && ledger_->Finished();
+  const bool last = (limit > 0 && last_completed_round_ >= limit) || epochs_done;
   if (checkpoints_->Due(last_completed_round_, last)) {
     AssignCheckpoint(last_completed_round_, /*first=*/true, out);
   }
   if (last) {
-    host_->FinishRun(absl::StrCat("completed ", limit, " rounds"), out);
+    host_->FinishRun(epochs_done ? absl::StrCat("completed ", ledger_->epochs_done(), " epochs")
+                                 : absl::StrCat("completed ", limit, " rounds"),
+                     out);
     return;
   }
   // Participation is sticky: this round's participants take part in the next
@@ -865,7 +900,63 @@ void SyncRounds::Replan(const std::string& reason, Directives* out) {
   SendPlan(out);
 }
 
+absl::Status SyncRounds::BaseUnavailable(Member& m, const shoal::v1::ReportReadyRequest& request,
+                                         Directives* out) {
+  BaseUnavailableInput in;
+  in.worker_id = m.id;
+  in.round = round_;
+  in.base_round = last_completed_round_;
+  for (const auto& [id, other] : members_->members()) {
+    if (id != m.id && HoldsAgreedModel(R(id))) in.base_held = true;
+  }
+  in.checkpoint_id = checkpoints_->checkpoint_id();
+  in.checkpoint_round = checkpoints_->checkpoint_round();
+  in.why = request.base_unavailable();
+  in.checkpoint_damaged = request.base_checkpoint_damaged();
+  const BaseUnavailableDecision d = DecideBaseUnavailable(in, checkpoints_->known());
+  versions_->MarkStatusChanged();
+  switch (d.action) {
+    case BaseUnavailableDecision::Action::kSitOut:
+      MissRound(m.id, d.reason, out);
+      if (participants_.empty()) {
+        AbortRound("no participant could load the round's base", out);
+      } else {
+        MaybeSendPlan(out);
+      }
+      return absl::OkStatus();
+    case BaseUnavailableDecision::Action::kGoBack: {
+      SHOAL_LOG(ERROR) << d.reason;
+      base_fallback_ = d.reason;
+      TakeBackRound(d.reason, out);
+      checkpoints_->GoBack(d.to, in.checkpoint_damaged ? in.checkpoint_id : std::string());
+      last_completed_round_ = d.to.round();
+      agreed_hash_ = d.to.model_hash();
+      // The ledger as it was at that checkpoint: the rounds after it are
+      // trained again, with their samples.
+      if (ledger_.has_value()) ledger_->Resume(d.to.ledger());
+      round_ = last_completed_round_ + 1;
+      // Nobody holds the model of a round after it any more.
+      for (auto& [id, r] : rounds_) {
+        if (r.model_round > last_completed_round_) r.model_round = 0;
+      }
+      versions_->MarkRecordChanged();
+      MaybeStartRound(out);
+      return absl::OkStatus();
+    }
+    case BaseUnavailableDecision::Action::kStop:
+      TakeBackRound(d.reason, out);
+      host_->FailRun(d.reason, out);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 void SyncRounds::AbortRound(const std::string& reason, Directives* out) {
+  TakeBackRound(reason, out);
+  MaybeStartRound(out);
+}
+
+void SyncRounds::TakeBackRound(const std::string& reason, Directives* out) {
   SHOAL_LOG(WARNING) << "round " << round_ << " aborted: " << reason;
   CoordinatorMessage msg;
   msg.mutable_round_aborted()->set_round(round_);
@@ -874,6 +965,7 @@ void SyncRounds::AbortRound(const std::string& reason, Directives* out) {
   const std::vector<std::string> aborted = TakeParticipants();
   const std::vector<std::string> waiting = TakeQueue();
   for (const std::string& id : aborted) {
+    if (ledger_.has_value()) ledger_->Lost(id);
     out->push_back({id, shared});
     RoundMember& r = R(id);
     members_->At(id).state = MemberState::kWaiting;
@@ -887,7 +979,6 @@ void SyncRounds::AbortRound(const std::string& reason, Directives* out) {
   }
   for (const std::string& id : waiting) Enqueue(id);
   phase_ = shoal::v1::WAITING_FOR_MEMBERS;
-  MaybeStartRound(out);
 }
 
 // ------------------------------------------------------------- Checkpoints
@@ -908,7 +999,8 @@ void SyncRounds::AssignCheckpoint(uint64_t round, bool first, Directives* out) {
     candidates.push_back({id, r.model_round == round && r.model_hash == agreed_hash_});
   }
   if (first) {
-    checkpoints_->StartUpload(round, agreed_hash_, candidates, out);
+    checkpoints_->StartUpload(round, agreed_hash_, candidates, out,
+                              ledger_.has_value() ? ledger_->Durable() : shoal::v1::SampleLedger());
   } else {
     checkpoints_->AssignUpload(round, agreed_hash_, candidates, out);
   }
@@ -1061,6 +1153,8 @@ void SyncRounds::FillStatus(shoal::v1::RunStatus* s) const {
   s->set_connection_retries(connection_retries_);
   s->set_attempt(phase_ == shoal::v1::SHARING ? attempt_ : 0);
   s->set_queued(queued_.size());
+  s->set_base_fallback(base_fallback_);
+  if (ledger_.has_value()) *s->mutable_ledger() = ledger_->Status();
   if (ready_deadline_.deadline != absl::InfiniteFuture() &&
       round_started_at_ != absl::InfinitePast() && !ready_deadline_.reason.empty()) {
     s->set_ready_deadline_seconds(ReadyDeadlineSeconds());
@@ -1108,6 +1202,7 @@ void SyncRounds::FillWorker(const std::string& worker_id, shoal::v1::WorkerStatu
 void SyncRounds::FillRecord(shoal::v1::RunRecord* r) const {
   r->set_last_completed_round(last_completed_round_);
   r->set_model_hash(agreed_hash_);
+  if (ledger_.has_value()) *r->mutable_ledger() = ledger_->Durable();
 }
 
 }  // namespace shoal::coordinator

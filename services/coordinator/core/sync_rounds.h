@@ -41,6 +41,7 @@
 #include "services/coordinator/core/membership.h"
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/run_mode.h"
+#include "services/coordinator/core/sample_ledger.h"
 #include "services/coordinator/core/topology.h"
 #include "shoal/v1/coordinator.pb.h"
 
@@ -60,6 +61,7 @@ class SyncRounds : public RunMode {
   void Resume(const shoal::v1::RunRecord& record) override;
   void OnFinish() override;
 
+  absl::Status CheckJoin(const shoal::v1::JoinRequest& request) override;
   void OnJoined(Member& m, const shoal::v1::JoinRequest& request) override;
   void FillJoinResponse(const Member& m, shoal::v1::JoinResponse* r) const override;
   void OnConnected(Member& m) override;
@@ -198,6 +200,13 @@ class SyncRounds : public RunMode {
   // with a new plan (attempt + 1), from their trained models.
   void Replan(const std::string& reason, Directives* out);
   void AbortRound(const std::string& reason, Directives* out);
+  // AbortRound without starting the next round.
+  void TakeBackRound(const std::string& reason, Directives* out);
+  // A participant could not load the round's base (ReportReadyRequest.
+  // base_unavailable): it sits out, or the run goes back to an older
+  // checkpoint, or it stops (core/base_recovery.h).
+  absl::Status BaseUnavailable(Member& m, const shoal::v1::ReportReadyRequest& request,
+                               Directives* out);
   // The worker sits the round out; it stays a member (queued for the next
   // round) unless it missed too many in a row. `adaptive`: it missed the
   // adaptive ready deadline (DecideMissedRound).
@@ -235,6 +244,11 @@ class SyncRounds : public RunMode {
   uint64_t round_ = 1;
   uint64_t last_completed_round_ = 0;
   std::string agreed_hash_;
+  // The latest time the run went back to an older checkpoint (status).
+  std::string base_fallback_;
+  // RunConfig.training.sample_ledger: which samples each participant
+  // trains (core/sample_ledger.h); none when off.
+  std::optional<SampleLedger> ledger_;
   // No round completed since this coordinator started (restart window).
   bool fresh_start_ = true;
   // Participants of round_ (in join order) while TRAINING / SHARING, and the

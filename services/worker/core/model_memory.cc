@@ -139,7 +139,7 @@ absl::Status ModelMemory::CatchUp(
   state_->BindSnapshot(snapshot_.data());
   absl::Status s = pull(snapshot_.data(), total_);
   if (!s.ok()) {
-    // Keep what we had; the next average folds this worker's model in.
+    // Keep what we had (the worker sits the round out).
     std::memcpy(snapshot_.data(), params_, total_ * sizeof(float));
     state_->SetSnapshot(model_round);
     return s;

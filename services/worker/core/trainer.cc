@@ -17,6 +17,7 @@
 #include "common/sha256.h"
 #include "common/status_util.h"
 #include "services/worker/core/data_split.h"
+#include "services/worker/core/sample_order.h"
 #include "services/worker/core/torchscript_module.h"
 
 namespace shoal::worker {
@@ -86,6 +87,8 @@ class BuiltinTrainer final : public Trainer {
   ~BuiltinTrainer() override;
 
   double TrainSteps(uint32_t steps) override;
+  absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) override;
+  uint64_t train_samples() const override;
   shoal::v1::Metrics Evaluate() override;
   absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* params) override;
   std::vector<Prediction> Predict(int64_t n) override;
@@ -257,6 +260,11 @@ struct BuiltinTrainer::Impl {
   std::vector<int64_t> order;
   size_t cursor = 0;
   std::mt19937_64 rng;
+  // The sample ledger: the whole training set is train_x, and each round
+  // trains the rows SetSamples named (ledger_cursor: the next one).
+  std::optional<SampleOrder> ledger;
+  std::vector<int64_t> ledger_rows;
+  size_t ledger_cursor = 0;
 };
 
 BuiltinTrainer::BuiltinTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -333,10 +341,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   absl::StatusOr<DataSplit> split = ParseDataSplit(config.training().data_split());
   if (!split.ok()) return split.status();
   const uint32_t shards = std::max<uint32_t>(1, config.training().data_shards());
-  absl::StatusOr<std::vector<int64_t>> shard_rows = ShardRows(
-      *split, data->train.labels, shards, options.data_rank % shards, config.training().seed());
-  if (!shard_rows.ok()) return shard_rows.status();
-  const std::vector<int64_t> rows = std::move(*shard_rows);
+  std::vector<int64_t> rows;
+  if (config.training().sample_ledger()) {
+    // The coordinator names every round's samples from the whole set.
+    rows.resize(data->train.count);
+    std::iota(rows.begin(), rows.end(), 0);
+    impl->ledger.emplace(config.training().seed(), static_cast<int64_t>(rows.size()));
+  } else {
+    absl::StatusOr<std::vector<int64_t>> shard_rows = ShardRows(
+        *split, data->train.labels, shards, options.data_rank % shards, config.training().seed());
+    if (!shard_rows.ok()) return shard_rows.status();
+    rows = std::move(*shard_rows);
+  }
   impl->shard_label_counts = LabelCounts(data->train.labels, rows);
   impl->train_x = ToTensor(data->train, rows);
   impl->train_y = Labels(data->train, rows);
@@ -365,13 +381,23 @@ double BuiltinTrainer::TrainSteps(uint32_t steps) {
   uint32_t done = 0;
   for (uint32_t step = 0; step < steps; ++step) {
     if (s.options.stop != nullptr && s.options.stop->cancelled()) break;  // shutting down
-    if (s.cursor + batch > s.order.size()) {  // next epoch over the shard
-      std::shuffle(s.order.begin(), s.order.end(), s.rng);
-      s.cursor = 0;
+    torch::Tensor idx;
+    if (s.ledger.has_value()) {
+      // The ledger's samples of this round, a batch per step.
+      if (s.ledger_cursor >= s.ledger_rows.size()) break;
+      const int64_t n =
+          std::min<int64_t>(batch, static_cast<int64_t>(s.ledger_rows.size() - s.ledger_cursor));
+      idx = torch::from_blob(s.ledger_rows.data() + s.ledger_cursor, {n}, torch::kLong);
+      s.ledger_cursor += static_cast<size_t>(n);
+    } else {
+      if (s.cursor + batch > s.order.size()) {  // next epoch over the shard
+        std::shuffle(s.order.begin(), s.order.end(), s.rng);
+        s.cursor = 0;
+      }
+      idx = torch::from_blob(s.order.data() + s.cursor, {std::min<int64_t>(batch, s.order.size())},
+                             torch::kLong);
+      s.cursor += batch;
     }
-    torch::Tensor idx = torch::from_blob(s.order.data() + s.cursor,
-                                         {std::min<int64_t>(batch, s.order.size())}, torch::kLong);
-    s.cursor += batch;
     torch::Tensor x = s.train_x.index_select(0, idx);
     torch::Tensor y = s.train_y.index_select(0, idx);
     s.optimizer->zero_grad();
@@ -471,6 +497,22 @@ std::vector<Trainer::Prediction> BuiltinTrainer::Predict(int64_t n) {
 float* BuiltinTrainer::parameters() { return impl_->model.flat.data_ptr<float>(); }
 uint64_t BuiltinTrainer::num_elements() const { return impl_->model.flat.numel(); }
 const std::vector<LayerInfo>& BuiltinTrainer::layers() const { return impl_->model.layers; }
+absl::Status BuiltinTrainer::SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) {
+  Impl& s = *impl_;
+  if (!s.ledger.has_value()) {
+    return absl::FailedPreconditionError("the run keeps no sample ledger");
+  }
+  absl::StatusOr<std::vector<int64_t>> rows = s.ledger->Rows(ranges);
+  if (!rows.ok()) return rows.status();
+  s.ledger_rows = std::move(*rows);
+  s.ledger_cursor = 0;
+  return absl::OkStatus();
+}
+
+uint64_t BuiltinTrainer::train_samples() const {
+  return impl_->ledger.has_value() ? static_cast<uint64_t>(impl_->train_x.size(0)) : 0;
+}
+
 size_t BuiltinTrainer::shard_size() const { return impl_->order.size(); }
 const std::vector<uint64_t>& BuiltinTrainer::shard_label_counts() const {
   return impl_->shard_label_counts;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/cancellation.h"
 #include "services/worker/core/idx_reader.h"
 #include "shoal/v1/common.pb.h"
@@ -78,6 +79,17 @@ class Trainer {
   // The synchronous round the next TrainSteps trains (from the model of the
   // rounds before it); the built-in trainer does not need it.
   virtual void SetRound(uint64_t round) {}
+  // The sample ledger (RunConfig.training.sample_ledger, docs/DATA.md): the
+  // next TrainSteps trains these samples, a batch per step in order, rather
+  // than its shard, and runs fewer steps when they run out. INVALID_ARGUMENT
+  // for a range past the training set; UNIMPLEMENTED for a trainer that
+  // chooses its own samples (an external one).
+  virtual absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) {
+    return absl::UnimplementedError("this trainer chooses its own samples");
+  }
+  // Samples in the training set the ledger's positions are over (0: the
+  // trainer cannot follow the ledger).
+  virtual uint64_t train_samples() const { return 0; }
   // Accuracy and mean loss on the test set (evaluated() false when the
   // trainer has nothing to evaluate on).
   virtual shoal::v1::Metrics Evaluate() = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "services/worker/core/sample_order.h"
 
 namespace shoal::worker {
 
@@ -153,6 +154,13 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
     case shoal::v1::CoordinatorMessage::kRoundComplete: {
       const auto& complete = msg.round_complete();
       Settle(complete.round(), complete.model_hash(), &out);
+      if (complete.round() == trained_samples_round_ && complete.round() == model_round_ &&
+          complete.model_hash() == model_hash_) {
+        // The ledger's record of this worker: samples in a completed round.
+        SHOAL_LOG(INFO) << "ledger: round " << complete.round() << " trained samples "
+                        << FormatRanges(trained_samples_);
+        trained_samples_round_ = 0;
+      }
       if (complete.round() == model_round_ && complete.model_hash() != model_hash_) {
         SHOAL_LOG(ERROR) << "round " << complete.round() << " completed with hash "
                          << complete.model_hash() << ", this worker has " << model_hash_;
@@ -195,9 +203,16 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
       return {std::move(exit)};
     }
     case shoal::v1::CoordinatorMessage::kRunFinished: {
+      Action exit = Make(Action::kExit);
+      if (msg.run_finished().failed()) {
+        SHOAL_LOG(ERROR) << "the run stopped after round " << msg.run_finished().last_round()
+                         << ": " << msg.run_finished().reason();
+        exit.status = absl::FailedPreconditionError(
+            absl::StrCat("the run stopped: ", msg.run_finished().reason()));
+        return {std::move(exit)};
+      }
       SHOAL_LOG(INFO) << "run finished after round " << msg.run_finished().last_round() << ": "
                       << msg.run_finished().reason();
-      Action exit = Make(Action::kExit);
       exit.status = absl::OkStatus();
       return {std::move(exit)};
     }
@@ -237,6 +252,7 @@ Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
   round_ = start.round();
   round_base_ = start.base_model_round();
   round_base_hash_ = start.base_model_hash();
+  round_samples_.assign(start.samples().begin(), start.samples().end());
   trained_round_ = 0;
   contribution_round_ = 0;
   plan_.Clear();
@@ -262,15 +278,13 @@ Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
 
 void WorkerProtocol::StartWork(Actions* out) {
   if (late_.held && FoldLateWork(round_base_, out)) return;
-  out->push_back(Make(Action::kTrain, round_));
-}
-
-bool WorkerProtocol::ExchangesChanges() const {
-  // Encoded exchanges (a codec other than fp32, or an outer optimizer)
-  // send the round's change from its base; fp32 without one sends weights.
-  const std::string& codec = config_.exchange().codec();
-  const std::string& outer = config_.exchange().outer_optimizer().kind();
-  return !(codec.empty() || codec == "fp32") || !(outer.empty() || outer == "none");
+  Action train = Make(Action::kTrain, round_);
+  train.samples = round_samples_;
+  if (config_.training().sample_ledger()) {
+    trained_samples_ = round_samples_;
+    trained_samples_round_ = round_;
+  }
+  out->push_back(std::move(train));
 }
 
 bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
@@ -336,6 +350,12 @@ Action WorkerProtocol::ReadyAction(bool resumed) const {
 
 Actions WorkerProtocol::OnReadyReported(uint64_t round, const absl::Status& result) {
   if (result.ok() || round != round_) return {};
+  if (base_reported_round_ == round) {
+    // Nothing was trained: the session says what comes next.
+    SHOAL_LOG(WARNING) << "round " << round << ": the report that the base cannot be loaded was "
+                       << "not taken: " << result.message();
+    return {};
+  }
   if (absl::IsNotFound(result) || absl::IsUnavailable(result) || absl::IsDeadlineExceeded(result)) {
     // No coordinator took the report (it died, or this is a new leader that
     // does not know this worker yet): the session is lost too, and its end
@@ -488,22 +508,32 @@ Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
     model_hash_ = hash;
   } else {
     SHOAL_LOG(WARNING) << "catch-up to round " << round << " failed: " << result
-                       << "; continuing with the model of round " << model_round_;
+                       << "; this worker holds round " << model_round_;
   }
   Actions out;
   if (work_after_catch_up_ != round_ || round_ == 0) return out;
   work_after_catch_up_ = 0;
-  if (!result.ok() && ExchangesChanges()) {
-    // The encoded exchange averages changes and applies them to the
-    // round's base: from another base this worker would end the round with
-    // a model nobody else has. Raw fp32 averaging folds its model in
-    // instead. It sits the round out (no ready report) and catches up at
-    // the next round start.
-    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: the " << config_.exchange().codec()
-                       << "/" << config_.exchange().outer_optimizer().kind()
-                       << " exchange needs the round's base (round " << round
-                       << ") and this worker holds round " << model_round_;
+  if (!result.ok()) {
+    // Work from another model than the round's base would be a model
+    // nobody else has (an encoded exchange applies changes to the base) or
+    // drag the average back to an older model (raw fp32); when nobody can
+    // load the base it would be another model under the run's round
+    // numbers. So the worker sits the round out and says why: the
+    // coordinator decides whether the run goes on, goes back to an older
+    // checkpoint or stops (docs/CHECKPOINTS.md).
+    const bool damaged = absl::IsDataLoss(result) && !catch_up_checkpoint_.empty();
+    SHOAL_LOG(WARNING) << "round " << round_ << ": sitting out: cannot load the round's base "
+                       << "(round " << round << ")"
+                       << (damaged
+                               ? absl::StrCat(": checkpoint ", catch_up_checkpoint_, " is damaged")
+                               : std::string())
+                       << "; this worker holds round " << model_round_;
     ++rounds_sat_out_for_base_;
+    base_reported_round_ = round_;
+    Action report = ReadyAction(/*resumed=*/false);
+    report.ready.set_base_unavailable(std::string(result.message()));
+    report.ready.set_base_checkpoint_damaged(damaged);
+    out.push_back(std::move(report));
     return out;
   }
   StartWork(&out);
@@ -653,18 +683,27 @@ bool WorkerProtocol::CatchUp(uint64_t round, const std::string& hash,
                              std::vector<std::string> holders, const std::string& checkpoint_id,
                              uint64_t checkpoint_round, Actions* out) {
   if ((round == model_round_ && hash == model_hash_) || hash.empty()) return false;
+  const bool from_checkpoint = checkpoint_round == round && !checkpoint_id.empty();
   if (round < model_round_) {
-    SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
-                       << model_round_ << "; keeping it";
-    return false;
+    if (!from_checkpoint) {
+      SHOAL_LOG(WARNING) << "the run is at round " << round << ", this worker holds round "
+                         << model_round_ << "; keeping it";
+      return false;
+    }
+    // The run went back to an older checkpoint (no member could load the
+    // newer base): this worker's newer model is not the run's any more.
+    SHOAL_LOG(WARNING) << "the run went back to checkpoint " << checkpoint_id << " of round "
+                       << round << "; this worker holds round " << model_round_ << " and loads it";
   }
   holders.erase(std::remove(holders.begin(), holders.end(), options_.advertise), holders.end());
   Action a = Make(Action::kCatchUp, round);
   a.hash = hash;
   a.holders = std::move(holders);
-  if (checkpoint_round == round) {
+  catch_up_checkpoint_.clear();
+  if (from_checkpoint) {
     a.checkpoint_id = checkpoint_id;
     a.checkpoint_round = checkpoint_round;
+    catch_up_checkpoint_ = checkpoint_id;
   }
   out->push_back(std::move(a));
   return true;

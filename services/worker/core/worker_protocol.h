@@ -141,7 +141,9 @@ struct Action {
   std::vector<std::string> holders;
   std::string checkpoint_id;
   uint64_t checkpoint_round = 0;
-  shoal::v1::RoundPlan plan;                // kServePlan, kProbe, kExchange
+  shoal::v1::RoundPlan plan;  // kServePlan, kProbe, kExchange
+  // kTrain with the sample ledger: the round's samples (RoundStart.samples).
+  std::vector<shoal::v1::SampleRange> samples;
   shoal::v1::CheckpointRequest checkpoint;  // kUpload
   shoal::v1::ReportReadyRequest ready;      // kReportReady
   shoal::v1::ReportRoundDoneRequest done;   // kReportDone (metrics added by the worker)
@@ -245,9 +247,6 @@ class WorkerProtocol {
   void DropRound(const std::string& why, Actions* out);
   // The round's own work: fold held late work, or train.
   void StartWork(Actions* out);
-  // True when the run's exchange sends changes from the round's base (a
-  // codec or an outer optimizer) rather than weights.
-  bool ExchangesChanges() const;
   // False when no catch-up is needed or possible (nothing pushed).
   bool CatchUp(uint64_t round, const std::string& hash, std::vector<std::string> holders,
                const std::string& checkpoint_id, uint64_t checkpoint_round, Actions* out);
@@ -293,8 +292,17 @@ class WorkerProtocol {
   // The round whose work (train or fold) waits for the catch-up in flight
   // (0 = none).
   uint64_t work_after_catch_up_ = 0;
-  // Rounds sat out because the base could not be pulled (encoded exchange).
+  // Rounds sat out because the base could not be pulled; the round whose
+  // ready report says so (0 = none), and the checkpoint the catch-up in
+  // flight reads (empty: holders only).
   uint64_t rounds_sat_out_for_base_ = 0;
+  uint64_t base_reported_round_ = 0;
+  std::string catch_up_checkpoint_;
+  // The sample ledger's ranges of round_ (RoundStart.samples), and those of
+  // the round this worker trained, logged when that round completes.
+  std::vector<shoal::v1::SampleRange> round_samples_;
+  std::vector<shoal::v1::SampleRange> trained_samples_;
+  uint64_t trained_samples_round_ = 0;
   uint64_t late_kept_ = 0;
   uint64_t late_folded_ = 0;
   uint64_t late_dropped_ = 0;

@@ -1,0 +1,118 @@
+// End-to-end test of the sample ledger (issue 28, docs/DATA.md): a 2-epoch
+// run with churn (a worker killed while it trains, one frozen until the
+// coordinator gives it up, late joiners) trains every sample of the
+// training set exactly twice, once per epoch. The count comes from the
+// workers' own logs of the samples of each round they completed.
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include "tests/e2e/cluster_fixture.h"
+
+namespace shoal {
+namespace {
+
+using LedgerTest = ClusterTest;
+
+// A participant still training (its work is lost if it goes now).
+std::string Training(const v1::RunStatus& s) {
+  if (s.phase() != v1::TRAINING) return "";
+  for (const auto& w : s.workers()) {
+    if (w.state() == "training") return w.id();
+  }
+  return "";
+}
+
+TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=2", "--local_steps=20", "--sample_ledger", "--epochs=2",
+       "--heartbeat_lease=10s", "--connection_timeout=5s", "--max_connection_retry=2",
+       "--round_timeout=120s", "--adaptive_deadline=false"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+
+  // A kill while the victim trains: its samples go back to the pool.
+  std::string id;
+  v1::RunStatus s = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        id = Training(s);
+        return s.last_completed_round() >= 2 && !id.empty();
+      },
+      absl::Seconds(180));
+  Process* killed = WorkerById(id);
+  ASSERT_NE(killed, nullptr);
+  killed->Signal(SIGKILL);
+  StartWorker(addr);  // a late joiner
+
+  // A worker frozen while it trains, until the coordinator gives it up.
+  s = WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        id = Training(s);
+        return s.last_completed_round() >= 8 && !id.empty();
+      },
+      absl::Seconds(180));
+  Process* frozen = WorkerById(id);
+  ASSERT_NE(frozen, nullptr);
+  frozen->Signal(SIGSTOP);
+  const std::string frozen_id = id;
+  WaitForStatus(
+      [&](const v1::RunStatus& s) {
+        for (const auto& w : s.workers()) {
+          if (w.id() == frozen_id) return w.state() == "lost" || w.state() == "evicted";
+        }
+        return false;
+      },
+      absl::Seconds(120));
+  frozen->Signal(SIGCONT);
+  StartWorker(addr);
+
+  const v1::RunStatus done = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Seconds(600));
+  ASSERT_TRUE(done.has_ledger());
+  const v1::SampleLedger& ledger = done.ledger();
+  const uint64_t n = ledger.dataset_samples();
+  ASSERT_EQ(n, 60000u);
+  EXPECT_EQ(ledger.epochs_done(), 2u);
+  EXPECT_EQ(ledger.samples_trained(), 2 * n);
+  EXPECT_GT(ledger.samples_lost(), 0u);
+  EXPECT_EQ(ledger.samples_redone(), ledger.samples_lost());
+  EXPECT_NE(done.detail().find("finished"), std::string::npos) << done.detail();
+  std::cout << "ledger after " << done.last_completed_round() << " rounds: trained "
+            << ledger.samples_trained() << ", lost " << ledger.samples_lost() << ", redone "
+            << ledger.samples_redone() << "\n";
+
+  // The workers' own account: every position of each epoch exactly once.
+  std::vector<std::vector<int>> seen(2, std::vector<int>(n, 0));
+  static const std::regex kLine("ledger: round [0-9]+ trained samples ([^\n]*)");
+  static const std::regex kRange("e([0-9]+):\\[([0-9]+),([0-9]+)\\)");
+  int lines = 0;
+  for (auto& w : workers_) {
+    const std::string log = w->Log();
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine);
+         it != std::sregex_iterator(); ++it) {
+      ++lines;
+      const std::string ranges = (*it)[1];
+      for (auto r = std::sregex_iterator(ranges.begin(), ranges.end(), kRange);
+           r != std::sregex_iterator(); ++r) {
+        const uint64_t epoch = std::stoull((*r)[1]);
+        const uint64_t begin = std::stoull((*r)[2]);
+        const uint64_t end = std::stoull((*r)[3]);
+        ASSERT_LT(epoch, 2u) << ranges;
+        ASSERT_LE(end, n) << ranges;
+        for (uint64_t p = begin; p < end; ++p) ++seen[epoch][p];
+      }
+    }
+  }
+  EXPECT_GT(lines, 0);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    uint64_t missing = 0, twice = 0;
+    for (uint64_t p = 0; p < n; ++p) {
+      if (seen[epoch][p] == 0) ++missing;
+      if (seen[epoch][p] > 1) ++twice;
+    }
+    EXPECT_EQ(missing, 0u) << "epoch " << epoch;
+    EXPECT_EQ(twice, 0u) << "epoch " << epoch;
+  }
+}
+
+}  // namespace
+}  // namespace shoal
