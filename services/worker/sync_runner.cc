@@ -459,6 +459,8 @@ void SyncRunner::Upload(const Action& a) {
     manifest.set_round(request.round());
     manifest.set_model(config.model().name());
     manifest.set_model_sha256(request.model_hash());
+    // The sample ledger as of this round: a run resumed from here continues it.
+    if (request.has_ledger()) *manifest.mutable_ledger() = request.ledger();
     const uint64_t seen =
         request.round() * config.training().local_steps() * config.training().batch_size();
     manifest.set_epoch(parts_.trainer->shard_size() ? seen / parts_.trainer->shard_size() : 0);

@@ -3,6 +3,7 @@
 // coordinator gives it up, late joiners) trains every sample of the
 // training set exactly twice, once per epoch. The count comes from the
 // workers' own logs of the samples of each round they completed.
+#include <cstdint>
 #include <iostream>
 #include <regex>
 #include <sstream>
@@ -21,6 +22,47 @@ std::string Training(const v1::RunStatus& s) {
     if (w.state() == "training") return w.id();
   }
   return "";
+}
+
+// Adds the positions of every "ledger: round R trained samples ..." line
+// of `log` with R > after_round to `seen` (epoch -> count per position).
+// Returns the number of lines.
+int CountTrained(const std::string& log, uint64_t after_round, std::vector<std::vector<int>>* seen,
+                 uint64_t up_to_round = UINT64_MAX) {
+  static const std::regex kLine("ledger: round ([0-9]+) trained samples ([^\n]*)");
+  static const std::regex kRange("e([0-9]+):\\[([0-9]+),([0-9]+)\\)");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine); it != std::sregex_iterator();
+       ++it) {
+    const uint64_t round = std::stoull((*it)[1]);
+    if (round <= after_round || round > up_to_round) continue;
+    ++lines;
+    const std::string ranges = (*it)[2];
+    for (auto r = std::sregex_iterator(ranges.begin(), ranges.end(), kRange);
+         r != std::sregex_iterator(); ++r) {
+      const uint64_t epoch = std::stoull((*r)[1]);
+      const uint64_t begin = std::stoull((*r)[2]);
+      const uint64_t end = std::stoull((*r)[3]);
+      EXPECT_LT(epoch, seen->size()) << ranges;
+      if (epoch >= seen->size()) continue;
+      auto& counts = (*seen)[epoch];
+      EXPECT_LE(end, counts.size()) << ranges;
+      for (uint64_t p = begin; p < end && p < counts.size(); ++p) ++counts[p];
+    }
+  }
+  return lines;
+}
+
+void ExpectEachOnce(const std::vector<std::vector<int>>& seen) {
+  for (size_t epoch = 0; epoch < seen.size(); ++epoch) {
+    uint64_t missing = 0, twice = 0;
+    for (int c : seen[epoch]) {
+      if (c == 0) ++missing;
+      if (c > 1) ++twice;
+    }
+    EXPECT_EQ(missing, 0u) << "epoch " << epoch;
+    EXPECT_EQ(twice, 0u) << "epoch " << epoch;
+  }
 }
 
 TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
@@ -82,36 +124,63 @@ TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
 
   // The workers' own account: every position of each epoch exactly once.
   std::vector<std::vector<int>> seen(2, std::vector<int>(n, 0));
-  static const std::regex kLine("ledger: round [0-9]+ trained samples ([^\n]*)");
-  static const std::regex kRange("e([0-9]+):\\[([0-9]+),([0-9]+)\\)");
-  int lines = 0;
-  for (auto& w : workers_) {
-    const std::string log = w->Log();
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine);
-         it != std::sregex_iterator(); ++it) {
-      ++lines;
-      const std::string ranges = (*it)[1];
-      for (auto r = std::sregex_iterator(ranges.begin(), ranges.end(), kRange);
-           r != std::sregex_iterator(); ++r) {
-        const uint64_t epoch = std::stoull((*r)[1]);
-        const uint64_t begin = std::stoull((*r)[2]);
-        const uint64_t end = std::stoull((*r)[3]);
-        ASSERT_LT(epoch, 2u) << ranges;
-        ASSERT_LE(end, n) << ranges;
-        for (uint64_t p = begin; p < end; ++p) ++seen[epoch][p];
-      }
-    }
-  }
-  EXPECT_GT(lines, 0);
-  for (int epoch = 0; epoch < 2; ++epoch) {
-    uint64_t missing = 0, twice = 0;
-    for (uint64_t p = 0; p < n; ++p) {
-      if (seen[epoch][p] == 0) ++missing;
-      if (seen[epoch][p] > 1) ++twice;
-    }
-    EXPECT_EQ(missing, 0u) << "epoch " << epoch;
-    EXPECT_EQ(twice, 0u) << "epoch " << epoch;
-  }
+  std::string logs;
+  for (auto& w : workers_) logs += w->Log();
+  EXPECT_GT(CountTrained(logs, 0, &seen), 0);
+  ExpectEachOnce(seen);
+}
+
+// A full restart from the store continues the checkpoint's ledger: the
+// rounds after the checkpoint are trained again, and the epoch still ends
+// with every sample trained once.
+TEST_F(LedgerTest, FullRestartContinuesTheCheckpointsLedger) {
+  const std::string store = StartStore();
+  const std::vector<std::string> flags = {"--min_participants=2",
+                                          "--local_steps=20",
+                                          "--sample_ledger",
+                                          "--epochs=1",
+                                          "--checkpoint_store=" + store,
+                                          "--checkpoint_every=3",
+                                          "--run_id=ledger-r",
+                                          "--adaptive_deadline=false"};
+  std::string addr = StartCoordinator(flags);
+  StartWorker(addr);
+  StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 6; },
+                absl::Seconds(180));
+  coordinator_->Signal(SIGKILL);
+  for (auto& w : workers_) w->Signal(SIGKILL);
+  coordinator_->Wait(absl::Seconds(10));
+  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  std::string first_logs;
+  for (auto& w : workers_) first_logs += w->Log();
+  workers_.clear();
+
+  addr = StartCoordinator(flags);
+  const v1::RunStatus resumed = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() > 0; }, absl::Seconds(20));
+  const uint64_t from = resumed.checkpoint_round();
+  ASSERT_TRUE(resumed.has_ledger());
+  const v1::SampleLedger& at = resumed.ledger();
+  // The checkpoint's ledger: what its rounds trained, nothing in flight.
+  EXPECT_EQ(at.dataset_samples(), 60000u);
+  EXPECT_GT(at.samples_trained(), 0u);
+  uint64_t pool = 0;
+  for (const auto& r : at.pool()) pool += r.count();
+  EXPECT_EQ(at.samples_trained() + pool, at.epoch() * 60000 + at.offset());
+  StartWorker(addr);
+  StartWorker(addr);
+  const v1::RunStatus done = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Seconds(300));
+  EXPECT_EQ(done.ledger().epochs_done(), 1u);
+  EXPECT_EQ(done.ledger().samples_trained(), 60000u);
+  // The first workers' rounds up to the checkpoint, then the new ones'.
+  std::vector<std::vector<int>> seen(1, std::vector<int>(60000, 0));
+  EXPECT_GT(CountTrained(first_logs, 0, &seen, from), 0);
+  std::string logs;
+  for (auto& w : workers_) logs += w->Log();
+  EXPECT_GT(CountTrained(logs, from, &seen), 0);
+  ExpectEachOnce(seen);
 }
 
 }  // namespace
