@@ -209,6 +209,8 @@ class Worker {
     if (closed_) return;
     closed_ = true;
     if (!reason.empty()) SHOAL_LOG(INFO) << "stopping: " << reason;
+    // The run's status gives it as this worker's reason for leaving.
+    if (host_) host_->SetStopReason(reason);
     stop_.Cancel();
     trainer_->Close();
     if (thread_.joinable()) thread_.join();

@@ -111,7 +111,7 @@ absl::Status GossipRunner::Run() {
     if (!host_->PopEvent(&event, wait)) {
       actions = protocol_.OnTick();
     } else if (event.kind == WorkerEvent::kStop) {
-      actions = protocol_.OnStopRequested();
+      actions = protocol_.OnStopRequested(host_->StopReason());
     } else if (event.kind == WorkerEvent::kSessionClosed) {
       if (host_->StopRequested()) continue;  // our own doing
       actions = protocol_.OnSessionClosed(event.status);
@@ -131,7 +131,7 @@ std::optional<absl::Status> GossipRunner::Execute(GossipActions actions) {
       // The shutdown goes before the rest of the batch (its event may sit
       // behind others in the queue).
       stop_told = true;
-      GossipActions stop = protocol_.OnStopRequested();
+      GossipActions stop = protocol_.OnStopRequested(host_->StopReason());
       if (!stop.empty()) queue.assign(stop.begin(), stop.end());
     }
     GossipAction action = std::move(queue.front());

@@ -53,6 +53,9 @@ class RunnerHost {
   // The worker is being stopped (signal, WorkerOptions::stop); the token is
   // already cancelled.
   virtual bool StopRequested() const = 0;
+  // Why (Worker::SetStopReason; "worker shut down" for a signal): the
+  // Leave's reason, which the status shows.
+  virtual std::string StopReason() const = 0;
   // Joins the run with `request` (a re-join: the runner's JoinRequest()),
   // retrying while the coordinator is unreachable or restarting; each
   // answer goes to the runner's OnJoined. An exit status, or nullopt to go

@@ -56,7 +56,9 @@ absl::Status SyncRunner::Run() {
   while (true) {
     if (host_->StopRequested()) {
       parts_.stop->Cancel();
-      if (std::optional<absl::Status> exit = Execute(protocol_.OnStopRequested())) return *exit;
+      if (std::optional<absl::Status> exit =
+              Execute(protocol_.OnStopRequested(host_->StopReason())))
+        return *exit;
       return absl::OkStatus();
     }
     WorkerEvent event;
@@ -147,10 +149,11 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         // Training ended early for the shutdown: leave without reporting
         // the unfinished round.
         parts_.stop->Cancel();
-        *next = protocol_.OnStopRequested();
+        *next = protocol_.OnStopRequested(host_->StopReason());
         return std::nullopt;
       }
       M().train_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+      M().seconds_training.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       M().train_loss.Set(loss);
       *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements());
       return std::nullopt;
@@ -193,6 +196,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       std::string hash;
       const absl::Time t0 = parts_.clock->Now();
       absl::Status s = Exchange(a, &hash);
+      M().seconds_exchanging.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       if (s.ok()) {
         M().exchanges_ok.Add();
         M().exchange_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));

@@ -168,6 +168,16 @@ absl::Status Worker::Run() {
 
 bool Worker::StopRequested() const { return stop_token_.cancelled(); }
 
+std::string Worker::StopReason() const {
+  absl::MutexLock lock(&mu_);
+  return stop_reason_;
+}
+
+void Worker::SetStopReason(std::string reason) {
+  absl::MutexLock lock(&mu_);
+  if (!reason.empty()) stop_reason_ = std::move(reason);
+}
+
 void Worker::Push(WorkerEvent event) {
   absl::MutexLock lock(&mu_);
   events_.push_back(std::move(event));

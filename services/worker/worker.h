@@ -92,6 +92,9 @@ class Worker final : private RunnerHost {
   int port() const { return server_->port(); }
   // The metrics port, 0 when metrics_listen is off.
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // The reason the run's status gives for this worker leaving when it is
+  // stopped next (the Python API's close(reason)); call before the stop.
+  void SetStopReason(std::string reason);
 
  private:
   explicit Worker(Options options);
@@ -99,6 +102,7 @@ class Worker final : private RunnerHost {
   // RunnerHost.
   bool PopEvent(WorkerEvent* event, absl::Duration timeout) override;
   bool StopRequested() const override;
+  std::string StopReason() const override;
   std::optional<absl::Status> Join(const shoal::v1::JoinRequest& request) override;
   absl::Status OpenSession(uint64_t carried_round) override;
   void CloseSession() override;
@@ -188,8 +192,9 @@ class Worker final : private RunnerHost {
   CancellationToken stop_token_{ShutdownSignal::Token()};
   uint64_t stop_registration_ = 0;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<WorkerEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_) = "worker shut down";
   // Interrupting directives received and not yet handled by the runner:
   // an exchange that starts while one is queued is cancelled at once.
   int unhandled_interrupts_ ABSL_GUARDED_BY(mu_) = 0;

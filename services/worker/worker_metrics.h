@@ -13,6 +13,13 @@ struct WorkerMetrics {
   MetricHistogram train_seconds = Metrics::Histogram(
       "shoal_train_duration_seconds", "Local training of one round (all its local steps).",
       Metrics::SecondsBuckets());
+  // Where the worker's time goes (issue 27): rate() of these is the share
+  // of wall time spent training (the compute utilization) and in
+  // exchanges; the rest is idle (docs/OPERATIONS.md).
+  MetricCounter seconds_training = Metrics::Counter(
+      "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "train"}});
+  MetricCounter seconds_exchanging = Metrics::Counter(
+      "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "exchange"}});
   MetricGauge train_loss =
       Metrics::Gauge("shoal_train_loss", "Mean training loss of this worker's latest round.");
   MetricGauge test_accuracy = Metrics::Gauge(

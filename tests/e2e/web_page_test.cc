@@ -280,6 +280,11 @@ TEST_F(WebPageTest, ChromiumDrawsEveryRoundAndListsEveryWorker) {
     const std::string bar = dom.substr(row, dom.find("</div>", row) - row);
     ASSERT_TRUE(std::regex_search(bar, m, kTrain)) << bar;
     EXPECT_GT(std::stod(m[1]), 0) << bar;
+    // Its shares of the rounds' wall time (WorkerStatus.train_share...).
+    static const std::regex kShares("time: training ([0-9]+)%, exchange ([0-9]+)%, idle ([0-9]+)%");
+    ASSERT_TRUE(std::regex_search(bar, m, kShares)) << bar;
+    EXPECT_GT(std::stoi(m[1]), 0) << bar;
+    EXPECT_NEAR(std::stoi(m[1]) + std::stoi(m[2]) + std::stoi(m[3]), 100, 2) << bar;
   }
   EXPECT_NE(dom.find("Median round"), std::string::npos);
   EXPECT_NE(dom.find("Most of the round"), std::string::npos);

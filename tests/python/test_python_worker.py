@@ -116,6 +116,9 @@ def test_killed_python_worker_and_a_late_joiner(cluster):
         return {w["id"]: w["state"] for w in cluster.status()["workers"]}
 
     wait_until(lambda: states().get(b_id) == "left", 60, f"{b_id} left")
+    # With close()'s reason (the context manager's, for Ctrl-C).
+    reasons = {w["id"]: w.get("reason", "") for w in cluster.status()["workers"]}
+    assert "interrupted (Ctrl-C)" in reasons[b_id], reasons
     wait_until(lambda: states().get(c_id) == "lost", 60, f"{c_id} lost")
     for w in (a, late):
         w.stop()

@@ -245,6 +245,41 @@ TEST(FormatStatusTableTest, ShowsTheCheckpointLine) {
                         "uploading round 10 by w2"));
 }
 
+TEST(FormatStatusTableTest, ShowsTheLedgerTheRunGoingBackAndAStop) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("ledger")));
+  shoal::v1::SampleLedger* l = s.mutable_ledger();
+  l->set_dataset_samples(60000);
+  l->set_epoch(1);
+  l->set_offset(1280);
+  l->set_epochs_done(1);
+  l->set_samples_trained(61280);
+  l->set_samples_lost(2560);
+  l->set_samples_redone(1280);
+  auto* pool = l->add_pool();
+  pool->set_count(1280);
+  s.set_base_fallback("round 9: checkpoint run-42-r8 is damaged");
+  s.set_error("nothing to go back to");
+  const std::string out = FormatStatusTable(s);
+  EXPECT_THAT(out, HasSubstr("ledger epoch 1 at 1280/60000  epochs_done 1  trained 61280  lost "
+                             "2560  redone 1280  waiting 1280  in_flight 0"));
+  EXPECT_THAT(out, HasSubstr("went back: round 9: checkpoint run-42-r8 is damaged"));
+  EXPECT_THAT(out, HasSubstr("STOPPED: nothing to go back to"));
+}
+
+TEST(FormatStatusTableTest, ShowsWhereEachWorkersTimeGoes) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("time (share")));
+  WorkerStatus* w2 = s.mutable_workers(1);
+  w2->set_train_share(0.62);
+  w2->set_exchange_share(0.30);
+  w2->set_idle_share(0.08);
+  w2->set_rounds_in_flight(1);
+  const std::string out = FormatStatusTable(s);
+  EXPECT_THAT(out, HasSubstr("time (share of each worker's recent rounds):"));
+  EXPECT_THAT(out, HasSubstr("w2    62%    30%       8%     1"));
+}
+
 // Robust aggregation (issue 14): a line when the rule is not the mean.
 TEST(FormatStatusTableTest, ShowsARobustAggregationOnly) {
   RunStatus s = FinishedRun();

@@ -359,6 +359,33 @@ TEST(SyncRoundsTest, AJoinerHoldingANewerRoundAfterARestartIsAdopted) {
   EXPECT_EQ(r.next_round(), 5u);
 }
 
+TEST(SyncRoundsTest, StatusSaysWhereEachWorkersRoundTimeGoes) {
+  Harness h(Options(1));
+  const std::string w1 = h.Add(9001);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  v1::WorkerStatus before;
+  h.rounds_.FillWorker(w1, &before);
+  EXPECT_EQ(before.train_share(), 0);
+  EXPECT_EQ(before.rounds_in_flight(), 1u);
+  ASSERT_TRUE(h.Ready(w1, 1, &out).ok());
+  ASSERT_TRUE(h.Connected(w1, 1, &out).ok());
+  h.clock_.Advance(absl::Seconds(10));
+  v1::ReportRoundDoneRequest done;
+  done.set_worker_id(w1);
+  done.set_round(1);
+  done.set_model_hash(kHashA);
+  done.set_train_seconds(6);
+  done.set_exchange_seconds(2);
+  ASSERT_TRUE(h.rounds_.ReportRoundDone(h.members_.At(w1), done, &out).ok());
+  ASSERT_EQ(h.rounds_.last_completed_round(), 1u);
+  v1::WorkerStatus w;
+  h.rounds_.FillWorker(w1, &w);
+  EXPECT_DOUBLE_EQ(w.train_share(), 0.6);
+  EXPECT_DOUBLE_EQ(w.exchange_share(), 0.2);
+  EXPECT_NEAR(w.idle_share(), 0.2, 1e-12);
+}
+
 namespace base_recovery {
 
 // A run resumed at round 8 from checkpoint run-s-r8 that nobody holds; the

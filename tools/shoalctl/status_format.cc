@@ -284,6 +284,27 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
                                       w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
     }
   }
+  // Where each worker's round time goes (issue 27): training, its exchange,
+  // idle (waiting for the others); only once a round completed.
+  bool shares = false;
+  for (const auto& w : s.workers()) {
+    shares |= w.train_share() + w.exchange_share() + w.idle_share() > 0;
+  }
+  if (shares) {
+    absl::StrAppend(&out, "time (share of each worker's recent rounds):\n");
+    absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %s\n", WhoWidth(s), "ID", "TRAIN",
+                                          "EXCHANGE", "IDLE", "IN_FLIGHT"));
+    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+      const shoal::v1::WorkerStatus& w = *row;
+      if (w.train_share() + w.exchange_share() + w.idle_share() <= 0) continue;
+      if (DepartedState(w.state()) && !wide) continue;
+      absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %d\n", WhoWidth(s), Who(w),
+                                            absl::StrFormat("%.0f%%", 100 * w.train_share()),
+                                            absl::StrFormat("%.0f%%", 100 * w.exchange_share()),
+                                            absl::StrFormat("%.0f%%", 100 * w.idle_share()),
+                                            w.rounds_in_flight()));
+    }
+  }
   // Workers behind NAT (outbound connections only; docs/SUPERNODES.md).
   for (const auto& w : s.workers()) {
     if (!w.outbound_only()) continue;

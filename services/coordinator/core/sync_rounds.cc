@@ -773,6 +773,7 @@ absl::Status SyncRounds::ReportRoundDone(Member& m,
   if (request.train_seconds() > 0) {
     AddSample(r.train_seconds, request.train_seconds(), SampleWindow());
   }
+  r.round_train_seconds = request.train_seconds();
   if (request.metrics().evaluated()) {
     r.metrics = request.metrics();
     r.metrics_round = request.round();
@@ -829,6 +830,9 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
     }
     r.rounds_completed++;
     if (ledger_.has_value()) ledger_->Trained(id);
+    AddSample(r.time_shares,
+              RoundMember::TimeShare{r.round_train_seconds, r.exchange_seconds, summary.seconds()},
+              SampleWindow());
     r.missed_in_row = 0;
     r.deadline_seconds = ready_deadline_seconds;
     if (r.fold_round == round_) {
@@ -1197,6 +1201,22 @@ void SyncRounds::FillWorker(const std::string& worker_id, shoal::v1::WorkerStatu
   w->set_last_fold_round(r.last_fold_round);
   w->set_last_fold_train_seconds(r.last_fold_train_seconds);
   w->set_deadline_seconds(r.deadline_seconds);
+  double train = 0, exchange = 0, wall = 0;
+  for (const RoundMember::TimeShare& t : r.time_shares) {
+    train += t.train;
+    exchange += t.exchange;
+    wall += t.wall;
+  }
+  if (wall > 0) {
+    // Measured on two clocks (the worker's parts, the coordinator's
+    // round): clamped so that the shares stay shares.
+    const double t = std::min(1.0, train / wall);
+    const double e = std::min(1.0 - t, exchange / wall);
+    w->set_train_share(t);
+    w->set_exchange_share(e);
+    w->set_idle_share(1.0 - t - e);
+  }
+  w->set_rounds_in_flight(IsParticipant(worker_id) ? 1 : 0);
 }
 
 void SyncRounds::FillRecord(shoal::v1::RunRecord* r) const {

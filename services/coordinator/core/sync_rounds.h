@@ -109,6 +109,15 @@ class SyncRounds : public RunMode {
     // deadline.
     std::deque<absl::Duration> ready_times;
     std::deque<double> train_seconds;
+    // Of its recent completed rounds: its train and exchange seconds and
+    // the round's wall seconds (WorkerStatus.train_share and the others).
+    struct TimeShare {
+      double train = 0;
+      double exchange = 0;
+      double wall = 0;
+    };
+    std::deque<TimeShare> time_shares;
+    double round_train_seconds = 0;  // its RoundDone report of round_
     uint64_t rounds_late = 0;
     // Its latest exchange's bytes on the wire (ReportRoundDone).
     uint64_t bytes_received = 0;

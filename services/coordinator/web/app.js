@@ -285,6 +285,9 @@ function renderCharts(cfg) {
 // median and the exchange's are over the last TIME_WINDOW rounds, and the
 // waiting part is what is left of the median round.
 const TIME_WINDOW = 5;
+// WorkerStatus.train_share and the others (issue 27): shares of the
+// worker's recent rounds' wall time, as the coordinator sums them.
+const pct = (v) => `${Math.round(100 * num(v))}%`;
 function renderTime(members, cfg) {
   const recent = st.rounds.slice(-TIME_WINDOW);
   const round = median(recent.map((x) => x.seconds));
@@ -315,7 +318,10 @@ function renderTime(members, cfg) {
   $('time-bars').innerHTML = rows.map((x) =>
     `<div class="trow" data-worker-time="${esc(x.w.id)}"><span class="tid">${esc(x.w.id)}${x === slow && rows.length > 1 ? ' <span class="bad">slowest</span>' : ''}</span>` +
     `<span class="bar">${seg('train', x.parts.train)}${seg('prep', x.parts.prep)}${seg('wait', x.parts.wait)}${seg('exchange', x.parts.exchange)}</span>` +
-    `<span class="tnum muted">train ${dur(x.parts.train)} · ready ${dur(x.ready)} · wait ${dur(x.parts.wait)} · exchange ${dur(x.parts.exchange)}</span></div>`).join('');
+    `<span class="tnum muted">train ${dur(x.parts.train)} · ready ${dur(x.ready)} · wait ${dur(x.parts.wait)} · exchange ${dur(x.parts.exchange)}` +
+    (num(x.w.train_share) + num(x.w.exchange_share) + num(x.w.idle_share) > 0
+      ? ` · <span data-shares="${esc(x.w.id)}">time: training ${pct(x.w.train_share)}, exchange ${pct(x.w.exchange_share)}, idle ${pct(x.w.idle_share)}</span>`
+      : '') + `</span></div>`).join('');
 }
 
 function route(w) {

@@ -235,9 +235,9 @@ GossipActions GossipProtocol::OnSessionClosed(const absl::Status& why) {
   return {Make(GossipAction::kRejoin)};
 }
 
-GossipActions GossipProtocol::OnStopRequested() {
+GossipActions GossipProtocol::OnStopRequested(const std::string& reason) {
   if (phase_ == Phase::kDone) return {};
-  return Leave("worker stopped", absl::OkStatus());
+  return Leave(reason, absl::OkStatus());
 }
 
 GossipActions GossipProtocol::Leave(const std::string& reason, absl::Status status) {

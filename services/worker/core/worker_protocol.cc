@@ -549,12 +549,12 @@ Actions WorkerProtocol::OnSessionOpenFailed(const absl::Status& why) {
   return Rejoin(why.ToString());
 }
 
-Actions WorkerProtocol::OnStopRequested() {
+Actions WorkerProtocol::OnStopRequested(const std::string& reason) {
   if (leaving_) return {};
   leaving_ = true;
   SHOAL_LOG(INFO) << "leaving the run (shutdown requested)";
   Action leave = Make(Action::kLeave);
-  leave.reason = "worker shut down";
+  leave.reason = reason;
   Action exit = Make(Action::kExit);
   exit.status = absl::OkStatus();
   return {std::move(leave), std::move(exit)};

@@ -180,8 +180,9 @@ class WorkerProtocol {
   Actions OnSessionClosed(const absl::Status& why);
   // kOpenSession failed: join again.
   Actions OnSessionOpenFailed(const absl::Status& why);
-  // Shutdown requested (SIGTERM).
-  Actions OnStopRequested();
+  // Shutdown requested (SIGTERM, or the Python API's close): leave with
+  // `reason`.
+  Actions OnStopRequested(const std::string& reason = "worker shut down");
 
   // Results of actions.
   Actions OnCaughtUp(uint64_t round, const std::string& hash, const absl::Status& result);
