@@ -184,9 +184,13 @@ class Worker {
     address_ = host_->address();
     thread_ = std::thread([this] {
       absl::Status s = host_->Run();
+      {
+        // Before the trainer wakes the loop: a loop told that the run is
+        // over asks for the result at once.
+        absl::MutexLock lock(&mu_);
+        result_ = s;
+      }
       trainer_->Close();
-      absl::MutexLock lock(&mu_);
-      result_ = s;
     });
     return address_;
   }

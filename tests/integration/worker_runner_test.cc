@@ -314,7 +314,7 @@ TEST_F(WorkerRunnerTest, GossipStopLeaves) {
   stop_.Cancel();
   ASSERT_TRUE(WaitUntil([&] { return Finished(); }, absl::Seconds(60)));
   EXPECT_TRUE(Result().ok()) << Result();
-  EXPECT_EQ(coordinator_->leaves(), std::vector<std::string>{"worker stopped"});
+  EXPECT_EQ(coordinator_->leaves(), std::vector<std::string>{"worker shut down"});
 }
 
 TEST_F(WorkerRunnerTest, ASynchronousRoundThroughTheSameHost) {

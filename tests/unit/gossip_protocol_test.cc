@@ -738,7 +738,7 @@ TEST(GossipProtocol, StopLeavesFromAnyPhase) {
   Harness waiting;
   waiting.Start();
   EXPECT_THAT(waiting.Run(waiting.protocol().OnStopRequested()), ElementsAre("leave", "exit"));
-  EXPECT_EQ(waiting.coordinator.leaves.back(), "worker stopped");
+  EXPECT_EQ(waiting.coordinator.leaves.back(), "worker shut down");
 
   Harness training;
   training.Start();

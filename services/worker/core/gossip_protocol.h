@@ -227,7 +227,7 @@ class GossipProtocol {
   // The session ended (not asked for by this worker).
   GossipActions OnSessionClosed(const absl::Status& why);
   // Shutdown requested.
-  GossipActions OnStopRequested(const std::string& reason = "worker stopped");
+  GossipActions OnStopRequested(const std::string& reason = "worker shut down");
 
   // Results of actions.
   GossipActions OnFetched(const GossipFetchOutcome& fetch);
