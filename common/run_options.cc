@@ -44,7 +44,8 @@ absl::StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
     return spec;
   }
   for (auto [name, kind] : {std::pair{"topk:", CodecSpec::Kind::kTopK},
-                            std::pair{"randomk:", CodecSpec::Kind::kRandomK}}) {
+                            std::pair{"randomk:", CodecSpec::Kind::kRandomK},
+                            std::pair{"sparse:", CodecSpec::Kind::kSparse}}) {
     if (absl::StartsWith(text, name)) {
       absl::StatusOr<double> f =
           ParseParameter(text, std::string(name).size(), 1.0, "the fraction");
@@ -54,8 +55,9 @@ absl::StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
       return spec;
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown codec '", text, "' (fp32, fp16, bf16, int8, topk:F or randomk:F with F in (0, 1])"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown codec '", text,
+                   "' (fp32, fp16, bf16, int8, topk:F, randomk:F or sparse:F with F in (0, 1])"));
 }
 
 absl::StatusOr<OuterOptimizer> ParseOuterOptimizer(const std::string& text) {

@@ -17,13 +17,13 @@
 namespace shoal {
 
 struct CodecSpec {
-  enum class Kind { kFp32, kFp16, kBf16, kInt8, kTopK, kRandomK };
+  enum class Kind { kFp32, kFp16, kBf16, kInt8, kTopK, kRandomK, kSparse };
   Kind kind = Kind::kFp32;
-  // topk / randomk: the fraction of the elements sent, in (0, 1].
+  // topk / randomk / sparse: the fraction of the elements sent, in (0, 1].
   double fraction = 1.0;
 };
-// "fp32" (or empty), "fp16", "bf16", "int8", "topk:F", "randomk:F" with F in
-// (0, 1]. INVALID_ARGUMENT otherwise, naming what is accepted.
+// "fp32" (or empty), "fp16", "bf16", "int8", "topk:F", "randomk:F", "sparse:F"
+// with F in (0, 1]. INVALID_ARGUMENT otherwise, naming what is accepted.
 absl::StatusOr<CodecSpec> ParseCodecSpec(const std::string& text);
 
 enum class OuterOptimizer { kNone, kSgd, kNesterov };

@@ -2,7 +2,10 @@
 # bench/run.sh compress: 4 workers train the Fashion-MNIST MLP for fixed
 # rounds and local steps with each codec; per codec the mean bytes a worker
 # received per round (its round log's wire_in) and the final test accuracy,
-# against fp32. The last line: `compress: ... ratio=<int8 bytes / fp32 bytes>`.
+# against fp32. The last line: `compress: ... ratio=<int8 bytes / fp32 bytes>
+# sparse_ratio=<sparse:F bytes / fp32 bytes> sparse_pt=<its accuracy - fp32's,
+# in points>` (issue 27's goal: sparse_ratio <= 0.01333, i.e. 75x fewer
+# bytes, and sparse_pt >= -0.5).
 # Usage: compress.sh BIN OUT [ROUNDS] [STEPS]
 set -euo pipefail
 BIN=$1
@@ -10,7 +13,7 @@ OUT=$2
 ROUNDS=${3:-10}
 STEPS=${4:-50}
 WORKERS=4
-CODECS=${COMPRESS_CODECS:-"fp32 fp16 bf16 int8 topk:0.01 randomk:0.01"}
+CODECS=${COMPRESS_CODECS:-"fp32 fp16 bf16 int8 topk:0.01 randomk:0.01 sparse:0.06"}
 OUTER=${COMPRESS_OUTER:-none}
 mkdir -p "$OUT/compress"
 
@@ -30,6 +33,8 @@ trap stop_all EXIT
 run_one() {
   local codec=$1 dir="$OUT/compress/${1//:/_}"
   mkdir -p "$dir"
+  # A log left by an earlier run in the same OUT would name its port.
+  rm -f "$dir"/*.log
   "$BIN/shoal-coordinator" --listen=127.0.0.1:0 --min_participants=$WORKERS \
     --local_steps="$STEPS" --rounds="$ROUNDS" --eval_every="$ROUNDS" --codec="$codec" \
     --outer_optimizer="$OUTER" --adaptive_deadline=false --fold_late_work=false \
@@ -91,5 +96,10 @@ for c in codecs:
     print(f"{c:<14} {b:>12.0f} {r:>8.4f} {a:>9.4f} {100 * (a - base_a):>+7.2f}pt")
 parts = " ".join(f"{c}={rows[c][2]:.4f}/{rows[c][1]:.4f}" for c in codecs)
 ratio = rows["int8"][2] if "int8" in rows else float("nan")
-print(f"compress: {parts} ratio={ratio:.4f}")
+sparse = [c for c in codecs if c.startswith("sparse:")]
+extra = ""
+if sparse:
+    _, a, r = rows[sparse[0]]
+    extra = f" sparse_ratio={r:.4f} sparse_pt={100 * (a - base_a):+.2f}"
+print(f"compress: {parts} ratio={ratio:.4f}{extra}")
 PY

@@ -169,7 +169,9 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
           "Heartbeat period the workers keep on their session.");
 ABSL_FLAG(std::string, codec, "fp32",
           "How each round's change travels between workers: fp32, fp16, bf16, int8 (a scale per "
-          "256 elements), topk:F or randomk:F (a fraction F of the elements, error feedback). "
+          "256 elements), topk:F or randomk:F (a fraction F of the elements, error feedback), "
+          "sparse:F (the fraction F of DCT coefficients at 2 bits with coded positions: "
+          "sparse:0.06 sends about 1/80 of fp32's bytes). "
           "See docs/COMPRESSION.md.");
 ABSL_FLAG(std::string, outer_optimizer, "none",
           "What the averaged change of a round does to the model: none (the average is the new "

@@ -1,9 +1,10 @@
 // Compressed exchanges and the outer optimizer (issue 16,
 // docs/COMPRESSION.md) with the real binaries on 127.0.0.1: workers that
-// exchange int8-encoded changes and step with Nesterov agree on the model
-// hash every round, report their bytes on the wire, a late joiner takes
-// the outer momentum with the model and agrees too, and a restart of the
-// whole run from the checkpoint store resumes the stored momentum.
+// exchange int8-encoded changes and step with Nesterov (or sparse:F ones)
+// agree on the model hash every round, report their bytes on the wire, a
+// late joiner takes the outer momentum with the model and agrees too, and
+// a restart of the whole run from the checkpoint store resumes the stored
+// momentum.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -83,6 +84,36 @@ TEST_F(CompressTest, Int8AndNesterovAgreeEveryRound) {
   const std::string table = Run(BinDir() + "/shoalctl status --coordinator=" + addr, &code);
   EXPECT_EQ(code, 0);
   EXPECT_NE(table.find("BYTES_IN"), std::string::npos) << table;
+}
+
+// sparse:F decodes through a DCT and an arithmetic decoder: every worker
+// must still get the same bits from the same bytes.
+TEST_F(CompressTest, SparseCodecAgreesEveryRound) {
+  const std::string addr = StartCoordinator({"--min_participants=3", "--local_steps=20",
+                                             "--rounds=3", "--learning_rate=0.05",
+                                             "--codec=sparse:0.06", "--adaptive_deadline=false"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(5));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  for (const auto& w : status.workers()) {
+    EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
+    // About 1/80 of fp32 on the MLP's slices.
+    EXPECT_GT(w.compression_ratio(), 0.0) << w.id();
+    EXPECT_LT(w.compression_ratio(), 0.02) << w.id();
+  }
+  for (auto& w : workers_) EXPECT_EQ(w->Wait(absl::Seconds(20)), 0) << w->Log();
+  std::map<uint64_t, std::set<std::string>> hashes;
+  for (auto& w : workers_) {
+    const auto mine = RoundHashes(w->Log());
+    EXPECT_EQ(mine.size(), 3u) << w->Log();
+    for (const auto& [round, hash] : mine) hashes[round].insert(hash);
+  }
+  EXPECT_EQ(hashes.size(), 3u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round;
+  const auto& last = status.recent_rounds(status.recent_rounds_size() - 1);
+  EXPECT_TRUE(last.evaluated());
+  EXPECT_GT(last.test_accuracy(), 0.4) << Logs();
 }
 
 TEST_F(CompressTest, LateJoinerTakesTheMomentumAndAgrees) {
@@ -244,8 +275,9 @@ TEST_F(CompressTest, LabelSkewSplitRunsAndShardsCoverTheTrainingSet) {
 }
 
 TEST_F(CompressTest, CoordinatorRefusesBadCompressionFlags) {
-  for (const char* flag : {"--codec=int4", "--codec=topk:2", "--outer_optimizer=adam",
-                           "--outer_momentum=1", "--data_split=label_skew:0"}) {
+  for (const char* flag :
+       {"--codec=int4", "--codec=topk:2", "--codec=sparse:0", "--outer_optimizer=adam",
+        "--outer_momentum=1", "--data_split=label_skew:0"}) {
     auto p = Process::Start({BinDir() + "/shoal-coordinator", "--listen=127.0.0.1:0", flag},
                             dir_.path() + "/bad.log");
     EXPECT_NE(p->Wait(absl::Seconds(20)), 0) << flag;

@@ -485,17 +485,17 @@ bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The codecs' decoders (services/worker/core/codec.h). Input: one byte
 // picking the codec (0 fp32, 1 fp16, 2 bf16, 3 int8, 4 topk:F, 5
-// randomk:F), for the sparse codecs a u16 picking F = (v + 1) / 65536 (so
-// every k from 1 to n is reachable), two bytes (little-endian) of element
-// count, then the encoding. A refusal is INVALID_ARGUMENT and writes
-// nothing; an accepted encoding decodes to finite values for int8 and the
-// sparse codecs (they are averaged into the model as they are), the same
-// way twice, and re-encodes to something that decodes.
+// randomk:F, 6 sparse:F), for the sparse codecs a u16 picking F = (v + 1)
+// / 65536 (so every k from 1 to n is reachable), two bytes (little-endian)
+// of element count, then the encoding. A refusal is INVALID_ARGUMENT and
+// writes nothing; an accepted encoding decodes to finite values for int8
+// and the sparse codecs (they are averaged into the model as they are),
+// the same way twice, and re-encodes to something that decodes.
 void EncodedSliceTarget(const uint8_t* data, size_t size) {
   Input in(data, size);
-  const uint8_t which = in.U8() % 6;
-  std::string name =
-      std::vector<std::string>{"fp32", "fp16", "bf16", "int8", "topk:", "randomk:"}[which];
+  const uint8_t which = in.U8() % 7;
+  std::string name = std::vector<std::string>{"fp32",  "fp16",     "bf16",   "int8",
+                                              "topk:", "randomk:", "sparse:"}[which];
   if (which >= 4) name += absl::StrCat((in.U16() + 1) / 65536.0);
   const size_t n = in.U16();
   absl::StatusOr<std::unique_ptr<worker::Codec>> codec = worker::MakeCodec(name);
@@ -514,7 +514,7 @@ void EncodedSliceTarget(const uint8_t* data, size_t size) {
   if (which >= 3) {
     for (float v : out) FUZZ_CHECK(std::isfinite(v));
   }
-  if (which >= 4) {
+  if (which == 4 || which == 5) {
     // k elements set, the others 0.
     size_t nonzero = 0;
     for (float v : out) nonzero += v != 0.0f;

@@ -152,6 +152,18 @@ def encoded_slice_seeds():
     crash(t, 'fp32-empty-slice', bytes([0]) + u16(0))
     put(t, 'randomk-all', bytes([5]) + u16(65535) + u16(4) + struct.pack('<I', 4) +
         bytes([0] * 4) + struct.pack('<4f', 1, 2, 3, 4))
+    # sparse:F (6): encodings written by SparseDctCodec::EncodeSlice (a range-
+    # coded stream: they cannot be spelled by hand). F = (v + 1) / 65536.
+    # n = 20 (one tail chunk, no DCT), k = 2: spikes 1, -2 at 3, 7 (and 0.25 at 11).
+    put(t, 'sparse', bytes([6]) + u16(6553) + u16(20) + bytes.fromhex('0000004000577ed2924000'))
+    # n = 1100 (two DCT chunks and a tail), k = 66: smooth rows.
+    dct = bytes.fromhex('f271203e0045f3bd0bbc0b5d4f9084d96dc4862c0dec7dbba761923152f522e1'
+                        '1537cee2420a2367efe36aceb9a386')
+    put(t, 'sparse-dct', bytes([6]) + u16(3931) + u16(1100) + dct)
+    put(t, 'sparse-nan-scale', bytes([6]) + u16(3931) + u16(1100) + struct.pack('<f', float('nan')) +
+        dct[4:])
+    put(t, 'sparse-first-byte', bytes([6]) + u16(3931) + u16(1100) + dct[:4] + b'\x01' + dct[5:])
+    put(t, 'sparse-truncated', bytes([6]) + u16(3931) + u16(1100) + dct[:-1])
 
 # encoded_pieces: mode u8, round u8, max u16, blob (u16 + bytes), then
 # (honest peer) other request: round u8, attempt u8, kind u8, begin u8,

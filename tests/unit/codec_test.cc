@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/run_options.h"
+#include "services/worker/core/sparse_codec.h"
 
 namespace shoal::worker {
 namespace {
@@ -40,8 +41,10 @@ TEST(CodecSpecTest, ParsesAndRefuses) {
   EXPECT_TRUE(ParseCodecSpec("").ok());
   EXPECT_EQ(ParseCodecSpec("topk:0.01")->fraction, 0.01);
   EXPECT_EQ(ParseCodecSpec("randomk:0.5")->kind, CodecSpec::Kind::kRandomK);
-  for (const char* bad :
-       {"int4", "topk", "topk:", "topk:0", "topk:1.5", "topk:nan", "randomk:-1", "fp32 "}) {
+  EXPECT_EQ(ParseCodecSpec("sparse:0.06")->kind, CodecSpec::Kind::kSparse);
+  EXPECT_EQ(ParseCodecSpec("sparse:0.06")->fraction, 0.06);
+  for (const char* bad : {"int4", "topk", "topk:", "topk:0", "topk:1.5", "topk:nan", "randomk:-1",
+                          "fp32 ", "sparse", "sparse:", "sparse:0", "sparse:2"}) {
     EXPECT_EQ(ParseCodecSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_EQ(*ParseOuterOptimizer("nesterov"), OuterOptimizer::kNesterov);
@@ -161,7 +164,7 @@ TEST(CodecTest, RandomKPicksTheSameElementsForTheSameSeed) {
 }
 
 TEST(CodecTest, EncodingIsDeterministic) {
-  for (const char* name : {"fp16", "bf16", "int8", "topk:0.05", "randomk:0.05"}) {
+  for (const char* name : {"fp16", "bf16", "int8", "topk:0.05", "randomk:0.05", "sparse:0.06"}) {
     auto c = Make(name);
     const auto x = Change(3000, 7);
     EXPECT_EQ(c->EncodeSlice(x.data(), x.size(), 9), c->EncodeSlice(x.data(), x.size(), 9)) << name;
@@ -176,7 +179,7 @@ TEST(CodecTest, EncodingIsDeterministic) {
 }
 
 TEST(CodecTest, ErrorFeedbackConservesSentPlusKept) {
-  for (const char* name : {"fp32", "fp16", "int8", "topk:0.01", "randomk:0.02"}) {
+  for (const char* name : {"fp32", "fp16", "int8", "topk:0.01", "randomk:0.02", "sparse:0.06"}) {
     auto c = Make(name);
     const size_t n = 2000;
     std::vector<float> residual(n, 0.0f);
@@ -208,7 +211,8 @@ TEST(CodecTest, MalformedInputIsRefusedAndNothingWritten) {
     return s.code();
   };
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  for (const char* name : {"fp32", "fp16", "bf16", "int8", "topk:0.1", "randomk:0.1"}) {
+  for (const char* name :
+       {"fp32", "fp16", "bf16", "int8", "topk:0.1", "randomk:0.1", "sparse:0.1"}) {
     auto c = Make(name);
     const std::string good = c->EncodeSlice(x.data(), n, 1);
     EXPECT_EQ(refused(*c, good.substr(0, good.size() - 1)), kInvalid) << name;
@@ -246,6 +250,205 @@ TEST(CodecTest, MalformedInputIsRefusedAndNothingWritten) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::memcpy(b.data() + b.size() - 4, &nan, 4);
     EXPECT_EQ(refused(*topk, b), kInvalid);
+  }
+}
+
+// ---- sparse:F (services/worker/core/sparse_codec.h).
+
+// A deterministic input of kSparseChunk-element rows that are smooth, as a
+// round's change of a layer over image pixels is: a few cosines per row
+// plus a little noise (splitmix, not <random>'s distributions, whose
+// numbers differ between standard libraries).
+std::vector<float> SmoothChange(size_t n, uint64_t seed) {
+  uint64_t state = seed;
+  auto uniform = [&state] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) / 9007199254740992.0 - 0.5;
+  };
+  std::vector<float> v(n);
+  for (size_t b = 0; b < n; b += kSparseChunk) {
+    const double a1 = uniform(), a2 = uniform(), f1 = 1 + 8 * (uniform() + 0.5),
+                 f2 = 10 + 30 * (uniform() + 0.5);
+    for (size_t i = b; i < std::min(n, b + kSparseChunk); ++i) {
+      const double t = static_cast<double>(i - b) / kSparseChunk;
+      v[i] = static_cast<float>(0.01 * (a1 * std::cos(3.14159265 * f1 * t) +
+                                        a2 * std::sin(3.14159265 * f2 * t) + 0.05 * uniform()));
+    }
+  }
+  return v;
+}
+
+TEST(SparseCodecTest, DctIsOrthonormalAndMatchesTheDefinition) {
+  const size_t c = kSparseChunk;
+  std::vector<float> x(c);
+  for (size_t i = 0; i < c; ++i) x[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  std::vector<float> y = x;
+  SparseDct(y.data(), false);
+  double ex = 0, ey = 0;
+  for (size_t k = 0; k < c; ++k) {
+    double ref = 0;
+    for (size_t i = 0; i < c; ++i) {
+      ref += x[i] * std::cos(M_PI * static_cast<double>((2 * i + 1) * k) / (2.0 * c));
+    }
+    ref *= std::sqrt((k == 0 ? 1.0 : 2.0) / c);
+    EXPECT_NEAR(y[k], ref, 2e-5) << k;
+    ex += x[k] * static_cast<double>(x[k]);
+    ey += y[k] * static_cast<double>(y[k]);
+  }
+  EXPECT_NEAR(ey, ex, 1e-4 * ex);
+  SparseDct(y.data(), true);
+  for (size_t i = 0; i < c; ++i) EXPECT_NEAR(y[i], x[i], 2e-6) << i;
+}
+
+TEST(SparseCodecTest, TheSameBitsOnEveryMachine) {
+  // A fixed input's coefficients and the decoded bytes of its encoding,
+  // hashed: a compiler, flag or library that changes one bit of the DCT
+  // or the coder (and so would split workers) fails here.
+  const auto x = SmoothChange(3 * kSparseChunk + 100, 42);
+  std::vector<float> y(x.begin(), x.begin() + kSparseChunk);
+  SparseDct(y.data(), false);
+  auto c = Make("sparse:0.06");
+  const std::string s = c->EncodeSlice(x.data(), x.size(), 0);
+  std::vector<float> d(x.size());
+  ASSERT_TRUE(c->DecodeSlice(Bytes(s), d.size(), d.data()).ok());
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) {
+      h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+    }
+  };
+  mix(y.data(), 4 * y.size());
+  mix(s.data(), s.size());
+  mix(d.data(), 4 * d.size());
+  // Measured on x86-64 (gcc 12, -O2); a change of the encoding on purpose
+  // updates them.
+  EXPECT_EQ(s.size(), 84u);
+  EXPECT_EQ(h, 2463311419129735687ull);
+}
+
+TEST(SparseCodecTest, SendsLittleAndKeepsWhatMatters) {
+  auto c = Make("sparse:0.06");
+  const size_t n = 40 * kSparseChunk + 300;  // and a tail chunk
+  const auto x = SmoothChange(n, 1);
+  const std::string s = c->EncodeSlice(x.data(), n, 0);
+  // Smooth rows: well under a 75th of fp32.
+  EXPECT_LE(static_cast<double>(s.size()) / (4.0 * n), 0.0133);
+  EXPECT_LE(s.size(), c->MaxEncodedBytes(n));
+  std::vector<float> y(n);
+  ASSERT_TRUE(c->DecodeSlice(Bytes(s), n, y.data()).ok());
+  double err = 0, total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err += (x[i] - y[i]) * static_cast<double>(x[i] - y[i]);
+    total += x[i] * static_cast<double>(x[i]);
+  }
+  // 6% of the coefficients at 2 bits hold most of a smooth change (on real
+  // changes of the MLP the error is about 0.4 of the change too).
+  EXPECT_LT(err, 0.5 * total);
+}
+
+TEST(SparseCodecTest, ErrorFeedbackDeliversARepeatedChange) {
+  // The same change every round: what was sent catches up with it, and
+  // the residual stays bounded.
+  auto c = Make("sparse:0.05");
+  const size_t n = 4 * kSparseChunk;
+  const auto change = SmoothChange(n, 3);
+  std::vector<float> residual(n, 0.0f);
+  std::vector<double> sent_total(n, 0.0);
+  const int rounds = 60;
+  for (int r = 0; r < rounds; ++r) {
+    const std::string s = EncodeWithFeedback(*c, change.data(), n, r, residual.data());
+    std::vector<float> sent(n);
+    ASSERT_TRUE(c->DecodeSlice(Bytes(s), n, sent.data()).ok());
+    for (size_t i = 0; i < n; ++i) sent_total[i] += sent[i];
+  }
+  double err = 0, total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double want = rounds * static_cast<double>(change[i]);
+    err += (sent_total[i] - want) * (sent_total[i] - want);
+    total += want * want;
+  }
+  EXPECT_LT(err, 0.01 * total);
+}
+
+TEST(SparseCodecTest, EveryEncodingStaysWithinItsBound) {
+  // Inputs that make the coder pay most: random positions, ties, zeros,
+  // spikes, tiny slices and every short tail.
+  for (const char* name : {"sparse:0.001", "sparse:0.06", "sparse:0.5", "sparse:1"}) {
+    auto c = Make(name);
+    std::vector<std::vector<float>> inputs;
+    for (size_t n : {0, 1, 2, 7, 511, 512, 513, 1500, 5000}) {
+      inputs.push_back(Change(n, static_cast<uint32_t>(n)));
+      inputs.push_back(std::vector<float>(n, 0.0f));
+      inputs.push_back(std::vector<float>(n, 1.0f));
+      std::vector<float> spikes(n, 0.0f);
+      for (size_t i = 0; i < n; i += 3) spikes[i] = (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i);
+      inputs.push_back(spikes);
+    }
+    std::vector<float> odd(2000, 0.0f);
+    odd[5] = std::numeric_limits<float>::infinity();
+    odd[6] = std::numeric_limits<float>::quiet_NaN();
+    odd[7] = std::numeric_limits<float>::max();
+    odd[8] = -std::numeric_limits<float>::max();
+    inputs.push_back(odd);
+    for (const auto& x : inputs) {
+      const std::string s = c->EncodeSlice(x.data(), x.size(), 0);
+      EXPECT_LE(s.size(), c->MaxEncodedBytes(x.size())) << name << " n=" << x.size();
+      std::vector<float> y(x.size());
+      const absl::Status st = c->DecodeSlice(Bytes(s), y.size(), y.data());
+      ASSERT_TRUE(st.ok()) << name << " n=" << x.size() << ": " << st;
+      for (float v : y) EXPECT_TRUE(std::isfinite(v));
+    }
+  }
+}
+
+TEST(SparseCodecTest, MalformedInputIsRefusedAndNothingWritten) {
+  auto c = Make("sparse:0.06");
+  const size_t n = 3 * kSparseChunk + 17;
+  const auto x = SmoothChange(n, 5);
+  const std::string good = c->EncodeSlice(x.data(), n, 0);
+  auto refused = [&](const std::string& bytes) {
+    std::vector<float> out(n, 7.0f);
+    absl::Status s = c->DecodeSlice(Bytes(bytes), n, out.data());
+    for (float v : out) EXPECT_EQ(v, 7.0f) << "written on error";
+    return s.code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  std::vector<float> decoded(n);
+  ASSERT_TRUE(c->DecodeSlice(Bytes(good), n, decoded.data()).ok());
+  for (float g : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                  -1.0f, std::numeric_limits<float>::max()}) {
+    // NaN, inf and negative are refused as such; FLT_MAX decodes to inf.
+    std::string b = good;
+    std::memcpy(b.data(), &g, 4);
+    EXPECT_EQ(refused(b), kInvalid) << g;
+  }
+  {
+    std::string b = good;
+    b[4] = 1;  // the coder's first byte is always 0
+    EXPECT_EQ(refused(b), kInvalid);
+  }
+  EXPECT_EQ(refused(good.substr(0, 8)), kInvalid);
+  EXPECT_EQ(refused(good + std::string(c->MaxEncodedBytes(n), '\0')), kInvalid);
+  // Any bytes: refused (INVALID_ARGUMENT, nothing written) or decoded to
+  // finite values.
+  uint64_t state = 9;
+  for (int t = 0; t < 2000; ++t) {
+    std::string b = good;
+    const size_t flips = 1 + t % 4;
+    for (size_t f = 0; f < flips; ++f) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      b[4 + (state >> 33) % (b.size() - 4)] ^= static_cast<char>(1 + (state >> 20) % 255);
+    }
+    std::vector<float> out(n, 7.0f);
+    const absl::Status s = c->DecodeSlice(Bytes(b), n, out.data());
+    if (s.ok()) {
+      for (float v : out) EXPECT_TRUE(std::isfinite(v));
+    } else {
+      EXPECT_EQ(s.code(), kInvalid);
+      for (float v : out) EXPECT_EQ(v, 7.0f);
+    }
   }
 }
 

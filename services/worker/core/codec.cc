@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/worker/core/sparse_codec.h"
 
 namespace shoal::worker {
 namespace {
@@ -318,6 +319,8 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& name) {
       return std::make_unique<SparseCodec>(false, spec->fraction);
     case CodecSpec::Kind::kRandomK:
       return std::make_unique<SparseCodec>(true, spec->fraction);
+    case CodecSpec::Kind::kSparse:
+      return std::make_unique<SparseDctCodec>(spec->fraction);
   }
   return absl::InternalError("unreachable");
 }
