@@ -19,8 +19,10 @@
 //   bits seen before in its context, in 15-bit fixed point):
 //     support: for coefficients 0, 1, ... one adaptive bit "kept", context
 //       = its frequency (position in its chunk; the tail: one more
-//       context), until k are kept; when as many coefficients remain as
-//       are still to keep, they are all kept without a bit
+//       context), whose counts lean on the estimate over all frequencies
+//       as a prior worth 4 bits, until k are kept; when as many
+//       coefficients remain as are still to keep, they are all kept
+//       without a bit
 //     scales: per chunk holding a kept coefficient, in order, an 8-bit
 //       code c (adaptive bit tree, high bit first): the chunk's scale is
 //       s = 0 for c = 0, else G x 2^(-(255 - c) / 8)
