@@ -26,6 +26,9 @@
 //            gap to the previous index (the first: the index itself; then
 //            index - previous - 1, so indices strictly increase), then k x
 //            float32 values; the others are 0. k = max(1, round(F n)).
+//   sparse:F a DCT per 512-element chunk, the F n largest coefficients,
+//            range-coded positions and 2-bit values (sparse_codec.h has
+//            the layout).
 //
 // Decoders check everything (DecodeSlice): a size or count that does not
 // match n -> INVALID_ARGUMENT, an index out of range or a malformed varint
