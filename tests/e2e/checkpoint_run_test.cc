@@ -46,10 +46,7 @@ TEST_F(CheckpointRunTest, FullRestartResumesFromTheCheckpoint) {
   const v1::RunStatus before = WaitForStatus(
       [](const v1::RunStatus& s) { return s.checkpoint_round() >= 4; }, absl::Seconds(90));
   // Everything but the store dies.
-  coordinator_->Signal(SIGKILL);
-  for (auto& w : workers_) w->Signal(SIGKILL);
-  coordinator_->Wait(absl::Seconds(10));
-  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  KillCoordinatorAndWorkers();
   workers_.clear();
 
   // A new coordinator (no state dir) with the same run id and store.
@@ -94,10 +91,7 @@ TEST_F(CheckpointRunTest, DamagedCheckpointAtResumeGoesBackToTheOlderIntactOne) 
   StartWorker(addr);
   WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 4; },
                 absl::Seconds(90));
-  coordinator_->Signal(SIGKILL);
-  for (auto& w : workers_) w->Signal(SIGKILL);
-  coordinator_->Wait(absl::Seconds(10));
-  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  KillCoordinatorAndWorkers();
   workers_.clear();
 
   // The newest checkpoint (a checkpoint may have landed after the status).

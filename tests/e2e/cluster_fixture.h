@@ -156,6 +156,15 @@ class ClusterTest : public ::testing::Test {
     return log.substr(at + 4, end - at - 4);
   }
 
+  // Everything but the store dies (kill -9), as in a full restart; the
+  // workers stay in workers_ (their logs) until the caller clears them.
+  void KillCoordinatorAndWorkers() {
+    coordinator_->Signal(SIGKILL);
+    for (auto& w : workers_) w->Signal(SIGKILL);
+    coordinator_->Wait(absl::Seconds(10));
+    for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  }
+
   Process* WorkerById(const std::string& id) {
     for (auto& w : workers_) {
       if (WorkerId(w.get()) == id) return w.get();

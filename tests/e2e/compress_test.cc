@@ -159,10 +159,7 @@ TEST_F(CompressTest, RestartFromTheStoreResumesTheMomentum) {
   for (int i = 0; i < 3; ++i) StartWorker(addr);
   WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 2; }, absl::Minutes(3));
   // Everything but the store dies.
-  coordinator_->Signal(SIGKILL);
-  for (auto& w : workers_) w->Signal(SIGKILL);
-  coordinator_->Wait(absl::Seconds(10));
-  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  KillCoordinatorAndWorkers();
   workers_.clear();
 
   addr = StartCoordinator(flags);

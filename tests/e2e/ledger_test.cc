@@ -148,10 +148,7 @@ TEST_F(LedgerTest, FullRestartContinuesTheCheckpointsLedger) {
   StartWorker(addr);
   WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 6; },
                 absl::Seconds(180));
-  coordinator_->Signal(SIGKILL);
-  for (auto& w : workers_) w->Signal(SIGKILL);
-  coordinator_->Wait(absl::Seconds(10));
-  for (auto& w : workers_) w->Wait(absl::Seconds(10));
+  KillCoordinatorAndWorkers();
   std::string first_logs;
   for (auto& w : workers_) first_logs += w->Log();
   workers_.clear();
