@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -253,7 +253,25 @@ run_sigterm() {
              (max < 5 ? "met" : "NOT met") }' "$OUT/sigterm.log" | tee -a "$OUT/sigterm.txt"
 }
 
+# Audits by replay (issue 28): their extra compute at --audit_rate 0.05, 0.1
+# and 0.2 against 0 (3 honest workers), and the time from a shuffled-labels
+# worker's first round to its ban over 5 audit seeds (bench/audit).
+run_audit() {
+  header audit
+  local rounds=100 steps=50 seeds=5 cheat_rounds=40
+  [[ "$QUICK" == 1 ]] && rounds=20 steps=20 seeds=2 cheat_rounds=20
+  bash bench/audit/audit.sh "$BIN" "$OUT" $rounds $steps $seeds $cheat_rounds \
+    2>>"$OUT/audit.log" | tee "$OUT/audit.txt"
+}
+
 case "$NAME" in
+  audit)
+    # The coordinator and the worker only (the status comes from the
+    # coordinator's /api/status): no bench binaries needed.
+    ninja -C "$BUILD" shoal-coordinator shoal-worker >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_audit
+    ;;
   sigterm)
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoal-checkpoint shoalctl shutdown_test \
       >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
@@ -287,12 +305,12 @@ case "$NAME" in
     build
     start=$(date +%s)
     failed=()
-    for n in micro stream exchange latejoin coordinator demo; do
+    for n in micro stream exchange latejoin coordinator demo audit; do
       "run_$n" || failed+=("$n")
     done
     echo
     echo "bench all: $(( $(date +%s) - start )) s, load average $(cut -d' ' -f1-3 /proc/loadavg), outputs in $OUT"
-    for n in micro stream exchange latejoin coordinator demo; do
+    for n in micro stream exchange latejoin coordinator demo audit; do
       if [[ -s "$OUT/$n.txt" ]]; then tail -n 1 "$OUT/$n.txt"; fi
     done
     if [[ ${#failed[@]} -gt 0 ]]; then

@@ -42,6 +42,17 @@ void NormalizeRunConfig(RunConfig* c) {
   if (c->training().data_shards() == 0 && c->has_sync()) {
     c->mutable_training()->set_data_shards(c->sync().min_participants());
   }
+  if (c->trust().audit_rate() > 0 && c->has_sync()) {
+    // A replay needs the participant's samples named (docs/SECURITY.md
+    // "Audits, scores and bans").
+    shoal::v1::TrustConfig* t = c->mutable_trust();
+    c->mutable_training()->set_sample_ledger(true);
+    if (t->audit_threads() == 0) t->set_audit_threads(1);
+    if (t->ban_below() == 0) t->set_ban_below(0.5);
+  }
+  if (c->trust().ban_below() > 0 && c->trust().ban_seconds() == 0) {
+    c->mutable_trust()->set_ban_seconds(3600);
+  }
   if (c->training().sample_ledger() && c->has_sync()) {
     // A late update folded into a later round would train its samples
     // outside the ledger: they go back to the pool instead.
@@ -124,6 +135,28 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     }
   } else if (t.epochs() > 0) {
     return Refuse("training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)");
+  }
+  const shoal::v1::TrustConfig& trust = c.trust();
+  if (!(trust.audit_rate() >= 0 && trust.audit_rate() <= 1)) {
+    return Refuse("trust.audit_rate (--audit_rate) must be in [0, 1]");
+  }
+  if (trust.audit_rate() > 0) {
+    if (gossip) {
+      return Refuse(
+          "trust.audit_rate (--audit_rate) needs synchronous rounds: a replay starts from the "
+          "round's common base model, which gossip has not");
+    }
+    if (name == "module") {
+      return Refuse(
+          "trust.audit_rate (--audit_rate) needs the built-in trainer: a Python training loop "
+          "(model.name module) cannot be replayed by another member");
+    }
+  }
+  if (trust.audit_threads() > 256) {
+    return Refuse("trust.audit_threads (--audit_threads) must be at most 256");
+  }
+  if (!(trust.ban_below() >= 0 && trust.ban_below() <= 1)) {
+    return Refuse("trust.ban_below (--ban_below) must be in [0, 1]");
   }
   // After min_participants: it is data_shards' default.
   if (t.data_shards() == 0) return Refuse("training.data_shards (--data_shards) must be > 0");

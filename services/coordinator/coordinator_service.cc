@@ -409,6 +409,7 @@ const std::map<std::string, CoordinatorService::Method>& CoordinatorService::Met
         {"ReportRoundDone", unary(&RunUnary<&CoordinatorService::DoReportRoundDone>)},
         {"ConnectionsReady", unary(&RunUnary<&CoordinatorService::DoConnectionsReady>)},
         {"ReportCheckpoint", unary(&RunUnary<&CoordinatorService::DoReportCheckpoint>)},
+        {"ReportAudit", unary(&RunUnary<&CoordinatorService::DoReportAudit>)},
         {"Leave", unary(&RunUnary<&CoordinatorService::DoLeave>)},
         {"Relay", stream(&CoordinatorService::OpenRelay)},
         {"GetRunStatus", status},
@@ -590,6 +591,12 @@ absl::Status CoordinatorService::DoReportRoundDone(const shoal::v1::ReportRoundD
                                                    shoal::v1::ReportRoundDoneResponse* /*response*/,
                                                    Directives* out) {
   return engine_->ReportRoundDone(request, out);
+}
+
+absl::Status CoordinatorService::DoReportAudit(const shoal::v1::ReportAuditRequest& request,
+                                               shoal::v1::ReportAuditResponse* /*response*/,
+                                               Directives* out) {
+  return engine_->ReportAudit(request, out);
 }
 
 absl::Status CoordinatorService::DoReportCheckpoint(

@@ -213,6 +213,8 @@ class CoordinatorService final {
                                   shoal::v1::ConnectionsReadyResponse* response, Directives* out);
   absl::Status DoReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
                                  shoal::v1::ReportRoundDoneResponse* response, Directives* out);
+  absl::Status DoReportAudit(const shoal::v1::ReportAuditRequest& request,
+                             shoal::v1::ReportAuditResponse* response, Directives* out);
   absl::Status DoReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
                                   shoal::v1::ReportCheckpointResponse* response, Directives* out);
   absl::Status DoLeave(const shoal::v1::LeaveRequest& request, shoal::v1::LeaveResponse* response,

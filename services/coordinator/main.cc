@@ -206,6 +206,21 @@ ABSL_FLAG(bool, sample_ledger, false,
 ABSL_FLAG(uint32_t, epochs, 0,
           "With --sample_ledger: finish the run once this many epochs are trained (0 = no "
           "limit; --rounds still applies).");
+ABSL_FLAG(double, audit_rate, 0,
+          "Audits by replay (docs/SECURITY.md \"Audits, scores and bans\"): the probability "
+          "that a participant's round is replayed by another member and its contribution hash "
+          "compared. Synchronous rounds with the built-in trainer; turns --sample_ledger on. "
+          "0 = off.");
+ABSL_FLAG(uint32_t, audit_threads, 0,
+          "Torch intra-op threads every worker of an audited run trains and replays with "
+          "(0 = 1 when audits are on).");
+ABSL_FLAG(double, ban_below, 0,
+          "A member whose score (1 at the start; a failed audit costs 1) falls below this is "
+          "banned from the run for --ban_seconds. 0 = 0.5 in audited runs, never otherwise.");
+ABSL_FLAG(uint32_t, ban_seconds, 0, "How long a ban lasts (0 = 3600).");
+ABSL_FLAG(std::string, audit_seed, "",
+          "Tests only: a fixed secret for the audit draw (default: 32 random bytes at each "
+          "start, so that nobody can tell which rounds will be audited).");
 ABSL_FLAG(std::string, mode, "sync",
           "sync: synchronous rounds. gossip: no rounds; workers train without stopping and "
           "average pair-wise with peers (dpwa, docs/GOSSIP.md); the coordinator keeps "
@@ -376,6 +391,26 @@ std::vector<RunConfigFlag> RunConfigFlags() {
       Key(FLAGS_epochs, "training.epochs",
           [](RunConfig* c, uint32_t v) {
             c->mutable_training()->set_epochs(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_audit_rate, "trust.audit_rate",
+          [](RunConfig* c, double v) {
+            c->mutable_trust()->set_audit_rate(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_audit_threads, "trust.audit_threads",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_trust()->set_audit_threads(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_ban_below, "trust.ban_below",
+          [](RunConfig* c, double v) {
+            c->mutable_trust()->set_ban_below(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_ban_seconds, "trust.ban_seconds",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_trust()->set_ban_seconds(v);
             return absl::OkStatus();
           }),
       Key(FLAGS_eval_every, "training.eval_every",
@@ -746,6 +781,7 @@ int main(int argc, char** argv) {
         "run-%d-%04x", absl::ToUnixSeconds(shoal::RealClock::Get()->Now()), rd() & 0xFFFF);
   }
   engine.max_members = absl::GetFlag(FLAGS_max_members);
+  engine.audit_secret = absl::GetFlag(FLAGS_audit_seed);
   engine.join_probe_timeout = absl::GetFlag(FLAGS_probe_joiners_timeout);
   options.max_joins_per_minute = absl::GetFlag(FLAGS_max_joins_per_minute);
   options.relay.max_members = absl::GetFlag(FLAGS_relay_max_members);

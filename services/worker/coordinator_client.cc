@@ -188,6 +188,15 @@ absl::Status GrpcCoordinatorClient::ReportCheckpoint(
       options_.retry_window);
 }
 
+absl::Status GrpcCoordinatorClient::ReportAudit(const shoal::v1::ReportAuditRequest& request) {
+  shoal::v1::ReportAuditResponse response;
+  return CallWithRetry(
+      [&](shoal::v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportAudit(ctx, request, &response);
+      },
+      options_.retry_window);
+}
+
 absl::Status GrpcCoordinatorClient::ReportRoundDone(
     const shoal::v1::ReportRoundDoneRequest& request) {
   shoal::v1::ReportRoundDoneResponse response;

@@ -36,6 +36,8 @@ class CoordinatorClient {
   virtual absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) = 0;
   virtual absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) = 0;
   virtual absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) = 0;
+  // An audit's replay (AuditRequest, services/worker/audit_replay.h).
+  virtual absl::Status ReportAudit(const shoal::v1::ReportAuditRequest& request) = 0;
   virtual absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) = 0;
   virtual absl::Status Leave(const std::string& worker_id, const std::string& reason) = 0;
   // Opens the session stream: sends Hello, then a heartbeat every
@@ -102,6 +104,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) override;
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) override;
+  absl::Status ReportAudit(const shoal::v1::ReportAuditRequest& request) override;
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override;
   absl::Status Leave(const std::string& worker_id, const std::string& reason) override;
   absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,

@@ -2,6 +2,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.dataset = absl::GetFlag(FLAGS_dataset);
   options.name = absl::GetFlag(FLAGS_name);
+  options.build = absl::StrCat(shoal::ShoalVersion(), " ", shoal::ShoalCommit());
   options.zone = absl::GetFlag(FLAGS_zone);
   options.outbound_only = absl::GetFlag(FLAGS_outbound_only);
   if (absl::Status s = shoal::ParseZone(options.zone).status(); !s.ok()) {

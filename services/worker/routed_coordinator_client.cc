@@ -299,6 +299,10 @@ absl::Status RoutedCoordinatorClient::ConnectionsReady(
   return Routed([&](CoordinatorClient* c) { return c->ConnectionsReady(request); });
 }
 
+absl::Status RoutedCoordinatorClient::ReportAudit(const shoal::v1::ReportAuditRequest& request) {
+  return Routed([&](CoordinatorClient* c) { return c->ReportAudit(request); });
+}
+
 absl::Status RoutedCoordinatorClient::ReportCheckpoint(
     const shoal::v1::ReportCheckpointRequest& request) {
   return Routed([&](CoordinatorClient* c) { return c->ReportCheckpoint(request); });

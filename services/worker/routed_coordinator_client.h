@@ -61,6 +61,7 @@ class RoutedCoordinatorClient : public CoordinatorClient {
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request) override;
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request) override;
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) override;
+  absl::Status ReportAudit(const shoal::v1::ReportAuditRequest& request) override;
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override;
   absl::Status Leave(const std::string& worker_id, const std::string& reason) override;
   absl::Status OpenSession(const std::string& worker_id, absl::Duration heartbeat,

@@ -11,6 +11,8 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/status_util.h"
+#include "services/worker/audit_replay.h"
+#include "services/worker/core/trainer.h"
 #include "services/worker/core/transfer_checks.h"
 #include "services/worker/gossip_checkpointer.h"
 #include "services/worker/worker_metrics.h"
@@ -21,6 +23,7 @@ namespace {
 WorkerProtocol::Options ProtocolOptions(const RunnerParts& parts) {
   WorkerProtocol::Options p;
   p.advertise = parts.identity.advertise;
+  p.replay_fingerprint = parts.identity.replay_fingerprint;
   p.name = parts.identity.name;
   p.zone = parts.identity.zone;
   p.outbound_only = parts.identity.outbound_only;
@@ -138,10 +141,15 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
           return absl::Status(s.code(), absl::StrCat("round ", a.round, ": ", s.message()));
         }
       }
+      std::string contribution_hash;
       const double loss = parts_.memory->Train(a.round, [&](float* params) {
         const double l = parts_.trainer->TrainSteps(protocol_.config().training().local_steps());
         if (parts_.options->contribution_transform) {
           parts_.options->contribution_transform(a.round, params, parts_.trainer->num_elements());
+        }
+        if (protocol_.config().trust().audit_rate() > 0) {
+          // What an audit's replay must reproduce: the contribution as served.
+          contribution_hash = HashParameters(params, parts_.trainer->num_elements());
         }
         return l;
       });
@@ -155,7 +163,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       M().train_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       M().seconds_training.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
       M().train_loss.Set(loss);
-      *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements());
+      *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash);
       return std::nullopt;
     }
     case Action::kReportReady: {
@@ -280,6 +288,17 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     case Action::kLeave:
       host_->Leave(a.reason);
       return std::nullopt;
+    case Action::kAudit: {
+      const absl::Time t0 = parts_.clock->Now();
+      // The snapshot buffer holds the agreed model: the pending round's
+      // base while an average is pending, else the model itself.
+      ReplayAudit(parts_, protocol_.worker_id(),
+                  protocol_.pending() ? protocol_.agreed_round() : protocol_.model_round(),
+                  protocol_.pending() ? protocol_.agreed_hash() : protocol_.model_hash(), a.audit)
+          .IgnoreError();  // logged; the coordinator drops an audit it never hears of
+      M().seconds_auditing.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+      return std::nullopt;
+    }
     case Action::kExit:
       host_->CloseSession();
       return a.status;

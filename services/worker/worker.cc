@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   w->identity_.name = w->options_.name;
   w->identity_.zone = w->options_.zone;
   w->identity_.outbound_only = w->options_.outbound_only;
+  w->identity_.replay_fingerprint = ReplayFingerprint(w->options_.build);
   w->peers_ = std::make_unique<GrpcPeerClient>(&w->credential_);
   if (w->options_.coordinator_client != nullptr) {
     w->coordinator_ = w->options_.coordinator_client;

@@ -20,6 +20,10 @@ struct WorkerMetrics {
       "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "train"}});
   MetricCounter seconds_exchanging = Metrics::Counter(
       "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "exchange"}});
+  // Replaying other members' rounds for audits (docs/SECURITY.md): its
+  // rate over part="train"'s is the audits' extra compute.
+  MetricCounter seconds_auditing = Metrics::Counter(
+      "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "audit"}});
   MetricGauge train_loss =
       Metrics::Gauge("shoal_train_loss", "Mean training loss of this worker's latest round.");
   MetricGauge test_accuracy = Metrics::Gauge(

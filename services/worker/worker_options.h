@@ -33,6 +33,9 @@ struct WorkerOptions {
   // --dataset: "" (Fashion-MNIST in data_dir), "idx:DIR" or "npy:DIR" (core/dataset.h).
   std::string dataset;
   std::string name;
+  // The build (Shoal's version and commit, common/version.h), part of the
+  // replay fingerprint audits pair members by; set by the binaries' mains.
+  std::string build;
   // --zone: where this worker sits (common/zone.h); empty = the root.
   std::string zone;
   // --outbound_only: this worker cannot accept connections (behind NAT).

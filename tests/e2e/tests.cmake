@@ -99,3 +99,7 @@ add_dependencies(config_e2e_test shoal-coordinator shoal-worker shoalctl)
 # The sample ledger under churn (issue 28).
 shoal_test(ledger_test e2e e2e/ledger_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(ledger_test shoal-coordinator shoal-worker)
+# Audits by replay, scores and bans (issue 28): honest runs, and a worker
+# trained on shuffled labels caught, banned and refused.
+shoal_test(audit_test e2e e2e/audit_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(audit_test shoal-coordinator shoal-worker shoalctl)

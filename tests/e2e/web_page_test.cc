@@ -219,7 +219,9 @@ TEST_F(WebPageTest, ChromiumDrawsEveryRoundAndListsEveryWorker) {
   constexpr int kRounds = 4;
   const std::string addr =
       StartCoordinator({"--http_listen=127.0.0.1:0", "--min_participants=3", "--local_steps=5",
-                        absl::StrCat("--rounds=", kRounds), "--eval_every=1", "--run_id=web"});
+                        absl::StrCat("--rounds=", kRounds), "--eval_every=1", "--run_id=web",
+                        // Every round audited: the page shows scores and audit counts.
+                        "--audit_rate=1"});
   ASSERT_FALSE(addr.empty());
   for (int i = 0; i < 3; ++i) StartWorker(addr);
   const int port = WebPort();
@@ -280,12 +282,22 @@ TEST_F(WebPageTest, ChromiumDrawsEveryRoundAndListsEveryWorker) {
     const std::string bar = dom.substr(row, dom.find("</div>", row) - row);
     ASSERT_TRUE(std::regex_search(bar, m, kTrain)) << bar;
     EXPECT_GT(std::stod(m[1]), 0) << bar;
+    // Its score and audits (issue 28): every contribution was replayed.
+    const size_t score = dom.find(absl::StrCat("data-score=\"", id, "\""));
+    ASSERT_NE(score, std::string::npos) << id << " has no score:\n" << dom;
+    const std::string cell = dom.substr(score, dom.find("</td>", score) - score);
+    EXPECT_NE(cell.find("1.00"), std::string::npos) << cell;
+    EXPECT_NE(cell.find("audited, 0 failed"), std::string::npos) << cell;
     // Its shares of the rounds' wall time (WorkerStatus.train_share...).
     static const std::regex kShares("time: training ([0-9]+)%, exchange ([0-9]+)%, idle ([0-9]+)%");
     ASSERT_TRUE(std::regex_search(bar, m, kShares)) << bar;
     EXPECT_GT(std::stoi(m[1]), 0) << bar;
     EXPECT_NEAR(std::stoi(m[1]) + std::stoi(m[2]) + std::stoi(m[3]), 100, 2) << bar;
   }
+  static const std::regex kAudits("Audits \\(rate 1\\): <b>([0-9]+)</b> performed");
+  std::smatch audits;
+  ASSERT_TRUE(std::regex_search(dom, audits, kAudits)) << dom;
+  EXPECT_GE(std::stoi(audits[1]), kRounds * 3 - 3);
   EXPECT_NE(dom.find("Median round"), std::string::npos);
   EXPECT_NE(dom.find("Most of the round"), std::string::npos);
   EXPECT_NE(dom.find("FINISHED"), std::string::npos);

@@ -60,6 +60,9 @@ class ScriptedCoordinator : public CoordinatorClient {
     connections_ready_.push_back(r);
     return absl::OkStatus();
   }
+  absl::Status ReportAudit(const shoal::v1::ReportAuditRequest&) override {
+    return absl::OkStatus();
+  }
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& r) override {
     absl::MutexLock lock(&mu_);
     checkpoints_.push_back(r);

@@ -9,6 +9,7 @@ namespace shoal::ctl {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Level = Finding::Level;
 
 constexpr char kHash[] = "0123456789abcdef0123456789abcdef";
@@ -160,6 +161,26 @@ TEST(DoctorTest, NamesARunThatStoppedOrWentBack) {
   findings = Doctor(s, f);
   EXPECT_TRUE(AnyProblem(findings));
   EXPECT_THAT(Text(findings), HasSubstr("stopped: checkpoint r1-r8 is damaged"));
+}
+
+TEST(DoctorTest, NamesBansAndAuditsThatNeverRun) {
+  v1::RunStatus s = Training();
+  DoctorFacts f;
+  f.coordinator_address = "127.0.0.1:50051";
+  v1::Ban* ban = s.add_bans();
+  ban->set_worker_id("w9");
+  ban->set_name("cheater");
+  ban->set_reason("score 0.00 below 0.50 after round 4: failed audit by w2");
+  std::vector<Finding> findings = Doctor(s, f);
+  EXPECT_TRUE(AnyProblem(findings));
+  EXPECT_THAT(Text(findings), HasSubstr("banned from the run: score 0.00"));
+  s.clear_bans();
+  s.mutable_config()->mutable_trust()->set_audit_rate(0.1);
+  s.set_audits_dropped(4);
+  findings = Doctor(s, f);
+  EXPECT_THAT(Text(findings), HasSubstr("4 audits dropped and none performed"));
+  s.set_audits_performed(1);
+  EXPECT_THAT(Text(Doctor(s, f)), Not(HasSubstr("audits dropped")));
 }
 
 TEST(DoctorTest, ChecksMembersStoreAndClock) {

@@ -23,6 +23,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   std::vector<shoal::v1::ConnectionsReadyRequest> connections_ready;
   std::vector<shoal::v1::ReportRoundDoneRequest> done;
   std::vector<shoal::v1::ReportCheckpointRequest> checkpoints;
+  std::vector<shoal::v1::ReportAuditRequest> audits;
   std::vector<std::string> leaves;
   std::vector<uint64_t> carried_rounds;
   int sessions_opened = 0;
@@ -49,6 +50,10 @@ class FakeCoordinatorClient : public CoordinatorClient {
   }
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request) override {
     checkpoints.push_back(request);
+    return absl::OkStatus();
+  }
+  absl::Status ReportAudit(const shoal::v1::ReportAuditRequest& request) override {
+    audits.push_back(request);
     return absl::OkStatus();
   }
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request) override {

@@ -267,6 +267,32 @@ TEST(FormatStatusTableTest, ShowsTheLedgerTheRunGoingBackAndAStop) {
   EXPECT_THAT(out, HasSubstr("STOPPED: nothing to go back to"));
 }
 
+TEST(FormatStatusTableTest, ShowsAuditsScoresAndBans) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("trust")));
+  s.mutable_config()->mutable_trust()->set_audit_rate(0.2);
+  s.mutable_config()->mutable_trust()->set_ban_below(0.5);
+  s.set_audits_performed(12);
+  s.set_audits_failed(1);
+  s.set_audits_dropped(2);
+  WorkerStatus* w2 = s.mutable_workers(1);
+  w2->set_score(0.98);
+  w2->set_audits_passed(3);
+  w2->add_score_reasons("round 7: missed the ready deadline -0.02");
+  shoal::v1::Ban* ban = s.add_bans();
+  ban->set_worker_id("w9");
+  ban->set_name("cheater");
+  ban->set_reason("score 0.00 below 0.50 after round 4: failed audit by w2");
+  ban->set_until_unix_seconds(1800000000);
+  const std::string out = FormatStatusTable(s);
+  EXPECT_THAT(out, HasSubstr("trust (--audit_rate=0.2, --ban_below=0.5): audits performed 12  "
+                             "failed 1  dropped 2"));
+  EXPECT_THAT(out, HasSubstr("score 0.98  audited 3 (failed 0)  replayed 0  last: round 7: "
+                             "missed the ready deadline -0.02"));
+  EXPECT_THAT(out, HasSubstr("BANNED w9 (cheater) until 2027-01-15 08:00:00 UTC: score 0.00 below "
+                             "0.50 after round 4: failed audit by w2"));
+}
+
 TEST(FormatStatusTableTest, ShowsWhereEachWorkersTimeGoes) {
   RunStatus s = FinishedRun();
   EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("time (share")));

@@ -4,6 +4,7 @@
 // place of RoundEngine (no lock, no facade). Time from a FakeClock.
 #include "services/coordinator/core/sync_rounds.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,7 @@ class Harness : public EngineHost {
     request.set_peer_address(absl::StrCat("127.0.0.1:", port));
     request.set_model_round(model_round);
     request.set_model_hash(model_hash);
+    request.set_replay_fingerprint("fp");
     absl::StatusOr<Member*> added = members_.Add(request, rounds_.round());
     EXPECT_TRUE(added.ok()) << added.status();
     members_.Refresh(**added, request, "");
@@ -94,8 +96,9 @@ class Harness : public EngineHost {
     return rounds_.JoinRound(members_.At(id), round, /*carried=*/0, out);
   }
   absl::Status Ready(const std::string& id, uint64_t round, Directives* out,
-                     uint64_t total = kTotal) {
+                     uint64_t total = kTotal, const std::string& contribution_hash = "") {
     v1::ReportReadyRequest request;
+    request.set_contribution_hash(contribution_hash);
     request.set_worker_id(id);
     request.set_round(round);
     request.set_total_elements(total);
@@ -509,6 +512,132 @@ TEST(SyncRoundsTest, BaseUnavailableWhileAnotherMemberHoldsItOnlySitsOut) {
 }
 
 }  // namespace base_recovery
+
+// The sample ledger (docs/DATA.md): a worker admitted to the round in
+// progress trains samples of its own, like those that started it.
+TEST(SyncRoundsTest, AJoinerOfTheRunningRoundGetsItsOwnSamples) {
+  EngineOptions o = Options(2);
+  o.config.mutable_training()->set_sample_ledger(true);
+  o.config.mutable_training()->set_local_steps(2);
+  o.config.mutable_training()->set_batch_size(8);
+  Harness h(o);
+  v1::JoinRequest declared;
+  declared.set_train_samples(1000);
+  ASSERT_TRUE(h.rounds_.CheckJoin(declared).ok());
+  const std::string w1 = h.Add(9001);
+  const std::string w2 = h.Add(9002);
+  Directives out;
+  ASSERT_TRUE(h.JoinRound(w1, 1, &out).ok());
+  ASSERT_TRUE(h.JoinRound(w2, 1, &out).ok());
+  ASSERT_EQ(h.rounds_.phase(), v1::TRAINING);
+  const std::string w3 = h.Add(9003);
+  out.clear();
+  ASSERT_TRUE(h.JoinRound(w3, 1, &out).ok());
+  ASSERT_THAT(To(out, CoordinatorMessage::kRoundStart), ElementsAre(w3));
+  const v1::RoundStart& start = out[0].message->round_start();
+  ASSERT_EQ(start.samples_size(), 1);
+  EXPECT_EQ(start.samples(0).count(), 16u);
+  EXPECT_EQ(start.samples(0).begin(), 32u);  // after w1's and w2's
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+namespace audits {
+
+// Audits by replay (core/round_trust.h): the plan waits for the round's
+// replays; a contribution two replays disagree with leaves the round, its
+// member is banned and refused at its next join; the others go on.
+TEST(SyncRoundsTest, TheRoundWaitsForItsAuditsAndAFailedContributionLeavesIt) {
+  EngineOptions o = Options(3);
+  o.config.mutable_trust()->set_audit_rate(1);
+  o.config.mutable_trust()->set_ban_below(0.5);
+  o.config.mutable_trust()->set_ban_seconds(600);
+  o.audit_secret = "unit";
+  Harness h(o);
+  const std::vector<std::string> ids = {h.Add(9001), h.Add(9002), h.Add(9003)};
+  const std::string cheater = ids[1];
+  std::map<std::string, std::string> hash = {{ids[0], std::string(64, '1')},
+                                             {ids[1], std::string(64, '2')},
+                                             {ids[2], std::string(64, '3')}};
+  Directives out;
+  for (const std::string& id : ids) ASSERT_TRUE(h.JoinRound(id, 1, &out).ok());
+  out.clear();
+  for (const std::string& id : ids) ASSERT_TRUE(h.Ready(id, 1, &out, kTotal, hash[id]).ok());
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), IsEmpty());
+  EXPECT_EQ(To(out, CoordinatorMessage::kAuditRequest).size(), 3u);
+  v1::RunStatus s;
+  h.rounds_.FillStatus(&s);
+  EXPECT_THAT(s.detail(), HasSubstr("audits"));
+  // Answer every request (and the second opinions they lead to): the
+  // cheater's work replays to something else; the cheater's own replays
+  // are wrong too.
+  Directives pending = out;
+  for (int guard = 0; guard < 10 && !pending.empty(); ++guard) {
+    Directives next;
+    for (const Directive& d : pending) {
+      if (d.message->kind_case() != CoordinatorMessage::kAuditRequest) continue;
+      const v1::AuditRequest& a = d.message->audit_request();
+      if (!h.members_.Contains(d.worker_id)) continue;
+      v1::ReportAuditRequest r;
+      r.set_worker_id(d.worker_id);
+      r.set_round(1);
+      r.set_audit_id(a.audit_id());
+      r.set_replay_hash(a.participant() == cheater || d.worker_id == cheater
+                            ? std::string(64, 'f')
+                            : hash[a.participant()]);
+      absl::Status st = h.rounds_.ReportAudit(h.members_.At(d.worker_id), r, &next);
+      // Audits by a member banned meanwhile are gone.
+      EXPECT_TRUE(st.ok() || absl::IsNotFound(st)) << st;
+    }
+    out.insert(out.end(), next.begin(), next.end());
+    pending = std::move(next);
+  }
+  EXPECT_THAT(To(out, CoordinatorMessage::kLeaveRequested), ElementsAre(cheater));
+  EXPECT_FALSE(h.members_.Contains(cheater));
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), UnorderedElementsAre(ids[0], ids[2]));
+  h.rounds_.FillStatus(&s);
+  ASSERT_EQ(s.bans_size(), 1);
+  EXPECT_EQ(s.bans(0).worker_id(), cheater);
+  EXPECT_THAT(s.bans(0).reason(), HasSubstr("failed audit"));
+  v1::WorkerStatus honest;
+  h.rounds_.FillWorker(ids[0], &honest);
+  EXPECT_EQ(honest.audits_failed(), 0u);
+  EXPECT_DOUBLE_EQ(honest.score(), 1.0);
+  // Its re-join is refused with the reason.
+  v1::JoinRequest again;
+  again.set_previous_worker_id(cheater);
+  absl::Status refused = h.rounds_.CheckJoin(again);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.message(), HasSubstr("banned"));
+  // The record keeps the ban.
+  EXPECT_EQ(h.CurrentRecord().bans_size(), 1);
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
+TEST(SyncRoundsTest, AuditsNobodyAnswersAreDroppedAtTheDeadline) {
+  EngineOptions o = Options(2);
+  o.config.mutable_trust()->set_audit_rate(1);
+  o.audit_secret = "unit";
+  Harness h(o);
+  const std::vector<std::string> ids = {h.Add(9001), h.Add(9002)};
+  Directives out;
+  for (const std::string& id : ids) ASSERT_TRUE(h.JoinRound(id, 1, &out).ok());
+  out.clear();
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(h.Ready(id, 1, &out, kTotal, std::string(64, 'c')).ok());
+  }
+  EXPECT_EQ(To(out, CoordinatorMessage::kAuditRequest).size(), 2u);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), IsEmpty());
+  out.clear();
+  h.clock_.Advance(absl::Seconds(61));
+  h.rounds_.Tick(h.clock_.Now(), &out);
+  EXPECT_THAT(To(out, CoordinatorMessage::kRoundPlan), UnorderedElementsAre(ids[0], ids[1]));
+  v1::RunStatus s;
+  h.rounds_.FillStatus(&s);
+  EXPECT_EQ(s.audits_dropped(), 2u);
+  EXPECT_EQ(s.audits_failed(), 0u);
+}
+
+}  // namespace audits
 
 }  // namespace
 }  // namespace shoal::coordinator

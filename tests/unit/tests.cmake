@@ -114,6 +114,7 @@ shoal_test(checkpoint_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/checkpoint_pla
   LIBS coordinator_core)
 shoal_test(sync_rounds_test unit ${CMAKE_CURRENT_LIST_DIR}/sync_rounds_test.cc LIBS coordinator_core)
 shoal_test(base_recovery_test unit ${CMAKE_CURRENT_LIST_DIR}/base_recovery_test.cc LIBS coordinator_core)
+shoal_test(round_trust_test unit ${CMAKE_CURRENT_LIST_DIR}/round_trust_test.cc LIBS coordinator_core)
 shoal_test(sample_ledger_test unit ${CMAKE_CURRENT_LIST_DIR}/sample_ledger_test.cc
   LIBS coordinator_core worker_core)
 # Not gossip_peers_test: that is the workers' PeerService (integration).

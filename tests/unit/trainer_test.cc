@@ -187,6 +187,62 @@ INSTANTIATE_TEST_SUITE_P(Models, TrainerModelTest, ::testing::Values("mlp", "cnn
                            return info.param;
                          });
 
+// An audited run (RunConfig.trust.audit_rate, docs/SECURITY.md): another
+// member's replay of a round from its base reproduces the trained model
+// bit for bit, on a trainer that has trained other rounds of its own.
+TEST_P(TrainerModelTest, AReplayReproducesTheAuditedRoundBitForBit) {
+  TrainerOptions o = Options(GetParam());
+  o.config.mutable_sync();
+  o.config.mutable_training()->set_sample_ledger(true);
+  o.config.mutable_training()->set_local_steps(3);
+  o.config.mutable_trust()->set_audit_rate(0.5);
+  o.config.mutable_trust()->set_audit_threads(1);
+  std::unique_ptr<Trainer> participant = MustCreate(o, &data_);
+  std::unique_ptr<Trainer> auditor = MustCreate(o, &data_);
+  ASSERT_NE(participant, nullptr);
+  ASSERT_NE(auditor, nullptr);
+  shoal::v1::SampleRange mine, theirs;
+  mine.set_epoch(0);
+  mine.set_begin(0);
+  mine.set_count(96);
+  theirs.set_epoch(0);
+  theirs.set_begin(96);
+  theirs.set_count(96);
+  // Round 1 on both (momentum state builds up); round 2's base is kept.
+  for (Trainer* t : {participant.get(), auditor.get()}) {
+    t->SetRound(1);
+    ASSERT_TRUE(t->SetSamples({mine}).ok());
+    t->TrainSteps(3);
+  }
+  std::vector<float> base(participant->parameters(),
+                          participant->parameters() + participant->num_elements());
+  std::copy(base.begin(), base.end(), auditor->parameters());
+  participant->SetRound(2);
+  ASSERT_TRUE(participant->SetSamples({theirs}).ok());
+  participant->TrainSteps(3);
+  const std::string trained = Hash(*participant);
+  // The auditor trains a round of its own first.
+  auditor->SetRound(2);
+  ASSERT_TRUE(auditor->SetSamples({mine}).ok());
+  auditor->TrainSteps(3);
+  const std::string own = Hash(*auditor);
+  absl::StatusOr<std::string> replayed = auditor->Replay(base.data(), {theirs}, 2);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(*replayed, trained);
+  EXPECT_EQ(Hash(*auditor), own);  // its own model untouched
+  // Other samples or another round's seed give another model.
+  absl::StatusOr<std::string> other = auditor->Replay(base.data(), {mine}, 2);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, trained);
+}
+
+TEST(TrainerTest, ReplayNeedsAnAuditedRun) {
+  FashionMnist data = SyntheticData();
+  std::unique_ptr<Trainer> t = MustCreate(Options("mlp"), &data);
+  std::vector<float> base(t->parameters(), t->parameters() + t->num_elements());
+  EXPECT_EQ(t->Replay(base.data(), {}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(TrainerTest, MlpLayers) {
   const FashionMnist data = SyntheticData();
   auto t = MustCreate(Options("mlp"), &data);

@@ -121,6 +121,7 @@ class Harness {
 
   // What the test makes the worker's own work return.
   std::string next_exchange_hash = "h1";
+  std::string contribution_hash;
   absl::Status exchange_result;
   absl::Status catch_up_result;
   absl::Duration train_time = absl::Seconds(2);
@@ -181,7 +182,7 @@ class Harness {
         case Action::kTrain:
           trained_samples.push_back(a.samples);
           clock.Advance(train_time);
-          next = protocol_.OnTrained(a.round, 0.25, 300);
+          next = protocol_.OnTrained(a.round, 0.25, 300, contribution_hash);
           break;
         case Action::kReportReady:
           next = protocol_.OnReadyReported(a.round, coordinator.ReportReady(a.ready));
@@ -206,6 +207,9 @@ class Harness {
         case Action::kUpload:
           uploads.push_back(a);
           break;
+        case Action::kAudit:
+          audits.push_back(a.audit);
+          break;
         case Action::kExit:
           exit = a.status;
           exited = true;
@@ -222,6 +226,7 @@ class Harness {
   std::vector<Action> catch_ups;
   std::vector<Action> exchanges;
   std::vector<Action> uploads;
+  std::vector<shoal::v1::AuditRequest> audits;
   std::vector<bool> evaluated;
 
  private:
@@ -275,6 +280,28 @@ TEST(WorkerProtocolTest, AWholeRoundTrainsReportsExchangesAndCommits) {
   EXPECT_THAT(h.Directive(Complete(1, "h1")), ElementsAre("commit:1"));
   EXPECT_FALSE(h.protocol().pending());
   EXPECT_EQ(h.protocol().model_hash(), "h1");
+}
+
+// Audits (docs/SECURITY.md "Audits, scores and bans"): the ready report
+// carries the contribution's hash, and an AuditRequest becomes one kAudit
+// that changes nothing of the worker's own round.
+TEST(WorkerProtocolTest, AuditedRoundsReportTheContributionHashAndReplayOnRequest) {
+  Harness h;
+  h.contribution_hash = "c1";
+  h.Directive(Start(1, 0, "h0"));
+  ASSERT_EQ(h.coordinator.ready.size(), 1u);
+  EXPECT_EQ(h.coordinator.ready[0].contribution_hash(), "c1");
+  shoal::v1::CoordinatorMessage m;
+  m.mutable_audit_request()->set_audit_id(7);
+  m.mutable_audit_request()->set_round(1);
+  m.mutable_audit_request()->set_participant("w9");
+  EXPECT_THAT(h.Directive(m), ElementsAre("audit:1"));
+  ASSERT_EQ(h.audits.size(), 1u);
+  EXPECT_EQ(h.audits[0].participant(), "w9");
+  EXPECT_FALSE(WorkerProtocol::Interrupts(m));
+  // The round goes on as if nothing happened.
+  EXPECT_THAT(h.Directive(PlanMsg(1, 1)),
+              ElementsAre("keep-contribution:1", "serve-plan:1", "probe:1"));
 }
 
 TEST(WorkerProtocolTest, EvaluatesEveryEvalEveryRoundsAndTheLast) {

@@ -312,6 +312,21 @@ std::vector<Finding> Doctor(const RunStatus& s, const DoctorFacts& f) {
     if (!s.base_fallback().empty()) {
       Add(&out, Level::kNote, "run", absl::StrCat("went back: ", s.base_fallback()));
     }
+    // Audits (docs/SECURITY.md "Audits, scores and bans"): a ban is a
+    // member whose work did not replay; dropped audits with none performed
+    // mean the members cannot replay each other.
+    for (const shoal::v1::Ban& b : s.bans()) {
+      Add(&out, Level::kProblem, b.name().empty() ? b.worker_id() : b.name(),
+          absl::StrCat("banned from the run: ", b.reason()));
+    }
+    if (s.config().trust().audit_rate() > 0 && s.audits_dropped() > 0 &&
+        s.audits_performed() == 0) {
+      Add(&out, Level::kProblem, "run",
+          absl::StrCat(s.audits_dropped(),
+                       " audits dropped and none performed: no two members share a replay "
+                       "fingerprint (the same build, Torch CPU kernels and BLAS core), or the "
+                       "auditors cannot replay (see the workers' logs)"));
+    }
     if (s.phase() == shoal::v1::WAITING_FOR_MEMBERS) {
       Add(&out, Level::kNote, "run",
           absl::StrCat("waiting for members: ", s.members(), " of ", s.min_participants(),

@@ -305,6 +305,38 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
                                             w.rounds_in_flight()));
     }
   }
+  // Audits, scores and bans (issue 28, docs/SECURITY.md): the run's audit
+  // counts, then every member whose score moved, with why.
+  const shoal::v1::TrustConfig& trust = s.config().trust();
+  bool scores = false;
+  for (const auto& w : s.workers()) scores |= w.score_reasons_size() > 0;
+  if (trust.audit_rate() > 0 || scores || s.bans_size() > 0) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("trust (--audit_rate=%g, --ban_below=%g): audits performed %d  "
+                                    "failed %d  dropped %d\n",
+                                    trust.audit_rate(), trust.ban_below(), s.audits_performed(),
+                                    s.audits_failed(), s.audits_dropped()));
+    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+      const shoal::v1::WorkerStatus& w = *row;
+      if (w.score_reasons_size() == 0 && w.audits_passed() + w.audits_failed() == 0) continue;
+      if (DepartedState(w.state()) && !wide && w.score_reasons_size() == 0) continue;
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("  %-*s score %.2f  audited %d (failed %d)  replayed %d", WhoWidth(s),
+                          Who(w), w.score(), w.audits_passed() + w.audits_failed(),
+                          w.audits_failed(), w.audits_replayed()));
+      if (w.score_reasons_size() > 0) absl::StrAppend(&out, "  last: ", w.score_reasons(0));
+      absl::StrAppend(&out, "\n");
+    }
+    for (const shoal::v1::Ban& b : s.bans()) {
+      absl::StrAppend(
+          &out, "  BANNED ", b.worker_id(), b.name().empty() ? "" : " (" + b.name() + ")",
+          " until ",
+          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(b.until_unix_seconds()),
+                           absl::UTCTimeZone()),
+          ": ", b.reason(), "\n");
+    }
+  }
   // Workers behind NAT (outbound connections only; docs/SUPERNODES.md).
   for (const auto& w : s.workers()) {
     if (!w.outbound_only()) continue;

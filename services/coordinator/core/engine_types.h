@@ -78,6 +78,9 @@ struct EngineOptions {
   // Makes the random part of each credential (tests); RandomCredentialSecret
   // when unset.
   std::function<std::string()> credential_secret;
+  // The secret of the audit draw (core/round_trust.h; --audit_seed in
+  // tests); empty = 32 random bytes at each start.
+  std::string audit_secret;
   // The secret shared with the checkpoint store (--upload_key_file; empty =
   // no grants): every CheckpointRequest carries an upload grant signed with
   // it (common/upload_grant.h), valid for checkpoint_timeout plus a minute

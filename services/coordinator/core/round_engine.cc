@@ -222,6 +222,15 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   return mode_->ReportRoundDone(**member, request, out);
 }
 
+absl::Status RoundEngine::ReportAudit(const shoal::v1::ReportAuditRequest& request,
+                                      Directives* out) {
+  absl::MutexLock lock(&mu_);
+  Changes changes(this);
+  absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
+  if (!member.ok()) return member.status();
+  return mode_->ReportAudit(**member, request, out);
+}
+
 absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
                                            Directives* out) {
   absl::MutexLock lock(&mu_);

@@ -94,6 +94,8 @@ class RoundEngine : private EngineHost {
   absl::Status ReportReady(const shoal::v1::ReportReadyRequest& request, Directives* out);
   absl::Status ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request, Directives* out);
   absl::Status ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request, Directives* out);
+  // An auditor's replay (RunConfig.trust, core/round_trust.h).
+  absl::Status ReportAudit(const shoal::v1::ReportAuditRequest& request, Directives* out);
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request, Directives* out);
 
   // Applies every timeout: leases, the checkpoint upload in progress, the

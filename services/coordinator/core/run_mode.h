@@ -95,6 +95,12 @@ class RunMode {
                                        Directives* out) = 0;
   virtual absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
                                         Directives* out) = 0;
+  // An auditor's replay (RunConfig.trust.audit_rate). Modes without audits
+  // refuse it.
+  virtual absl::Status ReportAudit(Member& m, const shoal::v1::ReportAuditRequest& request,
+                                   Directives* out) {
+    return absl::FailedPreconditionError("this run's mode has no audits");
+  }
   // The mode's timeouts and periodic decisions (after the leases).
   virtual void Tick(absl::Time now, Directives* out) = 0;
   // Replicas: while held, no round starts (RoundEngine::HoldRounds).

@@ -81,6 +81,14 @@ std::vector<shoal::v1::SampleRange> SampleLedger::Assign(const std::string& work
   return out;
 }
 
+std::vector<shoal::v1::SampleRange> SampleLedger::InFlight(const std::string& worker) const {
+  std::vector<shoal::v1::SampleRange> out;
+  auto it = in_flight_.find(worker);
+  if (it == in_flight_.end()) return out;
+  for (const Entry& e : it->second) out.push_back(e.range);
+  return out;
+}
+
 void SampleLedger::Trained(const std::string& worker) {
   auto it = in_flight_.find(worker);
   if (it == in_flight_.end()) return;

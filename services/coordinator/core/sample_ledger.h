@@ -50,6 +50,8 @@ class SampleLedger {
   // epochs are all handed out). Ranges it still held go back to the pool
   // first.
   std::vector<shoal::v1::SampleRange> Assign(const std::string& worker);
+  // `worker`'s ranges of the round in progress (what an audit replays).
+  std::vector<shoal::v1::SampleRange> InFlight(const std::string& worker) const;
   // The round completed with `worker`'s work in it.
   void Trained(const std::string& worker);
   // `worker`'s work of the round is lost: its ranges go back to the pool.

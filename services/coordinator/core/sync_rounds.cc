@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/member_credentials.h"
 #include "common/shard_plan.h"
 #include "common/status_util.h"
 #include "services/coordinator/core/base_recovery.h"
@@ -38,7 +39,9 @@ SyncRounds::SyncRounds(const EngineOptions& options, const Clock* clock, EngineV
       members_(members),
       topology_(topology),
       checkpoints_(checkpoints),
-      host_(host) {
+      host_(host),
+      trust_(options.config.trust(),
+             options.audit_secret.empty() ? RandomCredentialSecret() : options.audit_secret) {
   if (options_.config.training().sample_ledger()) {
     ledger_.emplace(static_cast<uint64_t>(options_.config.training().local_steps()) *
                         options_.config.training().batch_size(),
@@ -56,6 +59,7 @@ void SyncRounds::Resume(const shoal::v1::RunRecord& record) {
   agreed_hash_ = record.model_hash();
   round_ = last_completed_round_ + 1;
   if (ledger_.has_value()) ledger_->Resume(record.ledger());
+  trust_.Resume(record, clock_->Now());
   if (record.finished()) phase_ = shoal::v1::FINISHED;
   SHOAL_LOG(INFO) << "resuming run " << options_.run_id << " after round " << last_completed_round_
                   << " (next round " << round_ << ")";
@@ -101,6 +105,7 @@ bool SyncRounds::RemoveParticipant(const std::string& worker_id) {
   if (participant_set_.erase(worker_id) == 0) return false;
   // Its work will not be in the round: its samples go back to the pool.
   if (ledger_.has_value()) ledger_->Lost(worker_id);
+  trust_.LeaveRound(worker_id);
   // Removals are rare (misses, departures); the vector keeps join order.
   participants_.erase(std::find(participants_.begin(), participants_.end(), worker_id));
   CountFlags(R(worker_id), -1);
@@ -197,6 +202,7 @@ std::vector<std::string> SyncRounds::Holders() const {
 }
 
 absl::Status SyncRounds::CheckJoin(const shoal::v1::JoinRequest& request) {
+  RETURN_IF_ERROR(trust_.CheckJoin(request, clock_->Now()));
   if (!ledger_.has_value()) return absl::OkStatus();
   // A worker's first join comes before its trainer exists (it needs the
   // run's config): it declares its training set with its model.
@@ -210,6 +216,7 @@ absl::Status SyncRounds::CheckJoin(const shoal::v1::JoinRequest& request) {
 void SyncRounds::OnJoined(Member& m, const shoal::v1::JoinRequest& request) {
   RoundMember& r = rounds_[m.id];
   r.plan_list_known = 0;  // a new session has no participant list yet
+  trust_.OnJoined(m.id, request);
   r.model_round = request.model_round();
   r.model_hash = request.model_hash();
   if (request.model_round() == 0 && !request.initial_model_hash().empty()) {
@@ -257,6 +264,7 @@ bool SyncRounds::Forget(const std::string& worker_id) {
   if (!rounds_.contains(worker_id)) return false;
   // Out of the round first: its flags leave the counters with it.
   const bool was_participant = RemoveParticipant(worker_id);
+  trust_.Forget(worker_id);
   Dequeue(worker_id);
   rounds_.erase(worker_id);
   return was_participant;
@@ -311,7 +319,18 @@ absl::StatusOr<uint64_t> SyncRounds::JoinRound(Member& m, uint64_t round, uint64
       r.training_since = clock_->Now();
       AddParticipant(worker_id);
       m.state = MemberState::kTraining;
-      out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(r)))});
+      if (ledger_.has_value()) {
+        // Its own samples, as for those that started the round: without
+        // them it would train nothing and its base model would count as
+        // its work.
+        CoordinatorMessage mine = RoundStartMessage(!HoldsAgreedModel(r));
+        for (shoal::v1::SampleRange& range : ledger_->Assign(worker_id)) {
+          *mine.mutable_round_start()->add_samples() = std::move(range);
+        }
+        out->push_back({worker_id, Share(std::move(mine))});
+      } else {
+        out->push_back({worker_id, Share(RoundStartMessage(!HoldsAgreedModel(r)))});
+      }
       SHOAL_LOG(INFO) << "member " << worker_id << " joins running round " << round_
                       << " participants=" << participants_.size()
                       << (carried == round_ ? " (carries its trained work)" : "");
@@ -348,6 +367,7 @@ void SyncRounds::MissRound(const std::string& worker_id, const std::string& reas
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(missed.reason);
     out->push_back({worker_id, Share(std::move(msg))});
+    Penalize(worker_id, TrustEvent::kEvicted, "(missed rounds)", out, /*evicting=*/true);
     host_->DepartMember(worker_id, MemberState::kEvicted, missed.reason, out);
     return;
   }
@@ -399,6 +419,7 @@ void SyncRounds::MaybeStartRound(Directives* out) {
   }
   TakeParticipants();  // none while waiting; the queue becomes the round
   const std::vector<std::string> starting = TakeQueue();
+  trust_.StartRound(round_);
   phase_ = shoal::v1::TRAINING;
   any_ready_ = false;
   attempt_ = 0;
@@ -494,6 +515,11 @@ absl::Status SyncRounds::ReportReady(Member& m, const shoal::v1::ReportReadyRequ
   UpdateFlags(m.id, [](RoundMember& x) { x.ready = true; });
   m.state = MemberState::kReady;
   r.train_loss = request.train_loss();
+  if (trust_.audits_on()) {
+    trust_.OnReady(
+        m.id, request,
+        ledger_.has_value() ? ledger_->InFlight(m.id) : std::vector<shoal::v1::SampleRange>());
+  }
   any_ready_ = true;
   if (!first_ready_.has_value()) {
     first_ready_ = now - round_started_at_;
@@ -506,8 +532,91 @@ absl::Status SyncRounds::ReportReady(Member& m, const shoal::v1::ReportReadyRequ
 void SyncRounds::MaybeSendPlan(Directives* out) {
   if (phase_ != shoal::v1::TRAINING || participants_.empty()) return;
   if (ready_count_ < participants_.size()) return;
+  if (trust_.audits_on() && !AuditsSettled(out)) return;
   phase_ = shoal::v1::SHARING;
   SendPlan(out);
+}
+
+// ------------------------------------------------------------------ Audits
+
+bool SyncRounds::AuditsSettled(Directives* out) {
+  if (!trust_.assigned()) {
+    for (RoundTrust::Assignment& a :
+         trust_.Assign(last_completed_round_, agreed_hash_, participants_)) {
+      SHOAL_LOG(INFO) << "round " << round_ << ": " << a.auditor << " replays the work of "
+                      << a.request.participant() << " (audit " << a.request.audit_id() << ")";
+      CoordinatorMessage msg;
+      *msg.mutable_audit_request() = std::move(a.request);
+      out->push_back({a.auditor, Share(std::move(msg))});
+    }
+    if (trust_.Pending()) {
+      // A replay takes about as long as the training it replays.
+      deadline_ = clock_->Now() + options_.round_timeout;
+      versions_->MarkStatusChanged();
+    }
+  }
+  return !trust_.Pending();
+}
+
+absl::Status SyncRounds::ReportAudit(Member& m, const shoal::v1::ReportAuditRequest& request,
+                                     Directives* out) {
+  absl::StatusOr<RoundTrust::Verdict> verdict = trust_.OnReport(m.id, request);
+  if (!verdict.ok()) return verdict.status();
+  versions_->MarkStatusChanged();
+  m.last_seen = clock_->Now();
+  using Kind = RoundTrust::Verdict::Kind;
+  switch (verdict->kind) {
+    case Kind::kPassed:
+      SHOAL_LOG(INFO) << "round " << round_ << ": " << verdict->reason;
+      Penalize(verdict->participant, TrustEvent::kAuditPassed, absl::StrCat("by ", m.id), out);
+      break;
+    case Kind::kDropped:
+      SHOAL_LOG(WARNING) << "round " << round_ << ": " << verdict->reason;
+      break;
+    case Kind::kSecondOpinion: {
+      SHOAL_LOG(WARNING) << "round " << round_ << ": " << verdict->reason;
+      CoordinatorMessage msg;
+      *msg.mutable_audit_request() = verdict->second.request;
+      out->push_back({verdict->second.auditor, Share(std::move(msg))});
+      deadline_ = clock_->Now() + options_.round_timeout;
+      return absl::OkStatus();
+    }
+    case Kind::kAuditorWrong:
+      SHOAL_LOG(ERROR) << "round " << round_ << ": " << verdict->reason;
+      Penalize(verdict->participant, TrustEvent::kAuditPassed, "on a second opinion", out);
+      Penalize(verdict->auditor, TrustEvent::kAuditFailed,
+               absl::StrCat("(its replay of ", verdict->participant, "'s work was wrong)"), out);
+      break;
+    case Kind::kFailed:
+      SHOAL_LOG(ERROR) << "round " << round_ << ": worker " << verdict->participant << " "
+                       << verdict->reason << "; its contribution leaves the round";
+      if (IsParticipant(verdict->participant) && phase_ == shoal::v1::TRAINING) {
+        // Its samples go back to the ledger's pool with it.
+        MissRound(verdict->participant, verdict->reason, out);
+      }
+      Penalize(verdict->participant, TrustEvent::kAuditFailed, absl::StrCat("by ", m.id), out);
+      break;
+  }
+  MaybeSendPlan(out);
+  return absl::OkStatus();
+}
+
+void SyncRounds::Penalize(const std::string& worker_id, TrustEvent event, const std::string& detail,
+                          Directives* out, bool evicting) {
+  const std::string ban = trust_.Record(worker_id, event, detail);
+  if (ban.empty()) return;
+  const Member* m = members_->Find(worker_id);
+  trust_.Ban(worker_id, m == nullptr ? "" : m->name, ban, clock_->Now());
+  versions_->MarkRecordChanged();
+  SHOAL_LOG(WARNING) << "worker " << worker_id << (m != nullptr && !m->name.empty() ? " (" : "")
+                     << (m != nullptr ? m->name : "")
+                     << (m != nullptr && !m->name.empty() ? ")" : "") << " banned: " << ban;
+  if (evicting || m == nullptr) return;
+  const std::string reason = absl::StrCat("banned: ", ban);
+  CoordinatorMessage msg;
+  msg.mutable_leave_requested()->set_reason(reason);
+  out->push_back({worker_id, Share(std::move(msg))});
+  RemoveMember(worker_id, MemberState::kEvicted, reason, out);
 }
 
 void SyncRounds::SendPlan(Directives* out) {
@@ -715,6 +824,7 @@ void SyncRounds::EvictFailingPeers(const std::string& reason, Directives* out) {
     msg.mutable_connection_fail()->set_round(round_);
     msg.mutable_connection_fail()->set_reason(reason);
     out->push_back({id, Share(std::move(msg))});
+    Penalize(id, TrustEvent::kEvicted, "(unreachable)", out, /*evicting=*/true);
     host_->DepartMember(id, MemberState::kEvicted, reason, out);
   }
   if (participants_.empty()) {
@@ -803,6 +913,7 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
   for (const std::string& id : vote.minority) {
     SHOAL_LOG(ERROR) << "round " << round_ << ": worker " << id << " reported hash "
                      << R(id).model_hash.substr(0, 12) << ", majority has " << hash.substr(0, 12);
+    Penalize(id, TrustEvent::kHashMinority, "", out, /*evicting=*/true);
     CoordinatorMessage msg;
     msg.mutable_leave_requested()->set_reason(
         absl::StrCat("model hash mismatch in round ", round_));
@@ -830,6 +941,7 @@ void SyncRounds::MaybeCompleteRound(Directives* out) {
     }
     r.rounds_completed++;
     if (ledger_.has_value()) ledger_->Trained(id);
+    Penalize(id, TrustEvent::kRoundCompleted, "", out, /*evicting=*/true);
     AddSample(r.time_shares,
               RoundMember::TimeShare{r.round_train_seconds, r.exchange_seconds, summary.seconds()},
               SampleWindow());
@@ -1066,6 +1178,15 @@ void SyncRounds::UpdateReadyDeadline(absl::Time now) {
 void SyncRounds::ApplyRoundDeadline(absl::Time now, Directives* out) {
   // Listing the late participants is O(N): only once the deadline passed.
   if (now < deadline_) return;
+  if (phase_ == shoal::v1::TRAINING && trust_.Pending() && ready_count_ == participants_.size()) {
+    // The plan goes without the replays that did not come back.
+    for (const RoundTrust::Verdict& v : trust_.DropPending("no report within --round_timeout")) {
+      SHOAL_LOG(WARNING) << "round " << round_ << ": " << v.reason;
+    }
+    versions_->MarkStatusChanged();
+    MaybeSendPlan(out);
+    return;
+  }
   RoundDeadlineInput in;
   in.stage = StageOf(phase_, sharing_started_);
   in.deadline = deadline_;
@@ -1102,6 +1223,9 @@ void SyncRounds::ApplyRoundDeadline(absl::Time now, Directives* out) {
     case Action::kSitOut:
       for (const std::string& id : deadline.sit_out) {
         MissRound(id, deadline.reason, out, deadline.adaptive);
+        if (in.stage == RoundStage::kTraining) {
+          Penalize(id, TrustEvent::kMissedDeadline, "", out);
+        }
       }
       // Those ready go on to the plan; those done hold the complete average
       // (the others catch up later).
@@ -1129,6 +1253,10 @@ std::string SyncRounds::PhaseDetail() const {
                           members_->size() == 1 ? " member" : " members",
                           " joined; a member queues once its model and data are loaded)");
     case shoal::v1::TRAINING:
+      if (trust_.Pending()) {
+        return absl::StrCat(ready_count_, "/", participants_.size(),
+                            " participants ready; waiting for the round's audits (replays)");
+      }
       return absl::StrCat(ready_count_, "/", participants_.size(), " participants ready");
     case shoal::v1::SHARING: {
       if (!sharing_started_) {
@@ -1159,6 +1287,7 @@ void SyncRounds::FillStatus(shoal::v1::RunStatus* s) const {
   s->set_queued(queued_.size());
   s->set_base_fallback(base_fallback_);
   if (ledger_.has_value()) *s->mutable_ledger() = ledger_->Status();
+  trust_.FillStatus(s, clock_->Now());
   if (ready_deadline_.deadline != absl::InfiniteFuture() &&
       round_started_at_ != absl::InfinitePast() && !ready_deadline_.reason.empty()) {
     s->set_ready_deadline_seconds(ReadyDeadlineSeconds());
@@ -1217,12 +1346,14 @@ void SyncRounds::FillWorker(const std::string& worker_id, shoal::v1::WorkerStatu
     w->set_idle_share(1.0 - t - e);
   }
   w->set_rounds_in_flight(IsParticipant(worker_id) ? 1 : 0);
+  trust_.FillWorker(worker_id, w);
 }
 
 void SyncRounds::FillRecord(shoal::v1::RunRecord* r) const {
   r->set_last_completed_round(last_completed_round_);
   r->set_model_hash(agreed_hash_);
   if (ledger_.has_value()) *r->mutable_ledger() = ledger_->Durable();
+  trust_.FillRecord(r, clock_->Now());
 }
 
 }  // namespace shoal::coordinator

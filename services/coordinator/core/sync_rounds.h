@@ -40,6 +40,7 @@
 #include "services/coordinator/core/engine_types.h"
 #include "services/coordinator/core/membership.h"
 #include "services/coordinator/core/round_decisions.h"
+#include "services/coordinator/core/round_trust.h"
 #include "services/coordinator/core/run_mode.h"
 #include "services/coordinator/core/sample_ledger.h"
 #include "services/coordinator/core/topology.h"
@@ -80,6 +81,8 @@ class SyncRounds : public RunMode {
                                Directives* out) override;
   absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
                                 Directives* out) override;
+  absl::Status ReportAudit(Member& m, const shoal::v1::ReportAuditRequest& request,
+                           Directives* out) override;
   // The checkpoint upload in progress, then the round's running deadline.
   void Tick(absl::Time now, Directives* out) override;
   void HoldRounds(bool hold, Directives* out) override;
@@ -195,6 +198,13 @@ class SyncRounds : public RunMode {
 
   void MaybeStartRound(Directives* out);
   void MaybeSendPlan(Directives* out);
+  // Every participant is ready: sends the round's audits (once) and
+  // returns true when none is out any more (the plan may go).
+  bool AuditsSettled(Directives* out);
+  // Moves the member's score (core/round_trust.h); below the ban line it is
+  // banned and, unless `evicting` (its caller evicts it), evicted.
+  void Penalize(const std::string& worker_id, TrustEvent event, const std::string& detail,
+                Directives* out, bool evicting = false);
   void SendPlan(Directives* out);
   void MaybeStartSharing(Directives* out);
   // Applies DecideConnectionBarrier after a report (kReport) or at the
@@ -258,6 +268,8 @@ class SyncRounds : public RunMode {
   // RunConfig.training.sample_ledger: which samples each participant
   // trains (core/sample_ledger.h); none when off.
   std::optional<SampleLedger> ledger_;
+  // Audits, scores and bans (RunConfig.trust).
+  RoundTrust trust_;
   // No round completed since this coordinator started (restart window).
   bool fresh_start_ = true;
   // Participants of round_ (in join order) while TRAINING / SHARING, and the

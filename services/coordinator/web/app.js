@@ -336,6 +336,27 @@ function route(w) {
 const wireCell = (w) => (num(w.wire_round) ? `${bytes(w.bytes_received)} / ${bytes(w.bytes_sent)} (${num(w.wire_round)})` : '-');
 const byId = (a, b) => String(a.id).localeCompare(String(b.id), 'en', { numeric: true });
 
+// Scores, audits and bans (issue 28, docs/SECURITY.md "Audits, scores and
+// bans"): each member's score with why it moved last (the title lists the
+// newest reasons), and the run's audit counts and bans under the table.
+function scoreCell(w) {
+  const reasons = w.score_reasons || [];
+  const score = w.score === undefined ? 1 : num(w.score);
+  const audited = num(w.audits_passed) + num(w.audits_failed);
+  return `<td class="num${score < 1 ? ' bad' : ''}" data-score="${esc(w.id)}" title="${esc(reasons.join('\n'))}">` +
+    `${score.toFixed(2)}${audited ? ` <span class="muted">(${audited} audited, ${num(w.audits_failed)} failed)</span>` : ''}` +
+    `${reasons.length ? `<br><span class="muted">${esc(reasons[0])}</span>` : ''}</td>`;
+}
+function renderTrust(s, members) {
+  const rate = num(((s.config || {}).trust || {}).audit_rate);
+  const bans = s.bans || [];
+  $('trust').hidden = !rate && bans.length === 0;
+  if ($('trust').hidden) return;
+  $('trust').innerHTML = (rate ? `Audits (rate ${rate}): <b>${num(s.audits_performed)}</b> performed, ` +
+    `<b class="${num(s.audits_failed) ? 'bad' : ''}">${num(s.audits_failed)}</b> failed, ${num(s.audits_dropped)} dropped. ` : '') +
+    bans.map((b) => `<span class="bad" data-ban="${esc(b.worker_id)}">banned ${esc(b.worker_id)}${b.name ? ` (${esc(b.name)})` : ''}</span>: ${esc(b.reason)}`).join(' · ');
+}
+
 function renderWorkers(s, members, departed) {
   const rows = members.map((w) => {
     const note = w.reason || w.missed_reason || (w.state === 'syncing' && num(w.sync_bytes_total) ? `sync ${bytes(w.sync_bytes_done)} / ${bytes(w.sync_bytes_total)}` : '');
@@ -345,9 +366,10 @@ function renderWorkers(s, members, departed) {
       `<td class="num">${num(w.metrics_round) ? fixed(w.test_accuracy, 4) : '-'}</td>` +
       `<td class="num">${num(w.train_seconds_median) ? dur(num(w.train_seconds_median)) : '-'}</td>` +
       `<td class="num">${num(w.ready_seconds_median) ? dur(num(w.ready_seconds_median)) : '-'}</td>` +
-      `<td class="num">${wireCell(w)}</td><td class="muted wrap">${esc(note)}</td></tr>`;
+      `<td class="num">${wireCell(w)}</td>${scoreCell(w)}<td class="muted wrap">${esc(note)}</td></tr>`;
   });
-  $('workers').tBodies[0].innerHTML = rows.join('') || '<tr><td colspan="13" class="muted">no member</td></tr>';
+  $('workers').tBodies[0].innerHTML = rows.join('') || '<tr><td colspan="14" class="muted">no member</td></tr>';
+  renderTrust(s, members);
   let recv = 0, sent = 0;
   for (const w of members) { recv += num(w.bytes_received); sent += num(w.bytes_sent); }
   $('bytes').textContent = `${members.length} members` + (departed.length ? `, ${departed.length} departed (below)` : '') +

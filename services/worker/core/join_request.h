@@ -16,6 +16,8 @@ struct JoinIdentity {
   std::string name;
   std::string zone;  // JoinRequest.zone (common/zone.h)
   bool outbound_only = false;
+  // JoinRequest.replay_fingerprint (core/trainer.h ReplayFingerprint).
+  std::string replay_fingerprint;
 };
 
 // A join request of a worker that holds nothing yet (the first join).
@@ -25,6 +27,7 @@ inline shoal::v1::JoinRequest NewJoinRequest(const JoinIdentity& identity) {
   request.set_name(identity.name);
   request.set_zone(identity.zone);
   request.set_outbound_only(identity.outbound_only);
+  request.set_replay_fingerprint(identity.replay_fingerprint);
   return request;
 }
 

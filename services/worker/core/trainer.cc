@@ -1,7 +1,10 @@
 #include "services/worker/core/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <dlfcn.h>
+#include <stdlib.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <functional>
@@ -12,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/model_layout.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
@@ -87,6 +91,10 @@ class BuiltinTrainer final : public Trainer {
   ~BuiltinTrainer() override;
 
   double TrainSteps(uint32_t steps) override;
+  void SetRound(uint64_t round) override;
+  absl::StatusOr<std::string> Replay(const float* base,
+                                     absl::Span<const shoal::v1::SampleRange> samples,
+                                     uint64_t round) override;
   absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) override;
   uint64_t train_samples() const override;
   shoal::v1::Metrics Evaluate() override;
@@ -248,12 +256,97 @@ void CopyInMirrored(ModelInstance& m) {
 
 }  // namespace
 
+namespace {
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const shoal::v1::TrainingConfig& t, const std::vector<torch::Tensor>& trainable) {
+  const std::string& opt = t.optimizer();
+  if (opt.empty() || opt == "sgd") {
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(
+        trainable, torch::optim::SGDOptions(t.learning_rate()).momentum(t.momentum())));
+  }
+  if (opt == "adam") {
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::Adam>(
+        trainable, torch::optim::AdamOptions(t.learning_rate())));
+  }
+  if (opt == "adamw") {
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::AdamW>(
+        trainable, torch::optim::AdamWOptions(t.learning_rate())));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown optimizer '", opt, "' (sgd, adam or adamw)"));
+}
+
+// The local steps of one round on `m`: a batch of rows per step from
+// `next` (an undefined tensor: no more samples), the mirrored buffers in
+// from the flat buffer first and out after. The trained round and an
+// audit's replay of it run this same code.
+double RunSteps(ModelInstance& m, torch::optim::Optimizer& optimizer, const torch::Tensor& train_x,
+                const torch::Tensor& train_y, uint32_t steps, const CancellationToken* stop,
+                const std::function<torch::Tensor()>& next) {
+  m.set_training(true);
+  float* flat = m.flat.data_ptr<float>();
+  CopyInMirrored(m);  // the averaged values, rounded
+  double loss_sum = 0;
+  uint32_t done = 0;
+  for (uint32_t step = 0; step < steps; ++step) {
+    if (stop != nullptr && stop->cancelled()) break;  // shutting down
+    torch::Tensor idx = next();
+    if (!idx.defined()) break;
+    torch::Tensor x = train_x.index_select(0, idx);
+    torch::Tensor y = train_y.index_select(0, idx);
+    optimizer.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(m.forward(x), y);
+    loss.backward();
+    optimizer.step();
+    loss_sum += loss.item<double>();
+    ++done;
+  }
+  for (MirroredBuffer& b : m.mirrored) {
+    torch::Tensor v = b.tensor.reshape({b.tensor.numel()}).to(torch::kFloat32);
+    std::copy_n(v.data_ptr<float>(), v.numel(), flat + b.offset);
+  }
+  return done == 0 ? 0 : loss_sum / done;
+}
+
+// Torch's generator seed for an audited round (the same on the participant
+// and on its auditor).
+uint64_t RoundSeed(uint64_t run_seed, uint64_t round) {
+  return run_seed * 0x9E3779B97F4A7C15ULL + round * 0xBF58476D1CE4E5B9ULL + 1;
+}
+
+// Builds a second instance of the model without moving torch's generator
+// (what training draws stays as it would have been without it).
+absl::Status BuildSideInstance(const TrainerOptions& options, const std::vector<int64_t>& shape,
+                               ModelInstance* out) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    saved = generator.get_state();
+  }
+  absl::Status built = BuildInstance(options, shape, out);
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved);
+  }
+  return built;
+}
+
+}  // namespace
+
 struct BuiltinTrainer::Impl {
   TrainerOptions options;
   std::vector<int64_t> input_shape;
   ModelInstance model;
   // EvaluateParams' instance, built at its first call.
   std::unique_ptr<ModelInstance> eval;
+  // Replay's instance (audits), built at its first call.
+  std::unique_ptr<ModelInstance> replay;
+  // RunConfig.trust.audit_rate > 0: every round trains with a fresh
+  // optimizer and a generator seeded from the round, so that another
+  // member can replay it.
+  bool audited = false;
   std::vector<uint64_t> shard_label_counts;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   torch::Tensor train_x, train_y, test_x, test_y;
@@ -275,7 +368,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   auto impl = std::make_unique<BuiltinTrainer::Impl>();
   impl->options = options;
   const auto& config = options.config;
-  torch::set_num_threads(std::max(1, options.threads));
+  impl->audited = config.trust().audit_rate() > 0 && config.has_sync();
+  // An audited run fixes the threads: a replay must reduce in the same order.
+  torch::set_num_threads(impl->audited ? std::max<int>(1, config.trust().audit_threads())
+                                       : std::max(1, options.threads));
+  if (impl->audited) {
+    SHOAL_LOG(INFO) << "audited run: training and replays use " << torch::get_num_threads()
+                    << " torch thread(s) (the run's --audit_threads), a fresh optimizer each "
+                       "round";
+  }
   impl->input_shape = {1, data->train.rows, data->train.cols};
   if (config.model().name() == "mlp" || config.model().name() == "cnn") {
     if (data->train.rows != 28 || data->train.cols != 28) {
@@ -305,22 +406,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   // every worker of the run, with no transfer.
   torch::manual_seed(config.training().seed());
   RETURN_IF_ERROR(BuildInstance(options, impl->input_shape, &impl->model));
-  const std::vector<torch::Tensor>& trainable = impl->model.trainable;
-  const std::string& opt = config.training().optimizer();
-  if (opt.empty() || opt == "sgd") {
-    impl->optimizer = std::make_unique<torch::optim::SGD>(
-        trainable, torch::optim::SGDOptions(config.training().learning_rate())
-                       .momentum(config.training().momentum()));
-  } else if (opt == "adam") {
-    impl->optimizer = std::make_unique<torch::optim::Adam>(
-        trainable, torch::optim::AdamOptions(config.training().learning_rate()));
-  } else if (opt == "adamw") {
-    impl->optimizer = std::make_unique<torch::optim::AdamW>(
-        trainable, torch::optim::AdamWOptions(config.training().learning_rate()));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown optimizer '", opt, "' (sgd, adam or adamw)"));
-  }
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+      MakeOptimizer(config.training(), impl->model.trainable);
+  if (!optimizer.ok()) return optimizer.status();
+  impl->optimizer = *std::move(optimizer);
   if (config.model().name() == "torchscript") {
     int64_t max_label = 0;
     for (const ImageSet* set : {&data->train, &data->test}) {
@@ -372,46 +461,83 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 
 double BuiltinTrainer::TrainSteps(uint32_t steps) {
   Impl& s = *impl_;
-  ModelInstance& m = s.model;
-  m.set_training(true);
-  float* flat = m.flat.data_ptr<float>();
-  CopyInMirrored(m);  // the averaged values, rounded
   const int64_t batch = s.options.config.training().batch_size();
-  double loss_sum = 0;
-  uint32_t done = 0;
-  for (uint32_t step = 0; step < steps; ++step) {
-    if (s.options.stop != nullptr && s.options.stop->cancelled()) break;  // shutting down
-    torch::Tensor idx;
-    if (s.ledger.has_value()) {
-      // The ledger's samples of this round, a batch per step.
-      if (s.ledger_cursor >= s.ledger_rows.size()) break;
+  std::function<torch::Tensor()> next;
+  if (s.ledger.has_value()) {
+    // The ledger's samples of this round, a batch per step.
+    next = [&s, batch]() -> torch::Tensor {
+      if (s.ledger_cursor >= s.ledger_rows.size()) return torch::Tensor();
       const int64_t n =
           std::min<int64_t>(batch, static_cast<int64_t>(s.ledger_rows.size() - s.ledger_cursor));
-      idx = torch::from_blob(s.ledger_rows.data() + s.ledger_cursor, {n}, torch::kLong);
+      torch::Tensor idx =
+          torch::from_blob(s.ledger_rows.data() + s.ledger_cursor, {n}, torch::kLong);
       s.ledger_cursor += static_cast<size_t>(n);
-    } else {
+      return idx;
+    };
+  } else {
+    next = [&s, batch]() -> torch::Tensor {
       if (s.cursor + batch > s.order.size()) {  // next epoch over the shard
         std::shuffle(s.order.begin(), s.order.end(), s.rng);
         s.cursor = 0;
       }
-      idx = torch::from_blob(s.order.data() + s.cursor, {std::min<int64_t>(batch, s.order.size())},
-                             torch::kLong);
+      torch::Tensor idx = torch::from_blob(
+          s.order.data() + s.cursor, {std::min<int64_t>(batch, s.order.size())}, torch::kLong);
       s.cursor += batch;
+      return idx;
+    };
+  }
+  return RunSteps(s.model, *s.optimizer, s.train_x, s.train_y, steps, s.options.stop, next);
+}
+
+void BuiltinTrainer::SetRound(uint64_t round) {
+  Impl& s = *impl_;
+  if (!s.audited) return;
+  // A fresh local optimizer each round (its state is not replayable) and
+  // a generator seeded from the round.
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+      MakeOptimizer(s.options.config.training(), s.model.trainable);
+  if (optimizer.ok()) s.optimizer = *std::move(optimizer);  // checked at Create
+  torch::manual_seed(RoundSeed(s.options.config.training().seed(), round));
+}
+
+absl::StatusOr<std::string> BuiltinTrainer::Replay(const float* base,
+                                                   absl::Span<const shoal::v1::SampleRange> samples,
+                                                   uint64_t round) {
+  Impl& s = *impl_;
+  if (!s.audited || !s.ledger.has_value()) {
+    return absl::FailedPreconditionError("the run is not audited (RunConfig.trust.audit_rate)");
+  }
+  absl::StatusOr<std::vector<int64_t>> rows = s.ledger->Rows(samples);
+  if (!rows.ok()) return rows.status();
+  if (s.replay == nullptr) {
+    auto replay = std::make_unique<ModelInstance>();
+    RETURN_IF_ERROR(BuildSideInstance(s.options, s.input_shape, replay.get()));
+    if (replay->flat.numel() != s.model.flat.numel()) {
+      return absl::InternalError("the replay instance of the model has another size");
     }
-    torch::Tensor x = s.train_x.index_select(0, idx);
-    torch::Tensor y = s.train_y.index_select(0, idx);
-    s.optimizer->zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(m.forward(x), y);
-    loss.backward();
-    s.optimizer->step();
-    loss_sum += loss.item<double>();
-    ++done;
+    s.replay = std::move(replay);
   }
-  for (MirroredBuffer& b : m.mirrored) {
-    torch::Tensor v = b.tensor.reshape({b.tensor.numel()}).to(torch::kFloat32);
-    std::copy_n(v.data_ptr<float>(), v.numel(), flat + b.offset);
+  ModelInstance& m = *s.replay;
+  std::copy_n(base, m.flat.numel(), m.flat.data_ptr<float>());
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+      MakeOptimizer(s.options.config.training(), m.trainable);
+  if (!optimizer.ok()) return optimizer.status();
+  torch::manual_seed(RoundSeed(s.options.config.training().seed(), round));
+  const int64_t batch = s.options.config.training().batch_size();
+  size_t cursor = 0;
+  RunSteps(m, **optimizer, s.train_x, s.train_y, s.options.config.training().local_steps(),
+           s.options.stop, [&]() -> torch::Tensor {
+             if (cursor >= rows->size()) return torch::Tensor();
+             const int64_t n =
+                 std::min<int64_t>(batch, static_cast<int64_t>(rows->size() - cursor));
+             torch::Tensor idx = torch::from_blob(rows->data() + cursor, {n}, torch::kLong);
+             cursor += static_cast<size_t>(n);
+             return idx;
+           });
+  if (s.options.stop != nullptr && s.options.stop->cancelled()) {
+    return absl::CancelledError("the worker is shutting down");
   }
-  return done == 0 ? 0 : loss_sum / done;
+  return HashParameters(m.flat.data_ptr<float>(), static_cast<uint64_t>(m.flat.numel()));
 }
 
 namespace {
@@ -454,18 +580,7 @@ absl::StatusOr<shoal::v1::Metrics> BuiltinTrainer::EvaluateParams(const float* p
     // initial values from torch's generator: put the generator back, so
     // that training draws what it would have drawn without it.
     auto eval = std::make_unique<ModelInstance>();
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    torch::Tensor saved;
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      saved = generator.get_state();
-    }
-    absl::Status built = BuildInstance(s.options, s.input_shape, eval.get());
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(saved);
-    }
-    RETURN_IF_ERROR(built);
+    RETURN_IF_ERROR(BuildSideInstance(s.options, s.input_shape, eval.get()));
     if (eval->flat.numel() != s.model.flat.numel()) {
       return absl::InternalError("the evaluation instance of the model has another size");
     }
@@ -528,6 +643,26 @@ shoal::v1::ModelLayout LayoutOf(const std::vector<LayerInfo>& layers) {
   }
   layout.set_hash(LayoutHash(layout));
   return layout;
+}
+
+std::string ReplayFingerprint(const std::string& build) {
+  using BlasName = char* (*)();
+  auto blas = reinterpret_cast<BlasName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  // The kernels ATen dispatches to: its ATEN_CPU_CAPABILITY override, else
+  // the best the CPU has (its own rule; the function is not exported).
+  std::string aten;
+  if (const char* env = getenv("ATEN_CPU_CAPABILITY"); env != nullptr && *env != '\0') {
+    aten = env;
+  } else if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    aten = "avx512";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    aten = "avx2";
+  } else {
+    aten = "default";
+  }
+  return absl::StrCat(build.empty() ? "build unknown" : build, "; torch ", TORCH_VERSION, "; aten ",
+                      aten, "; blas ", blas != nullptr ? blas() : "not openblas");
 }
 
 std::string HashParameters(const float* data, uint64_t count) {

@@ -77,8 +77,22 @@ class Trainer {
   // stop is cancelled); returns the mean loss of the steps run.
   virtual double TrainSteps(uint32_t steps) = 0;
   // The synchronous round the next TrainSteps trains (from the model of the
-  // rounds before it); the built-in trainer does not need it.
+  // rounds before it). In an audited run (RunConfig.trust.audit_rate) the
+  // built-in trainer starts each round with a fresh local optimizer and
+  // torch's generator seeded from the run seed and the round, so that
+  // another member can replay it.
   virtual void SetRound(uint64_t round) {}
+  // An audit (docs/SECURITY.md "Audits, scores and bans"): trains
+  // `samples` of `round` from `base` (num_elements() floats) the way
+  // TrainSteps trains an audited round, on a separate instance of the model
+  // (the trained parameters are neither read nor written), and returns the
+  // SHA-256 of the result. FAILED_PRECONDITION in a run without audits;
+  // UNIMPLEMENTED for a trainer that cannot (an external one).
+  virtual absl::StatusOr<std::string> Replay(const float* base,
+                                             absl::Span<const shoal::v1::SampleRange> samples,
+                                             uint64_t round) {
+    return absl::UnimplementedError("this trainer cannot replay another member's round");
+  }
   // The sample ledger (RunConfig.training.sample_ledger, docs/DATA.md): the
   // next TrainSteps trains these samples, a batch per step in order, rather
   // than its shard, and runs fewer steps when they run out. INVALID_ARGUMENT
@@ -119,6 +133,12 @@ class Trainer {
 
 // The layout the worker declares at join (common/model_layout.h), sealed.
 shoal::v1::ModelLayout LayoutOf(const std::vector<LayerInfo>& layers);
+
+// What a replay must share with the training it replays to be bit-identical
+// (JoinRequest.replay_fingerprint): `build` (Shoal's version and commit),
+// Torch's version, the CPU kernels ATen dispatches to, and the BLAS core.
+// The intra-op threads are the run's (RunConfig.trust.audit_threads).
+std::string ReplayFingerprint(const std::string& build);
 
 // SHA-256 (hex) of `count` float32 elements.
 std::string HashParameters(const float* data, uint64_t count);

@@ -55,6 +55,8 @@ const char* ActionName(Action::Kind kind) {
       return "leave";
     case Action::kExit:
       return "exit";
+    case Action::kAudit:
+      return "audit";
   }
   return "?";
 }
@@ -85,6 +87,7 @@ Actions WorkerProtocol::Start() {
   request.set_name(options_.name);
   request.set_zone(options_.zone);
   request.set_outbound_only(options_.outbound_only);
+  request.set_replay_fingerprint(options_.replay_fingerprint);
   request.set_previous_worker_id(worker_id_);
   // A pending round is not claimed: the coordinator may have voided it
   // (Settle learns which from the response).
@@ -193,6 +196,11 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
       exit.status = absl::FailedPreconditionError(
           absl::StrCat("connection failure: ", msg.connection_fail().reason()));
       return {std::move(exit)};
+    }
+    case shoal::v1::CoordinatorMessage::kAuditRequest: {
+      Action audit = Make(Action::kAudit, msg.audit_request().round());
+      audit.audit = msg.audit_request();
+      return {std::move(audit)};
     }
     case shoal::v1::CoordinatorMessage::kLeaveRequested: {
       SHOAL_LOG(ERROR) << "the coordinator asked this worker to leave: "
@@ -329,10 +337,12 @@ bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
   return true;
 }
 
-Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t total_elements) {
+Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t total_elements,
+                                  const std::string& contribution_hash) {
   if (round != round_) return {};
   train_loss_ = train_loss;
   total_elements_ = total_elements;
+  contribution_hash_ = contribution_hash;
   train_seconds_ = absl::ToDoubleSeconds(clock_->Now() - train_started_);
   trained_round_ = round;
   return {ReadyAction(/*resumed=*/false)};
@@ -344,6 +354,9 @@ Action WorkerProtocol::ReadyAction(bool resumed) const {
   a.ready.set_round(round_);
   a.ready.set_train_loss(train_loss_);
   a.ready.set_total_elements(total_elements_);
+  // Work carried across a re-join may have trained other samples than a
+  // new leader's ledger names: it is not offered for audit.
+  if (!resumed) a.ready.set_contribution_hash(contribution_hash_);
   a.resumed = resumed;
   return a;
 }

@@ -129,6 +129,10 @@ struct Action {
     kLeave,
     // Stop: the run is over for this worker with `status`.
     kExit,
+    // Replay another participant's round (`audit`) and ReportAudit the
+    // hash (services/worker/audit_replay.h). Nothing of this worker's own
+    // state changes.
+    kAudit,
   };
   Kind kind;
   uint64_t round = 0;
@@ -148,6 +152,7 @@ struct Action {
   shoal::v1::ReportReadyRequest ready;      // kReportReady
   shoal::v1::ReportRoundDoneRequest done;   // kReportDone (metrics added by the worker)
   shoal::v1::JoinRequest join;              // kJoin
+  shoal::v1::AuditRequest audit;            // kAudit
   absl::Status status;                      // kExit
   // kReportReady of work carried across a re-join (not trained again).
   bool resumed = false;
@@ -165,6 +170,8 @@ class WorkerProtocol {
     std::string zone;
     // Sent in JoinRequest.outbound_only.
     bool outbound_only = false;
+    // Sent in JoinRequest.replay_fingerprint.
+    std::string replay_fingerprint;
     const Clock* clock = nullptr;  // the real clock when null
   };
   explicit WorkerProtocol(Options options);
@@ -186,7 +193,10 @@ class WorkerProtocol {
 
   // Results of actions.
   Actions OnCaughtUp(uint64_t round, const std::string& hash, const absl::Status& result);
-  Actions OnTrained(uint64_t round, double train_loss, uint64_t total_elements);
+  // `contribution_hash`: SHA-256 of the contribution as served, in audited
+  // runs (ReportReadyRequest.contribution_hash); empty otherwise.
+  Actions OnTrained(uint64_t round, double train_loss, uint64_t total_elements,
+                    const std::string& contribution_hash = "");
   Actions OnReadyReported(uint64_t round, const absl::Status& result);
   Actions OnExchanged(uint64_t round, uint32_t attempt, const absl::Status& result,
                       const std::string& hash);
@@ -285,6 +295,7 @@ class WorkerProtocol {
   absl::Time train_started_ = absl::InfinitePast();
   absl::Time exchange_started_ = absl::InfinitePast();
   double train_seconds_ = 0;
+  std::string contribution_hash_;  // of the round trained last (audited runs)
   double train_loss_ = 0;
   uint64_t total_elements_ = 0;
   LateWork late_;
