@@ -60,8 +60,11 @@ absl::StatusOr<std::string> BlobTransport::Read(const std::string& address,
   request.set_reader_id(call.self_id);
   const size_t n = range.end - range.begin;
   const BlobLimits limits{codec_->MaxEncodedBytes(n), codec_->raw()};
-  return ReadBlobWithRetry(io_.peers, address, request, limits, policy, call.deadline, io_.clock,
-                           stop, &call.counters->retries);
+  absl::StatusOr<std::string> blob =
+      ReadBlobWithRetry(io_.peers, address, request, limits, policy, call.deadline, io_.clock, stop,
+                        &call.counters->retries);
+  if (absl::IsDataLoss(blob.status()) && io_.bad_chunks != nullptr) io_.bad_chunks->Note(address);
+  return blob;
 }
 
 absl::Status BlobTransport::Publish(const GroupStep& step, const float* in, const StepCall& call) {

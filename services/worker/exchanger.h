@@ -49,6 +49,7 @@
 #include "common/run_options.h"
 #include "services/worker/blob_transport.h"
 #include "services/worker/core/averager.h"
+#include "services/worker/core/bad_chunk_log.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/encoded_store.h"
 #include "services/worker/core/model_state.h"
@@ -75,6 +76,9 @@ struct ExchangeOptions {
   // outbound_only): the reduce takes them from here instead of reading
   // them. Null: a plan with such a participant fails FAILED_PRECONDITION.
   PushBox* push_box = nullptr;
+  // Where the peers that sent bad chunks are noted (may be null;
+  // core/bad_chunk_log.h).
+  BadChunkLog* bad_chunks = nullptr;
 };
 
 using ExchangeStats = AveragingStats;

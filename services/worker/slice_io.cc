@@ -50,6 +50,7 @@ absl::Status ReadRawSlice(const SliceIo& io, const std::string& address, shoal::
         return read;
       },
       [&](const absl::Status&, int) { ++*retries; });
+  if (absl::IsDataLoss(s) && io.bad_chunks != nullptr) io.bad_chunks->Note(address);
   if (stop->cancelled()) return absl::AbortedError("round aborted");
   if (absl::IsDeadlineExceeded(s) || (!s.ok() && io.clock->Now() >= deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("exchange of round ", round,

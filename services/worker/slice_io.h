@@ -18,6 +18,7 @@
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/tensor_wire.h"
+#include "services/worker/core/bad_chunk_log.h"
 #include "services/worker/core/push_box.h"
 #include "services/worker/peer_client.h"
 #include "shoal/v1/peer.pb.h"
@@ -32,6 +33,8 @@ struct SliceIo {
   absl::Duration max_backoff = absl::Milliseconds(20);
   // Contributions pushed by participants behind NAT (may be null).
   PushBox* push_box = nullptr;
+  // Where the peers that sent bad chunks are noted (may be null).
+  BadChunkLog* bad_chunks = nullptr;
 };
 
 // Reads [begin, end) of `kind` from `address` (Peer.ReadSlice), resuming

@@ -233,6 +233,7 @@ void Worker::FillHeartbeat(shoal::v1::Heartbeat* hb) {
       hb->set_sent_unix_ms(sent);
     }
   }
+  for (std::string& address : bad_chunks_.Take()) hb->add_bad_chunks_from(std::move(address));
   if (!sync_progress_.syncing.load()) return;
   hb->set_syncing(true);
   hb->set_sync_bytes_done(sync_progress_.bytes_done.load());
@@ -503,6 +504,7 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
     deps.snapshot = memory_->snapshot();
     deps.elements = n;
     deps.exchange = options_.exchange;
+    deps.exchange.bad_chunks = &bad_chunks_;
     absl::StatusOr<std::unique_ptr<Averaging>> made = MakeAverager(config, deps);
     if (!made.ok()) return made.status();
     averaging_ = std::move(*made);

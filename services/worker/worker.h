@@ -184,6 +184,8 @@ class Worker final : private RunnerHost {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Averaging> averaging_;  // synchronous rounds
   SyncProgress sync_progress_;
+  // Peers that sent bad chunks, for the next heartbeat.
+  BadChunkLog bad_chunks_;
   // The mode, from the first join on (its protocol decides).
   std::unique_ptr<Runner> runner_;
 

@@ -66,6 +66,21 @@ TEST_F(AuditTest, HonestRunsFailNoAuditOver200) {
   EXPECT_NE(Logs().find("replayed the work of"), std::string::npos);
 }
 
+// Audits compose with the encoded exchange and the outer optimizer: the
+// contribution hash is of the trained model, before any encoding, and the
+// replay starts from the global model every worker holds.
+TEST_F(AuditTest, Int8WithNesterovReplaysAgreeAndHashesAgree) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=3", "--local_steps=5", "--audit_rate=1", "--codec=int8",
+       "--outer_optimizer=nesterov", "--outer_lr=0.7", "--outer_momentum=0.9", "--eval_every=5",
+       "--round_timeout=120s", "--adaptive_deadline=false", "--heartbeat_lease=20s"});
+  for (int i = 0; i < 3; ++i) StartWorker(addr);
+  const v1::RunStatus s = ExpectRoundsGoOn(0, 10, 3, absl::Minutes(10));
+  EXPECT_GE(s.audits_performed(), 20u) << Logs();
+  EXPECT_EQ(s.audits_failed(), 0u) << Logs();
+  EXPECT_EQ(s.bans_size(), 0);
+}
+
 TEST_F(AuditTest, ShuffledLabelsAreCaughtBannedAndRefused) {
   const std::string shuffled = dir_.path() + "/shuffled";
   WriteShuffledLabels(shuffled);

@@ -506,9 +506,15 @@ TEST(ExchangerFailureTest, CorruptChunkFailsWithDataLoss) {
       return absl::OkStatus();
     };
     FakePeerClient client(ByAddress(h.workers), faults);
-    absl::Status s = h.Run(&client);
+    BadChunkLog bad;
+    ExchangeOptions options = TestOptions();
+    options.bad_chunks = &bad;
+    absl::Status s = h.Run(&client, nullptr, options);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_EQ(corrupted.load(), 1) << "bad data must not be retried";
+    // The sender is noted for the next heartbeat (docs/SECURITY.md).
+    EXPECT_EQ(bad.Take(), std::vector<std::string>{"10.0.0.2:7000"});
+    EXPECT_TRUE(bad.Take().empty());
   }
 }
 

@@ -266,6 +266,26 @@ TEST(ScoreTest, AFailedAuditBansAndSlowRoundsAreEarnedBack) {
   EXPECT_EQ(t.Record("w1", TrustEvent::kAuditFailed, "by w3"), "");
 }
 
+TEST(ScoreTest, BadChunksCountOnlyWhenTwoMembersReportThemInARound) {
+  RoundTrust t(Config(0, /*ban_below=*/0.5), "secret");
+  t.StartRound(4);
+  std::string reporters;
+  EXPECT_FALSE(t.OnBadChunks("w1", "w3", &reporters));
+  EXPECT_FALSE(t.OnBadChunks("w1", "w3", &reporters));  // the same reporter again
+  EXPECT_FALSE(t.OnBadChunks("w3", "w3", &reporters));  // itself
+  EXPECT_TRUE(t.OnBadChunks("w2", "w3", &reporters));
+  EXPECT_EQ(reporters, "w1, w2");
+  EXPECT_FALSE(t.OnBadChunks("w4", "w3", &reporters));  // counted once a round
+  // A new round starts counting again.
+  t.StartRound(5);
+  EXPECT_FALSE(t.OnBadChunks("w2", "w3", &reporters));
+  EXPECT_TRUE(t.OnBadChunks("w1", "w3", &reporters));
+  EXPECT_EQ(t.Record("w3", TrustEvent::kBadChunks, "to " + reporters), "");
+  const std::string ban = t.Record("w3", TrustEvent::kBadChunks, "to " + reporters);
+  EXPECT_EQ(ban, "");  // 0.5 is not below 0.5
+  EXPECT_NE(t.Record("w3", TrustEvent::kBadChunks, "to " + reporters), "");
+}
+
 TEST(ScoreTest, NoBanLineNoBan) {
   RoundTrust t(Config(0, /*ban_below=*/0), "secret");
   EXPECT_EQ(t.Record("w1", TrustEvent::kAuditFailed, ""), "");

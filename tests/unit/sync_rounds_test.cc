@@ -541,6 +541,34 @@ TEST(SyncRoundsTest, AJoinerOfTheRunningRoundGetsItsOwnSamples) {
   EXPECT_TRUE(h.rounds_.ConsistentForTesting());
 }
 
+TEST(SyncRoundsTest, BadChunksReportedByTwoMembersLowerTheSendersScore) {
+  EngineOptions o = Options(3);
+  o.config.mutable_trust()->set_ban_below(0.8);
+  o.config.mutable_trust()->set_ban_seconds(600);
+  Harness h(o);
+  const std::vector<std::string> ids = {h.Add(9001), h.Add(9002), h.Add(9003)};
+  Directives out;
+  for (const std::string& id : ids) ASSERT_TRUE(h.JoinRound(id, 1, &out).ok());
+  v1::Heartbeat hb;
+  hb.add_bad_chunks_from("127.0.0.1:9003");
+  h.rounds_.OnHeartbeat(h.members_.At(ids[0]), hb);
+  v1::WorkerStatus w;
+  h.rounds_.FillWorker(ids[2], &w);
+  EXPECT_DOUBLE_EQ(w.score(), 1.0);  // one reporter alone moves nothing
+  h.rounds_.OnHeartbeat(h.members_.At(ids[1]), hb);
+  w.Clear();
+  h.rounds_.FillWorker(ids[2], &w);
+  EXPECT_DOUBLE_EQ(w.score(), 0.75);
+  ASSERT_EQ(w.score_reasons_size(), 1);
+  EXPECT_THAT(w.score_reasons(0), HasSubstr("bad chunks to w1, w2"));
+  // Below 0.8: banned, and evicted at the next tick.
+  out.clear();
+  h.rounds_.Tick(h.clock_.Now(), &out);
+  EXPECT_THAT(To(out, CoordinatorMessage::kLeaveRequested), ElementsAre(ids[2]));
+  EXPECT_FALSE(h.members_.Contains(ids[2]));
+  EXPECT_TRUE(h.rounds_.ConsistentForTesting());
+}
+
 namespace audits {
 
 // Audits by replay (core/round_trust.h): the plan waits for the round's

@@ -49,6 +49,8 @@ double ScoreChange(TrustEvent event) {
       return -0.1;
     case TrustEvent::kRoundCompleted:
       return 0.01;
+    case TrustEvent::kBadChunks:
+      return -0.25;
   }
   return 0;
 }
@@ -67,6 +69,8 @@ const char* TrustEventName(TrustEvent event) {
       return "evicted";
     case TrustEvent::kRoundCompleted:
       return "completed round";
+    case TrustEvent::kBadChunks:
+      return "bad chunks";
   }
   return "?";
 }
@@ -124,6 +128,7 @@ void RoundTrust::StartRound(uint64_t round) {
   dropped_ += out_.size();
   out_.clear();
   assigned_ = false;
+  bad_chunks_.clear();
 }
 
 void RoundTrust::OnReady(const std::string& worker_id, const shoal::v1::ReportReadyRequest& request,
@@ -343,6 +348,19 @@ void RoundTrust::Ban(const std::string& worker_id, const std::string& name,
   b.set_reason(reason);
   b.set_until_unix_seconds(absl::ToUnixSeconds(now) + std::max<int64_t>(1, config_.ban_seconds()));
   bans_.push_back(std::move(b));
+}
+
+bool RoundTrust::OnBadChunks(const std::string& reporter, const std::string& accused,
+                             std::string* reporters) {
+  if (reporter == accused) return false;
+  std::vector<std::string>& by = bad_chunks_[accused];
+  if (std::find(by.begin(), by.end(), reporter) != by.end()) return false;
+  by.push_back(reporter);
+  if (reporters != nullptr) {
+    *reporters = "";
+    for (const std::string& r : by) absl::StrAppend(reporters, reporters->empty() ? "" : ", ", r);
+  }
+  return by.size() == 2;
 }
 
 void RoundTrust::FillStatus(shoal::v1::RunStatus* s, absl::Time now) const {

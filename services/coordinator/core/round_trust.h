@@ -28,7 +28,8 @@
 //    something). With no second candidate the first auditor's word decides.
 //    Auditors never learn the hash they should find.
 //  - Scores start at 1 and never exceed it: a failed audit -1, a passed
-//    one +0.02, a hash-vote minority -0.25, an eviction -0.1, a missed ready
+//    one +0.02, a hash-vote minority -0.25, bad chunks reported by two
+//    members in one round -0.25, an eviction -0.1, a missed ready
 //    deadline -0.02, a completed round +0.01 (so that an honest member that
 //    was slow once earns it back). Below trust.ban_below the member is
 //    banned for trust.ban_seconds:
@@ -62,6 +63,7 @@ enum class TrustEvent {
   kMissedDeadline,
   kEvicted,
   kRoundCompleted,
+  kBadChunks,
 };
 double ScoreChange(TrustEvent event);
 const char* TrustEventName(TrustEvent event);
@@ -139,6 +141,11 @@ class RoundTrust {
   std::string Record(const std::string& worker_id, TrustEvent event, const std::string& detail);
   void Ban(const std::string& worker_id, const std::string& name, const std::string& reason,
            absl::Time now);
+  // `reporter` got a bad chunk from `accused` (Heartbeat.bad_chunks_from).
+  // True when a second member reports the same one in this round: only
+  // then does it count (one member alone could lie about a peer). The
+  // names of the reporters so far go to `reporters`.
+  bool OnBadChunks(const std::string& reporter, const std::string& accused, std::string* reporters);
 
   void FillStatus(shoal::v1::RunStatus* s, absl::Time now) const;
   void FillWorker(const std::string& worker_id, shoal::v1::WorkerStatus* w) const;
@@ -185,6 +192,8 @@ class RoundTrust {
   bool assigned_ = false;
   uint64_t next_audit_id_ = 1;
   std::map<uint64_t, Out> out_;
+  // This round's bad-chunk reports: accused -> reporters.
+  std::map<std::string, std::vector<std::string>> bad_chunks_;
   uint64_t performed_ = 0;
   uint64_t failed_ = 0;
   uint64_t dropped_ = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -601,6 +602,27 @@ absl::Status SyncRounds::ReportAudit(Member& m, const shoal::v1::ReportAuditRequ
   return absl::OkStatus();
 }
 
+bool SyncRounds::OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat) {
+  for (const std::string& address : heartbeat.bad_chunks_from()) {
+    for (const std::string& accused : members_->AtAddress(address, &m)) {
+      std::string reporters;
+      if (!trust_.OnBadChunks(m.id, accused, &reporters)) continue;
+      SHOAL_LOG(WARNING) << "round " << round_ << ": " << accused << " sent bad chunks to "
+                         << reporters;
+      const std::string ban =
+          trust_.Record(accused, TrustEvent::kBadChunks, absl::StrCat("to ", reporters));
+      versions_->MarkStatusChanged();
+      if (ban.empty()) continue;
+      const Member* banned = members_->Find(accused);
+      trust_.Ban(accused, banned == nullptr ? "" : banned->name, ban, clock_->Now());
+      versions_->MarkRecordChanged();
+      SHOAL_LOG(WARNING) << "worker " << accused << " banned: " << ban;
+      bans_due_.push_back({accused, absl::StrCat("banned: ", ban)});
+    }
+  }
+  return true;
+}
+
 void SyncRounds::Penalize(const std::string& worker_id, TrustEvent event, const std::string& detail,
                           Directives* out, bool evicting) {
   const std::string ban = trust_.Record(worker_id, event, detail);
@@ -1125,6 +1147,13 @@ void SyncRounds::AssignCheckpoint(uint64_t round, bool first, Directives* out) {
 // --------------------------------------------------------------- Deadlines
 
 void SyncRounds::Tick(absl::Time now, Directives* out) {
+  for (const auto& [id, reason] : std::exchange(bans_due_, {})) {
+    if (!members_->Contains(id)) continue;
+    CoordinatorMessage msg;
+    msg.mutable_leave_requested()->set_reason(reason);
+    out->push_back({id, Share(std::move(msg))});
+    RemoveMember(id, MemberState::kEvicted, reason, out);
+  }
   if (const uint64_t stalled = checkpoints_->StalledUpload(now); stalled > 0) {
     AssignCheckpoint(stalled, /*first=*/false, out);
   }

@@ -66,7 +66,9 @@ class SyncRounds : public RunMode {
   void OnJoined(Member& m, const shoal::v1::JoinRequest& request) override;
   void FillJoinResponse(const Member& m, shoal::v1::JoinResponse* r) const override;
   void OnConnected(Member& m) override;
-  bool OnHeartbeat(Member&, const shoal::v1::Heartbeat&) override { return true; }
+  // Bad-chunk reports (Heartbeat.bad_chunks_from) move scores; a ban they
+  // lead to is carried out at the next Tick.
+  bool OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat) override;
   bool Forget(const std::string& worker_id) override;
   void RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
                     Directives* out) override;
@@ -270,6 +272,9 @@ class SyncRounds : public RunMode {
   std::optional<SampleLedger> ledger_;
   // Audits, scores and bans (RunConfig.trust).
   RoundTrust trust_;
+  // Members banned where no directive could be sent (a heartbeat): evicted
+  // at the next Tick.
+  std::vector<std::pair<std::string, std::string>> bans_due_;  // id, reason
   // No round completed since this coordinator started (restart window).
   bool fresh_start_ = true;
   // Participants of round_ (in join order) while TRAINING / SHARING, and the
