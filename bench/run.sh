@@ -305,12 +305,12 @@ case "$NAME" in
     build
     start=$(date +%s)
     failed=()
-    for n in micro stream exchange latejoin coordinator demo audit; do
+    for n in micro stream exchange latejoin coordinator demo; do
       "run_$n" || failed+=("$n")
     done
     echo
     echo "bench all: $(( $(date +%s) - start )) s, load average $(cut -d' ' -f1-3 /proc/loadavg), outputs in $OUT"
-    for n in micro stream exchange latejoin coordinator demo audit; do
+    for n in micro stream exchange latejoin coordinator demo; do
       if [[ -s "$OUT/$n.txt" ]]; then tail -n 1 "$OUT/$n.txt"; fi
     done
     if [[ ${#failed[@]} -gt 0 ]]; then

@@ -44,20 +44,10 @@ CHEAT_RATE=0.2
 ROOT="$OUT/audit"
 mkdir -p "$ROOT"
 
-PIDS=()
 ADDR=""
 WEB=""
-stop_all() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap stop_all EXIT
+# PIDS, stop_all (by PID, also at exit).
+source "$(dirname "${BASH_SOURCE[0]}")/../common/procs.sh"
 trap 'exit 130' INT TERM
 
 # wait_for_line FILE REGEX SECONDS: prints the first match of REGEX in FILE

@@ -17,18 +17,8 @@ CODECS=${COMPRESS_CODECS:-"fp32 fp16 bf16 int8 topk:0.01 randomk:0.01 sparse:0.0
 OUTER=${COMPRESS_OUTER:-none}
 mkdir -p "$OUT/compress"
 
-PIDS=()
-stop_all() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap stop_all EXIT
+# PIDS, stop_all (by PID, also at exit).
+source "$(dirname "${BASH_SOURCE[0]}")/../common/procs.sh"
 
 run_one() {
   local codec=$1 dir="$OUT/compress/${1//:/_}"

@@ -29,18 +29,8 @@ BATCH=64
 ARMS=${QUALITY_ARMS:-"one/none one/nesterov iid/none iid/nesterov skew/none skew/nesterov"}
 mkdir -p "$OUT/quality"
 
-PIDS=()
-stop_all() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap stop_all EXIT
+# PIDS, stop_all (by PID, also at exit).
+source "$(dirname "${BASH_SOURCE[0]}")/../common/procs.sh"
 
 # run_one ARM: ARM is DATA/OUTER, DATA one of one (1 process), iid, skew.
 run_one() {

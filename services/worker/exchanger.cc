@@ -77,12 +77,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   *stats = AveragingStats();
   absl::Status result;
   if (flat && !changes_) {
-    SliceIo io{peers_,
-               clock_,
-               options_.initial_backoff,
-               options_.max_backoff,
-               options_.push_box,
-               options_.bad_chunks};
+    const SliceIo io = Io();
     MemoryTransport transport(io, state_, codec_);
     AggregationSpec applied = options_.aggregation;
     result = RunAverageStep(steps->front(), params, params, options_.aggregation, &transport, call,
@@ -98,6 +93,15 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   stats->reduce_bytes = counters.reduce_bytes.load();
   stats->reduce_seconds = counters.reduce_seconds;
   return result;
+}
+
+SliceIo Exchanger::Io() const {
+  return SliceIo{peers_,
+                 clock_,
+                 options_.initial_backoff,
+                 options_.max_backoff,
+                 options_.push_box,
+                 options_.bad_chunks};
 }
 
 absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
@@ -125,12 +129,7 @@ absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const 
     for (uint64_t i = 0; i < total; ++i) change[i] = params[i] - parts_.base[i];
     buf = change.data();
   }
-  SliceIo io{peers_,
-             clock_,
-             options_.initial_backoff,
-             options_.max_backoff,
-             options_.push_box,
-             options_.bad_chunks};
+  const SliceIo io = Io();
   // How this worker holds `buf` (the pieces a broadcast forwards).
   std::vector<HeldPiece> held;
   uint32_t stages = 0;

@@ -119,6 +119,9 @@ class Exchanger final : public Averager {
 
  private:
   // Every round but a flat one of fp32 models: the steps over blobs.
+  // How the steps read and push: the peers, the backoffs, the push box and
+  // where bad chunks are noted.
+  SliceIo Io() const;
   absl::Status AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
                             float* params, CancellationToken* cancel, AveragingStats* stats);
   // Logs the rule an owner applied when it changes (a trimmed mean falling
