@@ -36,6 +36,7 @@
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "services/coordinator/core/join_limiter.h"
 #include "services/coordinator/core/round_engine.h"
+#include "services/coordinator/core/round_trust.h"
 #include "services/coordinator/core/run_record.h"
 #include "services/worker/core/codec.h"
 #include "services/worker/core/dataset.h"
@@ -1231,6 +1232,194 @@ void JoinLimiterTarget(const uint8_t* data, size_t size) {
   }
 }
 
+// ---- audit_report: the coordinator's audits, scores and bans
+// (RoundTrust, docs/SECURITY.md "Audits, scores and bans") driven by what
+// members send: joins with any fingerprint and name, ready reports with any
+// contribution hash, ReportAudit from any member for any audit id with any
+// hash or an error, bad-chunk reports, and the rounds' steps. Input: per
+// step op u8 % 10, then its bytes:
+//   0 join k u8 (k % 6), fingerprint u8 (% 3: "a", "b", none)
+//   1 start the next round
+//   2 ready k, hash u8 (255: none; else one of 4 hashes)
+//   3 assign (every member ready this round is a participant)
+//   4 report: audit u8 (index into the audits handed out), auditor k,
+//     hash u8 (254: an error, 255: the participant's own hash)
+//   5 leave the round k     6 drop what is pending    7 record k, event u8
+//   8 bad chunks from k to j    9 check a join of k (by id, then by name),
+//     then, when the next u8 is odd, again after every ban ended
+// Invariants: an auditor is never its participant and shares its non-empty
+// fingerprint; a report from anyone but the auditor asked is
+// PERMISSION_DENIED and settles nothing; a pass needs the participant's own
+// hash; failed <= performed + second-opinion blames; nothing is pending
+// after a drop; scores never exceed 1; a banned member's joins are refused
+// with PERMISSION_DENIED until the ban ends.
+void AuditReportTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  shoal::v1::TrustConfig config;
+  config.set_audit_rate(1);
+  config.set_ban_below(0.5);
+  config.set_ban_seconds(60);
+  coordinator::RoundTrust trust(config, "fuzz");
+  static const std::string kHashes[4] = {std::string(64, 'a'), std::string(64, 'b'),
+                                         std::string(64, 'c'), std::string(64, 'd')};
+  static const char* kFingerprints[3] = {"a", "b", ""};
+  auto id = [](int k) { return absl::StrCat("w", k); };
+  std::map<std::string, std::string> fingerprint, hash;
+  std::set<std::string> ready, banned;
+  struct Out {
+    std::string participant, auditor;
+  };
+  std::map<uint64_t, Out> out;
+  std::vector<uint64_t> handed;
+  const absl::Time now = absl::FromUnixSeconds(1000000);
+  uint64_t round = 0;
+  int steps = 0;
+  auto note = [&](const coordinator::RoundTrust::Assignment& a) {
+    FUZZ_CHECK(a.auditor != a.request.participant());
+    FUZZ_CHECK(!fingerprint[a.auditor].empty());
+    FUZZ_CHECK(fingerprint[a.auditor] == fingerprint[a.request.participant()]);
+    FUZZ_CHECK(ready.count(a.auditor) == 1);
+    out[a.request.audit_id()] = {a.request.participant(), a.auditor};
+    handed.push_back(a.request.audit_id());
+  };
+  while (in.left() > 0 && ++steps <= 2000) {
+    switch (in.U8() % 10) {
+      case 0: {
+        const std::string k = id(in.U8() % 6);
+        shoal::v1::JoinRequest j;
+        j.set_name("name-" + k);
+        j.set_replay_fingerprint(kFingerprints[in.U8() % 3]);
+        fingerprint[k] = j.replay_fingerprint();
+        trust.OnJoined(k, j);
+        break;
+      }
+      case 1:
+        trust.StartRound(++round);
+        ready.clear();
+        hash.clear();
+        out.clear();
+        handed.clear();
+        break;
+      case 2: {
+        const std::string k = id(in.U8() % 6);
+        const uint8_t h = in.U8();
+        if (fingerprint.count(k) == 0) break;  // members only
+        shoal::v1::ReportReadyRequest r;
+        if (h != 255) r.set_contribution_hash(kHashes[h % 4]);
+        trust.OnReady(k, r, {});
+        ready.insert(k);
+        hash[k] = r.contribution_hash();
+        break;
+      }
+      case 3: {
+        const std::vector<std::string> participants(ready.begin(), ready.end());
+        for (const auto& a : trust.Assign(round > 0 ? round - 1 : 0, kHashes[0], participants)) {
+          note(a);
+        }
+        break;
+      }
+      case 4: {
+        const uint8_t which = in.U8();
+        const std::string auditor = id(in.U8() % 6);
+        const uint8_t h = in.U8();
+        const uint64_t audit = handed.empty() ? which : handed[which % handed.size()];
+        shoal::v1::ReportAuditRequest r;
+        r.set_round(round);
+        r.set_audit_id(audit);
+        auto o = out.find(audit);
+        if (h == 254) {
+          r.set_error("cannot replay");
+        } else if (h == 255 && o != out.end()) {
+          r.set_replay_hash(hash[o->second.participant]);
+        } else {
+          r.set_replay_hash(kHashes[h % 4]);
+        }
+        const uint64_t failed_before = trust.audits_failed();
+        absl::StatusOr<coordinator::RoundTrust::Verdict> v = trust.OnReport(auditor, r);
+        if (o == out.end()) {
+          FUZZ_CHECK(absl::IsNotFound(v.status()));
+          break;
+        }
+        if (o->second.auditor != auditor) {
+          FUZZ_CHECK(absl::IsPermissionDenied(v.status()));
+          FUZZ_CHECK(trust.audits_failed() == failed_before);
+          break;
+        }
+        FUZZ_CHECK(v.ok());
+        using Kind = coordinator::RoundTrust::Verdict::Kind;
+        if (v->kind == Kind::kPassed) {
+          FUZZ_CHECK(!hash[o->second.participant].empty());
+          FUZZ_CHECK(r.replay_hash() == hash[o->second.participant]);
+        }
+        if (v->kind == Kind::kSecondOpinion) {
+          FUZZ_CHECK(v->second.auditor != auditor);
+          note(v->second);
+        }
+        out.erase(audit);
+        break;
+      }
+      case 5: {
+        const std::string k = id(in.U8() % 6);
+        trust.LeaveRound(k);
+        ready.erase(k);
+        for (auto it = out.begin(); it != out.end();) {
+          it = it->second.participant == k || it->second.auditor == k ? out.erase(it)
+                                                                      : std::next(it);
+        }
+        break;
+      }
+      case 6:
+        trust.DropPending("deadline");
+        out.clear();
+        FUZZ_CHECK(!trust.Pending());
+        break;
+      case 7: {
+        const std::string k = id(in.U8() % 6);
+        const auto event = static_cast<coordinator::TrustEvent>(in.U8() % 7);
+        const std::string ban = trust.Record(k, event, "");
+        if (!ban.empty()) {
+          trust.Ban(k, "name-" + k, ban, now);
+          banned.insert(k);
+        }
+        break;
+      }
+      case 8: {
+        const std::string k = id(in.U8() % 6);
+        const std::string j = id(in.U8() % 6);
+        std::string reporters;
+        trust.OnBadChunks(k, j, &reporters);
+        break;
+      }
+      case 9: {
+        const std::string k = id(in.U8() % 6);
+        shoal::v1::JoinRequest by_id;
+        by_id.set_previous_worker_id(k);
+        shoal::v1::JoinRequest by_name;
+        by_name.set_name("name-" + k);
+        for (const auto* j : {&by_id, &by_name}) {
+          const absl::Status s = trust.CheckJoin(*j, now);
+          FUZZ_CHECK(s.ok() == (banned.count(k) == 0));
+          if (!s.ok()) FUZZ_CHECK(absl::IsPermissionDenied(s));
+        }
+        if (in.U8() & 1) {
+          // ban_seconds later every ban (all made at `now`) is over.
+          for (const auto* j : {&by_id, &by_name}) {
+            FUZZ_CHECK(trust.CheckJoin(*j, now + absl::Seconds(61)).ok());
+          }
+          banned.clear();
+        }
+        break;
+      }
+    }
+    FUZZ_CHECK(trust.Pending() == !out.empty());
+    for (int k = 0; k < 6; ++k) {
+      shoal::v1::WorkerStatus w;
+      trust.FillWorker(id(k), &w);
+      FUZZ_CHECK(w.score() <= 1.0);
+    }
+  }
+}
+
 // ---- read_encoded_request: a Peer.ReadEncoded request as the peer service
 // answers it from its EncodedStore (Find) and cuts the piece
 // (ServeEncodedPiece), against a store driven through a fuzzed sequence of
@@ -1396,6 +1585,7 @@ const std::vector<Target>& Targets() {
       {"read_slice_rule", ReadSliceRuleTarget},
       {"join_limiter", JoinLimiterTarget},
       {"read_encoded_request", ReadEncodedRequestTarget},
+      {"audit_report", AuditReportTarget},
   };
   return targets;
 }

@@ -400,6 +400,26 @@ def read_encoded_request_seeds():
     # until its deadline for something that never comes.
     crash(t, 'unknown-kind', begin_round(1) + req(1, 0, 0, 5, 0, 10))
 
+# audit_report: ops (tests/fuzz/fuzz_targets.cc): 0 join k fp; 1 next round;
+# 2 ready k hash (255 none); 3 assign; 4 report audit auditor hash (254 an
+# error, 255 the participant's own); 5 leave k; 6 drop pending; 7 record k
+# event; 8 bad chunks k j; 9 check joins of k, then (odd u8) after the bans.
+def audit_report_seeds():
+    t = 'audit_report'
+    joins = bytes([0, 0, 0, 0, 1, 0, 0, 2, 0])
+    ready = bytes([2, 0, 0, 2, 1, 1, 2, 2, 2])
+    put(t, 'honest-round', joins + bytes([1]) + ready + bytes([3]) +
+        bytes([4, 0, 1, 255, 4, 1, 2, 255, 4, 2, 0, 255]))
+    put(t, 'cheater-confirmed', joins + bytes([1]) + ready + bytes([3]) +
+        bytes([4, 0, 1, 3, 4, 3, 2, 3, 9, 0, 0, 9, 1, 0]))
+    put(t, 'wrong-auditor', joins + bytes([1]) + ready + bytes([3]) +
+        bytes([4, 0, 5, 255, 4, 0, 4, 255, 4, 0, 1, 254]))
+    put(t, 'fingerprints-differ', bytes([0, 0, 0, 0, 1, 1, 0, 2, 2, 1]) + ready + bytes([3]))
+    put(t, 'leave-and-drop', joins + bytes([1]) + ready + bytes([3, 5, 1, 6, 4, 0, 0, 0]))
+    put(t, 'scores-and-bans', joins + bytes([7, 0, 1, 9, 0, 0, 7, 1, 3, 7, 1, 3, 7, 1, 3, 9, 1, 0,
+                                             8, 0, 2, 8, 1, 2, 7, 2, 6, 9, 2, 0, 9, 0, 1,
+                                             9, 0, 0]))
+
 if __name__ == "__main__":
     encoded_slice_seeds()
     encoded_pieces_seeds()
@@ -413,3 +433,4 @@ if __name__ == "__main__":
     read_slice_rule_seeds()
     join_limiter_seeds()
     read_encoded_request_seeds()
+    audit_report_seeds()

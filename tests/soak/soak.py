@@ -11,6 +11,9 @@ One run for --minutes with everything on:
     --hierarchy=on and --relay=on, and a worker behind NAT (site A's router
     namespace masquerades; nobody can connect to it);
   - --codec=int8 --outer_optimizer=nesterov;
+  - audits by replay (--audit_rate, 0.1 by default; which turns the sample
+    ledger on): a failed audit is an ERROR nothing explains, so an honest
+    soak must never have one;
   - checkpoints to a shoal-checkpoint store every --checkpoint_every rounds.
 
 Faults, drawn from --seed (one at a time, a quiet gap between them):
@@ -296,6 +299,7 @@ class Soak:
                 "--codec=int8", "--outer_optimizer=nesterov", "--hierarchy=on", "--relay=on",
                 f"--checkpoint_store={COORD_IP}:{STORE_PORT}",
                 f"--checkpoint_every={a.checkpoint_every}",
+                f"--audit_rate={a.audit_rate}",
                 f"--upload_key_file={self.work}/upload.token", self.token] + self.tls
 
     def start_coordinator(self, i):
@@ -1216,6 +1220,8 @@ def main():
     ap.add_argument("--max_workers", type=int, default=9)
     ap.add_argument("--local_steps", type=int, default=20)
     ap.add_argument("--checkpoint_every", type=int, default=5)
+    ap.add_argument("--audit_rate", type=float, default=0.1,
+                    help="audits by replay (0 = off); honest workers never fail one")
     ap.add_argument("--retain", type=int, default=20,
                     help="the store keeps this many checkpoints (rounds take seconds: without a "
                          "limit hours of checkpoints fill the disk)")
