@@ -44,8 +44,15 @@ class StatusMetrics {
                                    "round.")),
         test_accuracy_(Metrics::Gauge("shoal_run_test_accuracy",
                                       "Test accuracy (0..1) of the averaged model, latest known.")),
-        checkpoint_round_(Metrics::Gauge("shoal_checkpoint_round",
-                                         "Round of the latest checkpoint (0 = none).")) {
+        checkpoint_round_(
+            Metrics::Gauge("shoal_checkpoint_round", "Round of the latest checkpoint (0 = none).")),
+        bans_(Metrics::Gauge("shoal_bans", "Members banned from the run now (--ban_below).")) {
+    // Audits by replay (--audit_rate), by result.
+    for (const char* result : {"performed", "failed", "dropped"}) {
+      audits_.push_back(Metrics::Counter("shoal_audits_total",
+                                         "Audits by replay, by result (docs/SECURITY.md).",
+                                         {{"result", result}}));
+    }
     for (int p = shoal::v1::Phase_MIN; p <= shoal::v1::Phase_MAX; ++p) {
       if (!shoal::v1::Phase_IsValid(p) || p == shoal::v1::PHASE_UNSPECIFIED) continue;
       phases_.push_back(
@@ -70,6 +77,15 @@ class StatusMetrics {
     for (const auto& w : s.workers()) {
       if (w.state() == "evicted" && evicted_.insert(w.id()).second) evictions_.Add();
     }
+    bans_.Set(s.bans_size());
+    const uint64_t audits[3] = {s.audits_performed(), s.audits_failed(), s.audits_dropped()};
+    for (size_t i = 0; i < 3; ++i) {
+      // A new leader counts from 0 again: its counts add from there.
+      if (audits[i] < audits_seen_[i]) audits_seen_[i] = 0;
+      if (audits[i] > audits_seen_[i])
+        audits_[i].Add(static_cast<double>(audits[i] - audits_seen_[i]));
+      audits_seen_[i] = audits[i];
+    }
     for (const auto& r : s.recent_rounds()) {
       if (r.round() <= last_round_seen_) continue;
       last_round_seen_ = r.round();
@@ -84,7 +100,9 @@ class StatusMetrics {
   MetricGauge round_, last_completed_, members_, participants_, queued_;
   MetricCounter evictions_, rounds_;
   MetricHistogram round_seconds_;
-  MetricGauge train_loss_, test_accuracy_, checkpoint_round_;
+  MetricGauge train_loss_, test_accuracy_, checkpoint_round_, bans_;
+  std::vector<MetricCounter> audits_;
+  uint64_t audits_seen_[3] = {0, 0, 0};
   std::vector<MetricGauge> phases_;
   std::vector<int> phase_values_;
   uint64_t version_ = 0;

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "tests/e2e/cluster_fixture.h"
+#include "tests/support/http_get.h"
 
 namespace shoal {
 namespace {
@@ -84,10 +86,10 @@ TEST_F(AuditTest, Int8WithNesterovReplaysAgreeAndHashesAgree) {
 TEST_F(AuditTest, ShuffledLabelsAreCaughtBannedAndRefused) {
   const std::string shuffled = dir_.path() + "/shuffled";
   WriteShuffledLabels(shuffled);
-  const std::string addr =
-      StartCoordinator({"--min_participants=3", "--local_steps=10", "--audit_rate=0.2",
-                        "--audit_seed=e2e-audits", "--eval_every=1", "--round_timeout=120s",
-                        "--adaptive_deadline=false", "--heartbeat_lease=20s", "--rounds=40"});
+  const std::string addr = StartCoordinator(
+      {"--min_participants=3", "--local_steps=10", "--audit_rate=0.2", "--audit_seed=e2e-audits",
+       "--eval_every=1", "--round_timeout=120s", "--adaptive_deadline=false",
+       "--heartbeat_lease=20s", "--rounds=40", "--metrics_listen=127.0.0.1:0"});
   for (int i = 0; i < 3; ++i) StartWorker(addr);
   Process* cheater = StartWorker(addr, {"--data_dir=" + shuffled, "--name=cheater"});
 
@@ -117,6 +119,18 @@ TEST_F(AuditTest, ShuffledLabelsAreCaughtBannedAndRefused) {
       << table;
   const std::string doctor = Run(BinDir() + "/shoalctl doctor --coordinator=" + addr, &code);
   EXPECT_NE(doctor.find("banned from the run"), std::string::npos) << doctor;
+
+  // Prometheus: the ban and the failed audit (docs/OPERATIONS.md alerts).
+  static const std::regex kMetrics("metrics on [0-9.]+:([0-9]+)");
+  std::smatch m;
+  const std::string coordinator_log = coordinator_->Log();
+  ASSERT_TRUE(std::regex_search(coordinator_log, m, kMetrics)) << coordinator_log;
+  const std::string metrics = testing::HttpGet(std::stoi(m[1]), "/metrics");
+  EXPECT_NE(metrics.find("shoal_bans 1"), std::string::npos) << metrics;
+  static const std::regex kFailed(
+      "shoal_audits_total\\{[^}]*result=\"failed\"[^}]*\\} ([0-9.e+]+)");
+  ASSERT_TRUE(std::regex_search(metrics, m, kFailed)) << metrics;
+  EXPECT_GE(std::stod(m[1]), 1.0) << metrics;
 
   // Coming back under its name is refused with the reason.
   Process* again = StartWorker(addr, {"--data_dir=" + shuffled, "--name=cheater"});
