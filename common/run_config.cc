@@ -261,6 +261,16 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
       {gossip && !no_outer,
        "exchange.outer_optimizer (--outer_optimizer) steps from a round's agreed base; gossip "
        "(--mode=gossip) has no rounds and no agreed base: use none"},
+      {gossip && x.overlap(),
+       "exchange.overlap (--overlap=on) overlaps a round's training with the last round's "
+       "averaging; gossip (--mode=gossip) has no rounds"},
+      {x.overlap() && t.sample_ledger(),
+       "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names its "
+       "samples; training.sample_ledger (--sample_ledger, and --audit_rate, which needs it) "
+       "names them at the round's start"},
+      {x.overlap() && c.model().name() == "module",
+       "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
+       "shoal-worker; a Python training loop (model.name module) trains its own module"},
       {gossip && !mean,
        "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice owners; "
        "gossip (--mode=gossip) has none: use mean"},

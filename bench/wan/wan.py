@@ -24,7 +24,19 @@ A capped arm counts as its cap and the table says so.
 Also one fp32 exchange against the line-rate bound 2(N-1)/N x model bytes /
 20 Mbit/s: per round, the slowest worker's `exchange=` from the worker logs;
 the median over rounds (round 1 excluded: connections are set up then).
-Last line: wan: ... ratio=<shoal-int8 time / ddp time>.
+
+Big-model arms (issue 27, "make the communication matter"): a 21 MB
+TorchScript MLP (bench/hier/wide_mlp.py --hidden=6700: 5,326,510 float32
+parameters), --big_workers workers (no more than cores) with one torch
+thread each, int8 + Nesterov, the links reshaped to 10 Mbit/s, 2 Mbit/s or
+unshaped (the tbf qdiscs replaced or removed), each arm with and without
+--overlap=on: big-{plain,overlap}-{unshaped,10,2}. Per arm: time to
+--big_target, compute utilization (the workers' mean WorkerStatus
+train_share at the end: training seconds / wall seconds over their last
+rounds), bytes received per round.
+Last line: wan: ... ratio=<shoal-int8 time / ddp time> utilization=<the
+overlapped int8 arm at 10 Mbit/s> overlap_ratio_2mbit=<overlap / plain time
+at 2 Mbit/s> slow_link_ratio=<overlap at 10 Mbit/s / overlap unshaped>.
 Processes are stopped by PID, never by name.
 """
 import argparse
@@ -133,6 +145,16 @@ class Net:
             if listener.poll() is None:
                 listener.kill()
                 listener.wait()
+
+    def reshape(self, rate):
+        """Every worker's link (both directions) at `rate` ("10mbit"), or
+        unshaped when None."""
+        for i, ns in enumerate(self.w):
+            for where, dev in ((ns, "eth0"), (self.sw, f"w{i + 1}")):
+                sh("tc", "-n", where, "qdisc", "del", "dev", dev, "root", check=False)
+                if rate is not None:
+                    sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                       "burst", self.burst, "latency", self.latency)
 
     def remove(self):
         # Deleting a namespace deletes its veth ends (and their peers) and the
@@ -266,15 +288,20 @@ def accuracy_of(st):
     return 0.0, 0
 
 
-def run_shoal(args, net, procs, out, name, flags):
+def run_shoal(args, net, procs, out, name, flags, workers=None, local_steps=None, target=None,
+              cap=None, worker_flags=()):
+    workers = workers or args.workers
+    local_steps = local_steps or args.shoal_local_steps
+    target = target or args.target
+    cap = cap or args.cap_seconds
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     clog = os.path.join(d, "coordinator.log")
     coord = procs.spawn(net.c, [
         os.path.join(args.bin, "shoal-coordinator"), f"--listen={COORD_IP}:0",
-        f"--min_participants={args.workers}", f"--local_steps={args.shoal_local_steps}",
+        f"--min_participants={workers}", f"--local_steps={local_steps}",
         f"--batch_size={args.batch_size}", f"--learning_rate={args.lr}", "--eval_every=1",
-        "--round_timeout=120s", "--seed=1"] + args.shoal_flags.split() + flags, clog)
+        "--round_timeout=300s", "--seed=1"] + args.shoal_flags.split() + flags, clog)
     args._coord = None
     for _ in range(300):
         if coord.poll() is not None:
@@ -287,11 +314,12 @@ def run_shoal(args, net, procs, out, name, flags):
     if args._coord is None:
         procs.stop()
         return {"available": False, "why": f"coordinator did not start ({clog})"}
-    for i in range(args.workers):
+    for i in range(workers):
         procs.spawn(net.w[i], [
             os.path.join(args.bin, "shoal-worker"), f"--coordinator={args._coord}",
             f"--listen={net.ip_of(i)}:0", f"--name=w{i + 1}",
-            "--exchange_timeout=300s"], os.path.join(d, f"worker-{i + 1}.log"))
+            "--exchange_timeout=300s"] + list(worker_flags),
+            os.path.join(d, f"worker-{i + 1}.log"))
     res = {"available": True, "capped": False}
     t0, start, last = None, time.time(), None
     while True:
@@ -303,11 +331,11 @@ def run_shoal(args, net, procs, out, name, flags):
                                int(st.get("last_completed_round", 0)) > 0):
                 t0 = now  # every worker joined
             acc, rnd = accuracy_of(st)
-            if t0 is not None and acc >= args.target:
+            if t0 is not None and acc >= target:
                 res.update(seconds=now - t0, accuracy=acc, round=rnd)
                 break
-        if t0 is not None and now - t0 > args.cap_seconds or now - start > args.cap_seconds + 120:
-            res.update(capped=True, seconds=args.cap_seconds)
+        if t0 is not None and now - t0 > cap or now - start > cap + 300:
+            res.update(capped=True, seconds=cap)
             break
         if any(p.poll() is not None for p in procs.procs):
             res.update(available=False, why=f"a process exited early (logs in {d})")
@@ -317,9 +345,28 @@ def run_shoal(args, net, procs, out, name, flags):
         json.dump(last, open(os.path.join(d, "status.json"), "w"), indent=1)
         res.setdefault("accuracy", accuracy_of(last)[0])
         res["rounds"] = int(last.get("last_completed_round", 0))
+        shares = [float(w.get("train_share", 0)) for w in last.get("workers", [])
+                  if float(w.get("train_share", 0)) > 0]
+        if shares:
+            res["utilization"] = statistics.mean(shares)
     procs.stop()
-    res.update(exchange_stats(d, args.workers))
+    res.update(exchange_stats(d, workers))
     return res
+
+
+BIG_RATES = {"unshaped": None, "10": "10mbit", "2": "2mbit"}
+
+
+def run_big(args, net, procs, out, name):
+    """big-{plain,overlap}-{unshaped,10,2}: the 21 MB model (see the module
+    docstring)."""
+    _, kind, rate = name.split("-")
+    net.reshape(BIG_RATES[rate])
+    flags = args.big_flags.split() + (["--overlap=on"] if kind == "overlap" else [])
+    flags.append(f"--model=torchscript:{args._big_model}")
+    return run_shoal(args, net, procs, out, name, flags, workers=args.big_workers,
+                     local_steps=args.big_local_steps, target=args.big_target,
+                     cap=args.big_cap_seconds, worker_flags=["--torch_threads=1"])
 
 
 ROUND = re.compile(r"round (\d+): .* train=([\d.]+)s exchange=([\d.]+)s .* wire_in=(\d+)")
@@ -361,7 +408,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--shoal_local_steps", type=int, default=250)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
-    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp")
+    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp,big-overlap-unshaped,"
+                    "big-plain-10,big-overlap-10,big-plain-2,big-overlap-2")
     ap.add_argument("--sysctl", action="append", default=[],
                     help="KEY=VALUE set in every namespace (e.g. "
                          "net.ipv4.tcp_slow_start_after_idle=0); repeatable")
@@ -375,6 +423,15 @@ def main():
     ap.add_argument("--int8_flags",
                     default="--codec=int8 --outer_optimizer=nesterov --outer_lr=1.0")
     ap.add_argument("--poll", type=float, default=0.5)
+    ap.add_argument("--big_workers", type=int, default=min(2, os.cpu_count() or 1),
+                    help="workers of the big-model arms (no more than cores)")
+    ap.add_argument("--big_hidden", type=int, default=6700,
+                    help="hidden units of the big MLP (6700: 21.3 MB of float32)")
+    ap.add_argument("--big_local_steps", type=int, default=100)
+    ap.add_argument("--big_target", type=float, default=0.84)
+    ap.add_argument("--big_cap_seconds", type=float, default=900)
+    ap.add_argument("--big_flags",
+                    default="--codec=int8 --outer_optimizer=nesterov --outer_lr=1.0")
     # Every worker in every round, like DDP: on a loaded machine the adaptive
     # deadline drops whichever worker the scheduler slowed, and the run then
     # measures the CPU contention instead of the links.
@@ -431,6 +488,12 @@ def main():
                 results[name] = run_ddp(args, net, procs, args.out)
             elif name == "tcp":
                 results[name] = run_tcp(args, net, procs, args.out)
+            elif name.startswith("big-"):
+                if not hasattr(args, "_big_model"):
+                    args._big_model = os.path.join(args.out, "big_mlp.pt")
+                    sh("/usr/bin/python3", os.path.join(HERE, "..", "hier", "wide_mlp.py"),
+                       args._big_model, f"--hidden={args.big_hidden}")
+                results[name] = run_big(args, net, procs, args.out, name)
             else:
                 results[name] = run_shoal(args, net, procs, args.out, name, arms[name])
             log(f"wan: arm {name}: {results[name]} ({time.time() - t:.0f} s)")
@@ -454,25 +517,37 @@ def main():
           f"(10000 test images); sysctls {args.sysctl or 'kernel defaults'}; cap {args.cap_seconds:.0f} s per arm; Shoal local_steps="
           f"{args.shoal_local_steps} {args.shoal_flags}, int8 arm {args.int8_flags}, eval every round (included); DDP eval every "
           f"{args.ddp_eval_every} steps on rank 0 (excluded); {os.cpu_count()} cores")
-    print(f"{'arm':<12} {'time_to_target':>15} {'accuracy':>9} {'rounds/steps':>13} "
-          f"{'exchange_s':>11} {'train_s':>8} {'wire_in_B':>10}  note")
+    print(f"{'arm':<21} {'time_to_target':>15} {'accuracy':>9} {'rounds/steps':>13} "
+          f"{'exchange_s':>11} {'train_s':>8} {'wire_in_B':>10} {'utilization':>12}  note")
     for name in args.arms.split(","):
         r = results[name]
         if name == "tcp":
             continue
         if not r.get("available"):
-            print(f"{name:<12} {'-':>15}  not available: {r.get('why', '')}")
+            print(f"{name:<21} {'-':>15}  not available: {r.get('why', '')}")
             continue
-        note = (f"CAPPED: {args.target} not reached in {args.cap_seconds:.0f} s (counts as the cap)"
-                if r["capped"] else f"reached {args.target}")
+        big = name.startswith("big-")
+        target = args.big_target if big else args.target
+        cap = args.big_cap_seconds if big else args.cap_seconds
+        note = (f"CAPPED: {target} not reached in {cap:.0f} s (counts as the cap)"
+                if r["capped"] else f"reached {target}")
         if name == "ddp":
             note += f"; {r['s_per_step']:.3f} s/step"
         cnt = r.get("steps", r.get("rounds", 0))
         ex = f"{r['exchange_s']:.3f}" if "exchange_s" in r else "-"
         tr = f"{r['train_s']:.2f}" if "train_s" in r else "-"
         wi = f"{r['wire_in']:.0f}" if "wire_in" in r else "-"
-        print(f"{name:<12} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} {cnt:>13} "
-              f"{ex:>11} {tr:>8} {wi:>10}  {note}")
+        ut = f"{r['utilization']:.3f}" if "utilization" in r else "-"
+        print(f"{name:<21} {r['seconds']:>14.1f}s {r.get('accuracy', 0):>9.4f} {cnt:>13} "
+              f"{ex:>11} {tr:>8} {wi:>10} {ut:>12}  {note}")
+    if any(n.startswith("big-") for n in args.arms.split(",")):
+        print(f"big-model arms: {args.big_workers} workers (one torch thread each, "
+              f"{os.cpu_count()} cores), TorchScript MLP 784-{args.big_hidden}-10 "
+              f"({784 * args.big_hidden + args.big_hidden + args.big_hidden * 10 + 10} params, "
+              f"{(784 * args.big_hidden + args.big_hidden + args.big_hidden * 10 + 10) * 4 / 1e6:.1f} MB "
+              f"fp32), local_steps={args.big_local_steps}, {args.big_flags}, target "
+              f"{args.big_target}; utilization = the workers' mean train_share (training / wall "
+              f"time over their last rounds) at the end")
 
     def t(name):
         r = results.get(name)
@@ -505,8 +580,16 @@ def main():
     ddp, int8 = t("ddp"), t("shoal-int8")
     ratio = f"{int8 / ddp:.3f}" if ddp and int8 is not None else "n/a"
     fp32_ratio = f"{t('shoal-fp32') / ddp:.3f}" if ddp and t("shoal-fp32") is not None else "n/a"
+    def big_ratio(a, b):
+        va, vb = t(a), t(b)
+        return f"{va / vb:.3f}" if va is not None and vb else "n/a"
+
+    o10 = results.get("big-overlap-10", {})
+    utilization = f"{o10['utilization']:.3f}" if "utilization" in o10 else "n/a"
     print(f"wan: {fmt('ddp')} {fmt('shoal-fp32')} {fmt('shoal-int8')} fp32_ratio={fp32_ratio} "
-          f"exchange_over_bound={ex_ratio} ratio={ratio}")
+          f"exchange_over_bound={ex_ratio} ratio={ratio} utilization={utilization} "
+          f"overlap_ratio_2mbit={big_ratio('big-overlap-2', 'big-plain-2')} "
+          f"slow_link_ratio={big_ratio('big-overlap-10', 'big-overlap-unshaped')}")
     return 0
 
 

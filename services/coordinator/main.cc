@@ -184,11 +184,17 @@ ABSL_FLAG(std::string, aggregation, "mean",
           "rest; needs 2K + 1 <= --min_participants, and a round left with fewer participants "
           "takes the median) or median. The robust rules bound what a misbehaving member can do "
           "to the model (docs/SECURITY.md); they are unweighted, like the mean.");
+ABSL_FLAG(std::string, overlap, "off",
+          "on: a worker trains round N+1 while round N is exchanged and averaged (on a local "
+          "copy of the model); round N+1's contribution is round N's agreed model plus that "
+          "local progress, so the link's time hides behind compute (docs/OVERLAP.md). "
+          "Synchronous mode with the built-in trainer, without --sample_ledger or audits. off: "
+          "train, then exchange.");
 ABSL_FLAG(std::string, hierarchy, "off",
           "on: a round whose participants sit in more than one zone (the workers' --zone) "
           "averages inside each zone first, then among the zones' heads only, then copies the "
-          "result back down, so long links carry one model per zone (docs/SUPERNODES.md). Needs "
-          "--codec=fp32, --outer_optimizer=none and --aggregation=mean. off: every round is flat.");
+          "result back down, so long links carry one model per zone (docs/SUPERNODES.md). Composes "
+          "with every codec, outer optimizer and aggregation rule. off: every round is flat.");
 ABSL_FLAG(std::string, relay, "off",
           "on: the members of a zone with an elected supernode open their session and make their "
           "round calls through that supernode, which carries them over one Relay stream; a "
@@ -508,6 +514,13 @@ std::vector<RunConfigFlag> RunConfigFlags() {
       Key(FLAGS_aggregation, "exchange.aggregation",
           [](RunConfig* c, const std::string& v) {
             c->mutable_exchange()->set_aggregation(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_overlap, "exchange.overlap",
+          [](RunConfig* c, const std::string& v) -> absl::Status {
+            absl::StatusOr<bool> on = OnOff("overlap", v);
+            if (!on.ok()) return on.status();
+            c->mutable_exchange()->set_overlap(*on);
             return absl::OkStatus();
           }),
       Key(FLAGS_hierarchy, "topology.hierarchy",

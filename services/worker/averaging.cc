@@ -20,7 +20,8 @@ std::string Averaging::Describe(const shoal::v1::RunConfig& config) const {
                                                   config.exchange().outer_optimizer().kind().empty()
                                                       ? "none"
                                                       : config.exchange().outer_optimizer().kind())
-                                   : std::string());
+                                   : std::string(),
+                      config.exchange().overlap() ? ", overlapped rounds" : "");
 }
 
 absl::StatusOr<std::unique_ptr<Averaging>> MakeAverager(const shoal::v1::RunConfig& config,

@@ -59,6 +59,7 @@ absl::Status SyncRunner::Run() {
   while (true) {
     if (host_->StopRequested()) {
       parts_.stop->Cancel();
+      if (parts_.overlap != nullptr) parts_.overlap->Stop();
       if (std::optional<absl::Status> exit =
               Execute(protocol_.OnStopRequested(host_->StopReason())))
         return *exit;
@@ -142,8 +143,22 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         }
       }
       std::string contribution_hash;
+      // Overlapped rounds: the steps were (mostly) trained ahead, while the
+      // last round was averaged; their own duration is the round's.
+      double train_seconds = -1;
       const double loss = parts_.memory->Train(a.round, [&](float* params) {
-        const double l = parts_.trainer->TrainSteps(protocol_.config().training().local_steps());
+        const uint32_t steps = protocol_.config().training().local_steps();
+        double l = 0;
+        if (parts_.overlap != nullptr) {
+          const OverlappedTraining::Round r =
+              parts_.overlap->TrainRound(a.round, protocol_.model_round(), steps, params);
+          l = r.loss;
+          train_seconds = r.train_seconds;
+          stale_ = r.use == AheadUse::kCarry ? absl::StrCat(" stale=", r.stale_steps, "/", r.steps)
+                                             : std::string(" stale=0");
+        } else {
+          l = parts_.trainer->TrainSteps(steps);
+        }
         if (parts_.options->contribution_transform) {
           parts_.options->contribution_transform(a.round, params, parts_.trainer->num_elements());
         }
@@ -160,10 +175,13 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         *next = protocol_.OnStopRequested(host_->StopReason());
         return std::nullopt;
       }
-      M().train_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
-      M().seconds_training.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+      if (train_seconds < 0) train_seconds = absl::ToDoubleSeconds(parts_.clock->Now() - t0);
+      M().train_seconds.Observe(train_seconds);
+      M().seconds_training.Add(train_seconds);
       M().train_loss.Set(loss);
-      *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash);
+      M().rounds_in_flight.Set(parts_.overlap != nullptr ? 2 : 1);
+      *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash,
+                                  parts_.overlap != nullptr ? train_seconds : -1);
       return std::nullopt;
     }
     case Action::kReportReady: {
@@ -184,6 +202,8 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       parts_.memory->RestoreContribution(a.round);
       return std::nullopt;
     case Action::kServePlan:
+      // The round's exchange is under way: the steps ahead go on.
+      if (parts_.overlap != nullptr) parts_.overlap->Release();
       for (const auto& s : a.plan.slices()) {
         if (s.worker_id() == protocol_.worker_id()) {
           parts_.memory->ServePlan(a.round, a.attempt, s.begin(), s.end());
@@ -218,6 +238,9 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kHoldPending:
       parts_.memory->HoldPending(a.round, a.hash);
+      // The steps ahead move onto this round's average at once (not at
+      // the next round's start): fewer of them are stale.
+      if (parts_.overlap != nullptr) parts_.overlap->Post(parts_.memory->parameters());
       return std::nullopt;
     case Action::kCommit:
       parts_.memory->CommitPending(a.round);
@@ -241,12 +264,13 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kReportDone: {
       shoal::v1::ReportRoundDoneRequest done = a.done;
-      if (a.evaluate) *done.mutable_metrics() = parts_.trainer->Evaluate();
+      if (a.evaluate) *done.mutable_metrics() = Evaluate();
       if (done.metrics().evaluated()) {
         M().test_accuracy.Set(done.metrics().test_accuracy());
         M().test_loss.Set(done.metrics().test_loss());
       }
       M().model_round.Set(static_cast<double>(a.round));
+      M().rounds_in_flight.Set(parts_.overlap != nullptr ? 1 : 0);
       const double ratio =
           last_stats_.raw_bytes_received > 0
               ? static_cast<double>(last_stats_.bytes_received) / last_stats_.raw_bytes_received
@@ -261,7 +285,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
       SHOAL_LOG(INFO) << absl::StrFormat(
           "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
-          "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s hash=%s",
+          "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s%s hash=%s",
           a.round, protocol_.train_loss(),
           done.metrics().evaluated()
               ? absl::StrFormat(" test_accuracy=%.4f test_loss=%.4f",
@@ -276,7 +300,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
                              last_stats_.stages_carried > 0
                                  ? absl::StrCat(" carried=", last_stats_.stages_carried)
                                  : ""),
-          a.hash.substr(0, 12));
+          stale_, a.hash.substr(0, 12));
       absl::Status r = parts_.coordinator->ReportRoundDone(done);
       if (!r.ok())
         SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();
@@ -301,9 +325,27 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kExit:
       host_->CloseSession();
+      if (parts_.overlap != nullptr) {
+        parts_.overlap->Stop();
+        SHOAL_LOG(INFO) << "overlapped rounds: " << parts_.overlap->carried()
+                        << " carried the steps trained ahead (" << parts_.overlap->merged_early()
+                        << " took the average before their last step), "
+                        << parts_.overlap->restarted() << " trained from their base";
+      }
       return a.status;
   }
   return std::nullopt;
+}
+
+shoal::v1::Metrics SyncRunner::Evaluate() {
+  if (parts_.overlap == nullptr) return parts_.trainer->Evaluate();
+  // The trainer's own model is the local one, trained meanwhile: the
+  // agreed model (the round's average) is evaluated on a second instance.
+  absl::StatusOr<shoal::v1::Metrics> m =
+      parts_.trainer->EvaluateParams(parts_.memory->parameters());
+  if (m.ok()) return *m;
+  SHOAL_LOG(WARNING) << "evaluation of the averaged model failed: " << m.status();
+  return shoal::v1::Metrics();
 }
 
 std::vector<std::string> SyncRunner::UnreachablePeers(const shoal::v1::RoundPlan& plan,

@@ -45,6 +45,9 @@ class SyncRunner final : public Runner {
   // The plan's peers this worker cannot reach (probed all at once).
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);
+  // The test set's accuracy of the model the worker holds (the round's
+  // average; with overlap, not the local model trained meanwhile).
+  shoal::v1::Metrics Evaluate();
   void Upload(const Action& action);
   // The outer optimizer's momentum of `a.round` from a holder (catch-up).
   absl::Status PullOuterState(const Action& a);
@@ -57,6 +60,9 @@ class SyncRunner final : public Runner {
   const RunnerParts parts_;
   WorkerProtocol protocol_;
   AveragingStats last_stats_;  // of the latest exchange
+  // Overlapped rounds: " stale=S/N" for the round's log line (S of the N
+  // steps behind the contribution ran before the last average came).
+  std::string stale_;
   // Step time and bandwidth for the supernode election (ReportRoundDone).
   ZoneMeasurements zone_measurements_;
 };

@@ -138,6 +138,7 @@ Worker::~Worker() {
   // The runner's transfers in flight (cancelled with the stop token) end
   // before the memory they use goes.
   runner_.reset();
+  if (overlap_) overlap_->Stop();  // the steps ahead end after their current one
   averaging_.reset();
   codec_.reset();
   memory_.reset();  // waits for (or leaks) the snapshot's lent chunks
@@ -147,8 +148,10 @@ Worker::~Worker() {
     SHOAL_LOG(ERROR) << "gRPC still holds model memory lent to peers; leaking the model instead "
                         "of freeing memory it may read";
     (void)trainer_.release();
+    (void)overlap_.release();  // holds the parameters gRPC may read
     (void)state_.release();
   }
+  overlap_.reset();  // before stop_token_, its stop's parent
 }
 
 absl::Status Worker::Run() {
@@ -449,6 +452,15 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
   topts.stop = &stop_token_;
+  if (config.exchange().overlap() && !IsGossipMode(config)) {
+    if (options_.make_trainer) {
+      return absl::FailedPreconditionError(
+          "this run overlaps rounds (--overlap=on): it trains a second copy of the model inside "
+          "shoal-worker, which a Python training loop cannot be");
+    }
+    overlap_ = std::make_unique<OverlappedTraining>(&stop_token_, clock_);
+    topts.stop = overlap_->stop();
+  }
   if (config.model().name() == "torchscript" && !options_.make_trainer) {
     absl::StatusOr<std::string> file = FetchRunModelFile(joined);
     if (!file.ok()) return file.status();
@@ -471,15 +483,18 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
     peer_service_->SetModelFile(std::move(topts.model_file), config.model().file_sha256());
   }
   const uint64_t n = trainer_->num_elements();
-  state_->Bind(trainer_->parameters(), n, config.model().name());
+  // What the round protocol, the exchange and the peers use: the trainer's
+  // buffer, or (overlapped rounds) a buffer apart from the local model.
+  float* params = overlap_ != nullptr ? overlap_->Bind(trainer_.get()) : trainer_->parameters();
+  state_->Bind(params, n, config.model().name());
   // Peers catching up pull (and verify) the model layer by layer.
   std::vector<LayerSpan> spans;
   for (const LayerInfo& l : trainer_->layers()) spans.push_back({l.name, l.offset, l.elements});
   if (absl::Status ls = state_->SetLayers(std::move(spans)); !ls.ok()) {
     SHOAL_LOG(WARNING) << "layer table refused: " << ls.message();
   }
-  const std::string hash = HashParameters(trainer_->parameters(), n);
-  memory_ = std::make_unique<ModelMemory>(state_.get(), trainer_->parameters(), n, hash);
+  const std::string hash = HashParameters(params, n);
+  memory_ = std::make_unique<ModelMemory>(state_.get(), params, n, hash);
   // Pushes from behind NAT (contributions, gossip models): at most the
   // current and the next round's, each at most the whole model (8 bytes an
   // element for encodings).
@@ -546,6 +561,7 @@ RunnerParts Worker::Parts() {
   p.codec = codec_.get();
   p.averaging = averaging_.get();
   p.sync_progress = &sync_progress_;
+  p.overlap = overlap_.get();
   return p;
 }
 

@@ -24,6 +24,12 @@ struct WorkerMetrics {
   // rate over part="train"'s is the audits' extra compute.
   MetricCounter seconds_auditing = Metrics::Counter(
       "shoal_worker_seconds_total", "Seconds this worker spent, by part.", {{"part", "audit"}});
+  // Rounds with this worker's work in flight: 1 from its ready report to
+  // its exchange's end; overlapped rounds (--overlap=on) add the round it
+  // trains ahead meanwhile (docs/OVERLAP.md).
+  MetricGauge rounds_in_flight = Metrics::Gauge(
+      "shoal_worker_rounds_in_flight",
+      "Rounds with this worker's work in flight (2: overlapped, the next one trains meanwhile).");
   MetricGauge train_loss =
       Metrics::Gauge("shoal_train_loss", "Mean training loss of this worker's latest round.");
   MetricGauge test_accuracy = Metrics::Gauge(

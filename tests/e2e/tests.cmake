@@ -103,3 +103,7 @@ add_dependencies(ledger_test shoal-coordinator shoal-worker)
 # trained on shuffled labels caught, banned and refused.
 shoal_test(audit_test e2e e2e/audit_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(audit_test shoal-coordinator shoal-worker shoalctl)
+# Overlapped rounds: hashes agree, accuracy at equal samples, a kill during
+# the exchange, a late joiner (issue 27).
+shoal_test(overlap_test e2e e2e/overlap_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(overlap_test shoal-coordinator shoal-worker)

@@ -123,3 +123,7 @@ shoal_test(coordinator_gossip_peers_test unit
 # The model layout rule and the external trainer (docs/PYTHON.md).
 shoal_test(model_layout_test unit ${CMAKE_CURRENT_LIST_DIR}/model_layout_test.cc
   LIBS coordinator_core worker_core)
+# Overlapped rounds: which round's progress applies to which model, and the
+# carry (issue 27).
+shoal_test(overlapped_training_test unit ${CMAKE_CURRENT_LIST_DIR}/overlapped_training_test.cc
+  LIBS worker_lib)

@@ -1374,7 +1374,10 @@ void SyncRounds::FillWorker(const std::string& worker_id, shoal::v1::WorkerStatu
     w->set_exchange_share(e);
     w->set_idle_share(1.0 - t - e);
   }
-  w->set_rounds_in_flight(IsParticipant(worker_id) ? 1 : 0);
+  // Overlapped rounds: once ready, a participant trains the next round
+  // while this one is averaged.
+  const bool ahead = options_.config.exchange().overlap() && r.ready;
+  w->set_rounds_in_flight(IsParticipant(worker_id) ? (ahead ? 2 : 1) : 0);
   trust_.FillWorker(worker_id, w);
 }
 

@@ -320,7 +320,7 @@ function renderTime(members, cfg) {
     `<span class="bar">${seg('train', x.parts.train)}${seg('prep', x.parts.prep)}${seg('wait', x.parts.wait)}${seg('exchange', x.parts.exchange)}</span>` +
     `<span class="tnum muted">train ${dur(x.parts.train)} · ready ${dur(x.ready)} · wait ${dur(x.parts.wait)} · exchange ${dur(x.parts.exchange)}` +
     (num(x.w.train_share) + num(x.w.exchange_share) + num(x.w.idle_share) > 0
-      ? ` · <span data-shares="${esc(x.w.id)}">time: training ${pct(x.w.train_share)}, exchange ${pct(x.w.exchange_share)}, idle ${pct(x.w.idle_share)}</span>`
+      ? ` · <span data-shares="${esc(x.w.id)}">time: training ${pct(x.w.train_share)}, exchange ${pct(x.w.exchange_share)}, idle ${pct(x.w.idle_share)}${num(x.w.rounds_in_flight) > 1 ? `, ${num(x.w.rounds_in_flight)} rounds in flight (overlapped)` : ''}</span>`
       : '') + `</span></div>`).join('');
 }
 

@@ -338,12 +338,13 @@ bool WorkerProtocol::FoldLateWork(uint64_t base_round, Actions* out) {
 }
 
 Actions WorkerProtocol::OnTrained(uint64_t round, double train_loss, uint64_t total_elements,
-                                  const std::string& contribution_hash) {
+                                  const std::string& contribution_hash, double train_seconds) {
   if (round != round_) return {};
   train_loss_ = train_loss;
   total_elements_ = total_elements;
   contribution_hash_ = contribution_hash;
-  train_seconds_ = absl::ToDoubleSeconds(clock_->Now() - train_started_);
+  train_seconds_ =
+      train_seconds >= 0 ? train_seconds : absl::ToDoubleSeconds(clock_->Now() - train_started_);
   trained_round_ = round;
   return {ReadyAction(/*resumed=*/false)};
 }

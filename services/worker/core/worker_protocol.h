@@ -195,8 +195,10 @@ class WorkerProtocol {
   Actions OnCaughtUp(uint64_t round, const std::string& hash, const absl::Status& result);
   // `contribution_hash`: SHA-256 of the contribution as served, in audited
   // runs (ReportReadyRequest.contribution_hash); empty otherwise.
+  // `train_seconds` >= 0: how long the steps trained (overlapped rounds
+  // train them before the round starts); < 0: since the round started.
   Actions OnTrained(uint64_t round, double train_loss, uint64_t total_elements,
-                    const std::string& contribution_hash = "");
+                    const std::string& contribution_hash = "", double train_seconds = -1);
   Actions OnReadyReported(uint64_t round, const absl::Status& result);
   Actions OnExchanged(uint64_t round, uint32_t attempt, const absl::Status& result,
                       const std::string& hash);

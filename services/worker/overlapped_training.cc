@@ -1,0 +1,171 @@
+#include "services/worker/overlapped_training.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace shoal::worker {
+
+OverlappedTraining::OverlappedTraining(CancellationToken* parent, const Clock* clock)
+    : stop_(parent), clock_(clock != nullptr ? clock : RealClock::Get()) {}
+
+OverlappedTraining::~OverlappedTraining() { Stop(); }
+
+float* OverlappedTraining::Bind(Trainer* trainer) {
+  trainer_ = trainer;
+  n_ = trainer->num_elements();
+  params_.assign(trainer->parameters(), trainer->parameters() + n_);
+  start_.assign(params_.begin(), params_.end());
+  return params_.data();
+}
+
+void OverlappedTraining::StartAhead(uint64_t for_round, uint32_t steps) {
+  ahead_.started = true;
+  ahead_.for_round = for_round;
+  ahead_loss_ = 0;
+  ahead_seconds_ = 0;
+  ahead_merged_ = false;
+  ahead_steps_ = 0;
+  ahead_stale_steps_ = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+    abandon_ = false;
+  }
+  thread_ = std::thread([this, steps] {
+    // Below the exchange's threads: on a busy machine the average that the
+    // steps wait for is not slowed by them (Linux niceness is per thread).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+    absl::Duration trained;
+    double loss_sum = 0;
+    uint32_t done = 0;
+    // A step at a time, so that the average can come in between.
+    for (; done < steps; ++done) {
+      if (!AwaitGo()) break;
+      if (TakePosted()) {
+        ahead_merged_ = true;
+        ahead_stale_steps_ = done;
+      }
+      const absl::Time t0 = clock_->Now();
+      loss_sum += trainer_->TrainSteps(1);
+      trained += clock_->Now() - t0;
+    }
+    if (!ahead_merged_) ahead_stale_steps_ = done;
+    ahead_steps_ = done;
+    ahead_loss_ = done == 0 ? 0 : loss_sum / done;
+    ahead_seconds_ = absl::ToDoubleSeconds(trained);
+  });
+}
+
+bool OverlappedTraining::AwaitGo() {
+  absl::MutexLock lock(&mu_);
+  auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !held_ || has_posted_ || abandon_ || stop_.cancelled();
+  };
+  // The stop is a token of its own: looked at every second.
+  while (!go()) mu_.AwaitWithTimeout(absl::Condition(&go), absl::Seconds(1));
+  return !abandon_ && !stop_.cancelled();
+}
+
+void OverlappedTraining::Release() {
+  absl::MutexLock lock(&mu_);
+  held_ = false;
+}
+
+bool OverlappedTraining::TakePosted() {
+  absl::MutexLock lock(&mu_);
+  if (!has_posted_) return false;
+  float* local = trainer_->parameters();
+  // Exact where nothing moved since the start (no step yet): L = P.
+  for (uint64_t i = 0; i < n_; ++i) {
+    local[i] = local[i] == start_[i] ? posted_[i] : local[i] + (posted_[i] - start_[i]);
+  }
+  std::copy_n(posted_.data(), n_, start_.data());
+  has_posted_ = false;
+  return true;
+}
+
+void OverlappedTraining::Post(const float* average) {
+  if (!ahead_.started) return;
+  absl::MutexLock lock(&mu_);
+  posted_.assign(average, average + n_);
+  has_posted_ = true;
+  held_ = false;  // the exchange is over
+}
+
+void OverlappedTraining::JoinAhead() {
+  if (thread_.joinable()) thread_.join();
+}
+
+OverlappedTraining::Round OverlappedTraining::TrainRound(uint64_t round, uint64_t model_round,
+                                                         uint32_t steps, float* params) {
+  Round r;
+  r.use = DecideAhead(ahead_, round, model_round);
+  {
+    // Carried: the steps ahead still held (the last round never got its
+    // plan) train now; let go: they end after the step in progress.
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+    abandon_ = r.use == AheadUse::kRestart;
+  }
+  JoinAhead();
+  float* local = trainer_->parameters();
+  if (r.use == AheadUse::kCarry) {
+    // An average that came after the last step: the same move now.
+    TakePosted();
+    if (ahead_merged_) ++merged_early_;
+    // C = G + (L - start): the progress made meanwhile, onto the agreed
+    // model. Where the steps started from the agreed model itself (the
+    // average came before the first step), C = L exactly: the same bits
+    // as a round trained without overlap.
+    for (uint64_t i = 0; i < n_; ++i) {
+      params[i] = start_[i] == params[i] ? local[i] : params[i] + (local[i] - start_[i]);
+    }
+    r.loss = ahead_loss_;
+    r.train_seconds = ahead_seconds_;
+    r.steps = ahead_steps_;
+    r.stale_steps = ahead_stale_steps_;
+    ++carried_;
+  } else {
+    absl::MutexLock lock(&mu_);
+    has_posted_ = false;  // for other work
+  }
+  if (r.use == AheadUse::kRestart) {
+    if (ahead_.started) {
+      SHOAL_LOG(INFO) << "round " << round << " (base: the model of round " << model_round
+                      << "): the steps trained ahead were for round " << ahead_.for_round
+                      << "; they are let go and the round trains from its base";
+    }
+    // The local model restarts from the round's base and trains now.
+    std::copy_n(params, n_, local);
+    const absl::Time t0 = clock_->Now();
+    r.loss = trainer_->TrainSteps(steps);
+    r.train_seconds = absl::ToDoubleSeconds(clock_->Now() - t0);
+    std::copy_n(local, n_, params);
+    ++restarted_;
+  }
+  // The steps ahead start from the contribution.
+  std::copy_n(params, n_, local);
+  std::copy_n(params, n_, start_.data());
+  ahead_ = {};
+  if (!stop_.cancelled()) StartAhead(round + 1, steps);
+  return r;
+}
+
+void OverlappedTraining::Stop() {
+  stop_.Cancel();
+  {
+    absl::MutexLock lock(&mu_);
+    abandon_ = true;
+  }
+  JoinAhead();
+  // What is read of the trainer from now on (predictions at exit) is the
+  // agreed model, not the steps ahead.
+  if (trainer_ != nullptr) std::copy_n(params_.data(), n_, trainer_->parameters());
+}
+
+}  // namespace shoal::worker

@@ -1,0 +1,336 @@
+// Overlapped rounds (RunConfig.exchange.overlap, docs/OVERLAP.md): which
+// round's local progress applies to which model (core/overlap_rule.h), and
+// the carry that OverlappedTraining does with it, on a fake trainer whose
+// steps add a known amount to every parameter.
+#include "services/worker/overlapped_training.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "services/worker/core/overlap_rule.h"
+
+namespace shoal::worker {
+namespace {
+
+TEST(OverlapRuleTest, NothingTrainedAheadMeansTrainingFromTheBase) {
+  EXPECT_EQ(DecideAhead(AheadWork{}, 1, 0), AheadUse::kRestart);
+  EXPECT_EQ(DecideAhead(AheadWork{}, 7, 6), AheadUse::kRestart);
+}
+
+TEST(OverlapRuleTest, WorkAheadCarriesOntoTheAgreedModelOfTheRoundBefore) {
+  // Started from the contribution to round 4, for round 5.
+  const AheadWork work{true, 5};
+  EXPECT_EQ(DecideAhead(work, 5, 4), AheadUse::kCarry);
+}
+
+TEST(OverlapRuleTest, ARoundThatStartsAgainLetsTheWorkAheadGo) {
+  // Round 4 was aborted and starts again: the steps were for round 5.
+  const AheadWork work{true, 5};
+  EXPECT_EQ(DecideAhead(work, 4, 3), AheadUse::kRestart);
+}
+
+TEST(OverlapRuleTest, AWorkerThatCaughtUpPastTheRoundLetsItGo) {
+  // It fell behind and the run moved on: round 9 from the model of round 8.
+  const AheadWork work{true, 5};
+  EXPECT_EQ(DecideAhead(work, 9, 8), AheadUse::kRestart);
+}
+
+TEST(OverlapRuleTest, WorkAheadNeverCarriesOntoAnotherBase) {
+  // The right round, but the model held is not the round before's (a
+  // catch-up failed and the worker holds an older one).
+  const AheadWork work{true, 5};
+  EXPECT_EQ(DecideAhead(work, 5, 3), AheadUse::kRestart);
+  EXPECT_EQ(DecideAhead(work, 5, 5), AheadUse::kRestart);
+}
+
+// Each step adds `step` to every parameter of its own buffer; counts the
+// steps and keeps the buffer's values at the start of every TrainSteps
+// call (the runner's thread trains a round at once, the work ahead a step
+// per call).
+class AddingTrainer : public Trainer {
+ public:
+  AddingTrainer(uint64_t n, float step) : params_(n, 0.0f), step_(step) {}
+  double TrainSteps(uint32_t steps) override {
+    {
+      absl::MutexLock lock(&seen_mu_);
+      seen_.push_back(params_);
+    }
+    for (uint32_t s = 0; s < steps; ++s) {
+      Step();
+      ++steps_;
+    }
+    return 0.5;
+  }
+  virtual void Step() {
+    for (float& p : params_) p += step_;
+  }
+  shoal::v1::Metrics Evaluate() override { return {}; }
+  absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float*) override {
+    return shoal::v1::Metrics();
+  }
+  std::vector<Prediction> Predict(int64_t) override { return {}; }
+  float* parameters() override { return params_.data(); }
+  uint64_t num_elements() const override { return params_.size(); }
+  const std::vector<LayerInfo>& layers() const override { return layers_; }
+  size_t shard_size() const override { return 0; }
+  const std::vector<uint64_t>& shard_label_counts() const override { return counts_; }
+
+  // Waits (bounded: a hang guard) until `n` steps ran.
+  void AwaitSteps(uint64_t n) {
+    for (int i = 0; i < 10000 && steps_.load() < n; ++i) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_GE(steps_.load(), n);
+  }
+  // The buffer at the start of the `k`-th TrainSteps call.
+  std::vector<float> Seen(size_t k) {
+    absl::MutexLock lock(&seen_mu_);
+    return k < seen_.size() ? seen_[k] : std::vector<float>();
+  }
+
+  std::vector<float> params_;
+  float step_;
+  std::atomic<uint64_t> steps_{0};
+  absl::Mutex seen_mu_;
+  std::vector<std::vector<float>> seen_ ABSL_GUARDED_BY(seen_mu_);
+  std::vector<LayerInfo> layers_;
+  std::vector<uint64_t> counts_;
+};
+
+class OverlappedTrainingTest : public ::testing::Test {
+ protected:
+  // The trainer outlives the overlap (its Stop writes the trainer's model).
+  AddingTrainer trainer_{4, 1.0f};
+  CancellationToken parent_;
+  OverlappedTraining overlap_{&parent_};
+};
+
+TEST_F(OverlappedTrainingTest, TheFirstRoundTrainsNowAndTheNextOneAhead) {
+  float* params = overlap_.Bind(&trainer_);
+  ASSERT_NE(params, trainer_.parameters());  // two buffers
+  const OverlappedTraining::Round r = overlap_.TrainRound(1, 0, 3, params);
+  EXPECT_EQ(r.use, AheadUse::kRestart);
+  // The contribution: the base (0) plus 3 steps.
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(params[i], 3.0f);
+  EXPECT_TRUE(overlap_.ahead().started);
+  EXPECT_EQ(overlap_.ahead().for_round, 2u);
+  // Round 2's steps run ahead once round 1's plan came, from the
+  // contribution to round 1.
+  overlap_.Release();
+  trainer_.AwaitSteps(6);
+  EXPECT_EQ(trainer_.Seen(1), std::vector<float>(4, 3.0f));
+  overlap_.Stop();
+}
+
+TEST_F(OverlappedTrainingTest, ProgressAheadIsCarriedOntoTheAgreedModel) {
+  float* params = overlap_.Bind(&trainer_);
+  overlap_.TrainRound(1, 0, 2, params);  // contribution 2
+  overlap_.Release();
+  trainer_.AwaitSteps(4);  // 2 steps ahead: local 4
+  // Round 1 is averaged with the others': the agreed model is 10.
+  for (int i = 0; i < 4; ++i) params[i] = 10.0f;
+  const OverlappedTraining::Round r = overlap_.TrainRound(2, 1, 2, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_DOUBLE_EQ(r.loss, 0.5);
+  // C_2 = G_1 + (L - C_1) = 10 + (4 - 2): one round of progress, no more.
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(params[i], 12.0f);
+  // The local model continues from the contribution (the round's first
+  // TrainSteps, then two steps ahead per round).
+  overlap_.Release();
+  trainer_.AwaitSteps(6);
+  EXPECT_EQ(trainer_.Seen(3), std::vector<float>(4, 12.0f));
+  overlap_.Stop();
+  EXPECT_EQ(overlap_.carried(), 1u);
+  EXPECT_EQ(overlap_.restarted(), 1u);
+}
+
+TEST_F(OverlappedTrainingTest, ARoundStartedAgainTrainsFromItsBase) {
+  float* params = overlap_.Bind(&trainer_);
+  overlap_.TrainRound(1, 0, 2, params);  // ahead: round 2
+  // Round 1 was aborted; it starts again from the model of round 0 (5).
+  for (int i = 0; i < 4; ++i) params[i] = 5.0f;
+  const OverlappedTraining::Round r = overlap_.TrainRound(1, 0, 2, params);
+  EXPECT_EQ(r.use, AheadUse::kRestart);
+  // Nothing of the steps ahead: the base plus this round's steps.
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(params[i], 7.0f);
+  overlap_.Stop();
+}
+
+TEST_F(OverlappedTrainingTest, StopEndsTheStepsAheadAndNothingStartsAfterIt) {
+  float* params = overlap_.Bind(&trainer_);
+  overlap_.TrainRound(1, 0, 1000000, params);
+  overlap_.Release();
+  overlap_.Stop();
+  overlap_.Stop();  // idempotent
+  EXPECT_TRUE(overlap_.stop()->cancelled());
+  // The steps ahead ended long before their million (Stop joined them).
+  const uint64_t steps = trainer_.steps_.load();
+  EXPECT_LT(steps, 2000000u);
+  EXPECT_EQ(trainer_.steps_.load(), steps);
+}
+
+TEST_F(OverlappedTrainingTest, TheWorkersStopStopsIt) {
+  overlap_.Bind(&trainer_);
+  parent_.Cancel();
+  EXPECT_TRUE(overlap_.stop()->cancelled());
+}
+
+// Each step doubles every parameter, and runs only once the test allows
+// it, so the test knows where an average comes in.
+class GatedTrainer : public AddingTrainer {
+ public:
+  explicit GatedTrainer(uint64_t n) : AddingTrainer(n, 0.0f) {}
+  void Step() override {
+    absl::MutexLock lock(&mu_);
+    ++entered_;
+    mu_.Await(absl::Condition(
+        +[](GatedTrainer* t) { return t->allowed_ > 0; }, this));
+    --allowed_;
+    for (float& p : params_) p *= 2;
+  }
+  void Allow(int n) {
+    absl::MutexLock lock(&mu_);
+    allowed_ += n;
+  }
+  // Waits until `n` steps started (the last one maybe blocked in Step).
+  void AwaitEntered(int n) {
+    absl::MutexLock lock(&mu_);
+    want_entered_ = n;
+    mu_.AwaitWithTimeout(absl::Condition(this, &GatedTrainer::EnteredEnough), absl::Seconds(10));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int allowed_ ABSL_GUARDED_BY(mu_) = 0;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  int want_entered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool EnteredEnough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return entered_ >= want_entered_;
+  }
+};
+
+TEST(OverlappedTrainingMergeTest, TheAverageIsTakenBetweenTwoStepsAhead) {
+  GatedTrainer trainer(2);
+  CancellationToken parent;
+  OverlappedTraining overlap(&parent);
+  trainer.params_ = {1.0f, 1.0f};
+  float* params = overlap.Bind(&trainer);
+  trainer.Allow(3);
+  overlap.TrainRound(1, 0, 3, params);  // 1 -> 8: the contribution
+  ASSERT_FLOAT_EQ(params[0], 8.0f);
+  overlap.Release();        // round 1's plan came
+  trainer.Allow(1);         // the first step ahead: 16
+  trainer.AwaitEntered(5);  // the second one waits in Step (its check is past)
+  // The exchange's average of round 1 is 10: before the third step the
+  // local model moves by 10 - 8.
+  const std::vector<float> average = {10.0f, 10.0f};
+  overlap.Post(average.data());
+  trainer.Allow(2);                               // 32, then 34 -> 68
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;  // round 1 committed
+  const OverlappedTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  // C_2 = G_1 + (L - 10) = 10 + (68 - 10): the third step trained from
+  // the average; without it the carry would be 10 + (64 - 8) = 66.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 68.0f);
+  EXPECT_EQ(overlap.merged_early(), 1u);
+  trainer.Allow(1000);
+  overlap.Stop();
+}
+
+TEST(OverlappedTrainingMergeTest, StepsAheadWaitForThePlanOrTheAverage) {
+  GatedTrainer trainer(2);
+  trainer.params_ = {1.0f, 1.0f};
+  CancellationToken parent;
+  OverlappedTraining overlap(&parent);
+  float* params = overlap.Bind(&trainer);
+  trainer.Allow(1000);
+  overlap.TrainRound(1, 0, 2, params);
+  // Ready, the others are not: nothing trains from the stale model.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(trainer.steps_.load(), 2u);
+  // The average of a round whose plan this worker never saw (it came by
+  // another attempt's exchange) ends the hold too.
+  const std::vector<float> average = {3.0f, 3.0f};
+  overlap.Post(average.data());
+  trainer.AwaitSteps(4);
+  overlap.Stop();
+}
+
+TEST(OverlappedTrainingMergeTest, HeldStepsTrainAtTheNextRoundStart) {
+  GatedTrainer trainer(2);
+  trainer.params_ = {1.0f, 1.0f};
+  CancellationToken parent;
+  OverlappedTraining overlap(&parent);
+  float* params = overlap.Bind(&trainer);
+  trainer.Allow(1000);
+  overlap.TrainRound(1, 0, 2, params);  // contribution 4, held
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  // Round 1 completed without this worker's exchange (no plan, no
+  // average): its steps for round 2 train now, and carry.
+  const OverlappedTraining::Round r = overlap.TrainRound(2, 1, 2, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(r.steps, 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 10.0f + 16.0f - 4.0f);
+  overlap.Stop();
+}
+
+// Steps that multiply by 1.1 (inexact in float), for bit comparisons.
+class ScalingTrainer : public AddingTrainer {
+ public:
+  explicit ScalingTrainer(uint64_t n) : AddingTrainer(n, 0.0f) {}
+  void Step() override {
+    for (float& p : params_) p = p * 1.1f + 0.3f;
+  }
+};
+
+TEST(OverlappedTrainingMergeTest, AnAverageBeforeTheFirstStepGivesTheBitsOfAPlainRound) {
+  // The average comes before any step ahead: the round is then the plain
+  // round, bit for bit (the carry's arithmetic is skipped where nothing
+  // moved), so a run whose exchanges are never overlapped by a step
+  // agrees with the same run without --overlap.
+  ScalingTrainer trainer(3);
+  trainer.params_ = {0.7f, -1.3f, 2.9f};
+  CancellationToken parent;
+  OverlappedTraining overlap(&parent);
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 5, params);
+  const std::vector<float> average = {0.123f, -4.56f, 7.89f};
+  overlap.Post(average.data());  // before the plan's Release: no step ran
+  trainer.AwaitSteps(10);
+  std::copy(average.begin(), average.end(), params);  // round 1 committed
+  overlap.TrainRound(2, 1, 5, params);
+  std::vector<float> plain = average;
+  for (int s = 0; s < 5; ++s) {
+    for (float& p : plain) p = p * 1.1f + 0.3f;
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(params[i], plain[i]) << i;  // bits, not FLOAT_EQ
+  overlap.Stop();
+}
+
+TEST(OverlappedTrainingMergeTest, AnAverageAfterTheLastStepIsTakenAtTheRoundStart) {
+  GatedTrainer trainer(2);
+  CancellationToken parent;
+  OverlappedTraining overlap(&parent);
+  trainer.params_ = {1.0f, 1.0f};
+  float* params = overlap.Bind(&trainer);
+  trainer.Allow(4);
+  overlap.TrainRound(1, 0, 2, params);  // contribution 4
+  overlap.Release();
+  trainer.AwaitSteps(4);  // both steps ahead ended: 16
+  const std::vector<float> average = {10.0f, 10.0f};
+  overlap.Post(average.data());
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  overlap.TrainRound(2, 1, 2, params);
+  // The plain delayed carry: 10 + (16 - 4).
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 22.0f);
+  EXPECT_EQ(overlap.merged_early(), 0u);
+  trainer.Allow(1000);
+  overlap.Stop();
+}
+
+}  // namespace
+}  // namespace shoal::worker
