@@ -433,9 +433,24 @@ absl::Status Worker::DeclareModel(shoal::v1::JoinResponse* joined) {
   declare.set_train_samples(trainer_->train_samples());
   absl::StatusOr<shoal::v1::JoinResponse> again = JoinOnce(declare);
   if (!again.ok()) return again.status();
-  if (again->worker_id() != joined->worker_id() ||
-      again->config().SerializeAsString() != joined->config().SerializeAsString()) {
+  if (again->config().SerializeAsString() != joined->config().SerializeAsString()) {
     return absl::UnavailableError("the run changed while this worker declared its model");
+  }
+  if (again->worker_id() != joined->worker_id()) {
+    // The coordinator let the first id go while the model was fetched and
+    // built (longer than its --heartbeat_lease without a session: a large
+    // model file over a slow link). The model is the run's all the same;
+    // only a different data rank would make it another worker's.
+    if (again->data_rank() != joined->data_rank()) {
+      return absl::UnavailableError(
+          absl::StrCat("the coordinator forgot this worker (", joined->worker_id(),
+                       ") while it built the model and gave it another data rank (",
+                       again->data_rank(), ", not ", joined->data_rank(), "); start it again"));
+    }
+    SHOAL_LOG(WARNING) << "the coordinator forgot " << joined->worker_id()
+                       << " while this worker fetched and built the model (longer than the run's "
+                          "heartbeat lease without a session); it is "
+                       << again->worker_id() << " now, with the same data rank";
   }
   *joined = std::move(*again);
   AcceptJoin(*joined);
