@@ -203,6 +203,24 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice owners; "
        "gossip (--mode=gossip) has none: use mean",
        true},
+      {"gossip overlap", [](RunConfig* c) { c->mutable_exchange()->set_overlap(true); },
+       "exchange.overlap (--overlap=on) overlaps a round's training with the last round's "
+       "averaging; gossip (--mode=gossip) has no rounds",
+       true},
+      {"overlap ledger",
+       [](RunConfig* c) {
+         c->mutable_exchange()->set_overlap(true);
+         c->mutable_training()->set_sample_ledger(true);
+       },
+       "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names its "
+       "samples"},
+      {"overlap python",
+       [](RunConfig* c) {
+         c->mutable_exchange()->set_overlap(true);
+         c->mutable_model()->set_name("module");
+       },
+       "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
+       "shoal-worker"},
   };
   for (const Refusal& r : cases) {
     RunConfig c = r.gossip ? Gossip() : Defaults();
@@ -228,6 +246,9 @@ TEST(ValidateRunConfigTest, TheRobustRulesAndTheHierarchyPassWhereTheyFit) {
   c.mutable_exchange()->set_codec("int8");
   c.mutable_exchange()->mutable_outer_optimizer()->set_kind("nesterov");
   c.mutable_exchange()->set_aggregation("trimmed_mean:1");
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  // Overlapped rounds compose with all of it (issue 27).
+  c.mutable_exchange()->set_overlap(true);
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
   RunConfig g = Gossip();
   g.mutable_exchange()->set_codec("int8");
