@@ -343,7 +343,8 @@ void ExpectRefused(const std::string& text, const std::string& message) {
 
 TEST(RunConfigFileTest, UnknownKeysAreRefusedWithTheirPath) {
   ExpectRefused("exchange:\n  codecc: int8\n", "run.yaml:2: unknown key 'exchange.codecc'");
-  ExpectRefused("exchange:\n  codecc: int8\n", "(keys here: codec, outer_optimizer, aggregation)");
+  ExpectRefused("exchange:\n  codecc: int8\n",
+                "(keys here: codec, outer_optimizer, aggregation, overlap)");
   ExpectRefused("trainin: {seed: 1}\n", "run.yaml:1: unknown key 'trainin'");
   ExpectRefused("exchange: {outer_optimizer: {kind: sgd, learning_rate: 1}}\n",
                 "unknown key 'exchange.outer_optimizer.learning_rate'");
