@@ -10,11 +10,14 @@
 #include <cctype>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
@@ -27,6 +30,28 @@ using ::shoal::testing::DataDir;
 using ::shoal::testing::Process;
 using ::shoal::testing::TempDir;
 using ::shoal::testing::WaitUntil;
+
+// round -> hash prefix from a worker log's "round N: ... hash=H" lines
+// (the round line every synchronous worker logs).
+inline std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
+  std::map<uint64_t, std::string> out;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    const size_t r = line.find("round ");
+    const size_t h = line.find(" hash=");
+    if (r == absl::string_view::npos || h == absl::string_view::npos ||
+        line.find("wire_in=") == absl::string_view::npos) {
+      continue;
+    }
+    const size_t colon = line.find(':', r);
+    uint64_t round = 0;
+    if (colon == absl::string_view::npos ||
+        !absl::SimpleAtoi(line.substr(r + 6, colon - r - 6), &round)) {
+      continue;
+    }
+    out[round] = std::string(line.substr(h + 6, 12));
+  }
+  return out;
+}
 
 class ClusterTest : public ::testing::Test {
  public:

@@ -20,27 +20,6 @@
 namespace shoal {
 namespace {
 
-// round -> hash prefix from a worker log's "round N: ... hash=H" lines.
-std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
-  std::map<uint64_t, std::string> out;
-  for (absl::string_view line : absl::StrSplit(log, '\n')) {
-    const size_t r = line.find("round ");
-    const size_t h = line.find(" hash=");
-    if (r == absl::string_view::npos || h == absl::string_view::npos ||
-        line.find("wire_in=") == absl::string_view::npos) {
-      continue;
-    }
-    const size_t colon = line.find(':', r);
-    uint64_t round = 0;
-    if (colon == absl::string_view::npos ||
-        !absl::SimpleAtoi(line.substr(r + 6, colon - r - 6), &round)) {
-      continue;
-    }
-    out[round] = std::string(line.substr(h + 6, 12));
-  }
-  return out;
-}
-
 // From the worker's last line: "overlapped rounds: C carried the steps
 // trained ahead, R trained from their base"; -1 when absent.
 int CarriedRounds(const std::string& log) {
