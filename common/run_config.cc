@@ -58,6 +58,13 @@ void NormalizeRunConfig(RunConfig* c) {
     // outside the ledger: they go back to the pool instead.
     c->mutable_sync()->set_fold_late_work(false);
   }
+  if (c->exchange().fragments() > 1 && c->has_sync()) {
+    // A round averages its fragment only: late work of round N (fragment
+    // N mod K) folded into round N + 1 would land in another fragment's
+    // round. It is dropped; the local model keeps the worker's progress on
+    // the other fragments.
+    c->mutable_sync()->set_fold_late_work(false);
+  }
   if (c->has_gossip()) {
     shoal::v1::GossipMode* g = c->mutable_gossip();
     g->set_every(std::max<uint32_t>(1, g->every()));
@@ -202,6 +209,12 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     return Unparsed("exchange.aggregation (--aggregation)", aggregation.status());
   }
 
+  if (x.fragments() > kMaxFragments) {
+    return Refuse(absl::StrCat("exchange.fragments (--fragments) must be at most ", kMaxFragments,
+                               ", is ", x.fragments()));
+  }
+  const bool fragments = x.fragments() > 1;
+
   const shoal::v1::TimeoutsConfig& to = c.timeouts();
   if (to.heartbeat_interval_ms() == 0) {
     return Refuse("timeouts.heartbeat_interval_ms (--heartbeat_interval) must be > 0");
@@ -270,6 +283,16 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
        "names them at the round's start"},
       {x.overlap() && c.model().name() == "module",
        "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
+       "shoal-worker; a Python training loop (model.name module) trains its own module"},
+      {gossip && fragments,
+       "exchange.fragments (--fragments) syncs one fragment per round; gossip (--mode=gossip) has "
+       "no rounds"},
+      {fragments && c.trust().audit_rate() > 0,
+       "exchange.fragments (--fragments) makes a contribution of progress kept on the worker "
+       "since its fragment's last round; an audit (trust.audit_rate, --audit_rate) replays a "
+       "round from the agreed model alone"},
+      {fragments && c.model().name() == "module",
+       "exchange.fragments (--fragments) keeps a local model apart from the agreed one inside "
        "shoal-worker; a Python training loop (model.name module) trains its own module"},
       {gossip && !mean,
        "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice owners; "

@@ -22,6 +22,10 @@ const char* ModeName(const shoal::v1::RunConfig& config);
 // Beyond this many rounds a late update's weight (1 / (1 + s)) is noise.
 inline constexpr uint32_t kMaxStalenessLimit = 1000;
 
+// RunConfig.exchange.fragments: more would make each round's exchange a
+// few slices too small to pay for their round trips.
+inline constexpr uint32_t kMaxFragments = 4096;
+
 // What the coordinator derives before it validates, idempotent: an unset
 // mode becomes sync; training.data_shards 0 becomes sync.min_participants;
 // gossip.every and gossip.timeout_ms are at least 1; gossip.final_average

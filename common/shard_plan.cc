@@ -33,4 +33,20 @@ std::vector<SliceRange> PlanSlicesAmong(uint64_t total_elements,
   return slices;
 }
 
+std::vector<SliceRange> PlanSlicesAmong(SliceRange range, const std::vector<bool>& outbound_only) {
+  std::vector<SliceRange> slices = PlanSlicesAmong(range.end - range.begin, outbound_only);
+  for (SliceRange& s : slices) {
+    s.begin += range.begin;
+    s.end += range.begin;
+  }
+  return slices;
+}
+
+SliceRange FragmentOf(uint64_t total_elements, uint32_t fragments, uint64_t round) {
+  if (fragments <= 1) return {0, total_elements};
+  const uint64_t k = round % fragments;
+  const auto t = static_cast<unsigned __int128>(total_elements);
+  return {static_cast<uint64_t>(t * k / fragments), static_cast<uint64_t>(t * (k + 1) / fragments)};
+}
+
 }  // namespace shoal

@@ -29,6 +29,17 @@ std::vector<SliceRange> PlanSlices(uint64_t total_elements, size_t participants)
 std::vector<SliceRange> PlanSlicesAmong(uint64_t total_elements,
                                         const std::vector<bool>& outbound_only);
 
+// The same inside `range`: every slice is offset by range.begin and the
+// empty slices of outbound-only participants sit at range.end when no
+// owner follows them.
+std::vector<SliceRange> PlanSlicesAmong(SliceRange range, const std::vector<bool>& outbound_only);
+
+// Streaming fragments (RunConfig.exchange.fragments): the fragment that
+// round `round` exchanges, fragment round mod K of PlanSlices(T, K). The
+// coordinator plans inside it and a worker trains its contribution for it,
+// before the plan comes, from the same formula. K of 0 or 1: [0, T).
+SliceRange FragmentOf(uint64_t total_elements, uint32_t fragments, uint64_t round);
+
 }  // namespace shoal
 
 #endif  // SHOAL_COMMON_SHARD_PLAN_H_

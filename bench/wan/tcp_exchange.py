@@ -36,6 +36,10 @@ def main():
     ap.add_argument("--start", type=float, required=True, help="time.time() of rep 0")
     ap.add_argument("--period", type=float, default=4.0)
     ap.add_argument("--port", type=int, default=29700)
+    ap.add_argument("--schedule", choices=("all", "ring"), default="all",
+                    help="all: every transfer of a phase at once (as Shoal's fan-out); ring: "
+                         "n-1 steps per phase, at step k rank r sends to r+k and receives from "
+                         "r-k, so each link carries one flow each way")
     args = ap.parse_args()
     ips = args.ips.split(",")
     n = len(ips)
@@ -73,9 +77,23 @@ def main():
         outbound[k] = s
     acceptor.join(timeout=30)
 
+    def ring_phase(buf):
+        for k in range(1, n):
+            to, frm = (args.rank + k) % n, (args.rank - k) % n
+            t = threading.Thread(target=outbound[to].sendall, args=(payload,))
+            t.start()
+            recv_exact(inbound[frm], part, buf)
+            t.join()
+
     for rep in range(args.reps):
         t0 = args.start + rep * args.period
         time.sleep(max(0.0, t0 - time.time()))
+        if args.schedule == "ring":
+            buf = bytearray(part)
+            ring_phase(buf)   # reduce-scatter
+            ring_phase(buf)   # all-gather
+            print(f"rep {rep} seconds {time.time() - t0:.4f}", flush=True)
+            continue
         reduced = threading.Event()
         received = [0]
         lock = threading.Lock()

@@ -35,9 +35,15 @@ unshaped (the tbf qdiscs replaced or removed), each arm with and without
 utilization (per worker, the training seconds of rounds 2.. over the wall
 time from round 1's end to the last round's, from its log; the mean over
 workers), bytes received per round.
+Streaming fragments (--fragments=K): big-fragK-RATE and big-overlapfragK-RATE
+(with --overlap=on) run --big_local_steps / K steps per round and evaluate
+every K rounds, so each fragment is synced after --big_local_steps steps.
 Last line: wan: ... ratio=<shoal-int8 time / ddp time> utilization=<the
 overlapped int8 arm at 10 Mbit/s> overlap_ratio_2mbit=<overlap / plain time
-at 2 Mbit/s> slow_link_ratio=<overlap at 10 Mbit/s / overlap unshaped>.
+at 2 Mbit/s> slow_link_ratio=<overlap at 10 Mbit/s / overlap unshaped>
+fragments_utilization=<overlap + 4 fragments at 10 Mbit/s>
+fragments_ratio_2mbit=<overlap + 4 fragments / plain time at 2 Mbit/s>
+fragments_slow_link_ratio=<overlap + 4 fragments at 10 Mbit/s / unshaped>.
 Processes are stopped by PID, never by name.
 """
 import argparse
@@ -251,7 +257,8 @@ def run_tcp(args, net, procs, out):
     ranks = [procs.spawn(net.w[r], [
         "/usr/bin/python3", os.path.join(HERE, "tcp_exchange.py"), f"--rank={r}", f"--ips={ips}",
         f"--bytes={MLP_PARAMS * 4}", f"--reps={args.tcp_reps}", f"--start={start}",
-        f"--period={args.tcp_period}"], os.path.join(d, f"rank-{r}.log"))
+        f"--period={args.tcp_period}", f"--schedule={args.tcp_schedule}"],
+        os.path.join(d, f"rank-{r}.log"))
         for r in range(args.workers)]
     deadline = start + args.tcp_reps * args.tcp_period + 60
     while time.time() < deadline and any(p.poll() is None for p in ranks):
@@ -357,17 +364,33 @@ def run_shoal(args, net, procs, out, name, flags, workers=None, local_steps=None
 BIG_RATES = {"unshaped": None, "10": "10mbit", "2": "2mbit"}
 
 
+BIG_KIND = re.compile(r"^(plain|overlap)?(?:frag(\d+))?$")
+
+
 def run_big(args, net, procs, out, name):
-    """big-{plain,overlap}-{unshaped,10,2}: the 21 MB model (see the module
-    docstring)."""
+    """big-{plain,overlap,fragK,overlapfragK}-{unshaped,10,2}: the 21 MB
+    model (see the module docstring). With K fragments a round runs
+    --big_local_steps / K local steps and evaluates every K rounds, so each
+    fragment is synced after as many steps, and evaluated as often per step,
+    as the whole model in the arms without fragments."""
     _, kind, rate = name.split("-")
+    m = BIG_KIND.match(kind)
+    if not m or kind == "":
+        raise ValueError(f"unknown big-model arm {name}")
     net.reshape(BIG_RATES[rate])
-    flags = args.big_flags.split() + (["--overlap=on"] if kind == "overlap" else [])
+    flags = args.big_flags.split() + (["--overlap=on"] if m.group(1) == "overlap" else [])
+    fragments = int(m.group(2) or 1)
+    local_steps = args.big_local_steps
+    if fragments > 1:
+        local_steps = max(1, args.big_local_steps // fragments)
+        flags += [f"--fragments={fragments}", f"--eval_every={fragments}"]
     flags.append(f"--model=torchscript:{args._big_model}")
-    return run_shoal(args, net, procs, out, name, flags, workers=args.big_workers,
-                     local_steps=args.big_local_steps, target=args.big_target,
-                     cap=args.big_cap_seconds, poll=args.big_poll,
-                     worker_flags=["--torch_threads=1", f"--eval_limit={args.big_eval_limit}"])
+    res = run_shoal(args, net, procs, out, name, flags, workers=args.big_workers,
+                    local_steps=local_steps, target=args.big_target,
+                    cap=args.big_cap_seconds, poll=args.big_poll,
+                    worker_flags=["--torch_threads=1", f"--eval_limit={args.big_eval_limit}"])
+    res["fragments"] = fragments
+    return res
 
 
 ROUND = re.compile(r"round (\d+): .* train=([\d.]+)s exchange=([\d.]+)s .* wire_in=(\d+)")
@@ -435,6 +458,8 @@ def main():
     ap.add_argument("--skip_code", type=int, default=2,
                     help="exit code when not root or without ip/tc (77: a skipped ctest)")
     ap.add_argument("--tcp_reps", type=int, default=9)
+    ap.add_argument("--tcp_schedule", choices=("all", "ring"), default="all",
+                    help="tcp_exchange.py's transfer order (ring: one flow per link each way)")
     ap.add_argument("--tcp_period", type=float, default=3.0,
                     help="idle between TCP repetitions, about a Shoal round's training")
     ap.add_argument("--int8_flags",
@@ -606,12 +631,18 @@ def main():
         va, vb = t(a), t(b)
         return f"{va / vb:.3f}" if va is not None and vb else "n/a"
 
-    o10 = results.get("big-overlap-10", {})
-    utilization = f"{o10['utilization']:.3f}" if "utilization" in o10 else "n/a"
+    def util(name):
+        r = results.get(name, {})
+        return f"{r['utilization']:.3f}" if "utilization" in r else "n/a"
+
     print(f"wan: {fmt('ddp')} {fmt('shoal-fp32')} {fmt('shoal-int8')} fp32_ratio={fp32_ratio} "
-          f"exchange_over_bound={ex_ratio} ratio={ratio} utilization={utilization} "
+          f"exchange_over_bound={ex_ratio} ratio={ratio} utilization={util('big-overlap-10')} "
           f"overlap_ratio_2mbit={big_ratio('big-overlap-2', 'big-plain-2')} "
-          f"slow_link_ratio={big_ratio('big-overlap-10', 'big-overlap-unshaped')}")
+          f"slow_link_ratio={big_ratio('big-overlap-10', 'big-overlap-unshaped')} "
+          f"fragments_utilization={util('big-overlapfrag4-10')} "
+          f"fragments_ratio_2mbit={big_ratio('big-overlapfrag4-2', 'big-plain-2')} "
+          f"fragments_slow_link_ratio="
+          f"{big_ratio('big-overlapfrag4-10', 'big-overlapfrag4-unshaped')}")
     return 0
 
 

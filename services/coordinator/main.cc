@@ -190,6 +190,13 @@ ABSL_FLAG(std::string, overlap, "off",
           "local progress, so the link's time hides behind compute (docs/OVERLAP.md). "
           "Synchronous mode with the built-in trainer, without --sample_ledger or audits. off: "
           "train, then exchange.");
+ABSL_FLAG(uint32_t, fragments, 1,
+          "Streaming fragments: the model is cut into this many contiguous fragments of equal "
+          "bytes and round r averages fragment r mod K only, while the others keep training on "
+          "each worker's local model, so the link carries 1/K of the model each round "
+          "(docs/OVERLAP.md, \"Fragments\"). Each fragment is then synced every K rounds: "
+          "--local_steps=H/K keeps H local steps between its syncs. Composes with --overlap. "
+          "1: the whole model every round.");
 ABSL_FLAG(std::string, hierarchy, "off",
           "on: a round whose participants sit in more than one zone (the workers' --zone) "
           "averages inside each zone first, then among the zones' heads only, then copies the "
@@ -521,6 +528,11 @@ std::vector<RunConfigFlag> RunConfigFlags() {
             absl::StatusOr<bool> on = OnOff("overlap", v);
             if (!on.ok()) return on.status();
             c->mutable_exchange()->set_overlap(*on);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_fragments, "exchange.fragments",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_exchange()->set_fragments(v);
             return absl::OkStatus();
           }),
       Key(FLAGS_hierarchy, "topology.hierarchy",

@@ -84,7 +84,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
                             cancel, &applied);
     if (result.ok()) NoteRule(call.round, 0, steps->front(), applied);
   } else {
-    result = AverageBlobs(*steps, call, params, cancel, stats);
+    result = AverageBlobs(*steps, call, FragmentRange(plan), params, cancel, stats);
   }
   stats->bytes_received = counters.received.load();
   stats->raw_bytes_received = counters.raw_received.load();
@@ -105,7 +105,7 @@ SliceIo Exchanger::Io() const {
 }
 
 absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
-                                     float* params, CancellationToken* cancel,
+                                     SliceRange fragment, float* params, CancellationToken* cancel,
                                      AveragingStats* stats) {
   const uint64_t round = call.round;
   const uint64_t total = state_->total_elements();
@@ -198,8 +198,10 @@ absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const 
   }
   if (changes_) {
     // The new model: the outer step from the base (identical inputs on
-    // every worker, so identical bits).
-    parts_.outer->Apply(round, 0, total, parts_.base, change.data(), params);
+    // every worker, so identical bits), on the round's fragment: the rest
+    // of the model, and its momentum, wait for their own rounds.
+    const uint64_t b = fragment.begin;
+    parts_.outer->Apply(round, b, fragment.end - b, parts_.base + b, change.data() + b, params + b);
   }
   return absl::OkStatus();
 }

@@ -122,8 +122,11 @@ class Exchanger final : public Averager {
   // How the steps read and push: the peers, the backoffs, the push box and
   // where bad chunks are noted.
   SliceIo Io() const;
+  // `fragment`: the part of the model the round averages (the outer step
+  // moves it only).
   absl::Status AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
-                            float* params, CancellationToken* cancel, AveragingStats* stats);
+                            SliceRange fragment, float* params, CancellationToken* cancel,
+                            AveragingStats* stats);
   // Logs the rule an owner applied when it changes (a trimmed mean falling
   // back to the median in a small group, and back).
   void NoteRule(uint64_t round, uint32_t stage, const GroupStep& step,

@@ -29,8 +29,8 @@
 #include "services/worker/core/model_state.h"
 #include "services/worker/core/push_box.h"
 #include "services/worker/core/trainer.h"
+#include "services/worker/local_training.h"
 #include "services/worker/model_syncer.h"
-#include "services/worker/overlapped_training.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/worker_options.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -109,10 +109,10 @@ struct RunnerParts {
   Averaging* averaging = nullptr;
   // A catch-up's progress, read by the heartbeats.
   SyncProgress* sync_progress = nullptr;
-  // Overlapped rounds (RunConfig.exchange.overlap): the trainer trains the
-  // local model there, and `memory` manages its other buffer. Null
-  // otherwise.
-  OverlappedTraining* overlap = nullptr;
+  // Overlapped rounds or fragments (RunConfig.exchange.overlap,
+  // .fragments): the trainer trains the local model there, and `memory`
+  // manages its other buffer, the agreed model. Null otherwise.
+  LocalTraining* local = nullptr;
 };
 
 class Runner {

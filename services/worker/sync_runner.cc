@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/sha256.h"
+#include "common/shard_plan.h"
 #include "common/status_util.h"
 #include "services/worker/audit_replay.h"
 #include "services/worker/core/trainer.h"
@@ -59,7 +60,7 @@ absl::Status SyncRunner::Run() {
   while (true) {
     if (host_->StopRequested()) {
       parts_.stop->Cancel();
-      if (parts_.overlap != nullptr) parts_.overlap->Stop();
+      if (parts_.local != nullptr) parts_.local->Stop();
       if (std::optional<absl::Status> exit =
               Execute(protocol_.OnStopRequested(host_->StopReason())))
         return *exit;
@@ -149,13 +150,23 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       const double loss = parts_.memory->Train(a.round, [&](float* params) {
         const uint32_t steps = protocol_.config().training().local_steps();
         double l = 0;
-        if (parts_.overlap != nullptr) {
-          const OverlappedTraining::Round r =
-              parts_.overlap->TrainRound(a.round, protocol_.model_round(), steps, params);
+        if (parts_.local != nullptr) {
+          const uint32_t fragments = protocol_.config().exchange().fragments();
+          const SliceRange fragment =
+              FragmentOf(parts_.trainer->num_elements(), fragments, a.round);
+          const LocalTraining::Round r =
+              parts_.local->TrainRound(a.round, protocol_.model_round(), steps, params, fragment);
           l = r.loss;
           train_seconds = r.train_seconds;
-          stale_ = r.use == AheadUse::kCarry ? absl::StrCat(" stale=", r.stale_steps, "/", r.steps)
-                                             : std::string(" stale=0");
+          round_note_.clear();
+          if (fragments > 1) {
+            absl::StrAppend(&round_note_, " fragment=", a.round % fragments, "/", fragments);
+          }
+          if (parts_.local->overlapped()) {
+            absl::StrAppend(&round_note_, " stale=",
+                            r.use == AheadUse::kCarry ? absl::StrCat(r.stale_steps, "/", r.steps)
+                                                      : std::string("0"));
+          }
         } else {
           l = parts_.trainer->TrainSteps(steps);
         }
@@ -179,9 +190,9 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       M().train_seconds.Observe(train_seconds);
       M().seconds_training.Add(train_seconds);
       M().train_loss.Set(loss);
-      M().rounds_in_flight.Set(parts_.overlap != nullptr ? 2 : 1);
+      M().rounds_in_flight.Set(Overlapped() ? 2 : 1);
       *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash,
-                                  parts_.overlap != nullptr ? train_seconds : -1);
+                                  parts_.local != nullptr ? train_seconds : -1);
       return std::nullopt;
     }
     case Action::kReportReady: {
@@ -203,7 +214,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kServePlan:
       // The round's exchange is under way: the steps ahead go on.
-      if (parts_.overlap != nullptr) parts_.overlap->Release();
+      if (parts_.local != nullptr) parts_.local->Release();
       for (const auto& s : a.plan.slices()) {
         if (s.worker_id() == protocol_.worker_id()) {
           parts_.memory->ServePlan(a.round, a.attempt, s.begin(), s.end());
@@ -240,7 +251,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       parts_.memory->HoldPending(a.round, a.hash);
       // The steps ahead move onto this round's average at once (not at
       // the next round's start): fewer of them are stale.
-      if (parts_.overlap != nullptr) parts_.overlap->Post(parts_.memory->parameters());
+      if (parts_.local != nullptr) parts_.local->Post(parts_.memory->parameters());
       return std::nullopt;
     case Action::kCommit:
       parts_.memory->CommitPending(a.round);
@@ -270,7 +281,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         M().test_loss.Set(done.metrics().test_loss());
       }
       M().model_round.Set(static_cast<double>(a.round));
-      M().rounds_in_flight.Set(parts_.overlap != nullptr ? 1 : 0);
+      M().rounds_in_flight.Set(Overlapped() ? 1 : 0);
       const double ratio =
           last_stats_.raw_bytes_received > 0
               ? static_cast<double>(last_stats_.bytes_received) / last_stats_.raw_bytes_received
@@ -278,6 +289,18 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       done.set_bytes_received(last_stats_.bytes_received);
       done.set_bytes_sent(last_stats_.bytes_published);
       done.set_compression_ratio(ratio);
+      // Fragments: a short hash of each fragment of the agreed model, so a
+      // reader of the logs sees which ones this round moved (its own only).
+      std::string parts;
+      if (const uint32_t k = protocol_.config().exchange().fragments(); k > 1) {
+        std::vector<std::string> hashes;
+        for (uint32_t f = 0; f < k; ++f) {
+          const SliceRange r = FragmentOf(parts_.memory->total(), k, f);
+          hashes.push_back(
+              HashParameters(parts_.memory->parameters() + r.begin, r.end - r.begin).substr(0, 8));
+        }
+        parts = absl::StrCat(" parts=", absl::StrJoin(hashes, "/"));
+      }
       zone_measurements_.AddTraining(done.train_seconds(),
                                      protocol_.config().training().local_steps());
       zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
@@ -300,7 +323,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
                              last_stats_.stages_carried > 0
                                  ? absl::StrCat(" carried=", last_stats_.stages_carried)
                                  : ""),
-          stale_, a.hash.substr(0, 12));
+          round_note_ + parts, a.hash.substr(0, 12));
       absl::Status r = parts_.coordinator->ReportRoundDone(done);
       if (!r.ok())
         SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();
@@ -325,12 +348,18 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     }
     case Action::kExit:
       host_->CloseSession();
-      if (parts_.overlap != nullptr) {
-        parts_.overlap->Stop();
-        SHOAL_LOG(INFO) << "overlapped rounds: " << parts_.overlap->carried()
-                        << " carried the steps trained ahead (" << parts_.overlap->merged_early()
-                        << " took the average before their last step), "
-                        << parts_.overlap->restarted() << " trained from their base";
+      if (parts_.local != nullptr) {
+        parts_.local->Stop();
+        if (Overlapped()) {
+          SHOAL_LOG(INFO) << "overlapped rounds: " << parts_.local->carried()
+                          << " carried the steps trained ahead (" << parts_.local->merged_early()
+                          << " took the average before their last step), "
+                          << parts_.local->restarted() << " trained from their base";
+        } else {
+          SHOAL_LOG(INFO) << "fragment rounds: " << parts_.local->carried()
+                          << " carried the local progress, " << parts_.local->restarted()
+                          << " restarted the local model from their base";
+        }
       }
       return a.status;
   }
@@ -338,9 +367,9 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
 }
 
 shoal::v1::Metrics SyncRunner::Evaluate() {
-  if (parts_.overlap == nullptr) return parts_.trainer->Evaluate();
-  // The trainer's own model is the local one, trained meanwhile: the
-  // agreed model (the round's average) is evaluated on a second instance.
+  if (parts_.local == nullptr) return parts_.trainer->Evaluate();
+  // The trainer's own model is the local one: the agreed model (the
+  // round's average) is evaluated on a second instance.
   absl::StatusOr<shoal::v1::Metrics> m =
       parts_.trainer->EvaluateParams(parts_.memory->parameters());
   if (m.ok()) return *m;

@@ -46,7 +46,7 @@ class SyncRunner final : public Runner {
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);
   // The test set's accuracy of the model the worker holds (the round's
-  // average; with overlap, not the local model trained meanwhile).
+  // average; with a local model, not that one).
   shoal::v1::Metrics Evaluate();
   void Upload(const Action& action);
   // The outer optimizer's momentum of `a.round` from a holder (catch-up).
@@ -60,9 +60,11 @@ class SyncRunner final : public Runner {
   const RunnerParts parts_;
   WorkerProtocol protocol_;
   AveragingStats last_stats_;  // of the latest exchange
-  // Overlapped rounds: " stale=S/N" for the round's log line (S of the N
-  // steps behind the contribution ran before the last average came).
-  std::string stale_;
+  // A local model (parts_.local): " fragment=k/K" and, overlapped,
+  // " stale=S/N" for the round's log line (S of the N steps behind the
+  // contribution ran before the last average came).
+  std::string round_note_;
+  bool Overlapped() const { return parts_.local != nullptr && parts_.local->overlapped(); }
   // Step time and bandwidth for the supernode election (ReportRoundDone).
   ZoneMeasurements zone_measurements_;
 };

@@ -138,7 +138,7 @@ Worker::~Worker() {
   // The runner's transfers in flight (cancelled with the stop token) end
   // before the memory they use goes.
   runner_.reset();
-  if (overlap_) overlap_->Stop();  // the steps ahead end after their current one
+  if (local_) local_->Stop();  // the steps ahead end after their current one
   averaging_.reset();
   codec_.reset();
   memory_.reset();  // waits for (or leaks) the snapshot's lent chunks
@@ -148,10 +148,10 @@ Worker::~Worker() {
     SHOAL_LOG(ERROR) << "gRPC still holds model memory lent to peers; leaking the model instead "
                         "of freeing memory it may read";
     (void)trainer_.release();
-    (void)overlap_.release();  // holds the parameters gRPC may read
+    (void)local_.release();  // holds the parameters gRPC may read
     (void)state_.release();
   }
-  overlap_.reset();  // before stop_token_, its stop's parent
+  local_.reset();  // before stop_token_, its stop's parent
 }
 
 absl::Status Worker::Run() {
@@ -467,14 +467,14 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.threads = options_.torch_threads;
   topts.eval_limit = options_.eval_limit;
   topts.stop = &stop_token_;
-  if (config.exchange().overlap() && !IsGossipMode(config)) {
+  if ((config.exchange().overlap() || config.exchange().fragments() > 1) && !IsGossipMode(config)) {
     if (options_.make_trainer) {
       return absl::FailedPreconditionError(
-          "this run overlaps rounds (--overlap=on): it trains a second copy of the model inside "
-          "shoal-worker, which a Python training loop cannot be");
+          "this run overlaps rounds (--overlap=on) or syncs fragments (--fragments): it trains a "
+          "local copy of the model inside shoal-worker, which a Python training loop cannot be");
     }
-    overlap_ = std::make_unique<OverlappedTraining>(&stop_token_, clock_);
-    topts.stop = overlap_->stop();
+    local_ = std::make_unique<LocalTraining>(&stop_token_, config.exchange().overlap(), clock_);
+    topts.stop = local_->stop();
   }
   if (config.model().name() == "torchscript" && !options_.make_trainer) {
     absl::StatusOr<std::string> file = FetchRunModelFile(joined);
@@ -499,8 +499,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   }
   const uint64_t n = trainer_->num_elements();
   // What the round protocol, the exchange and the peers use: the trainer's
-  // buffer, or (overlapped rounds) a buffer apart from the local model.
-  float* params = overlap_ != nullptr ? overlap_->Bind(trainer_.get()) : trainer_->parameters();
+  // buffer, or (a local model) a buffer apart from it.
+  float* params = local_ != nullptr ? local_->Bind(trainer_.get()) : trainer_->parameters();
   state_->Bind(params, n, config.model().name());
   // Peers catching up pull (and verify) the model layer by layer.
   std::vector<LayerSpan> spans;
@@ -576,7 +576,7 @@ RunnerParts Worker::Parts() {
   p.codec = codec_.get();
   p.averaging = averaging_.get();
   p.sync_progress = &sync_progress_;
-  p.overlap = overlap_.get();
+  p.local = local_.get();
   return p;
 }
 

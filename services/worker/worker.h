@@ -176,11 +176,11 @@ class Worker final : private RunnerHost {
   uint32_t heartbeat_ms_ = 0;
 
   std::unique_ptr<Trainer> trainer_;  // created after the first Join (needs the config)
-  // Overlapped rounds (RunConfig.exchange.overlap): the trainer's buffer is
-  // the local model, and this holds the one memory_ manages. Null
-  // otherwise. Reset explicitly in the destructor (its stop is a child of
-  // stop_token_, declared later).
-  std::unique_ptr<OverlappedTraining> overlap_;
+  // Overlapped rounds or fragments (RunConfig.exchange.overlap,
+  // .fragments): the trainer's buffer is the local model, and this holds
+  // the agreed one memory_ manages. Null otherwise. Reset explicitly in the
+  // destructor (its stop is a child of stop_token_, declared later).
+  std::unique_ptr<LocalTraining> local_;
   // Its layout, declared with every join once the model is built.
   std::optional<shoal::v1::ModelLayout> layout_;
   std::unique_ptr<ModelMemory> memory_;  // with the trainer

@@ -107,3 +107,5 @@ add_dependencies(audit_test shoal-coordinator shoal-worker shoalctl)
 # the exchange, a late joiner (issue 27).
 shoal_test(overlap_test e2e e2e/overlap_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(overlap_test shoal-coordinator shoal-worker)
+shoal_test(fragments_test e2e e2e/fragments_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(fragments_test shoal-coordinator shoal-worker)

@@ -136,5 +136,49 @@ TEST(AveragingStepsTest, BroadcastsForwardThePiecesOfTheRootGroup) {
   EXPECT_EQ((*steps)[1].own().begin, root[1].begin);
 }
 
+TEST(AveragingStepsTest, AFragmentPlanCutsItsGroupsInsideTheFragment) {
+  // Streaming fragments: round 3 of K = 4 averages [750, 1000).
+  shoal::v1::RoundPlan plan = ThreeLevels();
+  const SliceRange fragment = FragmentOf(kTotal, 4, plan.round());
+  plan.set_fragment_begin(fragment.begin);
+  plan.set_fragment_end(fragment.end);
+  EXPECT_EQ(FragmentRange(plan).begin, 750u);
+  absl::StatusOr<std::vector<GroupStep>> steps = PlanSteps(plan, "w4", kTotal);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  // Berlin's two members split the fragment, not the model.
+  EXPECT_EQ((*steps)[0].slices[0].begin, 750u);
+  EXPECT_EQ((*steps)[0].slices[0].end, 875u);
+  EXPECT_EQ((*steps)[0].slices[1].end, 1000u);
+  // The broadcast forwards the root group's pieces of the fragment.
+  const GroupStep& last = (*steps)[1];
+  ASSERT_EQ(last.pieces.size(), 2u);
+  EXPECT_EQ(last.pieces[0].begin, 750u);
+  EXPECT_EQ(last.pieces[1].end, 1000u);
+  // Another fragment is another group result (an attempt never carries a
+  // stage of another fragment).
+  shoal::v1::RoundPlan other = plan;
+  other.set_fragment_begin(0);
+  other.set_fragment_end(250);
+  EXPECT_NE(GroupIdentities(plan)[0][0], GroupIdentities(other)[0][0]);
+  // Without fragment fields: the whole model.
+  EXPECT_EQ(FragmentRange(ThreeLevels()).end, kTotal);
+}
+
+TEST(AveragingStepsTest, RefusesAFragmentOutsideTheModelAndSlicesOutsideTheFragment) {
+  shoal::v1::RoundPlan plan = Plan(2);  // slices [0, 500), [500, 1000)
+  plan.set_fragment_begin(0);
+  plan.set_fragment_end(500);
+  // The second slice lies outside the fragment.
+  EXPECT_EQ(PlanSteps(plan, "w1", kTotal).status().code(), absl::StatusCode::kInvalidArgument);
+  plan.set_fragment_end(kTotal + 1);
+  EXPECT_EQ(PlanSteps(plan, "w1", kTotal).status().code(), absl::StatusCode::kInvalidArgument);
+  plan.set_fragment_begin(600);
+  plan.set_fragment_end(600);  // empty
+  EXPECT_EQ(PlanSteps(plan, "w1", kTotal).status().code(), absl::StatusCode::kInvalidArgument);
+  plan.set_fragment_begin(0);
+  plan.set_fragment_end(kTotal);  // the whole model, named
+  EXPECT_TRUE(PlanSteps(plan, "w1", kTotal).ok());
+}
+
 }  // namespace
 }  // namespace shoal::worker

@@ -123,5 +123,27 @@ TEST(OuterStepTest, MalformedMomentumIsRefusedAndNothingChanges) {
   EXPECT_EQ(s.momentum_round(), 3u);
 }
 
+TEST(OuterStepTest, NesterovOnAFragmentKeepsTheOtherMomentum) {
+  // Streaming fragments: a round averages one part of the model; the
+  // momentum of the rest is neither decayed nor dropped by its commit.
+  OuterStep s = Make(OuterOptimizer::kNesterov, 0.5f, 0.5f, 2);
+  ASSERT_TRUE(s.SetMomentum(4, {1.0f, -2.0f}).ok());
+  // Round 5 averages element 1 only: g = [-, 1]; m1 = 0.5 (-2) + 1 = 0.
+  const std::vector<float> base = {3.0f, 3.0f};
+  const std::vector<float> change = {0.0f, -1.0f};
+  std::vector<float> out = base;
+  s.Apply(5, 1, 1, base.data() + 1, change.data() + 1, out.data() + 1);
+  // new1 = 3 - 0.5 (1 + 0.5 * 0) = 2.5; element 0 is not touched.
+  EXPECT_EQ(out, (std::vector<float>{3.0f, 2.5f}));
+  s.Commit(5);
+  EXPECT_EQ(s.momentum(), (std::vector<float>{1.0f, 0.0f}));
+  // The next round averages element 0 from its own committed momentum.
+  const std::vector<float> change6 = {-2.0f, 0.0f};
+  s.Apply(6, 0, 1, out.data(), change6.data(), out.data());
+  s.Commit(6);
+  // m0 = 0.5 * 1 + 2 = 2.5; element 1's momentum is still round 5's.
+  EXPECT_EQ(s.momentum(), (std::vector<float>{2.5f, 0.0f}));
+}
+
 }  // namespace
 }  // namespace shoal::worker

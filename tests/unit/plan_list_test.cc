@@ -63,6 +63,21 @@ TEST(PlanListTest, CompactPlanGetsTheSlicesOfTheKeptList) {
   EXPECT_EQ(bigger.slices(2).end(), 1000u);
 }
 
+TEST(PlanListTest, ACompactPlanOfAFragmentCutsItsSlicesInsideIt) {
+  PlanList list;
+  v1::RoundPlan full = FullPlan(7);
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan plan = CompactPlan(7, 1000);
+  plan.set_fragment_begin(250);
+  plan.set_fragment_end(550);
+  ASSERT_TRUE(list.Expand(&plan).ok());
+  ASSERT_EQ(plan.slices_size(), 3);
+  EXPECT_EQ(plan.slices(0).begin(), 250u);
+  EXPECT_EQ(plan.slices(0).end(), 350u);
+  EXPECT_EQ(plan.slices(1).begin(), 350u);
+  EXPECT_EQ(plan.slices(2).end(), 550u);
+}
+
 TEST(PlanListTest, OutboundOnlyParticipantsKeepEmptySlicesInCompactPlans) {
   PlanList list;
   v1::RoundPlan full = FullPlan(8);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/shard_plan.h"
 #include "common/worker_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -41,12 +42,16 @@ class RoundEngineTest : public ::testing::Test {
     options.config.mutable_sync()->set_min_participants(min_participants);
     options.config.mutable_sync()->set_rounds(rounds);
     options.config.mutable_training()->set_seed(7);
+    options.config.mutable_exchange()->set_fragments(fragments_);
     options.run_id = "run-test";
     options.heartbeat_lease = absl::Seconds(10);
     options.session_grace = absl::Seconds(10);
     options.max_departed_shown = max_departed_shown;
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
+
+  // RunConfig.exchange.fragments of the next Start.
+  uint32_t fragments_ = 0;
 
   absl::StatusOr<JoinResult> Join(int port, const std::string& previous_worker_id = "") {
     v1::JoinRequest request;
@@ -390,6 +395,37 @@ TEST_F(RoundEngineTest, NewcomerAfterFirstReadyIsAdmittedToNextRound) {
   EXPECT_EQ(start.round_start().round(), 2u);
   EXPECT_EQ(start.round_start().base_model_round(), 1u);
   EXPECT_THAT(Participants(engine_->Status()), ElementsAre(ids[0], ids[1], w3));
+}
+
+// Streaming fragments: the plan names round r's fragment (r mod K) and
+// cuts the slices inside it; the compact plan of the next round carries
+// the next fragment.
+TEST_F(RoundEngineTest, AFragmentRunPlansEachRoundInsideItsFragment) {
+  fragments_ = 4;
+  Start(2);
+  const std::vector<std::string> ids = StartRoundOne(2);
+  // A model smaller than the fragments cannot be cut.
+  Directives refused;
+  EXPECT_EQ(Ready(ids[0], 1, 3, &refused).code(), absl::StatusCode::kFailedPrecondition);
+  ReadyOk(ids[0], 1);
+  const Directives plan = ReadyOk(ids[1], 1);
+  const v1::RoundPlan p1 = MessageFor(plan, ids[0], kPlan).round_plan();
+  const SliceRange f1 = FragmentOf(kTotal, 4, 1);  // [250, 500)
+  EXPECT_EQ(p1.fragment_begin(), f1.begin);
+  EXPECT_EQ(p1.fragment_end(), f1.end);
+  ASSERT_EQ(p1.slices_size(), 2);
+  EXPECT_EQ(p1.slices(0).begin(), 250u);
+  EXPECT_EQ(p1.slices(0).end(), 375u);
+  EXPECT_EQ(p1.slices(1).begin(), 375u);
+  EXPECT_EQ(p1.slices(1).end(), 500u);
+  AllConnected(1);
+  DoneOk(ids[0], 1, Hash('a'));
+  DoneOk(ids[1], 1, Hash('a'));
+  ReadyOk(ids[0], 2);
+  const v1::RoundPlan p2 = MessageFor(ReadyOk(ids[1], 2), ids[0], kPlan).round_plan();
+  EXPECT_EQ(p2.fragment_begin(), 500u);
+  EXPECT_EQ(p2.fragment_end(), 750u);
+  EXPECT_EQ(p2.slices_size(), 0);  // the same list: the worker cuts it
 }
 
 // ---------------------------------------------------------------- Ready barrier

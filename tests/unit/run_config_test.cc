@@ -221,6 +221,25 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        },
        "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
        "shoal-worker"},
+      {"gossip fragments", [](RunConfig* c) { c->mutable_exchange()->set_fragments(4); },
+       "exchange.fragments (--fragments) syncs one fragment per round; gossip (--mode=gossip) has "
+       "no rounds",
+       true},
+      {"fragments audits",
+       [](RunConfig* c) {
+         c->mutable_exchange()->set_fragments(4);
+         c->mutable_training()->set_sample_ledger(true);
+         c->mutable_trust()->set_audit_rate(0.1);
+       },
+       "exchange.fragments (--fragments) makes a contribution of progress kept on the worker"},
+      {"fragments python",
+       [](RunConfig* c) {
+         c->mutable_exchange()->set_fragments(2);
+         c->mutable_model()->set_name("module");
+       },
+       "exchange.fragments (--fragments) keeps a local model apart from the agreed one"},
+      {"too many fragments", [](RunConfig* c) { c->mutable_exchange()->set_fragments(5000); },
+       "exchange.fragments (--fragments) must be at most 4096, is 5000"},
   };
   for (const Refusal& r : cases) {
     RunConfig c = r.gossip ? Gossip() : Defaults();
@@ -247,8 +266,15 @@ TEST(ValidateRunConfigTest, TheRobustRulesAndTheHierarchyPassWhereTheyFit) {
   c.mutable_exchange()->mutable_outer_optimizer()->set_kind("nesterov");
   c.mutable_exchange()->set_aggregation("trimmed_mean:1");
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
-  // Overlapped rounds compose with all of it (issue 27).
+  // Overlapped rounds and fragments compose with all of it (issue 27).
   c.mutable_exchange()->set_overlap(true);
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  c.mutable_exchange()->set_fragments(4);
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  // Fragments alone keep the sample ledger (each round's steps are its
+  // samples; only the replay of an audit needs more than the agreed model).
+  c.mutable_exchange()->set_overlap(false);
+  c.mutable_training()->set_sample_ledger(true);
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
   RunConfig g = Gossip();
   g.mutable_exchange()->set_codec("int8");
@@ -279,6 +305,13 @@ TEST(NormalizeRunConfigTest, FillsWhatTheCoordinatorDerives) {
   g.mutable_gossip()->set_final_average(true);
   NormalizeRunConfig(&g);
   EXPECT_TRUE(g.gossip().final_average());
+  // Fragments drop late work: folded into the next round it would land in
+  // another fragment's round.
+  RunConfig f;
+  f.mutable_sync()->set_fold_late_work(true);
+  f.mutable_exchange()->set_fragments(4);
+  NormalizeRunConfig(&f);
+  EXPECT_FALSE(f.sync().fold_late_work());
 }
 
 constexpr char kYaml[] = R"(# the example of docs/CONFIG.md
@@ -344,7 +377,7 @@ void ExpectRefused(const std::string& text, const std::string& message) {
 TEST(RunConfigFileTest, UnknownKeysAreRefusedWithTheirPath) {
   ExpectRefused("exchange:\n  codecc: int8\n", "run.yaml:2: unknown key 'exchange.codecc'");
   ExpectRefused("exchange:\n  codecc: int8\n",
-                "(keys here: codec, outer_optimizer, aggregation, overlap)");
+                "(keys here: codec, outer_optimizer, aggregation, overlap, fragments)");
   ExpectRefused("trainin: {seed: 1}\n", "run.yaml:1: unknown key 'trainin'");
   ExpectRefused("exchange: {outer_optimizer: {kind: sgd, learning_rate: 1}}\n",
                 "unknown key 'exchange.outer_optimizer.learning_rate'");

@@ -118,5 +118,41 @@ TEST(ShardPlannerTest, OutboundOnlyParticipantsOwnEmptySlicesInOrder) {
   for (const SliceRange& r : PlanSlicesAmong(7, {true, true})) EXPECT_EQ(r.begin, r.end);
 }
 
+TEST(ShardPlannerTest, FragmentsCoverTheModelRoundByRound) {
+  // K = 4 over 10 elements: [0, 2), [2, 5), [5, 7), [7, 10), round r
+  // takes fragment r mod 4.
+  const std::vector<SliceRange> ref = PlanSlices(10, 4);
+  std::vector<int> covered(10, 0);
+  for (uint64_t round = 1; round <= 8; ++round) {
+    const SliceRange f = FragmentOf(10, 4, round);
+    EXPECT_EQ(f.begin, ref[round % 4].begin) << round;
+    EXPECT_EQ(f.end, ref[round % 4].end) << round;
+    for (uint64_t i = f.begin; i < f.end; ++i) ++covered[i];
+  }
+  // Two turns: every element twice.
+  EXPECT_EQ(covered, std::vector<int>(10, 2));
+  // No fragments: the whole model every round.
+  for (uint32_t k : {0u, 1u}) {
+    const SliceRange f = FragmentOf(10, k, 7);
+    EXPECT_EQ(f.begin, 0u);
+    EXPECT_EQ(f.end, 10u);
+  }
+  // Huge models do not overflow.
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  const SliceRange last = FragmentOf(max, 7, 6);
+  EXPECT_EQ(last.end, max);
+}
+
+TEST(ShardPlannerTest, SlicesAmongTheParticipantsInsideAFragment) {
+  const std::vector<SliceRange> s = PlanSlicesAmong(SliceRange{100, 110}, {false, true, false});
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].begin, 100u);
+  EXPECT_EQ(s[0].end, 105u);
+  EXPECT_EQ(s[1].begin, 105u);  // behind NAT: empty, where the next owner begins
+  EXPECT_EQ(s[1].end, 105u);
+  EXPECT_EQ(s[2].begin, 105u);
+  EXPECT_EQ(s[2].end, 110u);
+}
+
 }  // namespace
 }  // namespace shoal

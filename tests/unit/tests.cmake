@@ -125,5 +125,5 @@ shoal_test(model_layout_test unit ${CMAKE_CURRENT_LIST_DIR}/model_layout_test.cc
   LIBS coordinator_core worker_core)
 # Overlapped rounds: which round's progress applies to which model, and the
 # carry (issue 27).
-shoal_test(overlapped_training_test unit ${CMAKE_CURRENT_LIST_DIR}/overlapped_training_test.cc
+shoal_test(local_training_test unit ${CMAKE_CURRENT_LIST_DIR}/local_training_test.cc
   LIBS worker_lib)

@@ -476,6 +476,11 @@ absl::Status SyncRounds::ReportReady(Member& m, const shoal::v1::ReportReadyRequ
   if (request.total_elements() == 0) {
     return absl::InvalidArgumentError("total_elements must be positive");
   }
+  if (request.total_elements() < options_.config.exchange().fragments()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a model of ", request.total_elements(), " elements cannot be cut into ",
+                     options_.config.exchange().fragments(), " fragments (--fragments)"));
+  }
   if (total_elements_ == 0) total_elements_ = request.total_elements();
   if (request.total_elements() != total_elements_) {
     return absl::InvalidArgumentError(absl::StrCat("model has ", request.total_elements(),
@@ -650,7 +655,10 @@ void SyncRounds::SendPlan(Directives* out) {
   for (size_t k = 0; k < participants_.size(); ++k) {
     outbound[k] = members_->At(participants_[k]).outbound_only;
   }
-  const std::vector<SliceRange> slices = PlanSlicesAmong(total_elements_, outbound);
+  // Streaming fragments: the round averages its fragment only.
+  const SliceRange fragment =
+      FragmentOf(total_elements_, options_.config.exchange().fragments(), round_);
+  const std::vector<SliceRange> slices = PlanSlicesAmong(fragment, outbound);
   // A new version whenever the list (ids, addresses, outbound-only, order)
   // changed.
   bool same_list = plan_list_.size() == participants_.size() && plan_list_outbound_ == outbound;
@@ -673,6 +681,10 @@ void SyncRounds::SendPlan(Directives* out) {
   plan->set_total_elements(total_elements_);
   plan->set_attempt(attempt_);
   plan->set_participants_version(plan_list_version_);
+  if (fragment.end - fragment.begin != total_elements_) {
+    plan->set_fragment_begin(fragment.begin);
+    plan->set_fragment_end(fragment.end);
+  }
   size_t stages = 0;
   // A participant behind NAT cannot serve a stage's copies: such rounds
   // stay flat (docs/SUPERNODES.md, "NAT").

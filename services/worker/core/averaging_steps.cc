@@ -85,7 +85,9 @@ std::vector<std::vector<std::string>> GroupIdentities(const shoal::v1::RoundPlan
     std::vector<std::string>& ids = out.emplace_back();
     for (const HierarchyGroup& g : stage.groups()) {
       Sha256 h;
-      HashField(&h, absl::StrCat("round ", plan.round(), " of ", plan.total_elements()));
+      const SliceRange fragment = FragmentRange(plan);
+      HashField(&h, absl::StrCat("round ", plan.round(), " of ", plan.total_elements(), " [",
+                                 fragment.begin, ", ", fragment.end, ")"));
       HashField(&h, HierarchyStage::Kind_Name(stage.kind()));
       HashField(&h, g.zone());
       for (int k = 0; k < g.members_size(); ++k) {
@@ -104,6 +106,11 @@ std::vector<std::vector<std::string>> GroupIdentities(const shoal::v1::RoundPlan
   return out;
 }
 
+SliceRange FragmentRange(const shoal::v1::RoundPlan& plan) {
+  if (plan.fragment_begin() == 0 && plan.fragment_end() == 0) return {0, plan.total_elements()};
+  return {plan.fragment_begin(), plan.fragment_end()};
+}
+
 absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& plan,
                                                  const std::string& self_id, uint64_t total) {
   const int n = plan.slices_size();
@@ -119,16 +126,23 @@ absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& pla
     return absl::InvalidArgumentError(
         absl::StrCat("plan is for ", plan.total_elements(), " elements, the model has ", total));
   }
+  const SliceRange fragment = FragmentRange(plan);
+  if (fragment.begin >= fragment.end || fragment.end > total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the fragment [", fragment.begin, ", ", fragment.end, ") of the plan of round ",
+        plan.round(), " is not a part of the model of ", total, " elements"));
+  }
   std::vector<GroupStep> steps;
   if (!plan.has_hierarchy() || plan.hierarchy().stages_size() == 0) {
     GroupStep& step = steps.emplace_back();
     step.self = self;
     for (int k = 0; k < n; ++k) {
       const shoal::v1::SliceAssignment& s = plan.slices(k);
-      if (s.begin() > s.end() || s.end() > total) {
-        return absl::InvalidArgumentError(absl::StrCat("slice [", s.begin(), ", ", s.end(), ") of ",
-                                                       s.worker_id(), " is outside the model of ",
-                                                       total, " elements"));
+      if (s.begin() > s.end() || s.begin() < fragment.begin || s.end() > fragment.end) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slice [", s.begin(), ", ", s.end(), ") of ", s.worker_id(),
+                         " is outside the part [", fragment.begin, ", ", fragment.end,
+                         ") of the model of ", total, " elements the round averages"));
       }
       step.members.push_back(MemberOf(plan, k));
       step.weights.push_back(1);
@@ -141,7 +155,7 @@ absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& pla
   // The ranges each participant holds its model as, so far: its own
   // trained model is one whole range until a group averages it.
   std::vector<std::vector<SliceRange>> pieces(static_cast<size_t>(n),
-                                              std::vector<SliceRange>{{0, total}});
+                                              std::vector<SliceRange>{fragment});
   const auto& stages = plan.hierarchy().stages();
   for (int s = 0; s < stages.size(); ++s) {
     const HierarchyStage& stage = stages[s];
@@ -152,7 +166,8 @@ absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& pla
       const HierarchyGroup& group = stage.groups(g);
       const int m = group.members_size();
       if (stage.kind() == HierarchyStage::AVERAGE) {
-        const std::vector<SliceRange> slices = PlanSlices(total, static_cast<size_t>(m));
+        const std::vector<SliceRange> slices =
+            PlanSlicesAmong(fragment, std::vector<bool>(static_cast<size_t>(m), false));
         for (uint32_t p : group.members()) updates.emplace_back(static_cast<int>(p), slices);
       } else {
         for (uint32_t p : group.members()) {
@@ -172,7 +187,7 @@ absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& pla
         step.members.push_back(MemberOf(plan, static_cast<int>(p)));
       if (step.kind == GroupStep::Kind::kAverage) {
         step.weights.assign(group.weights().begin(), group.weights().end());
-        step.slices = PlanSlices(total, static_cast<size_t>(m));
+        step.slices = PlanSlicesAmong(fragment, std::vector<bool>(static_cast<size_t>(m), false));
       } else {
         step.head = PositionIn(group, static_cast<int>(group.head()));
         step.pieces = pieces[group.head()];

@@ -53,7 +53,8 @@ struct GroupStep {
   std::vector<uint32_t> weights;
   std::vector<SliceRange> slices;
   // kBroadcast: the index of the head in `members`, and the ranges the
-  // head holds its model as (they cover [0, T) in order).
+  // head holds its model as (they cover the round's fragment, [0, T)
+  // without fragments, in order).
   int head = -1;
   std::vector<SliceRange> pieces;
   // Hierarchical rounds: the identity of the group's result
@@ -63,9 +64,15 @@ struct GroupStep {
   const SliceRange& own() const { return slices[static_cast<size_t>(self)]; }
 };
 
-// The steps `self_id` takes in `plan`, in order. INVALID_ARGUMENT when the
-// worker is not a participant, the plan is for another model size than
-// `total` or its hierarchy is malformed (CheckHierarchy).
+// The part of the model `plan` averages (RoundPlan.fragment_begin/end):
+// [0, total_elements) when the plan names no fragment.
+SliceRange FragmentRange(const shoal::v1::RoundPlan& plan);
+
+// The steps `self_id` takes in `plan`, in order: slices and pieces cut the
+// plan's fragment (FragmentRange). INVALID_ARGUMENT when the worker is not
+// a participant, the plan is for another model size than `total`, its
+// fragment or a slice lies outside the model or its hierarchy is malformed
+// (CheckHierarchy).
 absl::StatusOr<std::vector<GroupStep>> PlanSteps(const shoal::v1::RoundPlan& plan,
                                                  const std::string& self_id, uint64_t total);
 
@@ -77,7 +84,7 @@ absl::Status CheckHierarchy(const shoal::v1::RoundHierarchy& hierarchy, int n);
 
 // The identity of every group's result in `plan` (a valid hierarchy; by
 // stage, then by group, in plan order): a SHA-256 (hex) over the round, the
-// model's size, the stage's kind, the group's zone, its members' ids (with
+// model's size and the round's fragment, the stage's kind, the group's zone, its members' ids (with
 // their weights, or the head's id), and what each member brings to it: its
 // own trained model, or the identity of the group it took part in last. Two
 // attempts of a round that give a group the same identity compute the same

@@ -26,7 +26,9 @@ void OuterStep::Apply(uint64_t round, uint64_t begin, size_t n, const float* bas
       return;
     case OuterOptimizer::kNesterov: {
       if (!pending_valid_ || pending_round_ != round) {
-        // A new round (or attempt after a void): start from the committed.
+        // A new round (or attempt after a void): start from the committed,
+        // which the elements outside [begin, begin + n) keep.
+        std::copy(momentum_.begin(), momentum_.end(), pending_.begin());
         pending_round_ = round;
         pending_valid_ = true;
       }

@@ -50,8 +50,9 @@ class OuterStep {
 
   // out[i] = new model for elements [begin, begin + n) of round `round`,
   // from base[i] and change[i] (all three point at element `begin`); the
-  // momentum of those elements becomes pending for `round`. `out` may be
-  // `base` or `change`.
+  // momentum of those elements becomes pending for `round`; the other
+  // elements' momentum stays as committed (a round that averages one
+  // fragment moves only its momentum). `out` may be `base` or `change`.
   void Apply(uint64_t round, uint64_t begin, size_t n, const float* base, const float* change,
              float* out);
   // `round` is agreed: its pending momentum becomes the committed one.

@@ -1,6 +1,6 @@
 // Overlapped rounds (RunConfig.exchange.overlap, docs/OVERLAP.md): which
 // local progress a round's contribution carries. Pure decisions, no
-// threads or I/O; services/worker/overlapped_training.h carries them out.
+// threads or I/O; services/worker/local_training.h carries them out.
 //
 // The rule (the delayed update of asynchronous / streaming DiLoCo with a
 // delay of one round): when round N's local steps end the worker reports

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shard_plan.h"
+#include "services/worker/core/averaging_steps.h"
 
 namespace shoal::worker {
 
@@ -23,7 +24,7 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
         absl::StrCat("the plan of round ", plan->round(), " uses participant list ",
                      plan->participants_version(), ", this worker holds list ", version_));
   }
-  const std::vector<SliceRange> ranges = PlanSlicesAmong(plan->total_elements(), outbound_);
+  const std::vector<SliceRange> ranges = PlanSlicesAmong(FragmentRange(*plan), outbound_);
   plan->mutable_slices()->Reserve(static_cast<int>(members_.size()));
   for (size_t k = 0; k < members_.size(); ++k) {
     auto* s = plan->add_slices();

@@ -1,4 +1,4 @@
-#include "services/worker/overlapped_training.h"
+#include "services/worker/local_training.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -10,12 +10,12 @@
 
 namespace shoal::worker {
 
-OverlappedTraining::OverlappedTraining(CancellationToken* parent, const Clock* clock)
-    : stop_(parent), clock_(clock != nullptr ? clock : RealClock::Get()) {}
+LocalTraining::LocalTraining(CancellationToken* parent, bool ahead, const Clock* clock)
+    : stop_(parent), ahead_mode_(ahead), clock_(clock != nullptr ? clock : RealClock::Get()) {}
 
-OverlappedTraining::~OverlappedTraining() { Stop(); }
+LocalTraining::~LocalTraining() { Stop(); }
 
-float* OverlappedTraining::Bind(Trainer* trainer) {
+float* LocalTraining::Bind(Trainer* trainer) {
   trainer_ = trainer;
   n_ = trainer->num_elements();
   params_.assign(trainer->parameters(), trainer->parameters() + n_);
@@ -23,7 +23,7 @@ float* OverlappedTraining::Bind(Trainer* trainer) {
   return params_.data();
 }
 
-void OverlappedTraining::StartAhead(uint64_t for_round, uint32_t steps) {
+void LocalTraining::StartAhead(uint64_t for_round, uint32_t steps) {
   ahead_.started = true;
   ahead_.for_round = for_round;
   ahead_loss_ = 0;
@@ -61,7 +61,7 @@ void OverlappedTraining::StartAhead(uint64_t for_round, uint32_t steps) {
   });
 }
 
-bool OverlappedTraining::AwaitGo() {
+bool LocalTraining::AwaitGo() {
   absl::MutexLock lock(&mu_);
   auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !held_ || has_posted_ || abandon_ || stop_.cancelled();
@@ -71,12 +71,12 @@ bool OverlappedTraining::AwaitGo() {
   return !abandon_ && !stop_.cancelled();
 }
 
-void OverlappedTraining::Release() {
+void LocalTraining::Release() {
   absl::MutexLock lock(&mu_);
   held_ = false;
 }
 
-bool OverlappedTraining::TakePosted() {
+bool LocalTraining::TakePosted() {
   absl::MutexLock lock(&mu_);
   if (!has_posted_) return false;
   float* local = trainer_->parameters();
@@ -89,20 +89,21 @@ bool OverlappedTraining::TakePosted() {
   return true;
 }
 
-void OverlappedTraining::Post(const float* average) {
-  if (!ahead_.started) return;
+void LocalTraining::Post(const float* average) {
+  // Not overlapped, the next round's start takes the agreed model.
+  if (!ahead_.started || !ahead_mode_) return;
   absl::MutexLock lock(&mu_);
   posted_.assign(average, average + n_);
   has_posted_ = true;
   held_ = false;  // the exchange is over
 }
 
-void OverlappedTraining::JoinAhead() {
+void LocalTraining::JoinAhead() {
   if (thread_.joinable()) thread_.join();
 }
 
-OverlappedTraining::Round OverlappedTraining::TrainRound(uint64_t round, uint64_t model_round,
-                                                         uint32_t steps, float* params) {
+LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_round, uint32_t steps,
+                                               float* params, SliceRange fragment) {
   Round r;
   r.use = DecideAhead(ahead_, round, model_round);
   {
@@ -114,49 +115,77 @@ OverlappedTraining::Round OverlappedTraining::TrainRound(uint64_t round, uint64_
   }
   JoinAhead();
   float* local = trainer_->parameters();
+  uint32_t trained = 0;
+  double loss_sum = 0;
   if (r.use == AheadUse::kCarry) {
-    // An average that came after the last step: the same move now.
-    TakePosted();
-    if (ahead_merged_) ++merged_early_;
-    // C = G + (L - start): the progress made meanwhile, onto the agreed
-    // model. Where the steps started from the agreed model itself (the
-    // average came before the first step), C = L exactly: the same bits
-    // as a round trained without overlap.
-    for (uint64_t i = 0; i < n_; ++i) {
-      params[i] = start_[i] == params[i] ? local[i] : params[i] + (local[i] - start_[i]);
+    {
+      absl::MutexLock lock(&mu_);
+      has_posted_ = false;  // the agreed model below is that average
     }
-    r.loss = ahead_loss_;
+    // The local model takes the agreed model wherever it has not yet (an
+    // average that came after the last step ahead, or, not overlapped, at
+    // all): L += G - S, S = G; exact where nothing moved since (L = G).
+    for (uint64_t i = 0; i < n_; ++i) {
+      if (start_[i] == params[i]) continue;
+      local[i] = local[i] == start_[i] ? params[i] : local[i] + (params[i] - start_[i]);
+      start_[i] = params[i];
+    }
+    if (ahead_merged_) ++merged_early_;
+    trained = ahead_steps_;
+    loss_sum = ahead_loss_ * ahead_steps_;
     r.train_seconds = ahead_seconds_;
-    r.steps = ahead_steps_;
     r.stale_steps = ahead_stale_steps_;
     ++carried_;
   } else {
-    absl::MutexLock lock(&mu_);
-    has_posted_ = false;  // for other work
-  }
-  if (r.use == AheadUse::kRestart) {
+    {
+      absl::MutexLock lock(&mu_);
+      has_posted_ = false;  // for other work
+    }
     if (ahead_.started) {
       SHOAL_LOG(INFO) << "round " << round << " (base: the model of round " << model_round
-                      << "): the steps trained ahead were for round " << ahead_.for_round
-                      << "; they are let go and the round trains from its base";
+                      << "): the local progress was for round " << ahead_.for_round
+                      << "; it is let go and the round trains from its base";
     }
-    // The local model restarts from the round's base and trains now.
+    // The local model restarts from the round's base.
     std::copy_n(params, n_, local);
-    const absl::Time t0 = clock_->Now();
-    r.loss = trainer_->TrainSteps(steps);
-    r.train_seconds = absl::ToDoubleSeconds(clock_->Now() - t0);
-    std::copy_n(local, n_, params);
+    std::copy_n(params, n_, start_.data());
     ++restarted_;
   }
-  // The steps ahead start from the contribution.
-  std::copy_n(params, n_, local);
-  std::copy_n(params, n_, start_.data());
+  if (trained < steps && !stop_.cancelled()) {
+    // Not overlapped, or restarted: the steps train now.
+    const absl::Time t0 = clock_->Now();
+    loss_sum += trainer_->TrainSteps(steps - trained) * (steps - trained);
+    r.train_seconds += absl::ToDoubleSeconds(clock_->Now() - t0);
+    trained = steps;
+  }
+  r.steps = trained;
+  r.loss = trained == 0 ? 0 : loss_sum / trained;
+  // The local model now holds the agreed model plus the progress since it
+  // took it (S = G everywhere): C = L on the fragment. Where the steps
+  // started from the agreed model itself (the average came before the
+  // first step ahead, or no step was ahead), these are the bits of a
+  // round trained without a local model. The rest of the model stays
+  // agreed in `params`, and keeps its progress in the local model until
+  // its own round.
+  const uint64_t width = fragment.end - fragment.begin;
+  std::copy_n(local + fragment.begin, width, params + fragment.begin);
+  std::copy_n(local + fragment.begin, width, start_.data() + fragment.begin);
   ahead_ = {};
-  if (!stop_.cancelled()) StartAhead(round + 1, steps);
+  if (!ahead_mode_) {
+    ahead_.started = true;  // nothing trains ahead; the next round carries
+    ahead_.for_round = round + 1;
+    ahead_merged_ = false;
+    ahead_steps_ = 0;
+    ahead_stale_steps_ = 0;
+    ahead_loss_ = 0;
+    ahead_seconds_ = 0;
+  } else if (!stop_.cancelled()) {
+    StartAhead(round + 1, steps);
+  }
   return r;
 }
 
-void OverlappedTraining::Stop() {
+void LocalTraining::Stop() {
   stop_.Cancel();
   {
     absl::MutexLock lock(&mu_);

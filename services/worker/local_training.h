@@ -1,26 +1,36 @@
-// Overlapped rounds (RunConfig.exchange.overlap, docs/OVERLAP.md): the
-// trainer's flat buffer becomes the worker's local model, trained on a
-// thread of its own while the runner's thread exchanges; the model the
-// round protocol, the exchange and the peers see (ModelMemory's
-// parameters, the agreed model and the contributions) is a second buffer
-// owned here. The carry rule is core/overlap_rule.h.
+// The local model apart from the agreed one: overlapped rounds
+// (RunConfig.exchange.overlap) and streaming fragments
+// (RunConfig.exchange.fragments; docs/OVERLAP.md). The trainer's flat
+// buffer becomes the worker's local model L; the model the round protocol,
+// the exchange and the peers see (ModelMemory's parameters, the agreed
+// model G and the contributions) is a second buffer owned here. The carry
+// rule is core/overlap_rule.h.
 //
-// The steps ahead take the round's average as soon as this worker's
-// exchange has computed it (Post): between two steps the local model
-// moves onto it with the progress made so far (L += P - start; start = P),
+// A round's contribution carries the local progress onto the agreed model
+// on the round's fragment [b, e) (the whole model without fragments):
+// C = G + (L - S) there, with S where the local model last took an
+// average, and C = G elsewhere, so the elements the round does not average
+// stay the agreed model on every worker and the hash keeps its meaning.
+// The local model keeps its progress outside the fragment until that
+// fragment's round.
+//
+// Overlapped (`ahead`): the steps of round N+1 run on a thread of their own
+// while round N is exchanged, and take the round's average as soon as this
+// worker's exchange has computed it (Post): between two steps the local
+// model moves onto it with the progress made so far (L += P - S; S = P),
 // so only the steps that ran during the exchange are stale, not the whole
 // round; on a fast link, a few. On a link slower than the training, the
 // steps end before the average comes and the carry at the next round
-// start does the same.
+// start does the same. Not overlapped (fragments alone): the steps train
+// at the round's start, in the foreground, after the same move.
 //
 // Threads: TrainRound, Post and Stop are called from the runner's thread;
 // the work ahead runs on a thread this object starts and joins, and
-// touches only the trainer (TrainSteps on its own buffer), its start and
-// (under a mutex) what was posted. The trainer must not be trained by
-// anyone else meanwhile; EvaluateParams (a second instance of the model)
-// is safe.
-#ifndef SHOAL_SERVICES_WORKER_OVERLAPPED_TRAINING_H_
-#define SHOAL_SERVICES_WORKER_OVERLAPPED_TRAINING_H_
+// touches only the trainer (TrainSteps on its own buffer), S and (under a
+// mutex) what was posted. The trainer must not be trained by anyone else
+// meanwhile; EvaluateParams (a second instance of the model) is safe.
+#ifndef SHOAL_SERVICES_WORKER_LOCAL_TRAINING_H_
+#define SHOAL_SERVICES_WORKER_LOCAL_TRAINING_H_
 
 #include <cstdint>
 #include <thread>
@@ -29,21 +39,24 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cancellation.h"
 #include "common/clock.h"
+#include "common/shard_plan.h"
 #include "services/worker/core/overlap_rule.h"
 #include "services/worker/core/trainer.h"
 
 namespace shoal::worker {
 
-class OverlappedTraining {
+class LocalTraining {
  public:
   // The trainer's stop (TrainerOptions::stop) must be stop() below, so
   // that Stop() ends the steps ahead at once. `parent` (the worker's stop)
-  // cancels it too; it must outlive this object.
-  explicit OverlappedTraining(CancellationToken* parent, const Clock* clock = nullptr);
+  // cancels it too; it must outlive this object. `ahead`: overlapped
+  // rounds (the next round's steps train while this one is averaged).
+  explicit LocalTraining(CancellationToken* parent, bool ahead = true,
+                         const Clock* clock = nullptr);
   // Stops and joins the work ahead.
-  ~OverlappedTraining();
-  OverlappedTraining(const OverlappedTraining&) = delete;
-  OverlappedTraining& operator=(const OverlappedTraining&) = delete;
+  ~LocalTraining();
+  LocalTraining(const LocalTraining&) = delete;
+  LocalTraining& operator=(const LocalTraining&) = delete;
 
   const CancellationToken* stop() const { return &stop_; }
 
@@ -64,10 +77,18 @@ class OverlappedTraining {
   };
   // Round `round`'s training, `params` (the buffer Bind returned) holding
   // the agreed model of `model_round`: waits for the steps trained ahead
-  // and carries them onto it, or trains `steps` now (DecideAhead), then
-  // starts the next round's `steps` ahead, from the contribution. `params`
-  // becomes the contribution.
-  Round TrainRound(uint64_t round, uint64_t model_round, uint32_t steps, float* params);
+  // (or trains them now, not overlapped) and carries the local progress
+  // onto it, or restarts the local model from it and trains `steps` now
+  // (DecideAhead). `params` becomes the contribution on `fragment` (the
+  // elements the round averages) and stays the agreed model elsewhere.
+  // Overlapped, the next round's `steps` start ahead.
+  Round TrainRound(uint64_t round, uint64_t model_round, uint32_t steps, float* params,
+                   SliceRange fragment);
+  Round TrainRound(uint64_t round, uint64_t model_round, uint32_t steps, float* params) {
+    return TrainRound(round, model_round, steps, params, {0, n_});
+  }
+
+  bool overlapped() const { return ahead_mode_; }
 
   // The steps ahead start held: they run only once the round they follow
   // is being exchanged (its plan came: Release), never while it waits for
@@ -81,17 +102,17 @@ class OverlappedTraining {
   // the round whose contribution the steps ahead started from (a new
   // attempt posts again): they move onto it between two steps, or at the
   // next TrainRound when they already ended. Nothing happens when no work
-  // is ahead.
+  // is ahead (not overlapped: the next TrainRound takes the agreed model).
   void Post(const float* average);
 
   // Ends the work ahead (after its current step) and joins it, and the
-  // trainer's model becomes the one Bind's buffer holds (what a worker
-  // predicts with at exit); TrainRound must not be called again.
-  // Idempotent.
+  // trainer's model becomes the one Bind's buffer holds (the agreed model:
+  // what a worker predicts with at exit); TrainRound must not be called
+  // again. Idempotent.
   void Stop();
 
   const AheadWork& ahead() const { return ahead_; }
-  // Rounds that carried work trained ahead / restarted from their base.
+  // Rounds that carried the local progress / restarted from their base.
   uint64_t carried() const { return carried_; }
   uint64_t restarted() const { return restarted_; }
   // Rounds whose steps ahead took the average before they ended.
@@ -108,12 +129,14 @@ class OverlappedTraining {
   bool AwaitGo();
 
   CancellationToken stop_;
+  const bool ahead_mode_;
   const Clock* clock_;
   Trainer* trainer_ = nullptr;
   uint64_t n_ = 0;
   // The agreed model / contribution (ModelMemory's parameters).
   std::vector<float> params_;
-  // The local model where the work ahead started.
+  // S: per element, the local model where it last took the agreed model
+  // (an average, or the contribution it carried).
   std::vector<float> start_;
   AheadWork ahead_;
   std::thread thread_;
@@ -135,4 +158,4 @@ class OverlappedTraining {
 
 }  // namespace shoal::worker
 
-#endif  // SHOAL_SERVICES_WORKER_OVERLAPPED_TRAINING_H_
+#endif  // SHOAL_SERVICES_WORKER_LOCAL_TRAINING_H_

@@ -1,8 +1,8 @@
 // Overlapped rounds (RunConfig.exchange.overlap, docs/OVERLAP.md): which
 // round's local progress applies to which model (core/overlap_rule.h), and
-// the carry that OverlappedTraining does with it, on a fake trainer whose
+// the carry that LocalTraining does with it, on a fake trainer whose
 // steps add a known amount to every parameter.
-#include "services/worker/overlapped_training.h"
+#include "services/worker/local_training.h"
 
 #include <gtest/gtest.h>
 
@@ -101,18 +101,18 @@ class AddingTrainer : public Trainer {
   std::vector<uint64_t> counts_;
 };
 
-class OverlappedTrainingTest : public ::testing::Test {
+class LocalTrainingTest : public ::testing::Test {
  protected:
   // The trainer outlives the overlap (its Stop writes the trainer's model).
   AddingTrainer trainer_{4, 1.0f};
   CancellationToken parent_;
-  OverlappedTraining overlap_{&parent_};
+  LocalTraining overlap_{&parent_};
 };
 
-TEST_F(OverlappedTrainingTest, TheFirstRoundTrainsNowAndTheNextOneAhead) {
+TEST_F(LocalTrainingTest, TheFirstRoundTrainsNowAndTheNextOneAhead) {
   float* params = overlap_.Bind(&trainer_);
   ASSERT_NE(params, trainer_.parameters());  // two buffers
-  const OverlappedTraining::Round r = overlap_.TrainRound(1, 0, 3, params);
+  const LocalTraining::Round r = overlap_.TrainRound(1, 0, 3, params);
   EXPECT_EQ(r.use, AheadUse::kRestart);
   // The contribution: the base (0) plus 3 steps.
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(params[i], 3.0f);
@@ -126,14 +126,14 @@ TEST_F(OverlappedTrainingTest, TheFirstRoundTrainsNowAndTheNextOneAhead) {
   overlap_.Stop();
 }
 
-TEST_F(OverlappedTrainingTest, ProgressAheadIsCarriedOntoTheAgreedModel) {
+TEST_F(LocalTrainingTest, ProgressAheadIsCarriedOntoTheAgreedModel) {
   float* params = overlap_.Bind(&trainer_);
   overlap_.TrainRound(1, 0, 2, params);  // contribution 2
   overlap_.Release();
   trainer_.AwaitSteps(4);  // 2 steps ahead: local 4
   // Round 1 is averaged with the others': the agreed model is 10.
   for (int i = 0; i < 4; ++i) params[i] = 10.0f;
-  const OverlappedTraining::Round r = overlap_.TrainRound(2, 1, 2, params);
+  const LocalTraining::Round r = overlap_.TrainRound(2, 1, 2, params);
   EXPECT_EQ(r.use, AheadUse::kCarry);
   EXPECT_DOUBLE_EQ(r.loss, 0.5);
   // C_2 = G_1 + (L - C_1) = 10 + (4 - 2): one round of progress, no more.
@@ -148,19 +148,19 @@ TEST_F(OverlappedTrainingTest, ProgressAheadIsCarriedOntoTheAgreedModel) {
   EXPECT_EQ(overlap_.restarted(), 1u);
 }
 
-TEST_F(OverlappedTrainingTest, ARoundStartedAgainTrainsFromItsBase) {
+TEST_F(LocalTrainingTest, ARoundStartedAgainTrainsFromItsBase) {
   float* params = overlap_.Bind(&trainer_);
   overlap_.TrainRound(1, 0, 2, params);  // ahead: round 2
   // Round 1 was aborted; it starts again from the model of round 0 (5).
   for (int i = 0; i < 4; ++i) params[i] = 5.0f;
-  const OverlappedTraining::Round r = overlap_.TrainRound(1, 0, 2, params);
+  const LocalTraining::Round r = overlap_.TrainRound(1, 0, 2, params);
   EXPECT_EQ(r.use, AheadUse::kRestart);
   // Nothing of the steps ahead: the base plus this round's steps.
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(params[i], 7.0f);
   overlap_.Stop();
 }
 
-TEST_F(OverlappedTrainingTest, StopEndsTheStepsAheadAndNothingStartsAfterIt) {
+TEST_F(LocalTrainingTest, StopEndsTheStepsAheadAndNothingStartsAfterIt) {
   float* params = overlap_.Bind(&trainer_);
   overlap_.TrainRound(1, 0, 1000000, params);
   overlap_.Release();
@@ -173,7 +173,7 @@ TEST_F(OverlappedTrainingTest, StopEndsTheStepsAheadAndNothingStartsAfterIt) {
   EXPECT_EQ(trainer_.steps_.load(), steps);
 }
 
-TEST_F(OverlappedTrainingTest, TheWorkersStopStopsIt) {
+TEST_F(LocalTrainingTest, TheWorkersStopStopsIt) {
   overlap_.Bind(&trainer_);
   parent_.Cancel();
   EXPECT_TRUE(overlap_.stop()->cancelled());
@@ -213,10 +213,10 @@ class GatedTrainer : public AddingTrainer {
   }
 };
 
-TEST(OverlappedTrainingMergeTest, TheAverageIsTakenBetweenTwoStepsAhead) {
+TEST(LocalTrainingMergeTest, TheAverageIsTakenBetweenTwoStepsAhead) {
   GatedTrainer trainer(2);
   CancellationToken parent;
-  OverlappedTraining overlap(&parent);
+  LocalTraining overlap(&parent);
   trainer.params_ = {1.0f, 1.0f};
   float* params = overlap.Bind(&trainer);
   trainer.Allow(3);
@@ -231,7 +231,7 @@ TEST(OverlappedTrainingMergeTest, TheAverageIsTakenBetweenTwoStepsAhead) {
   overlap.Post(average.data());
   trainer.Allow(2);                               // 32, then 34 -> 68
   for (int i = 0; i < 2; ++i) params[i] = 10.0f;  // round 1 committed
-  const OverlappedTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 3, params);
   EXPECT_EQ(r.use, AheadUse::kCarry);
   // C_2 = G_1 + (L - 10) = 10 + (68 - 10): the third step trained from
   // the average; without it the carry would be 10 + (64 - 8) = 66.
@@ -241,11 +241,11 @@ TEST(OverlappedTrainingMergeTest, TheAverageIsTakenBetweenTwoStepsAhead) {
   overlap.Stop();
 }
 
-TEST(OverlappedTrainingMergeTest, StepsAheadWaitForThePlanOrTheAverage) {
+TEST(LocalTrainingMergeTest, StepsAheadWaitForThePlanOrTheAverage) {
   GatedTrainer trainer(2);
   trainer.params_ = {1.0f, 1.0f};
   CancellationToken parent;
-  OverlappedTraining overlap(&parent);
+  LocalTraining overlap(&parent);
   float* params = overlap.Bind(&trainer);
   trainer.Allow(1000);
   overlap.TrainRound(1, 0, 2, params);
@@ -260,18 +260,18 @@ TEST(OverlappedTrainingMergeTest, StepsAheadWaitForThePlanOrTheAverage) {
   overlap.Stop();
 }
 
-TEST(OverlappedTrainingMergeTest, HeldStepsTrainAtTheNextRoundStart) {
+TEST(LocalTrainingMergeTest, HeldStepsTrainAtTheNextRoundStart) {
   GatedTrainer trainer(2);
   trainer.params_ = {1.0f, 1.0f};
   CancellationToken parent;
-  OverlappedTraining overlap(&parent);
+  LocalTraining overlap(&parent);
   float* params = overlap.Bind(&trainer);
   trainer.Allow(1000);
   overlap.TrainRound(1, 0, 2, params);  // contribution 4, held
   for (int i = 0; i < 2; ++i) params[i] = 10.0f;
   // Round 1 completed without this worker's exchange (no plan, no
   // average): its steps for round 2 train now, and carry.
-  const OverlappedTraining::Round r = overlap.TrainRound(2, 1, 2, params);
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 2, params);
   EXPECT_EQ(r.use, AheadUse::kCarry);
   EXPECT_EQ(r.steps, 2u);
   for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 10.0f + 16.0f - 4.0f);
@@ -287,7 +287,7 @@ class ScalingTrainer : public AddingTrainer {
   }
 };
 
-TEST(OverlappedTrainingMergeTest, AnAverageBeforeTheFirstStepGivesTheBitsOfAPlainRound) {
+TEST(LocalTrainingMergeTest, AnAverageBeforeTheFirstStepGivesTheBitsOfAPlainRound) {
   // The average comes before any step ahead: the round is then the plain
   // round, bit for bit (the carry's arithmetic is skipped where nothing
   // moved), so a run whose exchanges are never overlapped by a step
@@ -295,7 +295,7 @@ TEST(OverlappedTrainingMergeTest, AnAverageBeforeTheFirstStepGivesTheBitsOfAPlai
   ScalingTrainer trainer(3);
   trainer.params_ = {0.7f, -1.3f, 2.9f};
   CancellationToken parent;
-  OverlappedTraining overlap(&parent);
+  LocalTraining overlap(&parent);
   float* params = overlap.Bind(&trainer);
   overlap.TrainRound(1, 0, 5, params);
   const std::vector<float> average = {0.123f, -4.56f, 7.89f};
@@ -311,10 +311,10 @@ TEST(OverlappedTrainingMergeTest, AnAverageBeforeTheFirstStepGivesTheBitsOfAPlai
   overlap.Stop();
 }
 
-TEST(OverlappedTrainingMergeTest, AnAverageAfterTheLastStepIsTakenAtTheRoundStart) {
+TEST(LocalTrainingMergeTest, AnAverageAfterTheLastStepIsTakenAtTheRoundStart) {
   GatedTrainer trainer(2);
   CancellationToken parent;
-  OverlappedTraining overlap(&parent);
+  LocalTraining overlap(&parent);
   trainer.params_ = {1.0f, 1.0f};
   float* params = overlap.Bind(&trainer);
   trainer.Allow(4);
@@ -330,6 +330,90 @@ TEST(OverlappedTrainingMergeTest, AnAverageAfterTheLastStepIsTakenAtTheRoundStar
   EXPECT_EQ(overlap.merged_early(), 0u);
   trainer.Allow(1000);
   overlap.Stop();
+}
+
+// ---- Streaming fragments (RunConfig.exchange.fragments).
+
+TEST(LocalTrainingFragmentsTest, EachRoundContributesItsFragmentAndKeepsTheRestLocal) {
+  // Not overlapped: the steps train at the round's start, nothing ahead.
+  AddingTrainer trainer(8, 1.0f);
+  CancellationToken parent;
+  LocalTraining local(&parent, /*ahead=*/false);
+  EXPECT_FALSE(local.overlapped());
+  float* params = local.Bind(&trainer);
+  // Round 1 averages fragment [0, 4): the contribution there, the agreed
+  // model (0) elsewhere.
+  LocalTraining::Round r = local.TrainRound(1, 0, 2, params, {0, 4});
+  EXPECT_EQ(r.use, AheadUse::kRestart);
+  EXPECT_EQ(std::vector<float>(params, params + 8), (std::vector<float>{2, 2, 2, 2, 0, 0, 0, 0}));
+  // Nothing trains ahead.
+  local.Release();
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(trainer.steps_.load(), 2u);
+  // Round 1's average of [0, 4) is 6; round 2 averages [4, 8). The local
+  // model takes 6 there (its progress since the contribution: none) and
+  // keeps its 2 steps on [4, 8): 2 + 2 more steps = 4.
+  for (int i = 0; i < 4; ++i) params[i] = 6;
+  r = local.TrainRound(2, 1, 2, params, {4, 8});
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(r.stale_steps, 0u);
+  EXPECT_EQ(std::vector<float>(params, params + 8), (std::vector<float>{6, 6, 6, 6, 4, 4, 4, 4}));
+  // Round 2's average of [4, 8) is 9. Round 3 averages [0, 4) again: its
+  // contribution is the agreed 6 plus the 4 steps since (rounds 2 and 3).
+  for (int i = 4; i < 8; ++i) params[i] = 9;
+  r = local.TrainRound(3, 2, 2, params, {0, 4});
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(std::vector<float>(params, params + 8),
+            (std::vector<float>{10, 10, 10, 10, 9, 9, 9, 9}));
+  // The local model: [0, 4) continues from the contribution, [4, 8) took
+  // 9 and trained 2 steps since.
+  EXPECT_EQ(trainer.params_, (std::vector<float>{10, 10, 10, 10, 11, 11, 11, 11}));
+  EXPECT_EQ(trainer.steps_.load(), 6u);
+  local.Stop();
+  // At exit the trainer holds the agreed model.
+  EXPECT_EQ(trainer.params_, std::vector<float>(params, params + 8));
+  EXPECT_EQ(local.carried(), 2u);
+  EXPECT_EQ(local.restarted(), 1u);
+}
+
+TEST(LocalTrainingFragmentsTest, ARoundThatDoesNotFollowItsBaseRestartsTheLocalModel) {
+  AddingTrainer trainer(4, 1.0f);
+  CancellationToken parent;
+  LocalTraining local(&parent, /*ahead=*/false);
+  float* params = local.Bind(&trainer);
+  local.TrainRound(1, 0, 3, params, {0, 2});  // local 3 everywhere
+  // The worker caught up to the model of round 7 (20 everywhere): the
+  // local progress of rounds before it does not apply to that model.
+  for (int i = 0; i < 4; ++i) params[i] = 20;
+  const LocalTraining::Round r = local.TrainRound(8, 7, 1, params, {2, 4});
+  EXPECT_EQ(r.use, AheadUse::kRestart);
+  EXPECT_EQ(std::vector<float>(params, params + 4), (std::vector<float>{20, 20, 21, 21}));
+  EXPECT_EQ(trainer.params_, std::vector<float>(4, 21.0f));
+  local.Stop();
+}
+
+TEST(LocalTrainingFragmentsTest, StepsAheadKeepTheProgressOutsideTheFragment) {
+  // Overlapped and fragmented: round 2's steps run ahead from the local
+  // model, which keeps round 1's progress outside round 1's fragment.
+  AddingTrainer trainer(4, 1.0f);
+  CancellationToken parent;
+  LocalTraining local(&parent, /*ahead=*/true);
+  float* params = local.Bind(&trainer);
+  local.TrainRound(1, 0, 2, params, {0, 2});
+  EXPECT_EQ(std::vector<float>(params, params + 4), (std::vector<float>{2, 2, 0, 0}));
+  local.Release();
+  trainer.AwaitSteps(4);
+  EXPECT_EQ(trainer.Seen(1), std::vector<float>(4, 2.0f));
+  // Round 1's average of [0, 2) is 5, taken after the steps ahead ended.
+  const std::vector<float> average = {5, 5, 0, 0};
+  local.Post(average.data());
+  params[0] = params[1] = 5;
+  const LocalTraining::Round r = local.TrainRound(2, 1, 2, params, {2, 4});
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(r.stale_steps, 2u);
+  // [2, 4): 4 steps of progress (rounds 1 and 2) onto the agreed 0.
+  EXPECT_EQ(std::vector<float>(params, params + 4), (std::vector<float>{5, 5, 4, 4}));
+  local.Stop();
 }
 
 }  // namespace
