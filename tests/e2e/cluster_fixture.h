@@ -31,14 +31,15 @@ using ::shoal::testing::Process;
 using ::shoal::testing::TempDir;
 using ::shoal::testing::WaitUntil;
 
-// round -> hash prefix from a worker log's "round N: ... hash=H" lines
-// (the round line every synchronous worker logs).
-inline std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
+// round -> the round line of a worker log: "round N: ... wire_in=... hash=H"
+// (the line every synchronous worker logs when a round completes). Complete
+// lines only: a running worker may be writing the last one.
+inline std::map<uint64_t, std::string> RoundLines(const std::string& log) {
   std::map<uint64_t, std::string> out;
-  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+  const absl::string_view complete(log.data(), log.rfind('\n') + 1);
+  for (absl::string_view line : absl::StrSplit(complete, '\n')) {
     const size_t r = line.find("round ");
-    const size_t h = line.find(" hash=");
-    if (r == absl::string_view::npos || h == absl::string_view::npos ||
+    if (r == absl::string_view::npos || line.find(" hash=") == absl::string_view::npos ||
         line.find("wire_in=") == absl::string_view::npos) {
       continue;
     }
@@ -48,7 +49,16 @@ inline std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
         !absl::SimpleAtoi(line.substr(r + 6, colon - r - 6), &round)) {
       continue;
     }
-    out[round] = std::string(line.substr(h + 6, 12));
+    out[round] = std::string(line);
+  }
+  return out;
+}
+
+// round -> hash prefix from a worker log's round lines.
+inline std::map<uint64_t, std::string> RoundHashes(const std::string& log) {
+  std::map<uint64_t, std::string> out;
+  for (const auto& [round, line] : RoundLines(log)) {
+    out[round] = line.substr(line.find(" hash=") + 6, 12);
   }
   return out;
 }

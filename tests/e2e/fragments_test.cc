@@ -29,32 +29,19 @@ struct RoundParts {
 };
 
 // round -> the fragment it averaged and the fragments' hashes after it,
-// from a worker's "round N: ... fragment=k/K ... parts=a/b/c/d" lines.
+// from a worker's round lines ("... fragment=k/K ... parts=a/b/c/d ...").
 std::map<uint64_t, RoundParts> FragmentLines(const std::string& log) {
   std::map<uint64_t, RoundParts> out;
-  // Complete lines only: a running worker may be writing the last one.
-  const absl::string_view complete(log.data(), log.rfind('\n') + 1);
-  for (absl::string_view line : absl::StrSplit(complete, '\n')) {
-    const size_t r = line.find("round ");
+  for (const auto& [round, text] : RoundLines(log)) {
+    const absl::string_view line(text);
     const size_t f = line.find(" fragment=");
     const size_t p = line.find(" parts=");
-    if (r == absl::string_view::npos || f == absl::string_view::npos ||
-        p == absl::string_view::npos) {
-      continue;
-    }
-    const size_t colon = line.find(':', r);
-    uint64_t round = 0;
-    if (colon == absl::string_view::npos ||
-        !absl::SimpleAtoi(line.substr(r + 6, colon - r - 6), &round)) {
-      continue;
-    }
+    if (f == absl::string_view::npos || p == absl::string_view::npos) continue;
     RoundParts rp;
-    const absl::string_view frag = line.substr(f + 10, line.find('/', f) - f - 10);
-    if (!absl::SimpleAtoi(frag, &rp.fragment)) continue;
+    if (!absl::SimpleAtoi(line.substr(f + 10, line.find('/', f) - f - 10), &rp.fragment)) continue;
     const size_t end = line.find(' ', p + 1);
-    rp.parts = absl::StrSplit(
-        line.substr(p + 7, end == absl::string_view::npos ? absl::string_view::npos : end - p - 7),
-        '/');
+    rp.parts =
+        absl::StrSplit(line.substr(p + 7, end == absl::string_view::npos ? end : end - p - 7), '/');
     out[round] = std::move(rp);
   }
   return out;
