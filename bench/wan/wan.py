@@ -449,7 +449,9 @@ def main():
     ap.add_argument("--shoal_local_steps", type=int, default=250)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
     ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp,big-overlap-unshaped,"
-                    "big-plain-10,big-overlap-10,big-plain-2,big-overlap-2")
+                    "big-plain-10,big-overlap-10,big-plain-2,big-overlap-2,"
+                    "big-overlapfrag4-unshaped,big-overlapfrag4-10,big-overlapfrag4-2,"
+                    "big-frag4-2")
     ap.add_argument("--sysctl", action="append", default=[],
                     help="KEY=VALUE set in every namespace (e.g. "
                          "net.ipv4.tcp_slow_start_after_idle=0); repeatable")
@@ -497,6 +499,7 @@ def main():
             print(f"wan: no {os.path.join(args.bin, b)}; build it first", file=sys.stderr)
             return 2
 
+    os.makedirs(args.out, exist_ok=True)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)

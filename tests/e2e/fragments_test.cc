@@ -168,6 +168,42 @@ TEST_F(FragmentsTest, ALateJoinerSyncsFragmentsWithTheOthers) {
   ExpectFragmentsOnSchedule();
 }
 
+// Checkpoints hold the agreed model and its momentum: a full restart of an
+// overlapped fragment run resumes from the store, and the fragments go on
+// on their schedule.
+TEST_F(FragmentsTest, AFullRestartResumesFromTheCheckpoint) {
+  const std::string store = StartStore();
+  const std::vector<std::string> flags = {"--min_participants=2",
+                                          "--local_steps=20",
+                                          "--learning_rate=0.05",
+                                          "--codec=int8",
+                                          "--outer_optimizer=nesterov",
+                                          "--overlap=on",
+                                          absl::StrCat("--fragments=", kFragments),
+                                          "--checkpoint_store=" + store,
+                                          "--checkpoint_every=2",
+                                          "--run_id=fragments-ckpt"};
+  std::string addr = StartCoordinator(flags);
+  StartWorker(addr);
+  StartWorker(addr);
+  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 4; },
+                absl::Seconds(120));
+  KillCoordinatorAndWorkers();
+  workers_.clear();
+  addr = StartCoordinator(flags);
+  const v1::RunStatus resumed = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() > 0; }, absl::Seconds(30));
+  const uint64_t from = resumed.checkpoint_round();
+  EXPECT_GE(from, 4u);
+  StartWorker(addr);
+  StartWorker(addr);
+  ExpectRoundsGoOn(from, kFragments + 1, 2);
+  for (auto& w : workers_) {
+    EXPECT_NE(w->Log().find("from the store"), std::string::npos) << w->Log();
+  }
+  EXPECT_GE(ExpectFragmentsOnSchedule(), static_cast<int>(kFragments)) << Logs();
+}
+
 TEST_F(FragmentsTest, CoordinatorRefusesFragmentsWhereTheyHaveNoMeaning) {
   int code = -1;
   const std::string audits = ClusterTest::Run(

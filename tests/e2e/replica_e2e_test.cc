@@ -123,6 +123,8 @@ class ReplicaTest : public ClusterTest {
     return address;
   }
 
+  void KillTheLeaderMidRound(const std::vector<std::string>& flags);
+
   bool StatusOf(int i, v1::RunStatus* status) {
     if (!replicas_[i] || !replicas_[i]->Running()) return false;
     auto stub = v1::Coordinator::NewStub(MakeChannel(addresses_[i]));
@@ -240,12 +242,17 @@ TEST_F(ReplicaTest, RunTokenStaysOffTheEtcdChannel) {
       << s.DebugString() << ReplicaLogs() << Logs();
 }
 
-TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
+// The leader killed while a round trains: the standby takes the run over
+// and completes the round from the work trained before the kill. `flags`
+// are the run's (both replicas).
+void ReplicaTest::KillTheLeaderMidRound(const std::vector<std::string>& flags) {
   ASSERT_NO_FATAL_FAILURE(StartEtcd(1));
   // Rounds long enough that the kill below lands in the training of the
   // round under way.
-  StartReplica(0, {"--local_steps=200"});
-  StartReplica(1, {"--local_steps=200"});
+  std::vector<std::string> run = {"--local_steps=200"};
+  run.insert(run.end(), flags.begin(), flags.end());
+  StartReplica(0, run);
+  StartReplica(1, run);
   ASSERT_TRUE(WaitUntil([&] { return Leader() >= 0; }, absl::Seconds(30))) << ReplicaLogs();
   int leaders = 0;
   const int first = Leader(&leaders);
@@ -329,6 +336,16 @@ TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) {
     EXPECT_EQ(w.model_hash(), after.model_hash()) << w.id();
   }
   EXPECT_EQ(ids_after, ids) << after.DebugString();
+}
+
+TEST_F(ReplicaTest, KillingTheLeaderMidRoundHandsTheRunToTheStandby) { KillTheLeaderMidRound({}); }
+
+// The same with overlapped rounds, 4 streaming fragments, int8 and
+// Nesterov (issue 27): the work carried across the failover is the
+// contribution, and the agreed model stays the same on every worker.
+TEST_F(ReplicaTest, TheFailoverKeepsOverlappedFragmentRounds) {
+  KillTheLeaderMidRound(
+      {"--overlap=on", "--fragments=4", "--codec=int8", "--outer_optimizer=nesterov"});
 }
 
 // With --relay=on a supernode's Relay stream follows the leader as the
