@@ -383,7 +383,8 @@ def run_big(args, net, procs, out, name):
     local_steps = args.big_local_steps
     if fragments > 1:
         local_steps = max(1, args.big_local_steps // fragments)
-        flags += [f"--fragments={fragments}", f"--eval_every={fragments}"]
+        flags += [f"--fragments={fragments}",
+                  f"--eval_every={args.big_fragment_eval_every or fragments}"]
     flags.append(f"--model=torchscript:{args._big_model}")
     res = run_shoal(args, net, procs, out, name, flags, workers=args.big_workers,
                     local_steps=local_steps, target=args.big_target,
@@ -478,6 +479,10 @@ def main():
     ap.add_argument("--big_eval_limit", type=int, default=2000,
                     help="test images each worker evaluates the big model on every round "
                          "(all 10000 take seconds of the one core a worker has)")
+    ap.add_argument("--big_fragment_eval_every", type=int, default=0,
+                    help="evaluate the fragment arms every N rounds (0: every K, as often per "
+                         "step as the other arms; 1: every round, a finer time to target at K "
+                         "times the evaluation cost)")
     ap.add_argument("--big_flags",
                     default="--codec=int8 --outer_optimizer=nesterov --outer_lr=1.0")
     # Every worker in every round, like DDP: on a loaded machine the adaptive
