@@ -16,6 +16,8 @@ import socket
 import threading
 import time
 
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux, bytes per second
+
 
 def recv_exact(sock, n, buf):
     view = memoryview(buf)
@@ -40,6 +42,10 @@ def main():
                     help="all: every transfer of a phase at once (as Shoal's fan-out); ring: "
                          "n-1 steps per phase, at step k rank r sends to r+k and receives from "
                          "r-k, so each link carries one flow each way")
+    ap.add_argument("--pace_mbit", type=float, default=0,
+                    help="cap the rank's uplink at this rate: each outbound socket is paced "
+                         "(SO_MAX_PACING_RATE) at it / (the flows a phase runs at once); 0 = "
+                         "unpaced")
     args = ap.parse_args()
     ips = args.ips.split(",")
     n = len(ips)
@@ -73,6 +79,10 @@ def main():
                     raise
                 time.sleep(0.1)
         s.settimeout(None)
+        if args.pace_mbit > 0:
+            flows = 1 if args.schedule == "ring" else n - 1
+            s.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
+                         int(args.pace_mbit * 1e6 / 8 / flows))
         s.sendall(bytes([args.rank]))
         outbound[k] = s
     acceptor.join(timeout=30)

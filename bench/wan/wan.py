@@ -16,6 +16,8 @@ the first test accuracy >= --target (0.87) on the full Fashion-MNIST test set:
               (bench/wan/ddp_mlp.py; its evaluation time is excluded)
   shoal-fp32  Shoal defaults (--codec=fp32 --outer_optimizer=none)
   shoal-int8  Shoal --codec=int8 --outer_optimizer=nesterov
+  shoal-fp32-paced  shoal-fp32 with every worker's --uplink_mbps=--pace_mbit
+              (its connections paced in the kernel, uplink_pacer.h)
 Shoal arms: --local_steps=--shoal_local_steps, --eval_every=1 (every worker
 evaluates every round; that time is included); accuracy read from
 `shoalctl status --json`, polled inside the coordinator's namespace.
@@ -24,6 +26,8 @@ A capped arm counts as its cap and the table says so.
 Also one fp32 exchange against the line-rate bound 2(N-1)/N x model bytes /
 20 Mbit/s: per round, the slowest worker's `exchange=` from the worker logs;
 the median over rounds (round 1 excluded: connections are set up then).
+The same bytes over plain TCP sockets (bench/wan/tcp_exchange.py): arm tcp,
+and arm tcp-paced with each rank's sockets paced at --pace_mbit.
 
 Big-model arms (issue 27, "make the communication matter"): a 21 MB
 TorchScript MLP (bench/hier/wide_mlp.py --hidden=6700: 5,326,510 float32
@@ -247,17 +251,19 @@ def run_ddp(args, net, procs, out):
     return res
 
 
-def run_tcp(args, net, procs, out):
+def run_tcp(args, net, procs, out, name="tcp", pace_mbit=0):
     """bench/wan/tcp_exchange.py: the bytes of one fp32 exchange over plain
-    TCP on the same links, --tcp_reps times, the slowest rank per repetition."""
-    d = os.path.join(out, "tcp")
+    TCP on the same links, --tcp_reps times, the slowest rank per repetition;
+    each rank's uplink paced at pace_mbit (0 = unpaced)."""
+    d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     ips = ",".join(net.ip_of(i) for i in range(args.workers))
     start = time.time() + 5
     ranks = [procs.spawn(net.w[r], [
         "/usr/bin/python3", os.path.join(HERE, "tcp_exchange.py"), f"--rank={r}", f"--ips={ips}",
         f"--bytes={MLP_PARAMS * 4}", f"--reps={args.tcp_reps}", f"--start={start}",
-        f"--period={args.tcp_period}", f"--schedule={args.tcp_schedule}"],
+        f"--period={args.tcp_period}", f"--schedule={args.tcp_schedule}",
+        f"--pace_mbit={pace_mbit}"],
         os.path.join(d, f"rank-{r}.log"))
         for r in range(args.workers)]
     deadline = start + args.tcp_reps * args.tcp_period + 60
@@ -449,7 +455,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--shoal_local_steps", type=int, default=250)
     ap.add_argument("--ddp_eval_every", type=int, default=20)
-    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,ddp,tcp,big-overlap-unshaped,"
+    ap.add_argument("--arms", default="shoal-int8,shoal-fp32,shoal-fp32-paced,ddp,tcp,tcp-paced,"
+                    "big-overlap-unshaped,"
                     "big-plain-10,big-overlap-10,big-plain-2,big-overlap-2,"
                     "big-overlapfrag4-unshaped,big-overlapfrag4-10,big-overlapfrag4-2,"
                     "big-frag4-2")
@@ -463,6 +470,9 @@ def main():
     ap.add_argument("--tcp_reps", type=int, default=9)
     ap.add_argument("--tcp_schedule", choices=("all", "ring"), default="all",
                     help="tcp_exchange.py's transfer order (ring: one flow per link each way)")
+    ap.add_argument("--pace_mbit", type=float, default=0,
+                    help="the uplink rate of the paced arms (tcp-paced, shoal-fp32-paced); "
+                         "0 = --rate_mbit, the link's")
     ap.add_argument("--tcp_period", type=float, default=3.0,
                     help="idle between TCP repetitions, about a Shoal round's training")
     ap.add_argument("--int8_flags",
@@ -490,6 +500,8 @@ def main():
     # measures the CPU contention instead of the links.
     ap.add_argument("--shoal_flags", default="--adaptive_deadline=false --fold_late_work=false")
     args = ap.parse_args()
+    if args.pace_mbit <= 0:
+        args.pace_mbit = args.rate_mbit
 
     if os.geteuid() != 0:
         print("wan: needs root (it creates network namespaces, veth pairs and tc qdiscs)",
@@ -542,6 +554,11 @@ def main():
                 results[name] = run_ddp(args, net, procs, args.out)
             elif name == "tcp":
                 results[name] = run_tcp(args, net, procs, args.out)
+            elif name == "tcp-paced":
+                results[name] = run_tcp(args, net, procs, args.out, name, args.pace_mbit)
+            elif name == "shoal-fp32-paced":
+                results[name] = run_shoal(args, net, procs, args.out, name, [],
+                                          worker_flags=[f"--uplink_mbps={args.pace_mbit:g}"])
             elif name.startswith("big-"):
                 if not hasattr(args, "_big_model"):
                     args._big_model = os.path.join(args.out, "big_mlp.pt")
@@ -575,7 +592,7 @@ def main():
           f"{'exchange_s':>11} {'train_s':>8} {'wire_in_B':>10} {'utilization':>12}  note")
     for name in args.arms.split(","):
         r = results[name]
-        if name == "tcp":
+        if name in ("tcp", "tcp-paced"):
             continue
         if not r.get("available"):
             print(f"{name:<21} {'-':>15}  not available: {r.get('why', '')}")
@@ -614,24 +631,30 @@ def main():
             return f"{name}=n/a"
         return f"{name}={v:.1f}s" + ("(capped)" if results[name]["capped"] else "")
 
-    fp32 = results.get("shoal-fp32", {})
-    ex_ratio = "n/a"
-    if "exchange_s" in fp32:
-        ex_ratio = f"{fp32['exchange_s'] / bound_s:.3f}"
-        print(f"one fp32 exchange: {fp32['exchange_s']:.3f} s (median over {fp32['exchange_rounds']} "
-              f"rounds of the slowest worker), line-rate bound 2(N-1)/N x {model_bytes} B / "
-              f"{args.rate_mbit:g} Mbit/s = {bound_s:.3f} s; received per worker "
-              f"{fp32['wire_in']:.0f} B (bound's bytes {2 * (n - 1) / n * model_bytes:.0f} B); "
-              f"exchange/bound={ex_ratio}")
-    tcp = results.get("tcp", {})
-    if tcp.get("available"):
-        print(f"the same bytes over plain TCP sockets on the same links (bench/wan/tcp_exchange.py, "
-              f"median of {tcp['exchange_rounds']}, {args.tcp_period:g} s idle between): "
-              f"{tcp['exchange_s']:.3f} s, tcp/bound={tcp['exchange_s'] / bound_s:.3f}"
-              + (f", shoal/tcp={fp32['exchange_s'] / tcp['exchange_s']:.3f}"
-                 if "exchange_s" in fp32 else ""))
-    elif "tcp" in results:
-        print(f"tcp reference: not available: {tcp.get('why', '')}")
+    over_bound = {}
+    for arm, tcp_arm, how in (("shoal-fp32", "tcp", ""),
+                              ("shoal-fp32-paced", "tcp-paced",
+                               f" paced at {args.pace_mbit:g} Mbit/s per uplink")):
+        fp32 = results.get(arm, {})
+        if "exchange_s" in fp32:
+            over_bound[arm] = f"{fp32['exchange_s'] / bound_s:.3f}"
+            print(f"one fp32 exchange{how}: {fp32['exchange_s']:.3f} s (median over "
+                  f"{fp32['exchange_rounds']} rounds of the slowest worker), line-rate bound "
+                  f"2(N-1)/N x {model_bytes} B / {args.rate_mbit:g} Mbit/s = {bound_s:.3f} s; "
+                  f"received per worker {fp32['wire_in']:.0f} B (bound's bytes "
+                  f"{2 * (n - 1) / n * model_bytes:.0f} B); exchange/bound={over_bound[arm]}")
+        tcp = results.get(tcp_arm, {})
+        if tcp.get("available"):
+            over_bound[tcp_arm] = f"{tcp['exchange_s'] / bound_s:.3f}"
+            print(f"the same bytes over plain TCP sockets{how} on the same links "
+                  f"(bench/wan/tcp_exchange.py, median of {tcp['exchange_rounds']}, "
+                  f"{args.tcp_period:g} s idle between): {tcp['exchange_s']:.3f} s, "
+                  f"tcp/bound={over_bound[tcp_arm]}"
+                  + (f", shoal/tcp={fp32['exchange_s'] / tcp['exchange_s']:.3f}"
+                     if "exchange_s" in fp32 else ""))
+        elif tcp_arm in results:
+            print(f"{tcp_arm} reference: not available: {tcp.get('why', '')}")
+    ex_ratio = over_bound.get("shoal-fp32", "n/a")
     ddp, int8 = t("ddp"), t("shoal-int8")
     ratio = f"{int8 / ddp:.3f}" if ddp and int8 is not None else "n/a"
     fp32_ratio = f"{t('shoal-fp32') / ddp:.3f}" if ddp and t("shoal-fp32") is not None else "n/a"
@@ -644,7 +667,10 @@ def main():
         return f"{r['utilization']:.3f}" if "utilization" in r else "n/a"
 
     print(f"wan: {fmt('ddp')} {fmt('shoal-fp32')} {fmt('shoal-int8')} fp32_ratio={fp32_ratio} "
-          f"exchange_over_bound={ex_ratio} ratio={ratio} utilization={util('big-overlap-10')} "
+          f"exchange_over_bound={ex_ratio} "
+          f"paced_exchange_over_bound={over_bound.get('shoal-fp32-paced', 'n/a')} "
+          f"tcp_over_bound={over_bound.get('tcp', 'n/a')} "
+          f"paced_tcp_over_bound={over_bound.get('tcp-paced', 'n/a')} ratio={ratio} utilization={util('big-overlap-10')} "
           f"overlap_ratio_2mbit={big_ratio('big-overlap-2', 'big-plain-2')} "
           f"slow_link_ratio={big_ratio('big-overlap-10', 'big-overlap-unshaped')} "
           f"fragments_utilization={util('big-overlapfrag4-10')} "

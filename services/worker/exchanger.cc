@@ -72,6 +72,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   call.deadline = clock_->Now() + options_.timeout;
   call.clock = clock_;
   call.counters = &counters;
+  call.pacer = options_.pacer;
   AveragingStats local;
   if (stats == nullptr) stats = &local;
   *stats = AveragingStats();

@@ -56,6 +56,7 @@
 #include "services/worker/core/outer_optimizer.h"
 #include "services/worker/core/push_box.h"
 #include "services/worker/peer_client.h"
+#include "services/worker/uplink_pacer.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::worker {
@@ -79,6 +80,9 @@ struct ExchangeOptions {
   // Where the peers that sent bad chunks are noted (may be null;
   // core/bad_chunk_log.h).
   BadChunkLog* bad_chunks = nullptr;
+  // Paces this worker's connections at its uplink rate before each step
+  // (--uplink_mbps; uplink_pacer.h). Null: unpaced.
+  UplinkPacer* pacer = nullptr;
 };
 
 using ExchangeStats = AveragingStats;

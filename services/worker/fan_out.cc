@@ -39,6 +39,9 @@ absl::Status RunAverageStep(const GroupStep& step, const float* in, float* out,
   // slice will never be averaged, so waiting for the others' is
   // pointless): either ends every read at once.
   CancellationToken stop(cancel);
+  // Every other member reads our contribution to its slice, then our slice's
+  // average, at once.
+  if (call.pacer != nullptr) call.pacer->Share(n - 1);
   if (absl::Status s = transport->Publish(step, in, call); !s.ok()) return s;
 
   std::vector<absl::Status> reduce_status(n), gather_status(n), push_status(n);

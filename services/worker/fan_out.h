@@ -34,6 +34,7 @@
 #include "common/run_options.h"
 #include "common/tensor_wire.h"
 #include "services/worker/core/averaging_steps.h"
+#include "services/worker/uplink_pacer.h"
 
 namespace shoal::worker {
 
@@ -60,6 +61,8 @@ struct StepCall {
   absl::Time deadline;
   const Clock* clock = nullptr;
   StepCounters* counters = nullptr;
+  // Shares the uplink among the step's readers (null: unpaced).
+  UplinkPacer* pacer = nullptr;
 };
 
 // A chunk of a contribution, checked and decoded to float32 (its view is

@@ -1,4 +1,7 @@
 // shoal-worker: trains with LibTorch and averages its model with its peers.
+#include <cmath>
+#include <memory>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -12,6 +15,7 @@
 #include "common/version.h"
 #include "common/zone.h"
 #include "services/worker/malloc_tuning.h"
+#include "services/worker/uplink_pacer.h"
 #include "services/worker/worker.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
@@ -48,6 +52,11 @@ ABSL_FLAG(uint32_t, max_reads_per_peer, 0,
 ABSL_FLAG(double, upload_rate_mbps, 0,
           "Caps how fast this worker serves its model to peers, in megabits per second, over "
           "all peers together (0 = no cap). For shared links.");
+ABSL_FLAG(double, uplink_mbps, 0,
+          "This worker's uplink in megabits per second: before each exchange step its "
+          "connections are paced in the kernel so that the peers reading from it at once share "
+          "this rate (0 = unpaced). Set it a little below a shaped or slow uplink so its queue "
+          "never overflows. Every connection counts. docs/OVERLAP.md.");
 ABSL_FLAG(absl::Duration, probe_timeout, absl::Seconds(3),
           "Time to reach each peer of a round's plan before reporting it unreachable.");
 ABSL_FLAG(int, torch_threads, 1, "LibTorch intra-op threads.");
@@ -103,6 +112,16 @@ int main(int argc, char** argv) {
   options.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   options.upload_rate_mbps = absl::GetFlag(FLAGS_upload_rate_mbps);
   options.max_reads_per_peer = absl::GetFlag(FLAGS_max_reads_per_peer);
+  std::unique_ptr<shoal::worker::UplinkPacer> pacer;
+  if (const double uplink = absl::GetFlag(FLAGS_uplink_mbps); uplink != 0) {
+    if (!(uplink > 0) || !std::isfinite(uplink)) {
+      SHOAL_LOG(ERROR) << "cannot start: --uplink_mbps must be a rate above 0 (0 = unpaced), got "
+                       << uplink;
+      return 2;
+    }
+    pacer = std::make_unique<shoal::worker::UplinkPacer>(uplink);
+    options.exchange.pacer = pacer.get();
+  }
   options.probe_timeout = absl::GetFlag(FLAGS_probe_timeout);
   options.eval_limit = absl::GetFlag(FLAGS_eval_limit);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);

@@ -87,9 +87,10 @@ class FragmentsTest : public ClusterTest {
   }
 
   // A finished run of `rounds` rounds with one worker per zone of `zones`,
-  // int8 + Nesterov, 4 fragments; `extra` adds coordinator flags.
+  // int8 + Nesterov, 4 fragments; `extra` adds coordinator flags,
+  // `worker_extra` worker flags.
   v1::RunStatus Run(const std::vector<std::string>& zones, int rounds,
-                    std::vector<std::string> extra) {
+                    std::vector<std::string> extra, std::vector<std::string> worker_extra = {}) {
     std::vector<std::string> flags = {absl::StrCat("--min_participants=", zones.size()),
                                       "--local_steps=25",
                                       absl::StrCat("--rounds=", rounds),
@@ -103,8 +104,9 @@ class FragmentsTest : public ClusterTest {
     flags.insert(flags.end(), extra.begin(), extra.end());
     const std::string addr = StartCoordinator(flags);
     for (const std::string& zone : zones) {
-      StartWorker(addr, zone.empty() ? std::vector<std::string>{}
-                                     : std::vector<std::string>{"--zone=" + zone});
+      std::vector<std::string> worker_flags = worker_extra;
+      if (!zone.empty()) worker_flags.push_back("--zone=" + zone);
+      StartWorker(addr, worker_flags);
     }
     const v1::RunStatus status = WaitForStatus(
         [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(8));
@@ -113,9 +115,13 @@ class FragmentsTest : public ClusterTest {
   }
 };
 
+// The workers pace their uplinks (--uplink_mbps, services/worker/
+// uplink_pacer.h; fast enough for loopback): the same schedule and
+// agreement, and each paces its connections for the two peers that read
+// from it.
 TEST_F(FragmentsTest, EachRoundSyncsItsFragmentAndTheWorkersAgree) {
   constexpr int kRounds = 10;
-  const v1::RunStatus status = Run({"", "", ""}, kRounds, {});
+  const v1::RunStatus status = Run({"", "", ""}, kRounds, {}, {"--uplink_mbps=800"});
   ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
   EXPECT_EQ(status.last_completed_round(), static_cast<uint64_t>(kRounds));
   for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
@@ -131,6 +137,7 @@ TEST_F(FragmentsTest, EachRoundSyncsItsFragmentAndTheWorkersAgree) {
     EXPECT_NE(w->Log().find("fragment rounds: " + std::to_string(kRounds - 1) + " carried"),
               std::string::npos)
         << w->Log();
+    EXPECT_NE(w->Log().find("uplink 800 Mbit/s shared by 2 flows"), std::string::npos) << w->Log();
   }
 }
 

@@ -82,13 +82,27 @@ TEST_P(HelpTest, UnknownFlagNamesTheNearest) {
       << p->Log();
 }
 
+// A worker given an uplink rate that is no rate stops at once (exit 2) and
+// says which flag.
+TEST(WorkerFlagsTest, AnUplinkRateThatIsNoRateIsRefused) {
+  for (const std::string& value : {"-5", "nan"}) {
+    TempDir dir;
+    std::unique_ptr<Process> p = Process::Start(
+        {BinDir() + "/shoal-worker", "--coordinator=127.0.0.1:1", "--uplink_mbps=" + value},
+        dir.path() + "/worker.log");
+    EXPECT_EQ(p->Wait(absl::Seconds(30)), 2) << p->Log();
+    EXPECT_THAT(p->Log(), HasSubstr("--uplink_mbps must be a rate above 0")) << p->Log();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Binaries, HelpTest,
     ::testing::Values(
         HelpCase{"shoal-coordinator",
                  {"--listen", "--min_participants", "--checkpoint_store", "--tls_cert",
                   "--http_listen", "--aggregation"}},
-        HelpCase{"shoal-worker", {"--coordinator", "--listen", "--data_dir", "--tls_ca"}},
+        HelpCase{"shoal-worker",
+                 {"--coordinator", "--listen", "--data_dir", "--tls_ca", "--uplink_mbps"}},
         HelpCase{"shoal-checkpoint", {"--listen", "--data_dir", "--retain", "--tls_key"}},
         HelpCase{"shoalctl",
                  {"--coordinator", "--store", "--output", "--json", "--tls_server_name",

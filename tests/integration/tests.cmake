@@ -56,3 +56,6 @@ shoal_test(tcp_prober_test integration ${CMAKE_CURRENT_LIST_DIR}/tcp_prober_test
 # coordinator client: no coordinator process.
 shoal_test(worker_runner_test integration ${CMAKE_CURRENT_LIST_DIR}/worker_runner_test.cc
   LIBS worker_lib)
+# The uplink pacer against real sockets on 127.0.0.1.
+shoal_test(uplink_pacer_test integration ${CMAKE_CURRENT_LIST_DIR}/uplink_pacer_test.cc
+  LIBS worker_lib)
