@@ -7,12 +7,15 @@
 //  - a supernode killed (SIGKILL) during training: its members go back to
 //    the coordinator (or to the new supernode), the rounds go on and the
 //    hashes agree;
+//  - overlapped rounds of streaming fragments (int8 + Nesterov, hierarchical
+//    rounds) through the relay: every round with everyone, one hash;
 //  - --relay=off (the default): nobody is relayed.
 // MLP, every worker in every round (--adaptive_deadline=false).
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -123,6 +126,44 @@ TEST_F(RelayE2eTest, SupernodeKilledItsMembersGoOnWithoutLosingTheRun) {
     if (w.id() == head) continue;
     EXPECT_NE(w.relayed_by(), head) << w.id() << after.DebugString();
   }
+}
+
+// Issue 27's modes through the relay: the ready report of the round trained
+// ahead, the plans and the round-done reports of overlapped fragment rounds
+// all go through the zones' supernodes, and the run ends as one model.
+TEST_F(RelayE2eTest, OverlappedFragmentRoundsGoThroughTheRelay) {
+  constexpr int kRounds = 16;
+  const std::vector<std::string> zones = {"eu", "us", "eu", "us"};
+  const std::string addr = StartCoordinator(
+      {"--min_participants=4", "--local_steps=25", absl::StrCat("--rounds=", kRounds),
+       "--learning_rate=0.05", "--relay=on", "--hierarchy=on", "--overlap=on", "--fragments=4",
+       "--codec=int8", "--outer_optimizer=nesterov", "--outer_lr=0.7", "--adaptive_deadline=false",
+       "--round_timeout=300s"});
+  for (const std::string& zone : zones) StartWorker(addr, {"--zone=" + zone});
+  const v1::RunStatus relayed = WaitForStatus(
+      [&](const v1::RunStatus& s) { return AllRelayedThroughTheirHead(s, zones.size()); },
+      absl::Minutes(3));
+  ASSERT_TRUE(AllRelayedThroughTheirHead(relayed, zones.size())) << relayed.DebugString() << Logs();
+  const v1::RunStatus status = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.phase() == v1::FINISHED; }, absl::Minutes(8));
+  ASSERT_EQ(status.phase(), v1::FINISHED) << Logs();
+  EXPECT_EQ(status.last_completed_round(), static_cast<uint64_t>(kRounds));
+  for (const auto& r : status.recent_rounds()) {
+    EXPECT_EQ(r.participants(), zones.size()) << "round " << r.round() << Logs();
+  }
+  for (const auto& w : status.workers()) EXPECT_EQ(w.model_hash(), status.model_hash()) << w.id();
+  for (auto& w : workers_) {
+    EXPECT_EQ(w->Wait(absl::Seconds(60)), 0) << w->Log();
+    // Every worker agreed on every round it logged, and trained ahead.
+    EXPECT_NE(w->Log().find("overlapped rounds: "), std::string::npos) << w->Log();
+    EXPECT_EQ(w->Log().find("overlapped rounds: 0 carried"), std::string::npos) << w->Log();
+  }
+  std::map<uint64_t, std::set<std::string>> hashes;
+  for (auto& w : workers_) {
+    for (const auto& [round, hash] : RoundHashes(w->Log())) hashes[round].insert(hash);
+  }
+  EXPECT_GE(hashes.size(), static_cast<size_t>(kRounds - 1));
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round;
 }
 
 TEST_F(RelayE2eTest, OffByDefault) {
