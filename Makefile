@@ -100,7 +100,9 @@ bench: build
 # libFuzzer targets of every decoder of untrusted bytes (tests/fuzz,
 # docs/SECURITY.md): a clang build in $(FUZZ_BUILD), each target run for
 # FUZZ_SECONDS (default 60) from its committed corpus; prints executions
-# and crashes per target. Not part of `make test`.
+# and crashes per target. FUZZ_JOBS=2 runs two targets at once (one core
+# each); FUZZ_MERGE=1 merges the new inputs into tests/fuzz/corpus. Not part
+# of `make test`.
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 fuzz:
