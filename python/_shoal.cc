@@ -38,6 +38,7 @@
 #include "common/tls.h"
 #include "services/worker/core/external_trainer.h"
 #include "services/worker/core/trainer.h"
+#include "services/worker/uplink_pacer.h"
 #include "services/worker/worker.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
 
@@ -122,6 +123,14 @@ class Worker {
     o.metrics_listen = py::str(options["metrics_listen"]);
     o.connect_timeout = absl::Seconds(options["connect_timeout"].cast<double>());
     o.rpc_timeout = absl::Seconds(options["rpc_timeout"].cast<double>());
+    if (const double uplink = options["uplink_mbps"].cast<double>(); uplink != 0) {
+      if (!(uplink > 0) || !std::isfinite(uplink)) {
+        Raise(absl::InvalidArgumentError(
+            absl::StrCat("uplink_mbps must be a rate above 0 (0 = unpaced), got ", uplink)));
+      }
+      pacer_ = std::make_unique<worker::UplinkPacer>(uplink);
+      o.exchange.pacer = pacer_.get();
+    }
     rpc_timeout_ = o.rpc_timeout;
     TlsFiles files;
     files.cert = py::str(options["tls_cert"]);
@@ -302,6 +311,8 @@ class Worker {
   const std::string coordinator_;
   absl::Duration rpc_timeout_ = absl::Seconds(10);
   worker::WorkerOptions options_;
+  // --uplink_mbps (null: unpaced); outlives host_.
+  std::unique_ptr<worker::UplinkPacer> pacer_;
   CancellationToken stop_;
   std::shared_ptr<ExternalTrainer> trainer_;
   std::unique_ptr<worker::Worker> host_;

@@ -52,6 +52,8 @@ def main():
     p.add_argument("--coordinator", default="127.0.0.1:50051")
     p.add_argument("--name", default="")
     p.add_argument("--token_file", default="")
+    p.add_argument("--uplink_mbps", type=float, default=0,
+                   help="this machine's uplink, to pace the exchange at (0 = unpaced)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     args = p.parse_args()
@@ -61,7 +63,8 @@ def main():
     test_x, test_y = load("t10k")
 
     model = MLP()
-    with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file) as w:
+    with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file,
+                      uplink_mbps=args.uplink_mbps) as w:
         print(f"joined as {w.worker_id}: accuracy {accuracy(model, test_x, test_y):.4f} "
               f"hash {w.model_hash()}", flush=True)
         x = train_x[w.rank % w.shards::w.shards].contiguous()  # this worker's shard

@@ -237,9 +237,11 @@ class Worker:
     replicas' addresses separated by commas), `name`, `listen` (the Peer
     service's address; port 0 picks one), `advertise`, `zone`, `token_file`,
     `tls_cert`, `tls_key`, `tls_ca`, `tls_server_name`, `outbound_only`,
-    `metrics_listen`, `connect_timeout` and `rpc_timeout` (seconds), and
-    `shard_size` (the samples of this worker's shard, for the checkpoints'
-    epoch count; 0 = unknown).
+    `metrics_listen`, `connect_timeout` and `rpc_timeout` (seconds),
+    `uplink_mbps` (this machine's uplink: the exchange's connections are
+    paced to fit it; 0 = unpaced; docs/OVERLAP.md), and `shard_size` (the
+    samples of this worker's shard, for the checkpoints' epoch count;
+    0 = unknown).
     """
 
     def __init__(self, module: torch.nn.Module, coordinator: str = "127.0.0.1:50051", *,
@@ -247,7 +249,7 @@ class Worker:
                  zone: str = "", token_file: str = "", tls_cert: str = "", tls_key: str = "",
                  tls_ca: str = "", tls_server_name: str = "", outbound_only: bool = False,
                  metrics_listen: str = "", connect_timeout: float = 60.0,
-                 rpc_timeout: float = 10.0, shard_size: int = 0):
+                 rpc_timeout: float = 10.0, uplink_mbps: float = 0.0, shard_size: int = 0):
         self._closed = True
         self.module = module
         self._flat, self._entries = flatten_module(module)
@@ -255,6 +257,7 @@ class Worker:
         options = dict(coordinator=coordinator, listen=listen, advertise=advertise, name=name,
                        zone=zone, outbound_only=outbound_only, metrics_listen=metrics_listen,
                        connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
+                       uplink_mbps=float(uplink_mbps),
                        token_file=token_file, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
                        tls_server_name=tls_server_name)
         _LogPump.start()

@@ -12,6 +12,7 @@ p.add_argument("--coordinator", required=True)
 p.add_argument("--name", default="")
 p.add_argument("--hidden", type=int, default=256)
 p.add_argument("--token_file", default="")
+p.add_argument("--uplink_mbps", type=float, default=0)
 args = p.parse_args()
 
 
@@ -25,7 +26,8 @@ class MLP(torch.nn.Module):
 
 try:
     with shoal.Worker(MLP(args.hidden), args.coordinator, name=args.name,
-                      token_file=args.token_file, connect_timeout=20) as w:
+                      token_file=args.token_file, uplink_mbps=args.uplink_mbps,
+                      connect_timeout=20) as w:
         print(f"joined as {w.worker_id}", flush=True)
 except shoal.Error as e:
     print(f"error {e.code}: {e.message}", flush=True)

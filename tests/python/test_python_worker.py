@@ -62,15 +62,18 @@ def test_cpp_and_python_workers_agree_on_every_round(cluster):
 
 
 def test_python_workers_with_int8_and_nesterov_agree_on_every_round(cluster):
-    # The run's codec and outer optimizer apply to Python workers as to C++ ones.
+    # The run's codec and outer optimizer apply to Python workers as to C++ ones,
+    # and so does pacing the uplink (fast enough for loopback): one peer reads
+    # from each.
     rounds = 5
     cluster.coordinator("--model=module", "--min_participants=2", f"--rounds={rounds}",
                         "--local_steps=30", "--codec=int8", "--outer_optimizer=nesterov")
-    workers = [cluster.example("fashion_mnist.py", n) for n in ("a", "b")]
+    workers = [cluster.example("fashion_mnist.py", n, "--uplink_mbps=800") for n in ("a", "b")]
     for w in workers:
         w.wait_for(r"done after \d+ rounds", 600)
         assert w.wait(60) == 0, w.log()
         assert "codec=int8" in w.log(), w.log()
+        assert "uplink 800 Mbit/s shared by 1 flow:" in w.log(), w.log()
     hashes = [round_hashes(w.log()) for w in workers]
     for r in range(1, rounds):
         assert hashes[0][r] == hashes[1][r], f"round {r}"
@@ -165,6 +168,13 @@ def test_a_wrong_token_raises_unauthenticated(cluster, tmp_path):
                        f"--token_file={bad}")
     assert w.wait(120) == 3, w.log()
     assert "error UNAUTHENTICATED" in w.log(), w.log()
+
+
+def test_an_uplink_rate_that_is_no_rate_raises_invalid_argument(cluster):
+    cluster.coordinator("--model=module")
+    w = cluster.python(ROOT / "tests" / "python" / "refusal_main.py", "bad", "--uplink_mbps=-2")
+    assert w.wait(120) == 3, w.log()
+    assert "error INVALID_ARGUMENT: uplink_mbps must be a rate above 0" in w.log(), w.log()
 
 
 def test_char_lm_three_workers_reach_the_loss_bound(cluster):
