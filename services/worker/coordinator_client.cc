@@ -1,6 +1,7 @@
 #include "services/worker/coordinator_client.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -285,9 +286,25 @@ absl::Status GrpcCoordinatorClient::OpenSessionWith(const shoal::v1::Hello& firs
       raw->written = answers;
     }
   });
-  absl::MutexLock lock(&mu_);
-  session_ = std::move(session);
+  // Another thread may have opened a session since our CloseSession (the
+  // relay's router falling back while the worker re-joins): the last one
+  // opened stays, the one it replaces ends here, its threads joined (a
+  // Session dropped with running threads would end the process).
+  std::shared_ptr<Session> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    replaced = std::exchange(session_, std::move(session));
+  }
+  EndSession(std::move(replaced));
   return absl::OkStatus();
+}
+
+void GrpcCoordinatorClient::EndSession(std::shared_ptr<Session> session) {
+  if (session == nullptr) return;
+  session->ctx.TryCancel();
+  if (session->reader.joinable()) session->reader.join();
+  session->End();
+  if (session->heartbeat.joinable()) session->heartbeat.join();
 }
 
 void GrpcCoordinatorClient::CloseSession() {
@@ -296,11 +313,7 @@ void GrpcCoordinatorClient::CloseSession() {
     absl::MutexLock lock(&mu_);
     session = std::move(session_);
   }
-  if (session == nullptr) return;
-  session->ctx.TryCancel();
-  if (session->reader.joinable()) session->reader.join();
-  session->End();
-  if (session->heartbeat.joinable()) session->heartbeat.join();
+  EndSession(std::move(session));
 }
 
 bool GrpcCoordinatorClient::SendHeartbeatNow(absl::Duration timeout) {

@@ -120,6 +120,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
 
  private:
   struct Session;
+  // Cancels `session` (may be null) and joins its threads.
+  static void EndSession(std::shared_ptr<Session> session);
   // Calls `call(ctx)` with a fresh deadline until it is not UNAVAILABLE or the
   // retry window closes (or options_.stop is cancelled).
   absl::Status CallWithRetry(

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -653,6 +654,32 @@ TEST_F(CoordinatorRpcTest, SessionMustStartWithHelloOfAKnownWorker) {
     grpc::Status s = session->Drain();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
   }
+  ExpectServing();
+}
+
+// Found by the two-hour soak (issue 30): a worker re-joining while its
+// relay router fell back opened two sessions on one client at once; the
+// second replaced the first without ending it, and the dropped session's
+// running threads ended the process ("terminate called without an active
+// exception"). Now the last one opened stays and the other is ended.
+TEST_F(CoordinatorRpcTest, SessionsOpenedFromTwoThreadsAtOnceLeaveOneOpen) {
+  TestWorker* w = AddWorker(1);
+  SessionLog* log = &w->log;
+  auto open_many = [&] {
+    for (int i = 0; i < 40; ++i) {
+      absl::Status s = w->client->OpenSession(
+          w->id, kHeartbeat, [log](const CoordinatorMessage& m) { log->Add(m); },
+          [log](const absl::Status& st) { log->Closed(st); });
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  };
+  std::thread other(open_many);
+  open_many();
+  other.join();
+  // (The coordinator drops a member whose session is cancelled, so the later
+  // sessions end NOT_FOUND: what counts is that the process is still here.)
+  w->client->CloseSession();
+  EXPECT_FALSE(w->client->SendHeartbeatNow(absl::Seconds(1)));
   ExpectServing();
 }
 

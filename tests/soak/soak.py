@@ -1263,6 +1263,18 @@ def main():
         if shutil.which(tool) is None:
             print(f"soak: {tool} not found (scripts/install-deps.sh)", file=sys.stderr)
             return 2
+    # The soak runs copies of the binaries: a rebuild of --bin during an
+    # hours-long soak (ninja replacing them) must not change what restarted
+    # processes run, nor make an exec fail while the linker writes the file.
+    snapshot = os.path.join(args.out, "bin")
+    os.makedirs(snapshot, exist_ok=True)
+    for name in ("shoal-coordinator", "shoal-worker", "shoal-checkpoint", "shoalctl"):
+        src = os.path.join(args.bin, name)
+        if not os.access(src, os.X_OK):
+            print(f"soak: {src} missing (make build)", file=sys.stderr)
+            return 2
+        shutil.copy2(src, os.path.join(snapshot, name))
+    args.bin = snapshot
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     soak = Soak(args)
