@@ -218,8 +218,11 @@ TEST_F(TwoSitesTest, HierarchicalRoundsCrossTheSlowLinkOncePerSite) {
   std::printf("inter-site link: %.0f bytes per round = %.3f models (model %.0f bytes)\n", per_round,
               per_round / kModelBytes, kModelBytes);
   // 2 models of payload; the rest is TCP/IP, HTTP/2 and gRPC framing and
-  // site B's control plane (about 5% together).
-  EXPECT_LE(per_round, 2.25 * kModelBytes) << Logs();
+  // site B's control plane (about 5% together): 2.12-2.16 models alone. In
+  // a full `make test` (other tests beside it) a read retried over the link
+  // once made it 2.27. The bound tells crossing once per site from crossing
+  // twice (4 models) or the flat round (6).
+  EXPECT_LE(per_round, 2.5 * kModelBytes) << Logs();
 }
 
 // The same two sites with the codec and the outer optimizer on top of the
