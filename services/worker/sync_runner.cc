@@ -108,6 +108,9 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kRejoin:
       host_->CloseSession();
+      // The plan of a coordinator that is gone: a new leader may plan the
+      // same round and attempt, and its readers must not get these bytes.
+      WithdrawPublished();
       return std::nullopt;
     case Action::kCatchUp: {
       const absl::Time t0 = parts_.clock->Now();
@@ -260,6 +263,7 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       return std::nullopt;
     case Action::kVoid:
       parts_.memory->VoidPending(a.round, a.hash);
+      WithdrawPublished();
       return std::nullopt;
     case Action::kDropWork:
       parts_.memory->DropWork(a.round);

@@ -65,6 +65,11 @@ class SyncRunner final : public Runner {
   // contribution ran before the last average came).
   std::string round_note_;
   bool Overlapped() const { return parts_.local != nullptr && parts_.local->overlapped(); }
+  // The encoded exchange's blobs of the current round are of a void plan:
+  // none is served again (EncodedStore::Withdraw).
+  void WithdrawPublished() {
+    if (parts_.averaging->encoded_store != nullptr) parts_.averaging->encoded_store->Withdraw();
+  }
   // Step time and bandwidth for the supernode election (ReportRoundDone).
   ZoneMeasurements zone_measurements_;
 };

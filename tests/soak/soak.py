@@ -280,7 +280,10 @@ class Soak:
             "--election-timeout=2000", "--log-level=warn",
             # As deploy/ runs it: the record is rewritten every round, and
             # without compaction etcd keeps every revision.
-            "--auto-compaction-mode=revision", "--auto-compaction-retention=1000"], name=f"e{i}")
+            "--auto-compaction-mode=revision", "--auto-compaction-retention=1000",
+            # etcd's in-memory raft log is about snapshot-count + 5000
+            # entries (one a round): the default 100000 grows for days.
+            "--snapshot-count=1000"], name=f"e{i}")
 
     def etcd_healthy(self):
         r = subprocess.run(["ip", "netns", "exec", f"{self.prefix}-c", "env", "ETCDCTL_API=3",

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -309,6 +310,84 @@ TEST(EncodedExchangeTest, TheSameRoundTwiceGivesTheSameBits) {
     absl::StatusOr<Blob> y = b[k]->store.Find(r);
     ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
     EXPECT_EQ(**x, **y) << "slice " << k;
+  }
+}
+
+// Found by the soak (issue 30): the leader was killed after a round's
+// exchange, and the new leader planned the round again with the same
+// attempt number but other inputs (one site had lost members). A peer read
+// the old plan's blobs from a worker that had not started the new plan yet,
+// and the workers ended with different models. A worker whose plan is void
+// withdraws what it published (the worker does it when its session is lost
+// or its pending average is voided): here w1 starts the new plan first and
+// asks w2 before w2 starts, and both still end with the bits of the new
+// plan run on fresh workers.
+class CountingPeers : public FakeEncodedPeers {
+ public:
+  using FakeEncodedPeers::FakeEncodedPeers;
+  absl::StatusOr<shoal::v1::EncodedPiece> ReadEncoded(const std::string& address,
+                                                      const shoal::v1::ReadEncodedRequest& r,
+                                                      absl::Duration timeout,
+                                                      CancellationToken* cancel) override {
+    ++reads_[address];
+    return FakeEncodedPeers::ReadEncoded(address, r, timeout, cancel);
+  }
+  int reads(const std::string& address) const {
+    auto it = reads_.find(address);
+    return it == reads_.end() ? 0 : it->second.load();
+  }
+  void Watch(const std::string& address) { reads_[address] = 0; }
+
+ private:
+  std::map<std::string, std::atomic<int>> reads_;
+};
+
+TEST(EncodedExchangeTest, ARoundPlannedAgainWithTheSameAttemptNeverReadsTheVoidPlan) {
+  const uint64_t total = 2000;
+  auto codec = Int8();
+  auto workers = MakeWorkers(2, total, 0.7f, 0.9f);
+  for (const auto& s : RunAll(workers, *codec, nullptr)) ASSERT_TRUE(s.ok()) << s;
+  // The new leader's plan: w2 brings another model (its site changed).
+  std::vector<float> other = workers[1]->trained;
+  for (float& x : other) x += 0.05f;
+  for (auto& w : workers) w->store.Withdraw();
+  workers[0]->params = workers[0]->trained;
+  workers[1]->params = other;
+  // What the new plan gives on workers that never saw the old one.
+  auto fresh = MakeWorkers(2, total, 0.7f, 0.9f);
+  fresh[1]->params = other;
+  for (const auto& s : RunAll(fresh, *codec, nullptr)) ASSERT_TRUE(s.ok()) << s;
+
+  std::map<std::string, Worker*> by_address;
+  for (const auto& w : workers) by_address[w->address] = w.get();
+  CountingPeers peers(by_address, nullptr);
+  peers.Watch(workers[1]->address);
+  peers.Watch(workers[0]->address);
+  const shoal::v1::RoundPlan plan = MakePlan(workers, total);
+  ExchangeOptions options;
+  options.timeout = absl::Seconds(20);
+  std::vector<absl::Status> status(2);
+  auto run = [&](size_t k) {
+    ExchangeParts parts = workers[k]->parts;
+    parts.codec = codec.get();
+    Exchanger ex(&peers, &workers[k]->state, options, parts);
+    status[k] = ex.Average(plan, workers[k]->id, workers[k]->params.data(), nullptr, nullptr);
+  };
+  std::thread first(run, 0);
+  // w1 asks w2 (and is told to wait) before w2 starts the new plan.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (peers.reads(workers[1]->address) < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(peers.reads(workers[1]->address), 2);
+  std::thread second(run, 1);
+  first.join();
+  second.join();
+  for (const auto& s : status) ASSERT_TRUE(s.ok()) << s;
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(
+        std::memcmp(workers[k]->params.data(), fresh[k]->params.data(), total * sizeof(float)), 0)
+        << workers[k]->id << " did not end with the new plan's model";
   }
 }
 

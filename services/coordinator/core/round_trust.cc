@@ -1,6 +1,7 @@
 #include "services/coordinator/core/round_trust.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -325,8 +326,22 @@ std::vector<RoundTrust::Verdict> RoundTrust::DropPending(const std::string& why)
 std::string RoundTrust::Record(const std::string& worker_id, TrustEvent event,
                                const std::string& detail) {
   Score& s = scores_[worker_id];
+  if (event == TrustEvent::kMissedDeadline) {
+    // A run of missed deadlines costs once: a member cut off for many rounds
+    // (its site's supernode frozen, its link down) is absent, not lying, and
+    // absence has its own remedies (leases, eviction). Found by the soak:
+    // four honest members of a site whose supernode was stopped for 15 s
+    // missed 25 rounds in a row and were banned.
+    if (s.missing) return "";
+    s.missing = true;
+  } else if (event == TrustEvent::kRoundCompleted) {
+    s.missing = false;
+  }
   const double before = s.score;
-  s.score = std::min(1.0, s.score + ScoreChange(event));
+  // Kept on a grid of 1e-6 so that steps like 0.02 add up exactly (25 of
+  // them from 1 are 0.5, not 0.4999999999999999 printed as "0.50 below
+  // 0.50").
+  s.score = std::min(1.0, std::round((s.score + ScoreChange(event)) * 1e6) / 1e6);
   if (s.score == before) return "";                     // a pass at the top moves nothing
   if (event == TrustEvent::kRoundCompleted) return "";  // too common to list
   s.reasons.push_front(absl::StrFormat("round %d: %s%s%s %+.2f", round_, TrustEventName(event),

@@ -30,8 +30,9 @@
 //  - Scores start at 1 and never exceed it: a failed audit -1, a passed
 //    one +0.02, a hash-vote minority -0.25, bad chunks reported by two
 //    members in one round -0.25, an eviction -0.1, a missed ready
-//    deadline -0.02, a completed round +0.01 (so that an honest member that
-//    was slow once earns it back). Below trust.ban_below the member is
+//    deadline -0.02 (once for a run of them: a member cut off for many
+//    rounds is absent, not lying), a completed round +0.01 (so that an
+//    honest member that was slow once earns it back). Below trust.ban_below the member is
 //    banned for trust.ban_seconds:
 //    evicted (its credential revoked) and its re-joins, by worker id or by
 //    name, refused with PERMISSION_DENIED and the reason.
@@ -158,6 +159,9 @@ class RoundTrust {
  private:
   struct Score {
     double score = 1;
+    // Missed the ready deadline and completed no round since (a run of
+    // missed deadlines costs once).
+    bool missing = false;
     std::deque<std::string> reasons;  // newest first
     uint64_t passed = 0;
     uint64_t failed = 0;

@@ -9,12 +9,7 @@ namespace shoal::worker {
 
 void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
   absl::ReleasableMutexLock lock(&mu_);
-  for (auto it = blobs_.begin(); it != blobs_.end();) {
-    const auto& [r, a, stage, kind, b, e] = it->first;
-    const bool keep =
-        (r == round && a == attempt) || (r + 1 == round && kind == shoal::v1::AVERAGED);
-    it = keep ? std::next(it) : blobs_.erase(it);
-  }
+  DropLocked(round);
   round_ = round;
   attempt_ = attempt;
   started_ = true;
@@ -22,6 +17,24 @@ void EncodedStore::BeginRound(uint64_t round, uint32_t attempt) {
   Answered answered = TakeAnsweredLocked();
   lock.Release();
   Deliver(std::move(answered));
+}
+
+void EncodedStore::Withdraw() {
+  absl::MutexLock lock(&mu_);
+  if (!started_) return;
+  DropLocked(round_);
+  started_ = false;
+  stage_ = 0;
+  // Waiting reads stay UNAVAILABLE (they park until the next plan's
+  // Publish or their own wait ends).
+}
+
+void EncodedStore::DropLocked(uint64_t round) {
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    const auto& [r, a, stage, kind, b, e] = it->first;
+    const bool keep = r + 1 == round && kind == shoal::v1::AVERAGED;
+    it = keep ? std::next(it) : blobs_.erase(it);
+  }
 }
 
 void EncodedStore::ReachStage(uint64_t round, uint32_t attempt, uint32_t stage) {

@@ -30,8 +30,17 @@ class EncodedStore {
  public:
   // The exchange of `round` (attempt) starts: what older rounds or other
   // attempts of this one published is dropped, except the averages of the
-  // previous round (slow readers may still be gathering them).
+  // previous round (slow readers may still be gathering them). A second
+  // start of the same round and attempt is another plan (a new leader
+  // numbers the round it resumes as the old one did): what the first
+  // published is dropped too.
   void BeginRound(uint64_t round, uint32_t attempt);
+  // The plan this worker published for is void (its coordinator session was
+  // lost, or its pending average voided): everything of the current round
+  // is dropped and reads of it wait (UNAVAILABLE) until the next
+  // BeginRound, so no reader of a later plan with the same round and
+  // attempt gets the old plan's bytes. The previous round's averages stay.
+  void Withdraw();
   // Publishes a blob for [begin, end) of `kind` (CONTRIBUTION, AVERAGED)
   // of the current round and attempt; ignored for any other.
   // `stage`: the stage of a hierarchical round (from 1) the blob belongs
@@ -72,6 +81,8 @@ class EncodedStore {
   size_t waiting() const;
 
  private:
+  // Drops every blob but the averages of the round before `round`.
+  void DropLocked(uint64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Blob> FindLocked(const shoal::v1::ReadEncodedRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the waits whose answer is no longer UNAVAILABLE; the caller runs
