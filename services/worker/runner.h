@@ -42,7 +42,8 @@ namespace shoal::worker {
 struct WorkerEvent {
   enum Kind { kMessage, kSessionClosed, kStop } kind = kStop;
   shoal::v1::CoordinatorMessage message;
-  absl::Status status;  // kSessionClosed: why
+  absl::Status status;   // kSessionClosed: why
+  uint64_t session = 0;  // kSessionClosed: the host's session it ended
 };
 
 // What a runner asks of its host (Worker implements it).

@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
 Worker::~Worker() {
   if (options_.stop != nullptr) options_.stop->Unregister(stop_registration_);
   stop_token_.Cancel();
-  if (coordinator_) coordinator_->CloseSession();
+  if (coordinator_) EndOwnSession();
   if (relay_frontend_) relay_frontend_->Shutdown();  // its members go direct
   if (state_) state_->SetShuttingDown();
   if (server_) server_->Shutdown(absl::Seconds(1));
@@ -189,7 +189,15 @@ void Worker::Push(WorkerEvent event) {
 
 bool Worker::PopEvent(WorkerEvent* event, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto has_event = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+  auto has_event = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // The end of a session queued before this worker re-joined is news of
+    // nothing (the session it has now is another).
+    while (!events_.empty() && events_.front().kind == WorkerEvent::kSessionClosed &&
+           events_.front().session != session_gen_.load()) {
+      events_.pop_front();
+    }
+    return !events_.empty();
+  };
   if (!mu_.AwaitWithTimeout(absl::Condition(&has_event), timeout)) return false;
   *event = std::move(events_.front());
   events_.pop_front();
@@ -268,13 +276,16 @@ void Worker::CountServedBytes() {
 
 absl::Status Worker::OpenSession(uint64_t carried_round) {
   const absl::Duration heartbeat = absl::Milliseconds(std::max<uint32_t>(100, heartbeat_ms_));
+  const uint64_t gen = session_gen_.fetch_add(1) + 1;
   absl::Status opened = coordinator_->OpenSession(
       worker_id_, heartbeat,
       [this](const shoal::v1::CoordinatorMessage& msg) { OnSessionMessage(msg); },
-      [this](const absl::Status& status) {
+      [this, gen](const absl::Status& status) {
+        if (session_gen_.load() != gen) return;  // closed or replaced by this worker
         WorkerEvent closed;
         closed.kind = WorkerEvent::kSessionClosed;
         closed.status = status;
+        closed.session = gen;
         Push(std::move(closed));
       },
       [this](shoal::v1::Heartbeat* hb) { FillHeartbeat(hb); });
@@ -289,16 +300,21 @@ absl::Status Worker::OpenSession(uint64_t carried_round) {
       opened = admitted.status();
     }
   }
-  if (!opened.ok()) coordinator_->CloseSession();
+  if (!opened.ok()) EndOwnSession();
   return opened;
 }
 
-void Worker::CloseSession() { coordinator_->CloseSession(); }
+void Worker::EndOwnSession() {
+  session_gen_.fetch_add(1);
+  coordinator_->CloseSession();
+}
+
+void Worker::CloseSession() { EndOwnSession(); }
 
 void Worker::Leave(const std::string& reason) {
   state_->SetShuttingDown();
   coordinator_->Leave(worker_id_, reason).IgnoreError();
-  coordinator_->CloseSession();
+  EndOwnSession();
 }
 
 std::optional<absl::Status> Worker::Join(const shoal::v1::JoinRequest& first) {
@@ -360,7 +376,7 @@ std::optional<absl::Status> Worker::Join(const shoal::v1::JoinRequest& first) {
             SHOAL_LOG(WARNING) << "re-join failed, retrying: " << failed.message();
             next_log = clock_->Now() + absl::Seconds(10);
           }
-          coordinator_->CloseSession();
+          EndOwnSession();
         });
     if (exit.has_value() || s.ok() || !session_lost_to_build || pass > 0) break;
     SHOAL_LOG(WARNING) << "the coordinator forgot this worker while it built the model ("

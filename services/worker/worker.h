@@ -30,6 +30,7 @@
 #ifndef SHOAL_SERVICES_WORKER_WORKER_H_
 #define SHOAL_SERVICES_WORKER_WORKER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -209,6 +210,15 @@ class Worker final : private RunnerHost {
   // What the heartbeats carry besides the catch-up's progress (gossip).
   absl::Mutex report_mu_;
   std::optional<shoal::v1::Heartbeat> report_ ABSL_GUARDED_BY(report_mu_);
+  // The coordinator session this worker has open (counted up at every open
+  // and every close of its own): the end of a session it closed or replaced
+  // itself is not a lost session. Found by the soak: the end of a live
+  // session closed for a re-join was reported after the re-join, which
+  // re-joined again, closing the next live session: a re-join every few
+  // ms, a new worker id each time, for the whole run.
+  std::atomic<uint64_t> session_gen_{0};
+  // Closes the session as this worker's own doing (its end is not reported).
+  void EndOwnSession();
 };
 
 }  // namespace shoal::worker

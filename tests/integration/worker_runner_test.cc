@@ -79,17 +79,41 @@ class ScriptedCoordinator : public CoordinatorClient {
     return absl::OkStatus();
   }
   absl::Status OpenSession(const std::string&, absl::Duration, MessageHandler on_message,
-                           ClosedHandler, HeartbeatFiller fill) override {
+                           ClosedHandler on_closed, HeartbeatFiller fill) override {
     absl::MutexLock lock(&mu_);
     on_message_ = std::move(on_message);
+    on_closed_ = std::move(on_closed);
     fill_ = std::move(fill);
     open_ = true;
     ++sessions_;
     return absl::OkStatus();
   }
+  // As the gRPC client: closing a live session ends its stream, and its
+  // reader reports the end (CANCELLED) before CloseSession returns.
   void CloseSession() override {
+    ClosedHandler report;
+    {
+      absl::MutexLock lock(&mu_);
+      if (open_) report = on_closed_;
+      open_ = false;
+    }
+    if (report) report(absl::CancelledError("CANCELLED"));
+  }
+  // A session of this worker ends while another stays open (the relay's
+  // router: the coordinator superseded the direct session with the relayed
+  // one).
+  void EndOneOfTwo(const absl::Status& why) {
+    ClosedHandler report;
+    {
+      absl::MutexLock lock(&mu_);
+      report = on_closed_;
+    }
+    ASSERT_TRUE(report != nullptr);
+    report(why);
+  }
+  int joins() {
     absl::MutexLock lock(&mu_);
-    open_ = false;
+    return joins_;
   }
   bool SendHeartbeatNow(absl::Duration) override {
     shoal::v1::Heartbeat hb = Heartbeat();
@@ -156,6 +180,7 @@ class ScriptedCoordinator : public CoordinatorClient {
   int sessions_ ABSL_GUARDED_BY(mu_) = 0;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   MessageHandler on_message_ ABSL_GUARDED_BY(mu_);
+  ClosedHandler on_closed_ ABSL_GUARDED_BY(mu_);
   HeartbeatFiller fill_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> leaves_ ABSL_GUARDED_BY(mu_);
   std::vector<shoal::v1::Heartbeat> flushed_ ABSL_GUARDED_BY(mu_);
@@ -361,6 +386,33 @@ TEST_F(WorkerRunnerTest, ASynchronousRoundThroughTheSameHost) {
   coordinator_->Deliver(finished);
   ASSERT_TRUE(WaitUntil([&] { return Finished(); }, absl::Seconds(60)));
   EXPECT_TRUE(Result().ok()) << Result();
+}
+
+// Found by the soak (issue 30): one session of a worker ended while another
+// was still open (the relay's router), and the worker re-joined. Closing the
+// live session for the re-join reported its end too; that report, handled
+// after the re-join, started another re-join, which closed the next live
+// session: a re-join every few ms, with a new worker id each time, for the
+// whole run (100,000 joins in 55 minutes, the run record rewritten with
+// each). The end of a session the worker closed itself is not a lost
+// session: one re-join, then the worker trains.
+TEST_F(WorkerRunnerTest, ASessionLostBesideALiveOneIsOneRejoinNotALoop) {
+  shoal::v1::RunConfig config = BaseConfig();
+  config.mutable_training()->set_local_steps(3);
+  config.mutable_sync()->set_rounds(2);
+  StartWorker(config);
+  const int joins = coordinator_->joins();  // the first join and the model's declaration
+  coordinator_->EndOneOfTwo(absl::AbortedError("superseded by a session through relay w1"));
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_->sessions() >= 2; }, absl::Seconds(60)));
+  // The worker is back: it trains the round it is given and reports ready.
+  shoal::v1::CoordinatorMessage start;
+  start.mutable_round_start()->set_round(1);
+  coordinator_->Deliver(start);
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_->ready().size() == 1; }, absl::Seconds(60)))
+      << coordinator_->sessions() << " sessions";
+  EXPECT_EQ(coordinator_->sessions(), 2);
+  EXPECT_EQ(coordinator_->joins(), joins + 1);
+  EXPECT_TRUE(coordinator_->session_open());
 }
 
 }  // namespace

@@ -57,6 +57,9 @@ seconds, in the coordinators' namespace, over TLS with the token):
                    fails the run
   shutdown         at the end every process gets SIGTERM (SIGCONT first) and
                    must exit within --shutdown_grace seconds
+  re-joins         no worker re-joins more than --rejoins_per_minute times in
+                   any minute (a worker caught in a re-join loop trains
+                   nothing while rounds go on without it)
 
 Ends with one line
   soak: minutes=.. rounds=.. faults=kill:..,stop:..,... longest_stall=..s
@@ -1041,6 +1044,24 @@ def analyze(soak):
             "minutes": (after[-1][0] - after[0][0]) / 60,
         }
     res["growth"] = growth
+    # Re-joins per worker process: the most in any 60 s.
+    stamp = re.compile(r"^[IWE](\d\d):(\d\d):(\d\d)\.\d+ .*\] re-joined run ")
+    rejoins = {}
+    for p in soak.procs:
+        if p.role != "worker":
+            continue
+        times = []
+        for line in p.log_text().splitlines():
+            m = stamp.match(line)
+            if m:
+                times.append(int(m.group(1)) * 3600 + int(m.group(2)) * 60 + int(m.group(3)))
+        most, lo = 0, 0
+        for hi in range(len(times)):
+            while times[hi] - times[lo] >= 60 or times[hi] < times[lo]:
+                lo += 1
+            most = max(most, hi - lo + 1)
+        rejoins[p.name] = (len(times), most)
+    res["rejoins"] = rejoins
     return res
 
 
@@ -1132,6 +1153,9 @@ def report(soak, res):
     for name, secs, code in soak.shutdown:
         if secs is None:
             failures.append(f"{name} did not exit within {a.shutdown_grace}s of SIGTERM (killed)")
+    for name, (total, most) in sorted(res["rejoins"].items()):
+        if most > a.rejoins_per_minute:
+            failures.append(f"{name}: {most} re-joins in one minute ({total} in all): a re-join loop")
     if res["errors_unexplained"]:
         failures.append(f"{len(res['errors_unexplained'])} ERROR line(s) no fault explains "
                         f"(errors.txt)")
@@ -1190,6 +1214,9 @@ def report(soak, res):
         f"{n}={'%.1fs' % s if s is not None else 'HUNG'}" for n, s, _ in soak.shutdown))
     lines.append(f"round plans: {res.get('plans', 0)}, hierarchical {res.get('plans_hierarchical', 0)} "
                  "(a round with the worker behind NAT is flat)")
+    busiest = max(res["rejoins"].items(), key=lambda kv: kv[1][1], default=("-", (0, 0)))
+    lines.append(f"re-joins: {sum(t for t, _ in res['rejoins'].values())} in all; most in one "
+                 f"minute {busiest[1][1]} ({busiest[0]})")
     lines.append(f"ERROR lines: {res['errors_explained']} explained, "
                  f"{len(res['errors_unexplained'])} not (errors.txt)")
     if note:
@@ -1252,6 +1279,8 @@ def main():
                          "mmapped database, the store's buffers)")
     ap.add_argument("--fd_growth", type=float, default=64)
     ap.add_argument("--thread_growth", type=float, default=32)
+    ap.add_argument("--rejoins_per_minute", type=int, default=20,
+                    help="most re-joins of one worker in any minute (a loop fails the run)")
     ap.add_argument("--shutdown_grace", type=float, default=30)
     args = ap.parse_args()
     if args.warmup < 0:
