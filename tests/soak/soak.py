@@ -236,6 +236,7 @@ class Soak:
         self.last_status = None
         self.start = None
         self.t_end_faults = None
+        self.etcd_text = ""      # record sizes and raft index at the end
 
     # ---- setup -------------------------------------------------------
     def secrets_and_certs(self):
@@ -294,6 +295,59 @@ class Soak:
                             f"--endpoints={self.etcd_endpoints()}", "put", "/soak/probe", "ok"],
                            capture_output=True, text=True, timeout=20)
         return r.returncode == 0
+
+    def etcdctl(self, argv):
+        return subprocess.run(["ip", "netns", "exec", f"{self.prefix}-c", "env", "ETCDCTL_API=3",
+                               "etcdctl", "--dial-timeout=2s", "--command-timeout=5s",
+                               f"--endpoints={self.etcd_endpoints()}"] + argv,
+                              capture_output=True, timeout=30)
+
+    def fill_etcd_window(self):
+        """etcd 3.4 keeps its last snapshot-count + 5,000 raft entries in
+        memory: a bounded window, but at one record write a round it takes
+        this run about 100 minutes to fill, so its fill would read as growth
+        after the warm-up. Before anything else starts, write --etcd_window
+        entries of about the run's per-round write (400 bytes) to a scratch
+        key and delete it: the window is full from the start, and what grows
+        after the warm-up is growth. 0 skips it."""
+        n = self.args.etcd_window
+        if n <= 0:
+            return
+        script = (
+            "import base64, json, os, sys, urllib.request\n"
+            "url = sys.argv[1]; n = int(sys.argv[2])\n"
+            "key = base64.b64encode(b'/soak/window').decode()\n"
+            "for i in range(n):\n"
+            "    v = base64.b64encode(os.urandom(400)).decode()\n"
+            "    body = json.dumps({'key': key, 'value': v}).encode()\n"
+            "    urllib.request.urlopen(urllib.request.Request(url + '/v3/kv/put', data=body),\n"
+            "                           timeout=10).read()\n"
+            "body = json.dumps({'key': key}).encode()\n"
+            "urllib.request.urlopen(urllib.request.Request(url + '/v3/kv/deleterange', data=body),\n"
+            "                       timeout=10).read()\n")
+        t0 = time.time()
+        subprocess.run(["ip", "netns", "exec", f"{self.prefix}-c", "/usr/bin/python3", "-c", script,
+                        f"http://127.0.0.1:{ETCD_PORTS[0][0]}", str(n)], check=True, timeout=600)
+        log(f"soak: etcd's raft log window filled ({n} entries of 400 bytes, "
+            f"{time.time() - t0:.0f}s)")
+
+    def etcd_figures(self):
+        """What the run writes to etcd every round, and how far its raft log
+        went (the report's etcd line): the record's two keys, in bytes."""
+        try:
+            sizes = []
+            for key in ("/shoal/soak/record", "/shoal/soak/record-rare"):
+                r = self.etcdctl(["get", "--print-value-only", key])
+                sizes.append(f"{key.rsplit('/', 1)[1]} {max(len(r.stdout) - 1, 0)} B"
+                             if r.returncode == 0 else f"{key}: {r.stderr.decode()[:80]}")
+            r = self.etcdctl(["endpoint", "status", "-w", "json"])
+            members = json.loads(r.stdout or b"[]") if r.returncode == 0 else []
+            raft = ", ".join(f"{m['Endpoint'].split(':')[-1]}: raft index "
+                             f"{m['Status'].get('raftIndex', m['Status'].get('raft_index', '?'))}, db "
+                             f"{m['Status'].get('dbSize', 0) / 1e6:.1f} MB" for m in members)
+            return "etcd: " + ", ".join(sizes) + (f"; {raft}" if raft else "")
+        except (subprocess.SubprocessError, ValueError, KeyError) as e:
+            return f"etcd: figures not read ({e})"
 
     def coordinator_flags(self):
         a = self.args
@@ -356,6 +410,7 @@ class Soak:
             if time.time() > deadline:
                 raise RuntimeError("etcd cluster not healthy after 120 s (logs in %s)" % self.logs)
             time.sleep(1)
+        self.fill_etcd_window()
         self.store = self.start_store()
         self.wait_listening(self.store, "store")
         self.coord = [self.start_coordinator(i) for i in range(2)]
@@ -813,6 +868,7 @@ class Soak:
             self.sample(time.time())
             self.verify_checkpoint(st, time.time(), final=True)
         self.t_end_faults = time.time()
+        self.etcd_text = self.etcd_figures()
         if self.last_progress is not None:
             self.close_stall(self.last_progress, self.t_end_faults)
 
@@ -1217,6 +1273,8 @@ def report(soak, res):
     busiest = max(res["rejoins"].items(), key=lambda kv: kv[1][1], default=("-", (0, 0)))
     lines.append(f"re-joins: {sum(t for t, _ in res['rejoins'].values())} in all; most in one "
                  f"minute {busiest[1][1]} ({busiest[0]})")
+    if soak.etcd_text:
+        lines.append(soak.etcd_text)
     lines.append(f"ERROR lines: {res['errors_explained']} explained, "
                  f"{len(res['errors_unexplained'])} not (errors.txt)")
     if note:
@@ -1257,6 +1315,10 @@ def main():
                          "limit hours of checkpoints fill the disk)")
     ap.add_argument("--poll", type=float, default=2, help="seconds between status reads")
     ap.add_argument("--sample", type=float, default=15, help="seconds between /proc samples")
+    ap.add_argument("--etcd_window", type=int, default=6500,
+                    help="scratch entries written to etcd before the run, filling its in-memory "
+                         "raft log window (snapshot-count 1000 + 5000) so that the window's fill "
+                         "is not read as growth; 0 = none")
     ap.add_argument("--warmup", type=float, default=-1,
                     help="seconds after a process starts before its growth counts (default: "
                          "10 minutes, or a quarter of a shorter soak, at least 1 minute)")

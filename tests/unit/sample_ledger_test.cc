@@ -2,6 +2,7 @@
 // epoch order the workers compute (services/worker/core/sample_order.h).
 #include "services/coordinator/core/sample_ledger.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -42,7 +43,59 @@ TEST(SampleLedgerTest, HandsOutFreshRangesAcrossEpochsUpToTheLimit) {
   ledger.Trained("w1");
   ledger.Trained("w2");
   EXPECT_TRUE(ledger.Finished());
-  EXPECT_EQ(ledger.Status().trained_per_epoch_size(), 2);
+  // Both epochs are done: no per-epoch count is left to keep.
+  EXPECT_EQ(ledger.Status().trained_from_epoch(), 2u);
+  EXPECT_EQ(ledger.Status().trained_per_epoch_size(), 0);
+}
+
+// The durable ledger is written into the run record every round: it keeps
+// counts only for the epochs still open, however long the run (a soak's
+// record grew by one count per epoch, 5 copies of 300 epochs: 4.5 KB a
+// round into etcd's in-memory raft log).
+TEST(SampleLedgerTest, TheDurableLedgerStaysSmallOverManyEpochs) {
+  SampleLedger ledger(/*per_round=*/30, /*epochs=*/0);
+  ASSERT_TRUE(ledger.CheckDataset(100).ok());
+  size_t largest = 0;
+  for (int round = 0; round < 2000; ++round) {  // 3 workers x 30: ~1,800 epochs
+    for (const char* w : {"a", "b", "c"}) ledger.Assign(w);
+    ledger.Lost("c");  // some of every round comes back through the pool
+    ledger.Trained("a");
+    ledger.Trained("b");
+    largest = std::max(largest, ledger.Durable().ByteSizeLong());
+  }
+  const v1::SampleLedger d = ledger.Durable();
+  EXPECT_GT(d.epochs_done(), 1000u);
+  EXPECT_LE(d.trained_per_epoch_size(), 3);
+  EXPECT_GE(d.trained_from_epoch(), d.epochs_done());
+  EXPECT_LT(largest, 200u);
+}
+
+// A ledger saved before trained_from_epoch existed counts every epoch from
+// 0: it resumes, drops the finished epochs' counts and goes on counting.
+TEST(SampleLedgerTest, ALedgerThatListsEveryEpochResumesAndIsTrimmed) {
+  v1::SampleLedger old;
+  old.set_dataset_samples(50);
+  old.set_epoch(3);
+  old.set_offset(20);
+  old.set_epochs_done(3);
+  old.set_samples_trained(170);
+  for (int e = 0; e < 3; ++e) old.add_trained_per_epoch(50);
+  old.add_trained_per_epoch(20);
+  SampleLedger ledger(30, 4);
+  ledger.Resume(old);
+  v1::SampleLedger d = ledger.Durable();
+  EXPECT_EQ(d.trained_from_epoch(), 3u);
+  ASSERT_EQ(d.trained_per_epoch_size(), 1);
+  EXPECT_EQ(d.trained_per_epoch(0), 20u);
+  EXPECT_EQ(worker::FormatRanges(ledger.Assign("w1")), "e3:[20,50)");
+  ledger.Trained("w1");
+  EXPECT_TRUE(ledger.Finished());
+  EXPECT_EQ(ledger.Durable().trained_from_epoch(), 4u);
+  // And the trimmed form resumes to the same ledger.
+  SampleLedger again(30, 4);
+  again.Resume(ledger.Durable());
+  EXPECT_EQ(again.Durable().SerializeAsString(), ledger.Durable().SerializeAsString());
+  EXPECT_TRUE(again.Finished());
 }
 
 TEST(SampleLedgerTest, LostWorkGoesBackToThePoolAndIsTrainedOnceAgain) {

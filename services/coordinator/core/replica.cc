@@ -1,6 +1,7 @@
 #include "services/coordinator/core/replica.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -99,6 +100,7 @@ ReplicaEvent Replica::Step() {
   state_.role = ReplicaRole::kLeader;
   state_.term = term;
   saved_version_ = 0;
+  saved_rare_.clear();  // the first write of a term puts both keys
   state_.leader = options_.self;
   SHOAL_LOG(INFO) << "replica: elected leader (term " << state_.term << ", lease " << lease_
                   << ", ttl " << options_.lease_ttl << ")";
@@ -114,26 +116,72 @@ bool Replica::LeaderGone() {
   return false;
 }
 
+namespace {
+
+// The parts of the record that change rarely (the run's configuration and
+// layout, its checkpoints, its bans): kept under a key of their own so that
+// the write of every round stays a few hundred bytes (etcd keeps its recent
+// raft entries in memory).
+void SplitRecord(const shoal::v1::RunRecord& record, shoal::v1::RunRecord* progress,
+                 shoal::v1::RunRecord* rare) {
+  *progress = record;
+  progress->clear_config();
+  progress->clear_layout();
+  progress->clear_checkpoints();
+  progress->clear_bans();
+  rare->Clear();
+  *rare->mutable_config() = record.config();
+  if (record.has_layout()) *rare->mutable_layout() = record.layout();
+  *rare->mutable_checkpoints() = record.checkpoints();
+  *rare->mutable_bans() = record.bans();
+}
+
+}  // namespace
+
 absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
-  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(record_key());
-  if (!kv.ok()) return kv.status();
-  if (!kv->has_value()) {
-    record_revision_ = 0;
-    return std::optional<shoal::v1::RunRecord>();
+  // The two keys are written in one transaction, and every write puts the
+  // progress key: the pair is consistent when the progress key did not
+  // change while the rare key was read.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(record_key());
+    if (!kv.ok()) return kv.status();
+    if (!kv->has_value()) {
+      record_revision_ = 0;
+      return std::optional<shoal::v1::RunRecord>();
+    }
+    absl::StatusOr<std::optional<EtcdKeyValue>> rare_kv = etcd_->Get(rare_key());
+    if (!rare_kv.ok()) return rare_kv.status();
+    absl::StatusOr<std::optional<EtcdKeyValue>> again = etcd_->Get(record_key());
+    if (!again.ok()) return again.status();
+    if (!again->has_value() || (*again)->mod_revision != (*kv)->mod_revision) continue;
+    shoal::v1::RunRecord record;
+    if (!record.ParseFromString((*kv)->value) || record.run_id().empty()) {
+      return absl::DataLossError(
+          absl::StrCat("etcd key ", record_key(), " does not hold a valid run record"));
+    }
+    // A record written before the split holds everything in one key.
+    if (rare_kv->has_value()) {
+      shoal::v1::RunRecord rare;
+      if (!rare.ParseFromString((*rare_kv)->value)) {
+        return absl::DataLossError(
+            absl::StrCat("etcd key ", rare_key(), " does not hold a valid run record part"));
+      }
+      *record.mutable_config() = rare.config();
+      if (rare.has_layout()) *record.mutable_layout() = rare.layout();
+      *record.mutable_checkpoints() = rare.checkpoints();
+      *record.mutable_bans() = rare.bans();
+    }
+    constexpr uint64_t kMaxRound = uint64_t{1} << 62;
+    if (record.last_completed_round() > kMaxRound || record.checkpoint_round() > kMaxRound) {
+      return absl::DataLossError(absl::StrCat("etcd key ", record_key(), " names round ",
+                                              record.last_completed_round(),
+                                              ", past the largest round this coordinator runs"));
+    }
+    record_revision_ = (*kv)->mod_revision;
+    return std::optional<shoal::v1::RunRecord>(std::move(record));
   }
-  shoal::v1::RunRecord record;
-  if (!record.ParseFromString((*kv)->value) || record.run_id().empty()) {
-    return absl::DataLossError(
-        absl::StrCat("etcd key ", record_key(), " does not hold a valid run record"));
-  }
-  constexpr uint64_t kMaxRound = uint64_t{1} << 62;
-  if (record.last_completed_round() > kMaxRound || record.checkpoint_round() > kMaxRound) {
-    return absl::DataLossError(absl::StrCat("etcd key ", record_key(), " names round ",
-                                            record.last_completed_round(),
-                                            ", past the largest round this coordinator runs"));
-  }
-  record_revision_ = (*kv)->mod_revision;
-  return std::optional<shoal::v1::RunRecord>(std::move(record));
+  return absl::UnavailableError(absl::StrCat(
+      "etcd key ", record_key(), " changed during each of 3 reads: no consistent run record"));
 }
 
 absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t version) {
@@ -141,7 +189,14 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t ve
     return absl::FailedPreconditionError("not the leader: the run record is not written");
   }
   if (version != 0 && version <= saved_version_) return absl::OkStatus();
-  const std::string bytes = record.SerializeAsString();
+  shoal::v1::RunRecord progress;
+  shoal::v1::RunRecord rare;
+  SplitRecord(record, &progress, &rare);
+  const std::string bytes = progress.SerializeAsString();
+  const std::string rare_bytes = rare.SerializeAsString();
+  std::vector<EtcdPut> puts = {{record_key(), bytes, 0}};
+  // The rare part only when it changed since this term last wrote it.
+  if (rare_bytes != saved_rare_) puts.push_back({rare_key(), rare_bytes, 0});
   std::string holder = "nobody";
   int64_t record_rev = 0;
   // At most two tries: the second after recognising our own earlier write.
@@ -149,15 +204,18 @@ absl::Status Replica::SaveRecord(const shoal::v1::RunRecord& record, uint64_t ve
     absl::StatusOr<EtcdTxnResult> txn =
         etcd_->Txn({EtcdCompare::ModifiedAt(record_key(), record_revision_),
                     EtcdCompare::CreatedAt(leader_key(), state_.term)},
-                   {{record_key(), bytes, 0}}, {leader_key(), record_key()});
+                   puts, {leader_key(), record_key()});
     if (!txn.ok()) {
       // Deadline passed or the member went away mid-call: etcd may still
       // apply it (a member that lost its raft leader commits it later).
+      // Whether the rare part landed is unknown: the next write puts it.
       unconfirmed_write_ = bytes;
+      saved_rare_.clear();
       return txn.status();
     }
     if (txn->succeeded) {
       unconfirmed_write_.clear();
+      saved_rare_ = rare_bytes;
       record_revision_ = txn->revision;
       saved_version_ = std::max(saved_version_, version);
       return absl::OkStatus();

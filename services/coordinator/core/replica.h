@@ -6,12 +6,20 @@
 //   P + "leader"  the leader's address, attached to its lease: created only
 //                 when absent (Txn: create_revision == 0), so one holder at a
 //                 time; it disappears when the holder's lease expires.
-//   P + "record"  the serialized shoal.v1.RunRecord. Written only in a Txn
-//                 that checks (a) the record's mod_revision is the one this
-//                 replica last read or wrote, and (b) the leader key still has
-//                 the create_revision of this replica's own election (its
-//                 "term"): a deposed leader's write fails, it never
-//                 overwrites its successor's record.
+//   P + "record"  the serialized shoal.v1.RunRecord without its rarely
+//                 changing parts (the round, hash, worker numbers, ledger:
+//                 a few hundred bytes, written every round). Written only in
+//                 a Txn that checks (a) the record's mod_revision is the one
+//                 this replica last read or wrote, and (b) the leader key
+//                 still has the create_revision of this replica's own
+//                 election (its "term"): a deposed leader's write fails, it
+//                 never overwrites its successor's record.
+//   P + "record-rare"  a RunRecord holding only config, layout, checkpoints
+//                 and bans: put in the same Txn as "record", and only when
+//                 it changed since this term last wrote it (etcd keeps its
+//                 recent raft entries in memory, so the per-round write is
+//                 kept small). A record from before the split (everything
+//                 in P + "record", no rare key) still loads.
 //
 // A leader may start rounds only while its lease is certainly alive: until
 // (time the last successful renewal was *sent*) + TTL, which is never later
@@ -105,6 +113,7 @@ class Replica {
 
   std::string leader_key() const { return options_.prefix + "leader"; }
   std::string record_key() const { return options_.prefix + "record"; }
+  std::string rare_key() const { return options_.prefix + "record-rare"; }
 
  private:
   // Keeps the lease alive (grants one when there is none); false when etcd
@@ -127,6 +136,9 @@ class Replica {
   // passed or the member went away mid-call: etcd may still have applied
   // it); "" when the last write's outcome is known.
   std::string unconfirmed_write_;
+  // The rare part (rare_key) as this term last wrote it ("" = unknown: the
+  // next write puts it).
+  std::string saved_rare_;
 };
 
 }  // namespace shoal::coordinator

@@ -18,10 +18,13 @@ void SampleLedger::Resume(const shoal::v1::SampleLedger& saved) {
   lost_ = saved.samples_lost();
   redone_ = saved.samples_redone();
   epochs_done_ = saved.epochs_done();
+  counted_from_ = saved.trained_from_epoch();
   trained_per_epoch_.assign(saved.trained_per_epoch().begin(), saved.trained_per_epoch().end());
   pool_.clear();
   for (const shoal::v1::SampleRange& r : saved.pool()) pool_.push_back({r, true});
   in_flight_.clear();
+  // A ledger saved before trained_from_epoch existed lists every epoch.
+  CloseFinishedEpochs();
 }
 
 absl::Status SampleLedger::CheckDataset(uint64_t samples) {
@@ -94,16 +97,32 @@ void SampleLedger::Trained(const std::string& worker) {
   if (it == in_flight_.end()) return;
   for (const Entry& e : it->second) {
     const uint64_t epoch = e.range.epoch();
-    if (trained_per_epoch_.size() <= epoch) trained_per_epoch_.resize(epoch + 1, 0);
-    trained_per_epoch_[epoch] += e.range.count();
+    // An epoch before counted_from_ is done: none of its positions can be
+    // in flight (each is handed out again only after it was lost).
+    if (epoch >= counted_from_) {
+      const uint64_t i = epoch - counted_from_;
+      if (trained_per_epoch_.size() <= i) trained_per_epoch_.resize(i + 1, 0);
+      trained_per_epoch_[i] += e.range.count();
+    }
     trained_ += e.range.count();
     if (e.redo) redone_ += e.range.count();
   }
   in_flight_.erase(it);
-  while (epochs_done_ < trained_per_epoch_.size() && trained_per_epoch_[epochs_done_] >= dataset_ &&
-         dataset_ > 0) {
+  CloseFinishedEpochs();
+}
+
+void SampleLedger::CloseFinishedEpochs() {
+  if (dataset_ == 0) return;
+  while (epochs_done_ < counted_from_ + trained_per_epoch_.size() &&
+         (epochs_done_ < counted_from_ ||
+          trained_per_epoch_[epochs_done_ - counted_from_] >= dataset_)) {
     ++epochs_done_;
   }
+  while (counted_from_ < epochs_done_ && !trained_per_epoch_.empty()) {
+    trained_per_epoch_.pop_front();
+    ++counted_from_;
+  }
+  counted_from_ = std::max(counted_from_, epochs_done_);
 }
 
 void SampleLedger::Lost(const std::string& worker) {
@@ -128,6 +147,7 @@ shoal::v1::SampleLedger SampleLedger::Fill(bool in_flight_to_pool) const {
   s.set_samples_lost(lost_);
   s.set_samples_redone(redone_);
   s.set_epochs_done(epochs_done_);
+  s.set_trained_from_epoch(counted_from_);
   for (uint64_t n : trained_per_epoch_) s.add_trained_per_epoch(n);
   for (const Entry& e : pool_) *s.add_pool() = e.range;
   uint64_t in_flight = 0;

@@ -72,6 +72,8 @@ class SampleLedger {
     bool redo = false;  // from the pool: counted as redone once trained
   };
   shoal::v1::SampleLedger Fill(bool in_flight_to_pool) const;
+  // Advances epochs_done_ over finished epochs and drops their counts.
+  void CloseFinishedEpochs();
 
   const uint64_t per_round_;
   const uint32_t epochs_;
@@ -80,7 +82,11 @@ class SampleLedger {
   uint64_t offset_ = 0;
   std::deque<Entry> pool_;
   std::map<std::string, std::vector<Entry>> in_flight_;
-  std::vector<uint64_t> trained_per_epoch_;
+  // Samples trained in epochs counted_from_, counted_from_ + 1, ...; the
+  // epochs before counted_from_ are done (dropped from the front as they
+  // finish, so that the durable ledger does not grow with the run).
+  uint64_t counted_from_ = 0;
+  std::deque<uint64_t> trained_per_epoch_;
   uint64_t trained_ = 0;
   uint64_t lost_ = 0;
   uint64_t redone_ = 0;
