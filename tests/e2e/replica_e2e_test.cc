@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -277,23 +278,40 @@ void ReplicaTest::KillTheLeaderMidRound(const std::vector<std::string>& flags) {
     EXPECT_EQ(std::string(hint->second.data(), hint->second.size()), addresses_[first]);
   }
   // Workers know both replicas; the standby comes first for half of them.
+  // They log each action they run (SHOAL_VERBOSE=2): the kill below waits
+  // for every worker's "action train round N", not only the coordinator's
+  // view of the round.
   const std::string both = Coordinators();
   const std::string reversed = absl::StrCat(addresses_[1], ",", addresses_[0]);
+  setenv("SHOAL_VERBOSE", "2", 1);
   StartWorker(both);
   StartWorker(reversed);
   StartWorker(both);
+  unsetenv("SHOAL_VERBOSE");
   v1::RunStatus before = WaitForRound(2, absl::Seconds(120));
   std::set<std::string> ids;
   for (const auto& w : before.workers()) ids.insert(w.id());
   ASSERT_EQ(ids.size(), 3u) << before.DebugString();
-  // Mid-round: wait for the next round to be training, then kill -9.
+  // Mid-round: wait for the next round to be training on every worker,
+  // then kill -9. The coordinator's TRAINING alone is not enough: on a
+  // loaded machine a worker training ahead (--overlap) handled its
+  // RoundStart more than 0.5 s later, the kill fell before it, and it had
+  // no work of that round to carry (found beside the soak).
   v1::RunStatus now;
   ASSERT_TRUE(WaitUntil(
       [&] {
-        return StatusOf(first, &now) && now.phase() == v1::TRAINING &&
-               now.round() > now.last_completed_round();
+        if (!StatusOf(first, &now) || now.phase() != v1::TRAINING ||
+            now.round() <= now.last_completed_round()) {
+          return false;
+        }
+        const std::string training = absl::StrCat("action train round ", now.round(), "\n");
+        for (auto& w : workers_) {
+          if (w->Log().find(training) == std::string::npos) return false;
+        }
+        return true;
       },
-      absl::Seconds(60)));
+      absl::Seconds(60)))
+      << now.DebugString() << Logs();
   const uint64_t killed_at = now.last_completed_round();
   replicas_[first]->Signal(SIGKILL);
   replicas_[first]->Wait(absl::Seconds(10));

@@ -268,7 +268,10 @@ TEST_F(TwoSitesTest, HierarchicalInt8NesterovCrossesTheSlowLinkAtAQuarter) {
 // its contributions; every worker holds the same bits.
 TEST_F(TwoSitesTest, WorkerBehindNatTakesPartInRounds) {
   ASSERT_NO_FATAL_FAILURE(Up("--per_site=1 --rate=100mbit --nat"));
-  ASSERT_NO_FATAL_FAILURE(StartCoordinator({"--min_participants=3"}));
+  // The adaptive deadline off: the test counts participants, and on a
+  // loaded machine a worker missed a 2.7 s deadline and sat a round out
+  // (found beside the soak).
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator({"--min_participants=3", "--adaptive_deadline=false"}));
   StartWorker("a1", "10.78.0.11", {});
   StartWorker("b1", "10.78.0.21", {});
   StartWorker("n1", "192.168.78.2", {});
