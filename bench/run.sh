@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | etcd | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|etcd|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -264,7 +264,23 @@ run_audit() {
     2>>"$OUT/audit.log" | tee "$OUT/audit.txt"
 }
 
+# etcd under the coordinator replicas (issue 30): what each kind of call a
+# replica makes costs an etcd member, and two replicas' effect on a 3-member
+# cluster's memory against a cluster without them (bench/etcd).
+run_etcd() {
+  header etcd
+  local minutes=20 n=1000
+  [[ "$QUICK" == 1 ]] && minutes=3 n=200
+  /usr/bin/python3 bench/etcd/etcd_bench.py --bin="$BIN" --minutes=$minutes --n=$n \
+    --out="$OUT" 2>>"$OUT/etcd.log" | tee "$OUT/etcd.txt"
+}
+
 case "$NAME" in
+  etcd)
+    ninja -C "$BUILD" shoal-coordinator shoal-bench-etcd-calls >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_etcd
+    ;;
   audit)
     # The coordinator and the worker only (the status comes from the
     # coordinator's /api/status): no bench binaries needed.

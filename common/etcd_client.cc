@@ -16,8 +16,9 @@ namespace {
 
 namespace pb = etcdserverpb;
 
-EtcdKeyValue FromPb(const mvccpb::KeyValue& kv) {
+EtcdKeyValue FromPb(const mvccpb::KeyValue& kv, int64_t read_revision) {
   EtcdKeyValue out;
+  out.read_revision = read_revision;
   out.key = kv.key();
   out.value = kv.value();
   out.create_revision = kv.create_revision();
@@ -54,19 +55,29 @@ class GrpcEtcdClient final : public EtcdClient {
       // the process's --tls_* configuration and token are not theirs
       // (etcd's own TLS: not supported yet, docs/REPLICAS.md).
       auto channel = MakeForeignChannel(e);
-      members_.push_back({pb::KV::NewStub(channel), pb::Lease::NewStub(channel)});
+      members_.push_back(
+          {pb::KV::NewStub(channel), pb::Lease::NewStub(channel), pb::Watch::NewStub(channel)});
     }
   }
 
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key) override {
+    return Range(key, /*serializable=*/false);
+  }
+
+  absl::StatusOr<std::optional<EtcdKeyValue>> GetLocal(const std::string& key) override {
+    return Range(key, /*serializable=*/true);
+  }
+
+  absl::StatusOr<std::optional<EtcdKeyValue>> Range(const std::string& key, bool serializable) {
     pb::RangeRequest request;
     request.set_key(key);
+    request.set_serializable(serializable);
     pb::RangeResponse response;
     RETURN_IF_ERROR(Call("Range", /*idempotent=*/true, [&](Member& m, grpc::ClientContext* ctx) {
       return m.kv->Range(ctx, request, &response);
     }));
     if (response.kvs_size() == 0) return std::optional<EtcdKeyValue>();
-    return std::optional<EtcdKeyValue>(FromPb(response.kvs(0)));
+    return std::optional<EtcdKeyValue>(FromPb(response.kvs(0), response.header().revision()));
   }
 
   absl::StatusOr<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
@@ -95,7 +106,9 @@ class GrpcEtcdClient final : public EtcdClient {
     if (!result.succeeded) {
       for (const pb::ResponseOp& op : response.responses()) {
         if (!op.has_response_range()) continue;
-        for (const auto& kv : op.response_range().kvs()) result.current.push_back(FromPb(kv));
+        for (const auto& kv : op.response_range().kvs()) {
+          result.current.push_back(FromPb(kv, response.header().revision()));
+        }
       }
     }
     return result;
@@ -114,6 +127,52 @@ class GrpcEtcdClient final : public EtcdClient {
       if (op.has_response_delete_range()) return op.response_delete_range().deleted() > 0;
     }
     return false;
+  }
+
+  absl::StatusOr<bool> AwaitDelete(const std::string& key, int64_t after_revision,
+                                   absl::Duration timeout) override {
+    // The member the other calls use; an unreachable one is an error, and
+    // the caller's next linearizable call moves to another member.
+    const size_t idx = current_.load();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(timeout));
+    // etcd's "require leader": a member cut off from the others ends the
+    // watch (UNAVAILABLE) instead of holding it open without events.
+    ctx.AddMetadata("hasleader", "true");
+    auto stream = members_[idx].watch->Watch(&ctx);
+    pb::WatchRequest request;
+    pb::WatchCreateRequest* create = request.mutable_create_request();
+    create->set_key(key);
+    create->set_start_revision(after_revision + 1);
+    create->add_filters(pb::WatchCreateRequest::NOPUT);
+    bool deleted = false;
+    int64_t compacted = 0;
+    if (stream->Write(request)) {
+      pb::WatchResponse response;
+      while (!deleted && compacted == 0 && stream->Read(&response)) {
+        for (const mvccpb::Event& e : response.events()) {
+          if (e.type() == mvccpb::Event::DELETE) deleted = true;
+        }
+        // Compacted past the start (or cancelled by the member): the
+        // deletion may be in the history that is gone.
+        if (!deleted && (response.compact_revision() != 0 || response.canceled())) {
+          compacted = std::max<int64_t>(1, response.compact_revision());
+        }
+      }
+    }
+    if (deleted || compacted != 0) {
+      ctx.TryCancel();  // do not wait for the server's end
+      (void)stream->Finish();
+      if (deleted) return true;
+      return absl::FailedPreconditionError(
+          absl::StrCat("etcd Watch at ", options_.endpoints[idx], ": history from revision ",
+                       after_revision + 1, " is compacted (", compacted, ")"));
+    }
+    stream->WritesDone();
+    grpc::Status s = stream->Finish();
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return false;
+    if (s.ok()) s = grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream ended");
+    return Annotate(FromGrpcStatus(s), absl::StrCat("etcd Watch at ", options_.endpoints[idx]));
   }
 
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) override {
@@ -169,6 +228,7 @@ class GrpcEtcdClient final : public EtcdClient {
   struct Member {
     std::unique_ptr<pb::KV::Stub> kv;
     std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<pb::Watch::Stub> watch;
   };
 
   // Tries the current member, then (idempotent calls, or any call that was

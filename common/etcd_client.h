@@ -33,6 +33,11 @@ struct EtcdKeyValue {
   int64_t mod_revision = 0;
   // Lease the key is attached to (0 = none).
   int64_t lease = 0;
+  // The store's revision when it was read (etcd: the response header's):
+  // nothing changed the key between mod_revision and this one. A watch
+  // from here misses nothing, and it is recent enough not to have been
+  // compacted away, unlike mod_revision.
+  int64_t read_revision = 0;
 };
 
 // An equality test of a transaction (etcd's Compare with result EQUAL).
@@ -81,6 +86,11 @@ class EtcdClient {
 
   // The key, or nullopt when it does not exist.
   virtual absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key) = 0;
+  // The key as the member answering has applied it (etcd: a serializable
+  // read): no consensus round, so it is cheap to repeat often, but it may
+  // lag the cluster, and a member cut off from the others still answers.
+  // For hints that a linearizable call confirms, never for decisions.
+  virtual absl::StatusOr<std::optional<EtcdKeyValue>> GetLocal(const std::string& key) = 0;
   // Atomically: if every comparison holds, apply `puts`; otherwise read
   // `get_on_failure`.
   virtual absl::StatusOr<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
@@ -89,6 +99,15 @@ class EtcdClient {
   // Deletes the key if it exists and `compare` (when given) holds.
   virtual absl::StatusOr<bool> Delete(const std::string& key,
                                       std::optional<EtcdCompare> compare) = 0;
+
+  // Waits (an etcd watch) until `key` is deleted at a revision after
+  // `after_revision`, or `timeout` passes: true when it was, false when the
+  // timeout passed first. An error when the member cannot be reached or has
+  // no raft leader, and FAILED_PRECONDITION when etcd compacted the history
+  // after `after_revision` (read the key again). One stream, under
+  // `timeout`.
+  virtual absl::StatusOr<bool> AwaitDelete(const std::string& key, int64_t after_revision,
+                                           absl::Duration timeout) = 0;
 
   // A new lease of `ttl` (whole seconds, at least 1); returns its id.
   virtual absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) = 0;

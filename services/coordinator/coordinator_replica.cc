@@ -112,18 +112,39 @@ void CoordinatorServer::ReplicaLoop(absl::Duration period) {
 }
 
 bool CoordinatorServer::WaitForNextStep(absl::Duration period) {
-  // A standby looks at the leader key every `poll` (a read) and campaigns
-  // as soon as it is gone, instead of up to a whole period after the old
-  // leader's lease expired: that wait is part of every failover.
+  // A standby campaigns as soon as the leader key is gone, instead of up
+  // to a whole period after the old leader's lease expired: that wait is
+  // part of every failover. It watches the key (one etcd stream per step,
+  // at most a second each so that a stop is not held up) from the revision
+  // its last step read; without one, it looks every `poll` (a local read).
   const absl::Duration poll = std::clamp(period / 5, absl::Milliseconds(50), period);
   const absl::Time step_at = clock_->Now() + period;
   while (true) {
     const absl::Duration left = step_at - clock_->Now();
     if (left <= absl::ZeroDuration()) return stop_.HasBeenNotified();
-    if (stop_.WaitForNotificationWithTimeout(std::min(poll, left))) return true;
-    if (active_engine() != nullptr) continue;  // a leader steps on its period
-    absl::MutexLock lock(&replica_mu_);
-    if (replica_->LeaderGone()) return false;
+    if (stop_.HasBeenNotified()) return true;
+    if (active_engine() == nullptr) {
+      int64_t revision = 0;
+      {
+        absl::MutexLock lock(&replica_mu_);
+        revision = replica_->leader_watch_revision();
+      }
+      if (revision > 0) {
+        // Not under replica_mu_: the wait is up to a second.
+        if (replica_->AwaitLeaderGone(revision, std::min(left, absl::Seconds(1)))) return false;
+      } else {
+        absl::MutexLock lock(&replica_mu_);
+        if (replica_->LeaderGone()) return false;
+      }
+    }
+    // A leader steps on its period; a watch that ended early (etcd not
+    // reached) or a look waits out its poll.
+    const absl::Duration rest = step_at - clock_->Now();
+    if (rest > absl::ZeroDuration() &&
+        stop_.WaitForNotificationWithTimeout(active_engine() != nullptr ? rest
+                                                                        : std::min(poll, rest))) {
+      return true;
+    }
   }
 }
 

@@ -14,11 +14,11 @@
 namespace shoal::testing {
 
 // Counts the call, fails it while etcd is "down", expires due leases.
-#define RETURN_IF_DOWN()                                                   \
-  do {                                                                     \
-    ++calls_;                                                              \
-    if (down_) return absl::UnavailableError("fake etcd is down");          \
-    ExpireLeases();                                                        \
+#define RETURN_IF_DOWN()                                           \
+  do {                                                             \
+    ++calls_;                                                      \
+    if (down_) return absl::UnavailableError("fake etcd is down"); \
+    ExpireLeases();                                                \
   } while (0)
 
 class FakeEtcd : public EtcdClient {
@@ -54,13 +54,27 @@ class FakeEtcd : public EtcdClient {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
+  // Calls that etcd puts through raft (an entry in every member's log):
+  // transactions holding a put, whether or not their comparisons held, and
+  // deletes.
+  int proposals() const {
+    absl::MutexLock lock(&mu_);
+    return proposals_;
+  }
 
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_DOWN();
     auto it = kv_.find(key);
     if (it == kv_.end()) return std::optional<EtcdKeyValue>();
-    return std::optional<EtcdKeyValue>(it->second);
+    EtcdKeyValue kv = it->second;
+    kv.read_revision = revision_;
+    return std::optional<EtcdKeyValue>(kv);
+  }
+
+  // One store, so a local read is the linearizable one.
+  absl::StatusOr<std::optional<EtcdKeyValue>> GetLocal(const std::string& key) override {
+    return Get(key);
   }
 
   absl::StatusOr<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
@@ -68,6 +82,7 @@ class FakeEtcd : public EtcdClient {
                                     const std::vector<std::string>& get_on_failure) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_DOWN();
+    if (!puts.empty()) ++proposals_;
     EtcdTxnResult r;
     r.succeeded = true;
     for (const EtcdCompare& c : compares) r.succeeded &= Holds(c);
@@ -82,7 +97,10 @@ class FakeEtcd : public EtcdClient {
     } else {
       for (const std::string& k : get_on_failure) {
         auto it = kv_.find(k);
-        if (it != kv_.end()) r.current.push_back(it->second);
+        if (it != kv_.end()) {
+          r.current.push_back(it->second);
+          r.current.back().read_revision = revision_;
+        }
       }
     }
     r.revision = revision_;
@@ -93,14 +111,30 @@ class FakeEtcd : public EtcdClient {
     return r;
   }
 
-  absl::StatusOr<bool> Delete(const std::string& key,
-                              std::optional<EtcdCompare> compare) override {
+  absl::StatusOr<bool> Delete(const std::string& key, std::optional<EtcdCompare> compare) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_DOWN();
+    ++proposals_;
     if (compare.has_value() && !Holds(*compare)) return false;
     if (kv_.erase(key) == 0) return false;
     ++revision_;
     return true;
+  }
+
+  // No history and no waiting (the clock is the test's): the key is gone,
+  // or was written again after `after_revision` (so it was deleted in
+  // between: the leader key is never rewritten in place), or it is not.
+  absl::StatusOr<bool> AwaitDelete(const std::string& key, int64_t after_revision,
+                                   absl::Duration /*timeout*/) override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_DOWN();
+    ++watches_;
+    auto it = kv_.find(key);
+    return it == kv_.end() || it->second.mod_revision > after_revision;
+  }
+  int watches() const {
+    absl::MutexLock lock(&mu_);
+    return watches_;
   }
 
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) override {
@@ -128,7 +162,6 @@ class FakeEtcd : public EtcdClient {
   }
 
  private:
-
   struct Lease {
     absl::Duration ttl;
     absl::Time expires;
@@ -180,6 +213,8 @@ class FakeEtcd : public EtcdClient {
   mutable absl::Mutex mu_;
   bool down_ ABSL_GUARDED_BY(mu_) = false;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int proposals_ ABSL_GUARDED_BY(mu_) = 0;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_lease_ ABSL_GUARDED_BY(mu_) = 100;
   bool time_out_next_txn_ ABSL_GUARDED_BY(mu_) = false;

@@ -478,6 +478,78 @@ TEST(ReplicaTest, TheRoundsWriteLeavesTheRarePartsAlone) {
             (*etcd.Get("/shoal/test/record"))->mod_revision);
 }
 
+// A standby steps every TTL / 4 for the life of the run. While another
+// replica leads it writes nothing (a transaction with a put is a raft entry
+// in etcd even when its comparison fails), and its look at an unchanged
+// record is one read.
+TEST(ReplicaTest, AStandbyWritesNothingAndReadsAnUnchangedRecordOnce) {
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  Replica b(&etcd, Opts("b:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  ASSERT_TRUE(a.LoadRecord().ok());
+  ASSERT_TRUE(a.SaveRecord(FullRecord(1, 2), 1).ok());
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+  ASSERT_TRUE(b.LoadRecord().ok());
+  const int proposals = etcd.proposals();
+  for (int i = 0; i < 20; ++i) {
+    clock.Advance(absl::Seconds(1));
+    ASSERT_EQ(a.Step(), ReplicaEvent::kNone);
+    ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+    EXPECT_EQ(b.state().leader, "a:1");
+    const int calls = etcd.calls();
+    auto loaded = b.LoadRecord();
+    ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status();
+    EXPECT_EQ((*loaded)->last_completed_round(), 1u);
+    EXPECT_EQ(etcd.calls() - calls, 1) << "step " << i;
+  }
+  EXPECT_EQ(etcd.proposals(), proposals);
+  // A new round's write is read in full (the rare part with it).
+  ASSERT_TRUE(a.SaveRecord(FullRecord(2, 3), 2).ok());
+  auto loaded = b.LoadRecord();
+  ASSERT_TRUE(loaded.ok() && loaded->has_value());
+  EXPECT_EQ((*loaded)->SerializeAsString(), FullRecord(2, 3).SerializeAsString());
+  // The leader gone, the standby campaigns (a write) and wins.
+  a.Resign();
+  EXPECT_EQ(b.Step(), ReplicaEvent::kElected);
+  EXPECT_GT(etcd.proposals(), proposals + 1);
+}
+
+// Between its steps a standby watches the leader key from the revision its
+// last step read: a deletion after it (the leader resigned, or its lease
+// expired), even one followed by another replica's election, ends the wait.
+TEST(ReplicaTest, AStandbyWatchesTheLeaderKeyFromTheRevisionItRead) {
+  FakeClock clock;
+  FakeEtcd etcd(&clock);
+  Replica a(&etcd, Opts("a:1"), &clock);
+  Replica b(&etcd, Opts("b:1"), &clock);
+  Replica c(&etcd, Opts("c:1"), &clock);
+  ASSERT_EQ(a.Step(), ReplicaEvent::kElected);
+  EXPECT_EQ(a.leader_watch_revision(), 0);  // a leader watches nothing
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);
+  ASSERT_EQ(c.Step(), ReplicaEvent::kNone);
+  const int64_t revision = b.leader_watch_revision();
+  ASSERT_GT(revision, 0);
+  EXPECT_FALSE(b.AwaitLeaderGone(revision, absl::Seconds(1)));
+  EXPECT_FALSE(b.AwaitLeaderGone(0, absl::Seconds(1)));
+  // a resigns and c wins before b's watch looks: the deletion in between
+  // still ends it.
+  a.Resign();
+  ASSERT_EQ(c.Step(), ReplicaEvent::kElected);
+  EXPECT_TRUE(b.AwaitLeaderGone(revision, absl::Seconds(1)));
+  ASSERT_EQ(b.Step(), ReplicaEvent::kNone);  // c holds it now
+  EXPECT_EQ(b.state().leader, "c:1");
+  EXPECT_GT(b.leader_watch_revision(), revision);
+  EXPECT_FALSE(b.AwaitLeaderGone(b.leader_watch_revision(), absl::Seconds(1)));
+  // c's lease runs out: the key goes, and b's watch sees it.
+  const int64_t from = b.leader_watch_revision();
+  clock.Advance(absl::Seconds(5));
+  EXPECT_TRUE(b.AwaitLeaderGone(from, absl::Seconds(1)));
+  EXPECT_EQ(b.Step(), ReplicaEvent::kElected);
+  EXPECT_EQ(b.leader_watch_revision(), 0);
+}
+
 // A record written before the split (everything under one key) loads as it
 // is, and the next write splits it.
 TEST(ReplicaTest, ARecordInOneKeyStillLoads) {
@@ -495,7 +567,10 @@ TEST(ReplicaTest, ARecordInOneKeyStillLoads) {
   EXPECT_EQ((*loaded)->SerializeAsString(), FullRecord(8, 2).SerializeAsString());
   // A rare key that is not a record part is data loss, not a silent
   // record without its config.
+  // (Written, as every writer does, with the progress key: a load that
+  // finds the progress key unchanged reads nothing else.)
   etcd.PutRaw("/shoal/test/record-rare", "not a protobuf \xff\xff");
+  etcd.PutRaw("/shoal/test/record", (*etcd.Get("/shoal/test/record"))->value);
   EXPECT_TRUE(absl::IsDataLoss(a.LoadRecord().status()));
 }
 

@@ -76,6 +76,23 @@ ReplicaEvent Replica::Step() {
     return ReplicaEvent::kNone;
   }
   if (lease_ == 0 && !RenewLease(now)) return ReplicaEvent::kNone;
+  // Look before campaigning: a transaction that holds a put is a raft
+  // write in etcd (an entry in every member's log and an fsync on each)
+  // even when its comparison fails, and a standby steps every TTL / 4 for
+  // the life of the run. So it reads the key, and writes only when the key
+  // is gone or is its own.
+  absl::StatusOr<std::optional<EtcdKeyValue>> held = etcd_->Get(leader_key());
+  if (!held.ok()) {
+    state_.etcd_error = std::string(held.status().message());
+    return ReplicaEvent::kNone;
+  }
+  if (held->has_value() && ((*held)->lease != lease_ || (*held)->value != options_.self)) {
+    state_.etcd_error.clear();
+    state_.leader = (*held)->value;
+    leader_watch_revision_.store((*held)->read_revision);
+    return ReplicaEvent::kNone;
+  }
+  leader_watch_revision_.store(0);
   // Campaign: create the leader key if nobody holds it.
   absl::StatusOr<EtcdTxnResult> txn = etcd_->Txn(
       {EtcdCompare::Absent(leader_key())}, {{leader_key(), options_.self, lease_}}, {leader_key()});
@@ -88,6 +105,7 @@ ReplicaEvent Replica::Step() {
   if (!txn->succeeded) {
     const EtcdKeyValue* holder = txn->current.empty() ? nullptr : &txn->current.front();
     state_.leader = holder == nullptr ? "" : holder->value;
+    if (holder != nullptr) leader_watch_revision_.store(holder->read_revision);
     // The key on our own lease is ours: this replica stepped down (a record
     // write it could not explain) while its lease, and so the key, lived on.
     // Nobody else can take the key before the lease ends, so take it back
@@ -99,6 +117,7 @@ ReplicaEvent Replica::Step() {
   }
   state_.role = ReplicaRole::kLeader;
   state_.term = term;
+  leader_watch_revision_.store(0);
   saved_version_ = 0;
   saved_rare_.clear();  // the first write of a term puts both keys
   state_.leader = options_.self;
@@ -109,11 +128,22 @@ ReplicaEvent Replica::Step() {
 
 bool Replica::LeaderGone() {
   if (state_.role == ReplicaRole::kLeader) return false;
-  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(leader_key());
+  // A local read: this look repeats every few hundred milliseconds, and a
+  // linearizable read costs etcd a consensus round (the leader confirms its
+  // leadership with the other members) each time. A stale answer delays the
+  // campaign at most to the next Step, whose read and Txn are linearizable;
+  // a wrong "gone" only makes that Step come sooner.
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->GetLocal(leader_key());
   if (!kv.ok()) return false;
   if (!kv->has_value()) return true;
   state_.leader = (*kv)->value;
   return false;
+}
+
+bool Replica::AwaitLeaderGone(int64_t revision, absl::Duration timeout) const {
+  if (revision <= 0) return false;
+  absl::StatusOr<bool> gone = etcd_->AwaitDelete(leader_key(), revision, timeout);
+  return gone.ok() && *gone;
 }
 
 namespace {
@@ -147,7 +177,17 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
     if (!kv.ok()) return kv.status();
     if (!kv->has_value()) {
       record_revision_ = 0;
+      loaded_.reset();
       return std::optional<shoal::v1::RunRecord>();
+    }
+    // Unchanged since the last load (a standby reads it every step): the
+    // rare part is written only together with this key, so it is unchanged
+    // too, and one read is enough. (The bytes too: an etcd rebuilt from
+    // nothing counts its revisions from 1 again.)
+    if (loaded_.has_value() && (*kv)->mod_revision == loaded_revision_ &&
+        (*kv)->value == loaded_bytes_) {
+      record_revision_ = loaded_revision_;
+      return loaded_;
     }
     absl::StatusOr<std::optional<EtcdKeyValue>> rare_kv = etcd_->Get(rare_key());
     if (!rare_kv.ok()) return rare_kv.status();
@@ -178,7 +218,10 @@ absl::StatusOr<std::optional<shoal::v1::RunRecord>> Replica::LoadRecord() {
                                               ", past the largest round this coordinator runs"));
     }
     record_revision_ = (*kv)->mod_revision;
-    return std::optional<shoal::v1::RunRecord>(std::move(record));
+    loaded_revision_ = record_revision_;
+    loaded_bytes_ = (*kv)->value;
+    loaded_ = std::move(record);
+    return loaded_;
   }
   return absl::UnavailableError(absl::StrCat(
       "etcd key ", record_key(), " changed during each of 3 reads: no consistent run record"));

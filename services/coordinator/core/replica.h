@@ -33,6 +33,7 @@
 #ifndef SHOAL_SERVICES_COORDINATOR_CORE_REPLICA_H_
 #define SHOAL_SERVICES_COORDINATOR_CORE_REPLICA_H_
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -83,18 +84,34 @@ class Replica {
   Replica(EtcdClient* etcd, ReplicaOptions options, const Clock* clock);
 
   // One round of lease renewal and campaigning; call every lease_ttl / 4.
+  // A standby reads the leader key and writes (campaigns) only when the
+  // key is gone or its own: no raft write while another replica leads.
   ReplicaEvent Step();
-  // A standby's cheap look at the leader key between Steps (one read, no
-  // write): true when no leader holds it (its lease expired or it
+  // A standby's cheap look at the leader key between Steps (one local
+  // read: no write, no consensus round): true when no leader holds it (its lease expired or it
   // resigned), so that the caller campaigns (Step) at once instead of at
   // its next period. False for a leader and when etcd cannot be reached.
   bool LeaderGone();
+  // Where a standby's watch of the leader key starts: the store's revision
+  // when its last Step read the key held by another replica (0 when none:
+  // it leads, the key was absent, or etcd was not reached).
+  int64_t leader_watch_revision() const { return leader_watch_revision_.load(); }
+  // Blocks until the leader key is deleted after `revision` (its holder's
+  // lease expired, or it resigned), or `timeout` passes: one etcd watch
+  // instead of repeated reads. True when it was deleted (campaign now);
+  // false on timeout, when etcd cannot be reached or compacted that
+  // history, or for revision 0.
+  // Thread-safe (it reads only the options and uses the client), so the
+  // caller need not hold the lock that serialises the other calls while it
+  // waits.
+  bool AwaitLeaderGone(int64_t revision, absl::Duration timeout) const;
   ReplicaState state() const;
   // True while this replica is the leader and its lease certainly alive.
   bool CanStartRounds() const;
 
   // Reads the record (nullopt when none yet) and remembers its revision for
-  // the next SaveRecord.
+  // the next SaveRecord. One read when the record key has not changed
+  // since the last load; three (record, rare part, record) when it has.
   absl::StatusOr<std::optional<shoal::v1::RunRecord>> LoadRecord();
   // Writes `record` if this replica is still the leader of its term and
   // nobody wrote the record since it last read or wrote it.
@@ -130,6 +147,12 @@ class Replica {
   ReplicaState state_;
   // mod_revision of the record as last read or written (0 = none).
   int64_t record_revision_ = 0;
+  std::atomic<int64_t> leader_watch_revision_{0};
+  // The record as last loaded, its mod_revision and its progress key's
+  // bytes: a load that finds the key so returns it without reading more.
+  std::optional<shoal::v1::RunRecord> loaded_;
+  int64_t loaded_revision_ = 0;
+  std::string loaded_bytes_;
   // Highest record version written under the current term.
   uint64_t saved_version_ = 0;
   // Bytes of the last record write whose outcome is unknown (its deadline
