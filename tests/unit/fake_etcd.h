@@ -128,13 +128,8 @@ class FakeEtcd : public EtcdClient {
                                    absl::Duration /*timeout*/) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_DOWN();
-    ++watches_;
     auto it = kv_.find(key);
     return it == kv_.end() || it->second.mod_revision > after_revision;
-  }
-  int watches() const {
-    absl::MutexLock lock(&mu_);
-    return watches_;
   }
 
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) override {
@@ -214,7 +209,6 @@ class FakeEtcd : public EtcdClient {
   bool down_ ABSL_GUARDED_BY(mu_) = false;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int proposals_ ABSL_GUARDED_BY(mu_) = 0;
-  int watches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_lease_ ABSL_GUARDED_BY(mu_) = 100;
   bool time_out_next_txn_ ABSL_GUARDED_BY(mu_) = false;
