@@ -214,6 +214,10 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
                                ", is ", x.fragments()));
   }
   const bool fragments = x.fragments() > 1;
+  absl::StatusOr<OverlapStart> overlap_start = ParseOverlapStart(x.overlap_start());
+  if (!overlap_start.ok()) {
+    return Unparsed("exchange.overlap_start (--overlap_start)", overlap_start.status());
+  }
 
   const shoal::v1::TimeoutsConfig& to = c.timeouts();
   if (to.heartbeat_interval_ms() == 0) {
@@ -277,6 +281,12 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
       {gossip && x.overlap(),
        "exchange.overlap (--overlap=on) overlaps a round's training with the last round's "
        "averaging; gossip (--mode=gossip) has no rounds"},
+      {!x.overlap() && overlap_start->extrapolate > 0,
+       "exchange.overlap_start (--overlap_start) places the steps trained ahead of their round; "
+       "without exchange.overlap (--overlap=on) none are"},
+      {!x.overlap() && x.overlap_stale_steps() > 0,
+       "exchange.overlap_stale_steps (--overlap_stale_steps) says when the steps trained ahead "
+       "take the last round's average; without exchange.overlap (--overlap=on) none are"},
       {x.overlap() && t.sample_ledger(),
        "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names its "
        "samples; training.sample_ledger (--sample_ledger, and --audit_rate, which needs it) "

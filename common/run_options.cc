@@ -149,6 +149,28 @@ absl::StatusOr<InterpolationSpec> ParseInterpolationSpec(const std::string& text
       absl::StrCat("interpolation '", text, "' is not one of constant:A, clock, loss"));
 }
 
+absl::StatusOr<OverlapStart> ParseOverlapStart(const std::string& text) {
+  OverlapStart start;
+  if (text.empty() || text == "contribution") return start;
+  if (text == "extrapolate") {
+    start.extrapolate = 1;
+    return start;
+  }
+  constexpr absl::string_view kExtrapolate = "extrapolate:";
+  if (absl::StartsWith(text, kExtrapolate)) {
+    double b = 0;
+    if (!absl::SimpleAtod(absl::string_view(text).substr(kExtrapolate.size()), &b) || !(b > 0) ||
+        b > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "overlap start '", text, "': B of extrapolate:B must be a number in (0, 2]"));
+    }
+    start.extrapolate = b;
+    return start;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "overlap start '", text, "' is not one of contribution, extrapolate, extrapolate:B"));
+}
+
 absl::StatusOr<std::vector<int64_t>> ParseInputShape(const std::string& text) {
   std::vector<int64_t> shape;
   for (absl::string_view part : absl::StrSplit(text, ',')) {

@@ -68,6 +68,19 @@ struct InterpolationSpec {
 // INVALID_ARGUMENT otherwise, naming what is accepted.
 absl::StatusOr<InterpolationSpec> ParseInterpolationSpec(const std::string& text);
 
+// Overlapped rounds (docs/OVERLAP.md, "Where the steps ahead start"):
+// where the steps trained ahead of their round start on the round's
+// fragment. "contribution" (or empty): from this worker's own
+// contribution, as reported (extrapolate = 0). "extrapolate" or
+// "extrapolate:B" with 0 < B <= 2: from the agreed model moved once more
+// by B times its last move, G + B (G - G_prev), a prediction of the
+// average that comes (B = 1 without a number).
+struct OverlapStart {
+  double extrapolate = 0;
+};
+// INVALID_ARGUMENT otherwise, naming what is accepted.
+absl::StatusOr<OverlapStart> ParseOverlapStart(const std::string& text);
+
 // The coordinator's --input_shape for a TorchScript model: "C,H,W", three
 // integers in [1, kMaxInputDim]. INVALID_ARGUMENT otherwise.
 inline constexpr int64_t kMaxInputDim = 65536;

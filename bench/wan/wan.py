@@ -79,8 +79,8 @@ def on_signal(signum, frame):
     raise Interrupted(f"signal {signum}")
 
 
-def sh(*argv, check=True):
-    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+def sh(*argv, check=True, timeout=30):
+    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
     return r
@@ -563,7 +563,8 @@ def main():
                 if not hasattr(args, "_big_model"):
                     args._big_model = os.path.join(args.out, "big_mlp.pt")
                     sh("/usr/bin/python3", os.path.join(HERE, "..", "hier", "wide_mlp.py"),
-                       args._big_model, f"--hidden={args.big_hidden}")
+                       args._big_model, f"--hidden={args.big_hidden}",
+                       timeout=300)  # loads Torch: slow on a busy machine
                 results[name] = run_big(args, net, procs, args.out, name)
             else:
                 results[name] = run_shoal(args, net, procs, args.out, name, arms[name])

@@ -197,6 +197,18 @@ ABSL_FLAG(uint32_t, fragments, 1,
           "(docs/OVERLAP.md, \"Fragments\"). Each fragment is then synced every K rounds: "
           "--local_steps=H/K keeps H local steps between its syncs. Composes with --overlap. "
           "1: the whole model every round.");
+ABSL_FLAG(std::string, overlap_start, "contribution",
+          "With --overlap=on, where a round's steps trained ahead start on the fragment the last "
+          "round averaged: contribution (this worker's own contribution, as reported), or "
+          "extrapolate[:B] (the agreed model moved once more by B times its last move, B in "
+          "(0, 2], 1 without a number: a prediction of the average, so that the steps that run "
+          "before it comes are less stale; docs/OVERLAP.md).");
+ABSL_FLAG(uint32_t, overlap_stale_steps, 0,
+          "With --overlap=on, the steps ahead take the last round's average after exactly this "
+          "many steps, waiting for it there and holding one that comes sooner: how many steps "
+          "train on a stale model then depends neither on the link nor on the machine's load "
+          "(runs to compare; on a slow link, a bound that costs waiting). 0: as soon as it "
+          "comes.");
 ABSL_FLAG(std::string, hierarchy, "off",
           "on: a round whose participants sit in more than one zone (the workers' --zone) "
           "averages inside each zone first, then among the zones' heads only, then copies the "
@@ -533,6 +545,16 @@ std::vector<RunConfigFlag> RunConfigFlags() {
       Key(FLAGS_fragments, "exchange.fragments",
           [](RunConfig* c, uint32_t v) {
             c->mutable_exchange()->set_fragments(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_overlap_start, "exchange.overlap_start",
+          [](RunConfig* c, const std::string& v) {
+            c->mutable_exchange()->set_overlap_start(v);
+            return absl::OkStatus();
+          }),
+      Key(FLAGS_overlap_stale_steps, "exchange.overlap_stale_steps",
+          [](RunConfig* c, uint32_t v) {
+            c->mutable_exchange()->set_overlap_stale_steps(v);
             return absl::OkStatus();
           }),
       Key(FLAGS_hierarchy, "topology.hierarchy",

@@ -7,11 +7,26 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/run_options.h"
 
 namespace shoal::worker {
 
-LocalTraining::LocalTraining(CancellationToken* parent, bool ahead, const Clock* clock)
-    : stop_(parent), ahead_mode_(ahead), clock_(clock != nullptr ? clock : RealClock::Get()) {}
+AheadOptions AheadOptionsOf(const shoal::v1::ExchangeConfig& exchange) {
+  AheadOptions options;
+  if (absl::StatusOr<OverlapStart> start = ParseOverlapStart(exchange.overlap_start());
+      start.ok()) {
+    options.extrapolate = start->extrapolate;
+  }
+  options.stale_steps = exchange.overlap_stale_steps();
+  return options;
+}
+
+LocalTraining::LocalTraining(CancellationToken* parent, bool ahead, const Clock* clock,
+                             AheadOptions options)
+    : stop_(parent),
+      ahead_mode_(ahead),
+      options_(options),
+      clock_(clock != nullptr ? clock : RealClock::Get()) {}
 
 LocalTraining::~LocalTraining() { Stop(); }
 
@@ -20,6 +35,10 @@ float* LocalTraining::Bind(Trainer* trainer) {
   n_ = trainer->num_elements();
   params_.assign(trainer->parameters(), trainer->parameters() + n_);
   start_.assign(params_.begin(), params_.end());
+  if (ahead_mode_ && options_.extrapolate > 0) {
+    agreed_.assign(params_.begin(), params_.end());
+    agreed_before_.assign(params_.begin(), params_.end());
+  }
   return params_.data();
 }
 
@@ -35,6 +54,7 @@ void LocalTraining::StartAhead(uint64_t for_round, uint32_t steps) {
     absl::MutexLock lock(&mu_);
     held_ = true;
     abandon_ = false;
+    round_started_ = false;
   }
   thread_ = std::thread([this, steps] {
     // Below the exchange's threads: on a busy machine the average that the
@@ -46,7 +66,11 @@ void LocalTraining::StartAhead(uint64_t for_round, uint32_t steps) {
     // A step at a time, so that the average can come in between.
     for (; done < steps; ++done) {
       if (!AwaitGo()) break;
-      if (TakePosted()) {
+      // The average moves the local model between two steps: as soon as
+      // it is posted, or (AheadOptions::stale_steps) at step S exactly.
+      const uint32_t at = options_.stale_steps;
+      if (at > 0 && done == at) AwaitPosted();
+      if ((at == 0 || done == at) && TakePosted()) {
         ahead_merged_ = true;
         ahead_stale_steps_ = done;
       }
@@ -69,6 +93,43 @@ bool LocalTraining::AwaitGo() {
   // The stop is a token of its own: looked at every second.
   while (!go()) mu_.AwaitWithTimeout(absl::Condition(&go), absl::Seconds(1));
   return !abandon_ && !stop_.cancelled();
+}
+
+void LocalTraining::AwaitPosted() {
+  absl::MutexLock lock(&mu_);
+  auto posted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return has_posted_ || round_started_ || abandon_ || stop_.cancelled();
+  };
+  while (!posted()) mu_.AwaitWithTimeout(absl::Condition(&posted), absl::Seconds(1));
+}
+
+void LocalTraining::TrackAgreed(const float* params, bool restart) {
+  if (agreed_.empty()) return;
+  if (restart) {
+    std::copy_n(params, n_, agreed_.data());
+    std::copy_n(params, n_, agreed_before_.data());
+    return;
+  }
+  for (uint64_t i = 0; i < n_; ++i) {
+    if (params[i] == agreed_[i]) continue;
+    agreed_before_[i] = agreed_[i];
+    agreed_[i] = params[i];
+  }
+}
+
+void LocalTraining::StartFromPrediction(SliceRange fragment) {
+  if (agreed_.empty()) return;
+  float* local = trainer_->parameters();
+  const float b = static_cast<float>(options_.extrapolate);
+  for (uint64_t i = fragment.begin; i < fragment.end; ++i) {
+    const float g = agreed_[i];
+    // No move seen yet (the first rounds, or after a restart): the
+    // contribution is the better guess.
+    if (g == agreed_before_[i]) continue;
+    const float p = g + b * (g - agreed_before_[i]);
+    local[i] = p;
+    start_[i] = p;
+  }
 }
 
 void LocalTraining::Release() {
@@ -112,8 +173,10 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
     absl::MutexLock lock(&mu_);
     held_ = false;
     abandon_ = r.use == AheadUse::kRestart;
+    round_started_ = true;
   }
   JoinAhead();
+  TrackAgreed(params, r.use == AheadUse::kRestart);
   float* local = trainer_->parameters();
   uint32_t trained = 0;
   double loss_sum = 0;
@@ -180,6 +243,9 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
     ahead_loss_ = 0;
     ahead_seconds_ = 0;
   } else if (!stop_.cancelled()) {
+    // The contribution is reported as is; the steps ahead may start from
+    // a prediction of its average instead.
+    StartFromPrediction(fragment);
     StartAhead(round + 1, steps);
   }
   return r;

@@ -42,8 +42,29 @@
 #include "common/shard_plan.h"
 #include "services/worker/core/overlap_rule.h"
 #include "services/worker/core/trainer.h"
+#include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::worker {
+
+// How the steps ahead meet the last round's average (overlapped rounds;
+// RunConfig.exchange.overlap_start / overlap_stale_steps).
+struct AheadOptions {
+  // 0: the steps ahead start from this worker's contribution. B > 0: on
+  // the round's fragment they start from the agreed model moved once more
+  // by B times its last move, G + B (G - G_prev) per element, a prediction
+  // of the average (the same on every worker); elements whose agreed value
+  // has not moved since the local model restarted start from the
+  // contribution.
+  double extrapolate = 0;
+  // 0: the steps ahead take the average as soon as it is posted. S > 0:
+  // after exactly S steps (waiting for it at step S, holding it until
+  // then), so that the count of stale steps is S whatever the link and
+  // the load.
+  uint32_t stale_steps = 0;
+};
+
+// The options of a run config (validated: common/run_config.h).
+AheadOptions AheadOptionsOf(const shoal::v1::ExchangeConfig& exchange);
 
 class LocalTraining {
  public:
@@ -51,8 +72,8 @@ class LocalTraining {
   // that Stop() ends the steps ahead at once. `parent` (the worker's stop)
   // cancels it too; it must outlive this object. `ahead`: overlapped
   // rounds (the next round's steps train while this one is averaged).
-  explicit LocalTraining(CancellationToken* parent, bool ahead = true,
-                         const Clock* clock = nullptr);
+  explicit LocalTraining(CancellationToken* parent, bool ahead = true, const Clock* clock = nullptr,
+                         AheadOptions options = {});
   // Stops and joins the work ahead.
   ~LocalTraining();
   LocalTraining(const LocalTraining&) = delete;
@@ -127,9 +148,19 @@ class LocalTraining {
   bool TakePosted();
   // Waits while the steps ahead are held; false when they are to end.
   bool AwaitGo();
+  // AheadOptions::stale_steps: waits until an average is posted, the next
+  // round starts, or the steps ahead are to end.
+  void AwaitPosted();
+  // AheadOptions::extrapolate: notes which agreed values moved since the
+  // last round (params: the agreed model at a round's start); `restart`
+  // forgets the moves (a base that is not the round before's).
+  void TrackAgreed(const float* params, bool restart);
+  // Where the steps ahead start on [begin, end): G + B (G - G_prev).
+  void StartFromPrediction(SliceRange fragment);
 
   CancellationToken stop_;
   const bool ahead_mode_;
+  const AheadOptions options_;
   const Clock* clock_;
   Trainer* trainer_ = nullptr;
   uint64_t n_ = 0;
@@ -138,6 +169,10 @@ class LocalTraining {
   // S: per element, the local model where it last took the agreed model
   // (an average, or the contribution it carried).
   std::vector<float> start_;
+  // AheadOptions::extrapolate: per element, the agreed value at the last
+  // round's start and the one before its last move.
+  std::vector<float> agreed_;
+  std::vector<float> agreed_before_;
   AheadWork ahead_;
   std::thread thread_;
   // Written by the thread, read after joining it.
@@ -151,6 +186,9 @@ class LocalTraining {
   bool has_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   bool abandon_ ABSL_GUARDED_BY(mu_) = false;
+  // The next round started (TrainRound): the steps ahead no longer wait
+  // for an average.
+  bool round_started_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t merged_early_ = 0;
   uint64_t carried_ = 0;
   uint64_t restarted_ = 0;

@@ -489,7 +489,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
           "this run overlaps rounds (--overlap=on) or syncs fragments (--fragments): it trains a "
           "local copy of the model inside shoal-worker, which a Python training loop cannot be");
     }
-    local_ = std::make_unique<LocalTraining>(&stop_token_, config.exchange().overlap(), clock_);
+    local_ = std::make_unique<LocalTraining>(&stop_token_, config.exchange().overlap(), clock_,
+                                             AheadOptionsOf(config.exchange()));
     topts.stop = local_->stop();
   }
   if (config.model().name() == "torchscript" && !options_.make_trainer) {

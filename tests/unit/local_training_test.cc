@@ -416,5 +416,124 @@ TEST(LocalTrainingFragmentsTest, StepsAheadKeepTheProgressOutsideTheFragment) {
   local.Stop();
 }
 
+// AheadOptions::stale_steps and ::extrapolate (RunConfig.exchange.
+// overlap_stale_steps / overlap_start; docs/OVERLAP.md).
+
+TEST(LocalTrainingAheadOptionsTest, AnEarlyAverageIsHeldUntilTheStaleStep) {
+  AddingTrainer trainer(2, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{0, 2});
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 3
+  const std::vector<float> average = {10.0f, 10.0f};
+  overlap.Post(average.data());  // before any step ahead
+  trainer.AwaitSteps(6);
+  // Two steps from the contribution (3, 4), then the average: 5 + (10 - 3).
+  EXPECT_EQ(trainer.Seen(1), std::vector<float>(2, 3.0f));
+  EXPECT_EQ(trainer.Seen(2), std::vector<float>(2, 4.0f));
+  EXPECT_EQ(trainer.Seen(3), std::vector<float>(2, 12.0f));
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  EXPECT_EQ(r.stale_steps, 2u);
+  EXPECT_EQ(overlap.merged_early(), 1u);
+  // C_2 = 10 + 3 steps, as without the hold.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 13.0f);
+  overlap.Stop();
+}
+
+TEST(LocalTrainingAheadOptionsTest, TheStaleStepWaitsForALateAverage) {
+  AddingTrainer trainer(2, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{0, 1});
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 3
+  overlap.Release();
+  trainer.AwaitSteps(4);  // one step ahead (4); the second waits for the average
+  const std::vector<float> average = {10.0f, 10.0f};
+  overlap.Post(average.data());
+  trainer.AwaitSteps(6);
+  // Had the second step not waited, it would have seen 4.
+  EXPECT_EQ(trainer.Seen(2), std::vector<float>(2, 11.0f));
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  EXPECT_EQ(overlap.TrainRound(2, 1, 3, params).stale_steps, 1u);
+  overlap.Stop();
+}
+
+TEST(LocalTrainingAheadOptionsTest, ANextRoundWithoutAnAverageEndsTheWait) {
+  AddingTrainer trainer(2, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{0, 1});
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 3
+  overlap.Release();
+  trainer.AwaitSteps(4);
+  // Round 1 completed without this worker's average (a catch-up); round
+  // 2 starts on its agreed model: the wait ends, and nothing hangs.
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(r.steps, 3u);
+  // 10 + one round of progress.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 13.0f);
+  overlap.Stop();
+}
+
+TEST(LocalTrainingAheadOptionsTest, ExtrapolatedStepsStartFromTheAgreedModelsNextMove) {
+  AddingTrainer trainer(2, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{1.0, 0});
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 2, params);  // contribution 2
+  overlap.Release();
+  trainer.AwaitSteps(4);
+  // No agreed move seen yet: the steps ahead start from the contribution.
+  EXPECT_EQ(trainer.Seen(1), std::vector<float>(2, 2.0f));
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;  // G_1 (G_0 = 0)
+  overlap.TrainRound(2, 1, 2, params);
+  // C_2 = 10 + (4 - 2): the contribution is unchanged by the option.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 12.0f);
+  overlap.Release();
+  trainer.AwaitSteps(6);
+  // The steps ahead start from G_1 + (G_1 - G_0) = 20.
+  EXPECT_EQ(trainer.Seen(3), std::vector<float>(2, 20.0f));
+  for (int i = 0; i < 2; ++i) params[i] = 25.0f;  // G_2
+  overlap.TrainRound(3, 2, 2, params);
+  // Their progress (22 - 20) carries onto G_2: still one round's, no more.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 27.0f);
+  overlap.Release();
+  trainer.AwaitSteps(8);
+  EXPECT_EQ(trainer.Seen(5), std::vector<float>(2, 40.0f));  // 25 + (25 - 10)
+  overlap.Stop();
+}
+
+TEST(LocalTrainingAheadOptionsTest, ExtrapolationMovesOnlyTheRoundsFragment) {
+  AddingTrainer trainer(4, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{0.5, 0});
+  float* params = overlap.Bind(&trainer);
+  overlap.TrainRound(1, 0, 2, params, {0, 2});  // fragment [0, 2): 2
+  overlap.Release();
+  trainer.AwaitSteps(4);
+  params[0] = params[1] = 10.0f;  // G_1 on the fragment; [2, 4) stays 0
+  overlap.TrainRound(2, 1, 2, params, {2, 4});
+  // Round 2 averages [2, 4): the local progress there (4 steps) is its
+  // contribution, and the last move ([0, 2): 0 -> 10) is not its fragment.
+  EXPECT_FLOAT_EQ(params[0], 10.0f);
+  EXPECT_FLOAT_EQ(params[2], 4.0f);
+  overlap.Release();
+  trainer.AwaitSteps(6);
+  // [0, 2): the local model took G_1 (10 + 2 steps of progress since the
+  // contribution); [2, 4): no move seen there yet, from the contribution.
+  EXPECT_EQ(trainer.Seen(3), (std::vector<float>{12.0f, 12.0f, 4.0f, 4.0f}));
+  params[2] = params[3] = 20.0f;  // G_2 on [2, 4)
+  overlap.TrainRound(3, 2, 2, params, {0, 2});
+  overlap.Release();
+  trainer.AwaitSteps(8);
+  // Round 3 averaged [0, 2): its steps ahead start there from
+  // G + 0.5 (G - G_before) = 10 + 5; [2, 4) carried G_2: 20 + 2.
+  EXPECT_EQ(trainer.Seen(5), (std::vector<float>{15.0f, 15.0f, 22.0f, 22.0f}));
+  overlap.Stop();
+}
+
 }  // namespace
 }  // namespace shoal::worker

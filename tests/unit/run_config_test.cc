@@ -240,6 +240,21 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "exchange.fragments (--fragments) keeps a local model apart from the agreed one"},
       {"too many fragments", [](RunConfig* c) { c->mutable_exchange()->set_fragments(5000); },
        "exchange.fragments (--fragments) must be at most 4096, is 5000"},
+      {"overlap start", [](RunConfig* c) { c->mutable_exchange()->set_overlap_start("guess"); },
+       "exchange.overlap_start (--overlap_start): overlap start 'guess' is not one of "
+       "contribution, extrapolate, extrapolate:B"},
+      {"overlap start factor",
+       [](RunConfig* c) { c->mutable_exchange()->set_overlap_start("extrapolate:3"); },
+       "exchange.overlap_start (--overlap_start): overlap start 'extrapolate:3': B of "
+       "extrapolate:B must be a number in (0, 2]"},
+      {"overlap start without overlap",
+       [](RunConfig* c) { c->mutable_exchange()->set_overlap_start("extrapolate"); },
+       "exchange.overlap_start (--overlap_start) places the steps trained ahead of their round; "
+       "without exchange.overlap (--overlap=on) none are"},
+      {"stale steps without overlap",
+       [](RunConfig* c) { c->mutable_exchange()->set_overlap_stale_steps(5); },
+       "exchange.overlap_stale_steps (--overlap_stale_steps) says when the steps trained ahead "
+       "take the last round's average; without exchange.overlap (--overlap=on) none are"},
   };
   for (const Refusal& r : cases) {
     RunConfig c = r.gossip ? Gossip() : Defaults();
@@ -271,6 +286,11 @@ TEST(ValidateRunConfigTest, TheRobustRulesAndTheHierarchyPassWhereTheyFit) {
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
   c.mutable_exchange()->set_fragments(4);
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  c.mutable_exchange()->set_overlap_start("extrapolate:0.5");
+  c.mutable_exchange()->set_overlap_stale_steps(10);
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  c.mutable_exchange()->set_overlap_start("contribution");
+  c.mutable_exchange()->set_overlap_stale_steps(0);
   // Fragments alone keep the sample ledger (each round's steps are its
   // samples; only the replay of an audit needs more than the agreed model).
   c.mutable_exchange()->set_overlap(false);
@@ -377,7 +397,8 @@ void ExpectRefused(const std::string& text, const std::string& message) {
 TEST(RunConfigFileTest, UnknownKeysAreRefusedWithTheirPath) {
   ExpectRefused("exchange:\n  codecc: int8\n", "run.yaml:2: unknown key 'exchange.codecc'");
   ExpectRefused("exchange:\n  codecc: int8\n",
-                "(keys here: codec, outer_optimizer, aggregation, overlap, fragments)");
+                "(keys here: codec, outer_optimizer, aggregation, overlap, fragments, "
+                "overlap_start, overlap_stale_steps)");
   ExpectRefused("trainin: {seed: 1}\n", "run.yaml:1: unknown key 'trainin'");
   ExpectRefused("exchange: {outer_optimizer: {kind: sgd, learning_rate: 1}}\n",
                 "unknown key 'exchange.outer_optimizer.learning_rate'");
