@@ -152,6 +152,25 @@ TEST_F(OverlapTest, ALateJoinerTakesTheAgreedModelAndTrainsAhead) {
   EXPECT_GE(ahead.last_completed_round(), after.last_completed_round());
 }
 
+// --overlap_start=extrapolate moves where the steps ahead start and
+// --overlap_stale_steps when they take the average: neither changes what
+// the workers agree on, with fragments and a late joiner (whose local
+// model restarts from the agreed one).
+TEST_F(OverlapTest, ExtrapolatedStartsAndAFixedStaleCountKeepTheWorkersAgreed) {
+  const std::string addr = StartCoordinator(
+      {"--min_participants=2", "--local_steps=20", "--rounds=0", "--learning_rate=0.05",
+       "--codec=int8", "--outer_optimizer=nesterov", "--overlap=on", "--fragments=2",
+       "--overlap_start=extrapolate", "--overlap_stale_steps=3"});
+  Process* first = StartWorker(addr);
+  StartWorker(addr);
+  const v1::RunStatus before = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.last_completed_round() >= 4; }, absl::Minutes(3));
+  StartWorker(addr);
+  ExpectRoundsGoOn(before.last_completed_round(), 6, 3, absl::Minutes(4));
+  // The rounds that carried took the average after exactly 3 steps ahead.
+  EXPECT_NE(first->Log().find("stale=3/20"), std::string::npos) << first->Log();
+}
+
 TEST_F(OverlapTest, CoordinatorRefusesOverlapWhereItHasNoMeaning) {
   int code = -1;
   const std::string out =
@@ -163,6 +182,11 @@ TEST_F(OverlapTest, CoordinatorRefusesOverlapWhereItHasNoMeaning) {
       BinDir() + "/shoal-coordinator --listen=127.0.0.1:0 --overlap=on --mode=gossip 2>&1", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(gossip.find("gossip"), std::string::npos) << gossip;
+  const std::string stale =
+      Run(BinDir() + "/shoal-coordinator --listen=127.0.0.1:0 --overlap_stale_steps=5 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(stale.find("exchange.overlap_stale_steps (--overlap_stale_steps)"), std::string::npos)
+      << stale;
 }
 
 }  // namespace
