@@ -18,6 +18,8 @@
 
 #include <google/protobuf/descriptor.h>
 #include <grpcpp/grpcpp.h>
+// The callback handler templates (clang needs their definitions here).
+#include <grpcpp/impl/codegen/server_callback_handlers.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <string>
