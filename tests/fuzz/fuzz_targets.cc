@@ -1462,9 +1462,11 @@ void ReadEncodedRequestTarget(const uint8_t* data, size_t size) {
       const uint64_t r = in.U8();
       const uint32_t a = in.U8() % 4;
       store.BeginRound(r, a);
+      // Only the previous round's averages stay: a second start of the
+      // same round and attempt is another plan and starts empty too.
       for (auto it = kept.begin(); it != kept.end();) {
         const auto& [kr, ka, ks, kk, kb, ke] = it->first;
-        const bool keep = (kr == r && ka == a) || (kr + 1 == r && kk == shoal::v1::AVERAGED);
+        const bool keep = kr + 1 == r && kk == shoal::v1::AVERAGED;
         it = keep ? std::next(it) : kept.erase(it);
       }
       started = true;
