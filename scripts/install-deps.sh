@@ -54,9 +54,9 @@ if [[ "${1:-}" == "--fuzz" ]]; then
   PKGS+=(clang libclang-rt-14-dev)
 fi
 # The soak's report plots (tests/soak/soak.py) with Debian's matplotlib for
-# /usr/bin/python3.
+# /usr/bin/python3, and reads etcd's /metrics inside the namespace with curl.
 if [[ "${1:-}" == "--soak" ]]; then
-  PKGS+=(python3-matplotlib)
+  PKGS+=(python3-matplotlib curl)
 fi
 
 missing=()

@@ -49,7 +49,10 @@ seconds, in the coordinators' namespace, over TLS with the token):
                    every --sample seconds; per process instance, the median
                    of its last samples against its first samples after
                    --warmup (RSS: --rss_growth %; fds and threads: at most
-                   --fd_growth and --thread_growth more)
+                   --fd_growth and --thread_growth more). Reported beside
+                   it: etcd's and the store's RSS split into anonymous
+                   memory and mapped files, and each etcd member's Go
+                   runtime figures from its /metrics (etcd_go.csv)
   errors           every ERROR line of every log (Shoal's, gRPC's, etcd's) is
                    explained by a fault when it falls in a fault's window
                    (from its start to --explain seconds after its end) or
@@ -66,7 +69,7 @@ Ends with one line
         hash_mismatches=0 rounds_lost=0 rss_growth_max=..% checkpoints_verified=..
         result=PASS|FAIL
 and a report directory (--out): summary.txt, summary.json, faults.csv,
-rounds.csv, samples.csv, errors.txt, soak.png (rounds, stalls, memory over
+rounds.csv, samples.csv, etcd_go.csv, errors.txt, soak.png (rounds, stalls, memory over
 time), the logs of every process. Every process is stopped by PID, every
 namespace (and with it every iptables rule and qdisc) removed, at the end,
 on failure and on SIGINT/SIGTERM.
@@ -101,6 +104,11 @@ COORD_IP = "10.78.0.1"
 COORD_PORTS = (50051, 50052)
 STORE_PORT = 50060
 ETCD_PORTS = ((2379, 2380), (2479, 2480), (2579, 2580))
+# What an etcd member's /metrics says of its Go runtime, sampled with RSS:
+# live heap (in use), heap the collector holds for reuse (idle less released
+# to the kernel), the next collection's target, goroutines.
+GO_FIGURES = ("go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_heap_idle_bytes",
+              "go_memstats_heap_released_bytes", "go_memstats_next_gc_bytes")
 # WorkerStatus.state of a worker no longer in the run (common/worker_state.h).
 DEPARTED = ("left", "lost", "finished", "evicted")
 PEER_PORT = 7000  # + the instance's generation in its namespace
@@ -227,6 +235,8 @@ class Soak:
         self.lost_events = []
         self.evicted_seen = set()
         self.samples = []        # (t, instance name, role, rss_kb, fds, threads)
+        self.go_samples = []     # (t, etcd instance name, {Go runtime figure: value})
+        self.rss_parts = []      # (t, instance name, RssAnon kB, RssFile kB)
         self.status_log = []     # (t, last_completed_round, members, leader)
         self.checkpoints_verified = 0
         self.checkpoint_failures = []
@@ -533,11 +543,42 @@ class Soak:
                 with open(f"/proc/{p.pid}/status") as f:
                     text = f.read()
                 rss = int(re.search(r"VmRSS:\s+(\d+)", text).group(1))
+                anon = int(re.search(r"RssAnon:\s+(\d+)", text).group(1))
+                file_ = int(re.search(r"RssFile:\s+(\d+)", text).group(1))
                 threads = int(re.search(r"Threads:\s+(\d+)", text).group(1))
                 fds = len(os.listdir(f"/proc/{p.pid}/fd"))
             except (OSError, AttributeError):
                 continue
             self.samples.append((now, p.name, p.role, rss, fds, threads))
+            # Anonymous memory (heaps, stacks) apart from mapped files (the
+            # binary, and etcd's database, which bbolt maps in).
+            self.rss_parts.append((now, p.name, anon, file_))
+            if p.role == "etcd" and not p.stopped:
+                go = self.etcd_go(p)
+                if go is not None:
+                    self.go_samples.append((now, p.name, go))
+
+    def etcd_go(self, p):
+        """An etcd member's Go runtime figures from its /metrics (GO_FIGURES),
+        or None when it does not answer: what of its RSS is live heap, what
+        the collector keeps for reuse, and its goroutines (one or more per
+        open stream: a leak of streams shows there first)."""
+        m = re.search(r"--listen-client-urls=http://127\.0\.0\.1:(\d+)", " ".join(p.argv))
+        if m is None:
+            return None
+        try:
+            r = subprocess.run(["ip", "netns", "exec", p.ns, "curl", "-s", "-m", "3",
+                                f"http://127.0.0.1:{m.group(1)}/metrics"],
+                               capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+        out = {}
+        for name in GO_FIGURES:
+            v = re.search(rf"^{name} (\S+)$", r.stdout, re.M)
+            if v is None:
+                return None
+            out[name] = float(v.group(1))
+        return out
 
     # ---- checkpoints --------------------------------------------------
     def verify_checkpoint(self, st, now, final=False):
@@ -1115,6 +1156,40 @@ def analyze(soak):
             "fds": [med(base, 2), med(last, 2)], "threads": [med(base, 3), med(last, 3)],
             "minutes": (after[-1][0] - after[0][0]) / 60,
         }
+    parts_by = {}
+    for t, name, anon, file_ in soak.rss_parts:
+        parts_by.setdefault(name, []).append((t, anon, file_))
+    for name, g in growth.items():
+        p = next(q for q in soak.procs if q.name == name)
+        after = [r for r in parts_by.get(name, []) if r[0] >= p.started + a.warmup]
+        if len(after) >= 6:
+            g["anon_kb"] = [statistics.median(r[1] for r in after[:3]),
+                            statistics.median(r[1] for r in after[-3:])]
+            g["file_kb"] = [statistics.median(r[2] for r in after[:3]),
+                            statistics.median(r[2] for r in after[-3:])]
+    # etcd: the same window's Go runtime figures, to tell live heap from
+    # heap the collector keeps.
+    go_by = {}
+    for t, name, go in soak.go_samples:
+        go_by.setdefault(name, []).append((t, go))
+    for name, g in growth.items():
+        if g["role"] != "etcd":
+            continue
+        p = next(q for q in soak.procs if q.name == name)
+        after = [go for t, go in go_by.get(name, []) if t >= p.started + a.warmup]
+        if len(after) < 6:
+            continue
+        def med_go(rows, key):
+            return statistics.median(key(r) for r in rows)
+        figures = {
+            "heap_inuse_mb": lambda r: r["go_memstats_heap_inuse_bytes"] / 2**20,
+            "heap_kept_mb": lambda r: (r["go_memstats_heap_idle_bytes"] -
+                                       r["go_memstats_heap_released_bytes"]) / 2**20,
+            "next_gc_mb": lambda r: r["go_memstats_next_gc_bytes"] / 2**20,
+            "goroutines": lambda r: r["go_goroutines"],
+        }
+        g["go"] = {k: [med_go(after[:3], f), med_go(after[-3:], f)] for k, f in figures.items()}
+        g["go"]["heap_inuse_max_mb"] = max(figures["heap_inuse_mb"](r) for r in after)
     res["growth"] = growth
     # Re-joins per worker process: the most in any 60 s.
     stamp = re.compile(r"^[IWE](\d\d):(\d\d):(\d\d)\.\d+ .*\] re-joined run ")
@@ -1258,9 +1333,17 @@ def report(soak, res):
                         " ".join(map(str, fs))])
     with open(os.path.join(out, "samples.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "process", "role", "rss_kb", "fds", "threads"])
-        for t, name, role, rss, fds, thr in soak.samples:
-            w.writerow([f"{t - (soak.start or t):.1f}", name, role, rss, fds, thr])
+        w.writerow(["t_s", "process", "role", "rss_kb", "fds", "threads", "rss_anon_kb",
+                    "rss_file_kb"])
+        # rss_parts is appended with samples, one for one.
+        for (t, name, role, rss, fds, thr), (_, _, anon, file_) in zip(soak.samples,
+                                                                        soak.rss_parts):
+            w.writerow([f"{t - (soak.start or t):.1f}", name, role, rss, fds, thr, anon, file_])
+    with open(os.path.join(out, "etcd_go.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t_s", "process"] + list(GO_FIGURES))
+        for t, name, go in soak.go_samples:
+            w.writerow([f"{t - (soak.start or t):.1f}", name] + [f"{go[k]:.0f}" for k in GO_FIGURES])
     with open(os.path.join(out, "errors.txt"), "w") as f:
         f.write(f"# {res['errors_explained']} ERROR lines explained by a fault or the final stop; "
                 f"{len(res['errors_unexplained'])} not:\n")
@@ -1282,6 +1365,17 @@ def report(soak, res):
                      f"{g['rss_kb'][1] / 1024:7.1f} MiB ({g['rss_pct']:+.1f}%)  fds "
                      f"{g['fds'][0]:.0f} -> {g['fds'][1]:.0f}  threads {g['threads'][0]:.0f} -> "
                      f"{g['threads'][1]:.0f}  over {g['minutes']:.1f} min")
+        if "anon_kb" in g and g["role"] in ("etcd", "store"):
+            lines.append(f"  {'':<10} {'':<11} of it anonymous {g['anon_kb'][0] / 1024:.1f} -> "
+                         f"{g['anon_kb'][1] / 1024:.1f} MiB, mapped files "
+                         f"{g['file_kb'][0] / 1024:.1f} -> {g['file_kb'][1] / 1024:.1f} MiB")
+        if "go" in g:
+            go = g["go"]
+            lines.append(f"  {'':<10} {'':<11} Go: heap in use {go['heap_inuse_mb'][0]:.1f} -> "
+                         f"{go['heap_inuse_mb'][1]:.1f} MiB (max {go['heap_inuse_max_mb']:.1f}), "
+                         f"kept for reuse {go['heap_kept_mb'][0]:.1f} -> {go['heap_kept_mb'][1]:.1f} "
+                         f"MiB, next GC {go['next_gc_mb'][0]:.1f} -> {go['next_gc_mb'][1]:.1f} MiB, "
+                         f"goroutines {go['goroutines'][0]:.0f} -> {go['goroutines'][1]:.0f}")
     lines.append("shutdown (SIGTERM -> exit): " + ", ".join(
         f"{n}={'%.1fs' % s if s is not None else 'HUNG'}" for n, s, _ in soak.shutdown))
     lines.append(f"round plans: {res.get('plans', 0)}, hierarchical {res.get('plans_hierarchical', 0)} "
@@ -1372,7 +1466,7 @@ def main():
     if os.geteuid() != 0:
         print("soak: needs root (network namespaces, tc, iptables)", file=sys.stderr)
         return 2
-    for tool in ("ip", "tc", "iptables", "etcdctl"):
+    for tool in ("ip", "tc", "iptables", "etcdctl", "curl"):
         if shutil.which(tool) is None:
             print(f"soak: {tool} not found (scripts/install-deps.sh)", file=sys.stderr)
             return 2
