@@ -14,6 +14,7 @@
 #include "common/tls_flags.h"
 #include "common/version.h"
 #include "services/checkpoint/checkpoint_server.h"
+#include "services/checkpoint/malloc_tuning.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
           "Address to serve on (host:port; port 0 picks a free port).");
@@ -38,6 +39,8 @@ ABSL_FLAG(bool, verify_on_start, true,
           "(reads fail with DATA_LOSS). When false only blob sizes are checked.");
 
 int main(int argc, char** argv) {
+  // Before anything starts a thread (gRPC): see malloc_tuning.h.
+  shoal::checkpoint::ReturnChunkBuffersToTheKernel();
   shoal::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "durable checkpoints of Shoal runs.\n"

@@ -20,6 +20,8 @@ shoal_test(exchanger_test unit ${CMAKE_CURRENT_LIST_DIR}/exchanger_test.cc
   LIBS worker_lib)
 shoal_test(malloc_tuning_test unit ${CMAKE_CURRENT_LIST_DIR}/malloc_tuning_test.cc
   LIBS worker_lib)
+shoal_test(store_malloc_test unit ${CMAKE_CURRENT_LIST_DIR}/store_malloc_test.cc
+  LIBS checkpoint_malloc)
 # Links LibTorch through worker_trainer (the test itself includes no Torch header).
 shoal_test(trainer_test unit ${CMAKE_CURRENT_LIST_DIR}/trainer_test.cc
   LIBS worker_trainer)
