@@ -284,6 +284,9 @@ class Soak:
         c, p = ETCD_PORTS[i]
         data = os.path.join(self.work, f"etcd-{i}")
         return self.spawn("etcd", "c", [
+            # Go's collector keeps the member's heap under this (etcd 3.4 on
+            # Go 1.19): its memory has a configured bound, checked below.
+            "env", f"GOMEMLIMIT={self.args.etcd_memlimit_mb}MiB",
             ETCD, f"--name=e{i}", f"--data-dir={data}",
             f"--listen-client-urls=http://127.0.0.1:{c}",
             f"--advertise-client-urls=http://127.0.0.1:{c}",
@@ -1297,6 +1300,18 @@ def report(soak, res):
             failures.append(f"{name}: open fds {g['fds'][0]:.0f} -> {g['fds'][1]:.0f}")
         if g["threads"][1] - g["threads"][0] > a.thread_growth:
             failures.append(f"{name}: threads {g['threads'][0]:.0f} -> {g['threads'][1]:.0f}")
+        # etcd's bound: its anonymous memory (Go's heap, stacks, runtime)
+        # under GOMEMLIMIT (with 10 % for what the runtime does not count),
+        # and its goroutines flat (a leaked stream shows there first).
+        if g["role"] == "etcd" and "anon_kb" in g:
+            bound_kb = 1.1 * a.etcd_memlimit_mb * 1024
+            if g["anon_kb"][1] > bound_kb:
+                failures.append(f"{name}: anonymous memory {g['anon_kb'][1] / 1024:.1f} MiB over "
+                                f"its bound {bound_kb / 1024:.1f} MiB (GOMEMLIMIT + 10 %)")
+        if g["role"] == "etcd" and "go" in g:
+            gr = g["go"]["goroutines"]
+            if gr[1] - gr[0] > a.goroutine_growth:
+                failures.append(f"{name}: goroutines {gr[0]:.0f} -> {gr[1]:.0f}")
     for name, secs, code in soak.shutdown:
         if secs is None:
             failures.append(f"{name} did not exit within {a.shutdown_grace}s of SIGTERM (killed)")
@@ -1428,6 +1443,11 @@ def main():
     ap.add_argument("--kinds", default="",
                     help="draw faults only of these kinds (comma-separated, e.g. kill_etcd); "
                          "default: every kind")
+    ap.add_argument("--etcd_memlimit_mb", type=int, default=48,
+                    help="GOMEMLIMIT of every etcd member: the Go runtime's soft limit on its "
+                         "memory; an etcd member must stay under it plus its mapped files")
+    ap.add_argument("--goroutine_growth", type=float, default=64,
+                    help="etcd: goroutines may grow at most this many after the warm-up")
     ap.add_argument("--etcd_window", type=int, default=6500,
                     help="scratch entries written to etcd before the run, filling its in-memory "
                          "raft log window (snapshot-count 1000 + 5000) so that the window's fill "
