@@ -5,6 +5,7 @@
 // workers' own logs of the samples of each round they completed.
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <regex>
 #include <sstream>
 
@@ -51,6 +52,19 @@ int CountTrained(const std::string& log, uint64_t after_round, std::vector<std::
     }
   }
   return lines;
+}
+
+// The workers' logs once they have ended. The coordinator reports FINISHED
+// as soon as the last round completes, before every worker has read that
+// round's RoundComplete and written its ledger line; each worker exits
+// after the RunFinished that follows it.
+std::string LogsAfterExit(std::vector<std::unique_ptr<Process>>& workers) {
+  std::string logs;
+  for (auto& w : workers) {
+    w->Wait(absl::Seconds(60));
+    logs += w->Log();
+  }
+  return logs;
 }
 
 void ExpectEachOnce(const std::vector<std::vector<int>>& seen) {
@@ -124,9 +138,7 @@ TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
 
   // The workers' own account: every position of each epoch exactly once.
   std::vector<std::vector<int>> seen(2, std::vector<int>(n, 0));
-  std::string logs;
-  for (auto& w : workers_) logs += w->Log();
-  EXPECT_GT(CountTrained(logs, 0, &seen), 0);
+  EXPECT_GT(CountTrained(LogsAfterExit(workers_), 0, &seen), 0);
   ExpectEachOnce(seen);
 }
 
@@ -174,9 +186,7 @@ TEST_F(LedgerTest, FullRestartContinuesTheCheckpointsLedger) {
   // The first workers' rounds up to the checkpoint, then the new ones'.
   std::vector<std::vector<int>> seen(1, std::vector<int>(60000, 0));
   EXPECT_GT(CountTrained(first_logs, 0, &seen, from), 0);
-  std::string logs;
-  for (auto& w : workers_) logs += w->Log();
-  EXPECT_GT(CountTrained(logs, from, &seen), 0);
+  EXPECT_GT(CountTrained(LogsAfterExit(workers_), from, &seen), 0);
   ExpectEachOnce(seen);
 }
 
