@@ -2,7 +2,8 @@
 # Runs every fuzzer of BUILD_DIR for SECONDS each (make fuzz), starting from
 # the committed corpus (tests/fuzz/corpus/<target>, read only: new inputs go
 # to BUILD_DIR/fuzz-corpus/<target>), crashers to BUILD_DIR/fuzz-crashes/<target>/.
-# Prints one line per target: executions, corpus size, crashes.
+# Prints one line per target: wall and CPU seconds, executions, corpus size,
+# crashes.
 # Environment:
 #   FUZZ_TARGETS  the targets to run (default all);
 #   FUZZ_JOBS     targets run at once, one core each (default 1);
@@ -45,6 +46,13 @@ run_one() {
   wait $!
   local rc=$?
   rm -f "$build/fuzz-$t.pid"
+  # The fuzzer's CPU time (user + system; this subshell's only child so
+  # far): -max_total_time counts wall time, and a busy machine gives less.
+  # `times` runs in this shell (in $(...) it would count a new subshell's).
+  local cpu
+  times >"$build/fuzz-$t.times"
+  cpu=$(tail -1 "$build/fuzz-$t.times" | awk '{ t = 0; for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%d", t }')
+  rm -f "$build/fuzz-$t.times"
   local execs n_crash n_corpus merged=""
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   n_crash=$(find "$crashes" -type f | wc -l)
@@ -57,7 +65,7 @@ run_one() {
     after=$(find "$root/tests/fuzz/corpus/$t" -type f | wc -l)
     merged=" merged=$((after - before))"
   fi
-  echo "fuzz: $t seconds=$((SECONDS - started)) execs=${execs:-0} corpus=$n_corpus" \
+  echo "fuzz: $t seconds=$((SECONDS - started)) cpu_seconds=$cpu execs=${execs:-0} corpus=$n_corpus" \
     "crashes=$n_crash exit=$rc$merged (log: $log)" >"$build/fuzz-$t.summary"
 }
 
