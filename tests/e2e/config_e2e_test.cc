@@ -64,8 +64,16 @@ TEST_F(ConfigE2eTest, ARunFromTheFileWithAFlagOverItShowsTheEffectiveConfig) {
   EXPECT_EQ(c.timeouts().round_timeout_ms(), 120000u);
   EXPECT_EQ(c.training().data_shards(), 2u);
   EXPECT_TRUE(c.sync().fold_late_work());
-  // The start log names the groups.
-  EXPECT_THAT(coordinator_->Log(), HasSubstr("config exchange: {\"codec\":\"fp16\""));
+  // The start log names the groups. Its main thread writes these lines
+  // after the "listening on" line StartCoordinator waited for, while the
+  // run is already served: nothing orders them before the run's end.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return coordinator_->Log().find("config exchange: {\"codec\":\"fp16\"") !=
+               std::string::npos;
+      },
+      absl::Seconds(30)))
+      << coordinator_->Log();
 
   // --check_config with the same file and flag prints exactly this config.
   int code = -1;

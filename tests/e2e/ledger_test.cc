@@ -158,8 +158,18 @@ TEST_F(LedgerTest, FullRestartContinuesTheCheckpointsLedger) {
   std::string addr = StartCoordinator(flags);
   StartWorker(addr);
   StartWorker(addr);
-  WaitForStatus([](const v1::RunStatus& s) { return s.checkpoint_round() >= 6; },
-                absl::Seconds(180));
+  const v1::RunStatus saved = WaitForStatus(
+      [](const v1::RunStatus& s) { return s.checkpoint_round() >= 6; }, absl::Seconds(180));
+  // The checkpoint is reported once its uploader has read the round's
+  // RoundComplete, which the other worker may not have read yet: its ledger
+  // line of that round must be in its log before it dies.
+  const std::string saved_line =
+      absl::StrCat("ledger: round ", saved.checkpoint_round(), " trained samples");
+  for (auto& w : workers_) {
+    EXPECT_TRUE(WaitUntil([&] { return w->Log().find(saved_line) != std::string::npos; },
+                          absl::Seconds(60)))
+        << w->Log();
+  }
   KillCoordinatorAndWorkers();
   std::string first_logs;
   for (auto& w : workers_) first_logs += w->Log();

@@ -367,8 +367,12 @@ TEST_F(WebPageTest, LiveRunShowsZonesDepartedAndWhereTheTimeGoes) {
   // The standby of "eu" stops (SIGTERM): "left", and the three others go on
   // (for a few rounds, so the screenshot has curves).
   const std::string leaver = zone(before, "eu")->standby();
-  Process* p = WorkerById(leaver);
-  ASSERT_NE(p, nullptr) << leaver;
+  // A member is elected as soon as its Join is answered, before it has
+  // logged "joined run ... as <id>" (it builds its model first): the last
+  // of the four to join may be the standby.
+  Process* p = nullptr;
+  ASSERT_TRUE(WaitUntil([&] { return (p = WorkerById(leaver)) != nullptr; }, absl::Seconds(60)))
+      << leaver << Logs();
   p->Signal(SIGTERM);
   EXPECT_EQ(p->Wait(absl::Seconds(20)), 0) << p->Log();
   const v1::RunStatus after = WaitForStatus(
