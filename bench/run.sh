@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | etcd | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | etcd | store | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -21,7 +21,7 @@ QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|etcd|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|etcd|store|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -275,7 +275,25 @@ run_etcd() {
     --out="$OUT" 2>>"$OUT/etcd.log" | tee "$OUT/etcd.txt"
 }
 
+# The checkpoint store's memory under bursts (issue 30): two stores, with
+# and without --trim_interval, under the same uploads, exports and SIGSTOPs,
+# over mutual TLS as the soak runs them (bench/store).
+run_store() {
+  header store
+  local minutes=15 warmup=3
+  [[ "$QUICK" == 1 ]] && minutes=3 warmup=1
+  local pki="$OUT/store-pki"
+  bash "$ROOT/scripts/make-certs.sh" "$pki" 127.0.0.1 localhost >>"$OUT/store.log"
+  "$BIN/shoal-bench-store-memory" --bin="$BIN" --work="$OUT/store" --minutes=$minutes \
+    --warmup_minutes=$warmup --tls_dir="$pki" 2>>"$OUT/store.log" | tee "$OUT/store.txt"
+}
+
 case "$NAME" in
+  store)
+    ninja -C "$BUILD" shoal-checkpoint shoal-bench-store-memory >"$OUT/build.log" 2>&1 ||
+      { tail -n 30 "$OUT/build.log"; exit 1; }
+    run_store
+    ;;
   etcd)
     ninja -C "$BUILD" shoal-coordinator shoal-bench-etcd-calls >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }

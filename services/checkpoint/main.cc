@@ -1,10 +1,12 @@
 // shoal-checkpoint: the durable checkpoint store (content-addressed layer
 // blobs + manifests in --data_dir).
+#include <algorithm>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
@@ -37,6 +39,10 @@ ABSL_FLAG(std::string, upload_key_file, "",
 ABSL_FLAG(bool, verify_on_start, true,
           "Re-hash every blob at start and mark checkpoints with corrupted blobs as damaged "
           "(reads fail with DATA_LOSS). When false only blob sizes are checked.");
+ABSL_FLAG(absl::Duration, trim_interval, absl::Seconds(1),
+          "Every this long, give the kernel back the free pages inside the heap that a burst "
+          "of transfers left (malloc_trim); 0 = never (bench/RESULTS.md, \"The checkpoint "
+          "store's memory\", has its cost).");
 
 int main(int argc, char** argv) {
   // Before anything starts a thread (gRPC): see malloc_tuning.h.
@@ -109,7 +115,15 @@ int main(int argc, char** argv) {
                   << " data_dir=" << options.store.data_dir
                   << " checkpoints=" << (*server)->store().size()
                   << " retain=" << options.store.retain;
-  while (!shoal::ShutdownSignal::WaitFor(absl::Seconds(1))) {
+  const absl::Duration trim_interval = absl::GetFlag(FLAGS_trim_interval);
+  const bool trim = trim_interval > absl::ZeroDuration();
+  const absl::Duration tick = trim ? std::min(trim_interval, absl::Seconds(1)) : absl::Seconds(1);
+  absl::Time next_trim = absl::Now() + trim_interval;
+  while (!shoal::ShutdownSignal::WaitFor(tick)) {
+    if (trim && absl::Now() >= next_trim) {
+      shoal::checkpoint::ReturnFreedHeapPages();
+      next_trim = absl::Now() + trim_interval;
+    }
   }
   (*server)->Shutdown(absl::Seconds(5));
   SHOAL_LOG(INFO) << "stopped";

@@ -2,6 +2,8 @@
 #ifndef SHOAL_SERVICES_CHECKPOINT_MALLOC_TUNING_H_
 #define SHOAL_SERVICES_CHECKPOINT_MALLOC_TUNING_H_
 
+#include <cstddef>
+
 namespace shoal::checkpoint {
 
 // The store's large allocations are the 1 MiB layer chunks of uploads and
@@ -22,6 +24,17 @@ namespace shoal::checkpoint {
 // (bench/RESULTS.md, "The checkpoint store's memory"). Call first thing in
 // main(), before any thread starts.
 void ReturnChunkBuffersToTheKernel();
+
+// Gives the kernel back the whole free pages inside the heap (glibc's
+// malloc_trim(0)): what a burst of small allocations (gRPC's read buffers
+// of uploads that queued while the store was stopped) freed but left
+// between live ones, where the default trim, from the heap's top only,
+// cannot reach. The store calls it every --trim_interval (1 s). It holds
+// the heap's lock while it walks the free lists and madvises: about 60 us
+// with nothing to give back, 1.5-5.5 ms after 16 MiB freed in 64 KiB
+// pieces (on a loaded 2-core machine). Returns the bytes the heap had free
+// before (mallinfo2's fordblks); 0 on other C libraries.
+size_t ReturnFreedHeapPages();
 
 }  // namespace shoal::checkpoint
 
