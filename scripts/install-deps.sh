@@ -6,7 +6,25 @@
 #   scripts/install-deps.sh --image   only what building the binaries needs (Dockerfile)
 #   scripts/install-deps.sh --fuzz    also clang and its libFuzzer runtime (make fuzz)
 #   scripts/install-deps.sh --soak    also matplotlib for the soak's plot (make soak)
+# Flags combine: scripts/install-deps.sh --fuzz --soak installs both sets.
 set -euo pipefail
+
+FLAGS=("$@")
+for f in "${FLAGS[@]}"; do
+  case "$f" in
+    --bench | --image | --fuzz | --soak) ;;
+    *)
+      echo "install-deps: unknown flag '$f' (--bench, --image, --fuzz, --soak)" >&2
+      exit 2
+      ;;
+  esac
+done
+# True when the flag was given (anywhere among the arguments).
+want() {
+  local f
+  for f in "${FLAGS[@]}"; do [[ "$f" == "$1" ]] && return 0; done
+  return 1
+}
 
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -26,7 +44,7 @@ PKGS=(
 )
 # Servers the tests start (a real Prometheus scrapes the metrics e2e test);
 # the image build (Dockerfile: --image) does not need them.
-if [[ "${1:-}" != "--image" ]]; then
+if ! want --image; then
   PKGS+=(prometheus)
   # Real etcd members (and etcdctl) for the coordinator-replica tests.
   PKGS+=(etcd-server etcd-client)
@@ -45,18 +63,25 @@ fi
 if ! command -v kubectl >/dev/null 2>&1; then
   PKGS+=(kubernetes-client)
 fi
-if [[ "${1:-}" == "--bench" ]]; then
+if want --bench; then
   PKGS+=(linux-perf valgrind)
 fi
 # bookworm's clang is clang 14; libclang-rt-14-dev ships libFuzzer
 # (libclang_rt.fuzzer*.a) and the sanitizer runtimes.
-if [[ "${1:-}" == "--fuzz" ]]; then
+if want --fuzz; then
   PKGS+=(clang libclang-rt-14-dev)
 fi
 # The soak's report plots (tests/soak/soak.py) with Debian's matplotlib for
 # /usr/bin/python3, and reads etcd's /metrics inside the namespace with curl.
-if [[ "${1:-}" == "--soak" ]]; then
+if want --soak; then
   PKGS+=(python3-matplotlib curl)
+fi
+
+# INSTALL_DEPS_LIST=1: print the packages these flags select, one a line, and
+# install nothing (tests/soak/test_soak_tools.py checks the flags with it).
+if [[ "${INSTALL_DEPS_LIST:-0}" == "1" ]]; then
+  printf '%s\n' "${PKGS[@]}"
+  exit 0
 fi
 
 missing=()

@@ -92,6 +92,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1263,6 +1264,42 @@ def plot(soak, path):
     return None
 
 
+def replot(out):
+    """Draws out/soak.png from a finished soak's rounds, stalls, faults and samples CSVs.
+
+    The round line is each round's first sighting (rounds.csv) rather than every status
+    read, which is what the run's own plot draws; the rest is the same data."""
+    base = 1e9  # the CSVs' times are seconds since the first round; plot() wants a start
+
+    def rows(name):
+        with open(os.path.join(out, name), newline="") as f:
+            return list(csv.DictReader(f))
+
+    view = types.SimpleNamespace(start=base, status_log=[], stalls=[], faults=[], samples=[])
+    try:
+        for r in rows("rounds.csv"):
+            view.status_log.append((base + float(r["first_seen_s"]), int(r["round"])))
+        for r in rows("stalls.csv"):
+            a = base + float(r["start_s"])
+            view.stalls.append((a, a + float(r["seconds"]), float(r["bound_s"]), r["faults"]))
+        for r in rows("faults.csv"):
+            a = base + float(r["start_s"])
+            view.faults.append({"kind": r["kind"], "start": a, "end": a + float(r["seconds"] or 0)})
+        for r in rows("samples.csv"):
+            view.samples.append((base + float(r["t_s"]), r["process"], r["role"],
+                                 float(r["rss_kb"]), int(r["fds"]), int(r["threads"])))
+    except (OSError, KeyError, ValueError) as e:
+        print(f"soak: cannot read the report in {out}: {e}", file=sys.stderr)
+        return 2
+    path = os.path.join(out, "soak.png")
+    problem = plot(view, path)
+    if problem:
+        print(f"soak: {problem}", file=sys.stderr)
+        return 2
+    print(f"soak: wrote {path}")
+    return 0
+
+
 def report(soak, res):
     a = soak.args
     out = soak.out
@@ -1424,7 +1461,10 @@ def report(soak, res):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("--bin", default="", help="the directory of Shoal's binaries (build/bin)")
+    ap.add_argument("--replot", default="", metavar="REPORT_DIR",
+                    help="only draw REPORT_DIR/soak.png again from a finished soak's CSV files "
+                         "(e.g. when matplotlib was missing during the run), and exit")
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
@@ -1478,6 +1518,10 @@ def main():
                     help="most re-joins of one worker in any minute (a loop fails the run)")
     ap.add_argument("--shutdown_grace", type=float, default=30)
     args = ap.parse_args()
+    if args.replot:
+        return replot(args.replot)
+    if not args.bin:
+        ap.error("--bin is required (the directory of shoal-coordinator, shoal-worker, ...)")
     if args.warmup < 0:
         args.warmup = max(60.0, min(600.0, args.minutes * 60 / 4))
     if not args.out:
