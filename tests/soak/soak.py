@@ -67,7 +67,7 @@ seconds, in the coordinators' namespace, over TLS with the token):
 Ends with one line
   soak: minutes=.. rounds=.. faults=kill:..,stop:..,... longest_stall=..s
         hash_mismatches=0 rounds_lost=0 rss_growth_max=..% checkpoints_verified=..
-        result=PASS|FAIL
+        etcd_heap_held_growth_max=..% result=PASS|FAIL
 and a report directory (--out): summary.txt, summary.json, faults.csv,
 rounds.csv, samples.csv, etcd_go.csv, errors.txt, soak.png (rounds, stalls, memory over
 time), the logs of every process. Every process is stopped by PID, every
@@ -110,6 +110,18 @@ ETCD_PORTS = ((2379, 2380), (2479, 2480), (2579, 2580))
 # to the kernel), the next collection's target, goroutines.
 GO_FIGURES = ("go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_heap_idle_bytes",
               "go_memstats_heap_released_bytes", "go_memstats_next_gc_bytes")
+
+
+def go_heap_held_mb(go):
+    """The heap a Go runtime holds from the kernel, in MiB: in use plus idle,
+    less what it has released (HeapSys - HeapReleased). RSS counts only the
+    pages of it that have been touched: a restarted etcd member holds heap it
+    has not touched yet (large allocations still zero), and its RSS climbs
+    toward this figure as they are reused, while this figure stays flat."""
+    return (go["go_memstats_heap_inuse_bytes"] + go["go_memstats_heap_idle_bytes"] -
+            go["go_memstats_heap_released_bytes"]) / 2**20
+
+
 # WorkerStatus.state of a worker no longer in the run (common/worker_state.h).
 DEPARTED = ("left", "lost", "finished", "evicted")
 PEER_PORT = 7000  # + the instance's generation in its namespace
@@ -1186,6 +1198,7 @@ def analyze(soak):
         def med_go(rows, key):
             return statistics.median(key(r) for r in rows)
         figures = {
+            "heap_held_mb": go_heap_held_mb,
             "heap_inuse_mb": lambda r: r["go_memstats_heap_inuse_bytes"] / 2**20,
             "heap_kept_mb": lambda r: (r["go_memstats_heap_idle_bytes"] -
                                        r["go_memstats_heap_released_bytes"]) / 2**20,
@@ -1194,6 +1207,8 @@ def analyze(soak):
         }
         g["go"] = {k: [med_go(after[:3], f), med_go(after[-3:], f)] for k, f in figures.items()}
         g["go"]["heap_inuse_max_mb"] = max(figures["heap_inuse_mb"](r) for r in after)
+        held = g["go"]["heap_held_mb"]
+        g["go"]["heap_held_pct"] = 100.0 * (held[1] - held[0]) / max(held[0], 1e-9)
     res["growth"] = growth
     # Re-joins per worker process: the most in any 60 s.
     stamp = re.compile(r"^[IWE](\d\d):(\d\d):(\d\d)\.\d+ .*\] re-joined run ")
@@ -1300,6 +1315,48 @@ def replot(out):
     return 0
 
 
+def etcd_memory(out, warmup=600.0):
+    """Prints, from a finished soak's samples.csv and etcd_go.csv, each etcd
+    member's growth after its warm-up: RSS, anonymous memory and the heap its
+    Go runtime holds (go_heap_held_mb), medians of the first and last three
+    samples as the run judges them; a member's start is its first sample.
+    Returns {member: (rss %, held %)}, or None when the report cannot be read."""
+    def rows(name):
+        with open(os.path.join(out, name), newline="") as f:
+            return list(csv.DictReader(f))
+
+    try:
+        mem, held = {}, {}
+        for r in rows("samples.csv"):
+            if r["role"] == "etcd":
+                mem.setdefault(r["process"], []).append(
+                    (float(r["t_s"]), int(r["rss_kb"]) / 1024, int(r["rss_anon_kb"]) / 1024))
+        for r in rows("etcd_go.csv"):
+            held.setdefault(r["process"], []).append(
+                (float(r["t_s"]), go_heap_held_mb({k: float(v) for k, v in r.items()
+                                                   if k != "process"})))
+    except (OSError, KeyError, ValueError) as e:
+        print(f"soak: cannot read the report in {out}: {e}", file=sys.stderr)
+        return None
+    result = {}
+    print(f"etcd members after a {warmup:.0f}s warm-up (medians of the first and last 3 samples):")
+    print(f"  {'member':<8} {'RSS MiB':>16} {'':>7}  {'anonymous MiB':>14}  {'Go heap held MiB':>17}")
+    for name, v in sorted(mem.items()):
+        after = [x for x in v if x[0] >= v[0][0] + warmup]
+        h = [x for x in held.get(name, []) if x[0] >= v[0][0] + warmup]
+        if len(after) < 6 or len(h) < 6:
+            continue
+        def med(xs, i):
+            return statistics.median(x[i] for x in xs)
+        r0, r1 = med(after[:3], 1), med(after[-3:], 1)
+        h0, h1 = med(h[:3], 1), med(h[-3:], 1)
+        result[name] = (100 * (r1 - r0) / r0, 100 * (h1 - h0) / h0)
+        print(f"  {name:<8} {r0:7.1f} -> {r1:5.1f} {result[name][0]:+6.1f}%  "
+              f"{med(after[:3], 2):5.1f} -> {med(after[-3:], 2):5.1f}  "
+              f"{h0:6.1f} -> {h1:5.1f} {result[name][1]:+6.1f}%")
+    return result
+
+
 def report(soak, res):
     a = soak.args
     out = soak.out
@@ -1365,6 +1422,15 @@ def report(soak, res):
             f"longest_stall={longest:.0f}s hash_mismatches={len(soak.hash_mismatches)} "
             f"rounds_lost={soak.rounds_lost} rss_growth_max={rss_max:.1f}% "
             f"checkpoints_verified={soak.checkpoints_verified} result={result}")
+    # etcd's members apart: the heap their Go runtime holds, the figure that
+    # grows when a Go process does (its RSS also grows as the kernel pages in
+    # heap the runtime already held, untouched, at the end of the warm-up).
+    held_max, held_who = 0.0, "-"
+    for name, g in growth.items():
+        if "go" in g and g["go"]["heap_held_pct"] > held_max:
+            held_max, held_who = g["go"]["heap_held_pct"], name
+    if held_who != "-":
+        line = line.replace(" result=", f" etcd_heap_held_growth_max={held_max:.1f}% result=")
     # Files.
     with open(os.path.join(out, "faults.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -1423,6 +1489,8 @@ def report(soak, res):
                          f"{g['file_kb'][0] / 1024:.1f} -> {g['file_kb'][1] / 1024:.1f} MiB")
         if "go" in g:
             go = g["go"]
+            lines.append(f"  {'':<10} {'':<11} Go: heap held {go['heap_held_mb'][0]:.1f} -> "
+                         f"{go['heap_held_mb'][1]:.1f} MiB ({go['heap_held_pct']:+.1f}%)")
             lines.append(f"  {'':<10} {'':<11} Go: heap in use {go['heap_inuse_mb'][0]:.1f} -> "
                          f"{go['heap_inuse_mb'][1]:.1f} MiB (max {go['heap_inuse_max_mb']:.1f}), "
                          f"kept for reuse {go['heap_kept_mb'][0]:.1f} -> {go['heap_kept_mb'][1]:.1f} "
@@ -1465,6 +1533,10 @@ def main():
     ap.add_argument("--replot", default="", metavar="REPORT_DIR",
                     help="only draw REPORT_DIR/soak.png again from a finished soak's CSV files "
                          "(e.g. when matplotlib was missing during the run), and exit")
+    ap.add_argument("--etcd_memory", default="", metavar="REPORT_DIR",
+                    help="only print each etcd member's growth after the warm-up (--warmup, "
+                         "default 600 s) from a finished soak's CSV files: RSS, anonymous memory "
+                         "and the heap its Go runtime holds, and exit")
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
@@ -1520,6 +1592,8 @@ def main():
     args = ap.parse_args()
     if args.replot:
         return replot(args.replot)
+    if args.etcd_memory:
+        return 0 if etcd_memory(args.etcd_memory, args.warmup if args.warmup >= 0 else 600.0) else 2
     if not args.bin:
         ap.error("--bin is required (the directory of shoal-coordinator, shoal-worker, ...)")
     if args.warmup < 0:
