@@ -41,7 +41,7 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends libopenblas0-pthread \
  && apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libtorch1.13 zlib1g libssl3 \
-      libprometheus-cpp-core1.0 libyaml-cpp0.7 \
+      libprometheus-cpp-core1.0 libyaml-cpp0.7 libcpp-httplib0.11 \
       dataset-fashion-mnist \
       etcd-server \
  && update-alternatives --set libblas.so.3-x86_64-linux-gnu \

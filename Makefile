@@ -31,7 +31,7 @@ endif
 endif
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit test-integration test-e2e test-deploy chaos soak bench fuzz format clean
+.PHONY: all deps configure build config-doc demo test test-unit test-integration test-e2e test-deploy chaos soak bench results fuzz format clean
 
 all: build
 
@@ -45,6 +45,13 @@ configure: deps
 
 build: configure
 	@ninja -C $(BUILD)
+
+# docs/CONFIG.md's tables of keys and refusals, rewritten from RunConfig's
+# `setting` options (protos/shoal/v1/coordinator.proto) and the validator's
+# table; run_config_settings_test fails while the file is stale.
+config-doc: configure
+	@ninja -C $(BUILD) shoal-config-gen
+	@$(BUILD)/bin/shoal-config-gen doc docs/CONFIG.md
 
 # Coordinator + 3 workers on 127.0.0.1, Fashion-MNIST, progress per round,
 # one summary line with test_accuracy=... at the end.
@@ -92,10 +99,16 @@ soak: build
 	  --seed=$(SOAK_SEED) $(if $(SOAK_OUT),--out=$(SOAK_OUT))
 
 # Benchmarks (issue #6): stream, exchange, latejoin, coordinator, micro,
-# demo; tables and `NAME: ... ratio=...` lines, results in bench/RESULTS.md.
+# demo; tables and `NAME: ... ratio=...` lines. Each arm's last line is
+# recorded in bench/results.jsonl and bench/RESULTS.md's table rendered again.
 # About 10 minutes on 2 cores. One benchmark: bash bench/run.sh NAME.
 bench: build
 	@BUILD=$(BUILD) bash bench/run.sh all
+
+# bench/RESULTS.md's table, rendered again from bench/results.jsonl (after
+# editing a record or a goal in bench/results.py).
+results:
+	@/usr/bin/python3 bench/results.py render
 
 # libFuzzer targets of every decoder of untrusted bytes (tests/fuzz,
 # docs/SECURITY.md): a clang build in $(FUZZ_BUILD), each target run for

@@ -2,11 +2,15 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | sigterm | audit | etcd | store | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | scale | sigterm | audit | etcd | store | junk_joins | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
 #   BENCH_QUICK=1         fewer repetitions / smaller runs (a smoke run, not for RESULTS.md)
+#   BENCH_RECORD=0        do not record the results (default: each arm's last line goes
+#                         into bench/results.jsonl and bench/RESULTS.md's table is rendered
+#                         again; with BENCH_QUICK=1 into $BENCH_OUT/results.jsonl only)
+#   BENCH_RESULTS=FILE    record into FILE instead (the table is not rendered then)
 # Nothing here asserts on time; a benchmark fails only when its result is wrong
 # (a bad average, a failed pull) or a process does not start.
 set -euo pipefail
@@ -19,9 +23,15 @@ OUT=${BENCH_OUT:-$(mktemp -d /tmp/shoal-bench-XXXXXX)}
 mkdir -p "$OUT"
 QUICK=${BENCH_QUICK:-0}
 NAME=${1:-}
+RESULTS=${BENCH_RESULTS:-}
+if [[ -z "$RESULTS" && "$QUICK" == 1 ]]; then RESULTS="$OUT/results.jsonl"; fi
+# The commit the results name, taken before any arm runs (a commit made
+# meanwhile is not what was measured).
+COMMIT=$(/usr/bin/python3 bench/results.py commit)
+START_DATE="" START_LOAD=""
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|sigterm|audit|etcd|store|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|scale|sigterm|audit|etcd|store|junk_joins|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -45,8 +55,24 @@ build() {
 }
 
 header() {
+  START_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
-  echo "bench $1: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), logs in $OUT"
+  echo "bench $1: $START_DATE, $(nproc) cores, load average $START_LOAD, logs in $OUT"
+}
+
+# Records an arm's result: the last line of $OUT/NAME.txt, with the arm's
+# start (date, load average), the commit and the machine, as one line of
+# bench/results.jsonl; then bench/RESULTS.md's table is rendered again
+# (bench/results.py). A failure to record is said, not fatal: the run's
+# figures are in $OUT either way.
+record_result() {
+  [[ "${BENCH_RECORD:-1}" == 0 ]] && return 0
+  local args=(add "$1" --from "$OUT/$1.txt" --date "$START_DATE" --load "$START_LOAD"
+              --commit "$COMMIT" --logs "$OUT" --source run.sh)
+  [[ -n "$RESULTS" ]] && args+=(--results "$RESULTS" --no-render)
+  /usr/bin/python3 bench/results.py "${args[@]}" ||
+    echo "bench: $1 not recorded; by hand: /usr/bin/python3 bench/results.py add $1 --from $OUT/$1.txt" >&2
 }
 
 # Runs a benchmark: its table and final line on stdout (also in $OUT/NAME.txt),
@@ -59,13 +85,38 @@ run_stream() {
     --log="$OUT/stream.log" 2>>"$OUT/stream.log" | tee "$OUT/stream.txt"
 }
 
+# One round's average against gloo's all_reduce, at 64 MiB and at 400 MB
+# (issue 47: the exchange at gloo's speed at any size). The last line is the
+# 64 MiB run's with the 400 MB one's ratio added (ratio_400mb=).
 run_exchange() {
   header exchange
-  local reps=7
-  [[ "$QUICK" == 1 ]] && reps=2
+  local reps=7 big_reps=3 big_mib=382
+  [[ "$QUICK" == 1 ]] && reps=2 big_reps=1 big_mib=128
   "$BIN/shoal-bench-exchange" --workers=4 --mib=64 --reps=$reps \
     --gloo="$ROOT/bench/exchange/gloo_allreduce.py" --python=/usr/bin/python3 \
-    --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange.txt"
+    --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange-64.txt"
+  "$BIN/shoal-bench-exchange" --workers=4 --mib=$big_mib --reps=$big_reps \
+    --gloo="$ROOT/bench/exchange/gloo_allreduce.py" --python=/usr/bin/python3 \
+    --log="$OUT/exchange.log" 2>>"$OUT/exchange.log" | tee "$OUT/exchange-400.txt"
+  local small big
+  small=$(grep '^exchange:' "$OUT/exchange-64.txt" | tail -n 1)
+  big=$(grep '^exchange:' "$OUT/exchange-400.txt" | tail -n 1 | sed -n 's/.* ratio=\([0-9.]*\).*/\1/p')
+  echo "$small ratio_400mb=$big mib_400mb=$big_mib" | tee "$OUT/exchange.txt"
+}
+
+# Models of real size (issue 47, bench/scale/scale.py): per size the loop
+# alone and with Shoal (plain and --overlap=on), memory, utilization, round
+# time and the exchange against its loopback bound; at the largest size a
+# late joiner, a checkpoint and its export. SCALE_ARGS passes more flags.
+run_scale() {
+  header scale
+  local args=(--sizes=1m,10m,100m,500m --big)
+  [[ "$QUICK" == 1 ]] && args=(--sizes=1m,10m --rounds=3)
+  # The plot: Debian's matplotlib (scripts/install-deps.sh --bench).
+  bash scripts/install-deps.sh --bench >>"$OUT/scale.log" 2>&1 || true
+  mkdir -p "$OUT/scale"
+  /usr/bin/python3 bench/scale/scale.py --bin="$BIN" --pythonpath="$BUILD/python" \
+    --out="$OUT/scale" "${args[@]}" ${SCALE_ARGS:-} 2>>"$OUT/scale.log" | tee "$OUT/scale.txt"
 }
 
 # The cost of TLS (issue 14): the stream and exchange benchmarks in plain
@@ -133,7 +184,9 @@ run_coordinator() {
 
 # The web page's and /metrics' cost at 1,000 simulated workers (issue 15):
 # a short coordinator run with --http_listen, then timed GETs of /metrics,
-# /api/status and /api/history against its finished run.
+# /api/status and /api/history against its finished run. Last line: the
+# `web:` line of each request in one, web: workers=N metrics_p50_ms= ...
+# metrics_cpu_ms= ... status_fresh_cpu_ms= ... history_bytes=.
 run_web() {
   header web
   local large=1000
@@ -142,6 +195,30 @@ run_web() {
   "$BIN/shoal-bench-coordinator" --coordinator_bin="$BIN/shoal-coordinator" --small=10 \
     --large=$large --reps=1 --rounds_small=20 --rounds_large=8 --web_requests=100 \
     --log_dir="$OUT/web" 2>>"$OUT/web.log" | tee "$OUT/web.txt"
+  awk '/^web: workers=/ {
+         match($0, /path="[^"]*"/); path = substr($0, RSTART + 6, RLENGTH - 7)
+         if (path == "/metrics") key = "metrics"
+         else if (path == "/api/status (fresh)") key = "status_fresh"
+         else if (path == "/api/status (cached)") key = "status_cached"
+         else if (path == "/api/history") key = "history"
+         else next
+         keys[++n] = key
+         for (i = 2; i <= NF; i++) {
+           split($i, kv, "=")
+           if (kv[1] == "workers") workers = kv[2]
+           else if (kv[1] == "p50_ms") v[key "_p50_ms"] = kv[2]
+           else if (kv[1] == "cpu_ms_per_request") v[key "_cpu_ms"] = kv[2]
+           else if (kv[1] == "bytes") v[key "_bytes"] = kv[2]
+         }
+       }
+       END {
+         if (n == 0) exit 1
+         printf "web: workers=%s", workers
+         for (j = 1; j <= n; j++)
+           printf " %s_p50_ms=%s %s_cpu_ms=%s %s_bytes=%s", keys[j], v[keys[j] "_p50_ms"], keys[j],
+                  v[keys[j] "_cpu_ms"], keys[j], v[keys[j] "_bytes"]
+         printf "\n"
+       }' "$OUT/web.txt" | tee -a "$OUT/web.txt"
 }
 
 run_micro() {
@@ -242,15 +319,39 @@ run_python() {
 }
 
 # SIGTERM to exit per binary and state (tests/e2e/shutdown_test.cc prints a
-# `sigterm:` line per case); goal: every one under 5 s.
+# `sigterm:` line per case); goal: every one under 5 s. Last line:
+# sigterm: cases=N slowest_s=S goal_s=5 met=yes|no ratio=<S / 5>.
 run_sigterm() {
   header sigterm
   (cd "$BUILD" && SHOAL_BIN_DIR="$PWD/bin" ./bin/shutdown_test) >"$OUT/sigterm.log" 2>&1 ||
     { tail -n 40 "$OUT/sigterm.log"; return 1; }
   grep '^sigterm:' "$OUT/sigterm.log" | tee "$OUT/sigterm.txt"
   awk '/^sigterm:/ { s = $(NF); sub(/s$/, "", s); if (s + 0 > max) max = s + 0; n++ }
-       END { printf "sigterm: %d cases, slowest %.2fs, goal 5s: %s\n", n, max,
-             (max < 5 ? "met" : "NOT met") }' "$OUT/sigterm.log" | tee -a "$OUT/sigterm.txt"
+       END { printf "sigterm: cases=%d slowest_s=%.2f goal_s=5 met=%s ratio=%.3f\n", n, max,
+             (max < 5 ? "yes" : "no"), max / 5 }' "$OUT/sigterm.log" | tee -a "$OUT/sigterm.txt"
+}
+
+# A status that cannot be inflated (issue 50): a real coordinator and two
+# real workers training while 10,000 junk Joins (the longest name allowed,
+# an address each, never a session) arrive from 8 callers; the status's
+# size right after the flood and once the session grace removed the junk,
+# and the rounds completed meanwhile (tests/e2e/limits_e2e_test.cc). Last
+# line: junk_joins: ... status_bytes_after_flood=B ... ratio=<B / 1 MiB>.
+run_junk_joins() {
+  header junk_joins
+  local joins=10000
+  [[ "$QUICK" == 1 ]] && joins=2000
+  (cd "$BUILD" && SHOAL_BIN_DIR="$PWD/bin" SHOAL_JUNK_JOINS=$joins ./bin/limits_e2e_test \
+    --gtest_filter='*JunkJoins*') >"$OUT/junk_joins.log" 2>&1 ||
+    { tail -n 40 "$OUT/junk_joins.log"; return 1; }
+  grep '^junk_joins=' "$OUT/junk_joins.log" | tee "$OUT/junk_joins.txt"
+  awk -F'[ =]' '/^junk_joins=/ { for (i = 1; i < NF; i += 2) v[$i] = $(i + 1) }
+       END { printf "junk_joins: joins=%d accepted=%d refused_busy=%d status_bytes_after_flood=%d status_bytes_settled=%d rounds_during=%d goal_bytes=1048576 met=%s ratio=%.4f\n",
+             v["junk_joins"], v["accepted"], v["refused_busy"], v["status_bytes_after_flood"],
+             v["status_bytes_settled"], v["rounds_during"],
+             (v["status_bytes_after_flood"] < 1048576 ? "yes" : "no"),
+             v["status_bytes_after_flood"] / 1048576 }' \
+    "$OUT/junk_joins.log" | tee -a "$OUT/junk_joins.txt"
 }
 
 # Audits by replay (issue 28): their extra compute at --audit_rate 0.05, 0.1
@@ -292,29 +393,32 @@ case "$NAME" in
   store)
     ninja -C "$BUILD" shoal-checkpoint shoal-bench-store-memory >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_store
     ;;
   etcd)
     ninja -C "$BUILD" shoal-coordinator shoal-bench-etcd-calls >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_etcd
     ;;
   audit)
     # The coordinator and the worker only (the status comes from the
     # coordinator's /api/status): no bench binaries needed.
     ninja -C "$BUILD" shoal-coordinator shoal-worker >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_audit
+    ;;
+  junk_joins)
+    ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl limits_e2e_test \
+      >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
     ;;
   sigterm)
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoal-checkpoint shoalctl shutdown_test \
       >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_sigterm
     ;;
   python)
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl _shoal >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_python
+    ;;
+  scale)
+    ninja -C "$BUILD" shoal-coordinator shoal-checkpoint shoalctl _shoal shoal-bench-stream \
+      >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
     ;;
   failover | wan | hier)
     if [[ ! -x "$BIN/shoal-coordinator" ]]; then
@@ -323,24 +427,21 @@ case "$NAME" in
     fi
     ninja -C "$BUILD" shoal-coordinator shoal-worker shoalctl >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    "run_$NAME"
     ;;
   quality)
     # Only the coordinator and the worker: no bench binaries needed.
     ninja -C "$BUILD" shoal-coordinator shoal-worker >"$OUT/build.log" 2>&1 ||
       { tail -n 30 "$OUT/build.log"; exit 1; }
-    run_quality
     ;;
   stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | compress)
     build
-    "run_$NAME"
     ;;
   all)
     build
     start=$(date +%s)
     failed=()
     for n in micro stream exchange latejoin coordinator demo; do
-      "run_$n" || failed+=("$n")
+      if "run_$n"; then record_result "$n"; else failed+=("$n"); fi
     done
     echo
     echo "bench all: $(( $(date +%s) - start )) s, load average $(cut -d' ' -f1-3 /proc/loadavg), outputs in $OUT"
@@ -351,6 +452,10 @@ case "$NAME" in
       echo "bench all: FAILED: ${failed[*]} (logs in $OUT)"
       exit 1
     fi
+    exit 0
     ;;
   *) usage ;;
 esac
+# The case above built what the arm needs; the arm runs, then is recorded.
+"run_$NAME"
+record_result "$NAME"

@@ -97,9 +97,9 @@ void UpdateProcessMetrics() {
 // 100 KiB thread stack (USE_STACK_SIZE=102400), and glibc puts the static TLS
 // of every loaded library on each thread's stack. The worker's (OpenBLAS
 // 60 KiB, glog 30 KiB, LibTorch 10 KiB) leaves no room, so civetweb's
-// pthread_create fails with EINVAL in shoal-worker. Our own small server
-// (http_server.h) serves it; the registry and the text format are
-// prometheus-cpp's.
+// pthread_create fails with EINVAL in shoal-worker. The process's HTTP
+// endpoint (http_endpoint.h, cpp-httplib on std::threads) serves it; the
+// registry and the text format are prometheus-cpp's.
 HttpResponse Metrics::Handle(const HttpRequest&) {
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -121,8 +121,8 @@ void MetricHistogram::Observe(double v) const {
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen) {
-  absl::StatusOr<std::unique_ptr<HttpServer>> server =
-      HttpServer::Start(listen, "metrics_listen", {{"/metrics", &Metrics::Handle}});
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> server =
+      HttpEndpoint::Start(listen, "metrics_listen", {{"/metrics", &Metrics::Handle}});
   if (!server.ok()) return server.status();
   std::unique_ptr<Metrics> m(new Metrics());
   m->server_ = std::move(*server);

@@ -1,6 +1,6 @@
 // Prometheus metrics: typed handles for the code that counts, and the HTTP
 // endpoint (`GET /metrics`) that serves them in the text format (registry
-// and format from Debian's prometheus-cpp; the endpoint is http_server.h,
+// and format from Debian's prometheus-cpp; the endpoint is http_endpoint.h,
 // see metrics.cc for why not its civetweb exposer). No prometheus header leaks out of this file:
 // core and service code include this one only.
 //
@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/http_server.h"
+#include "common/http_endpoint.h"
 
 namespace prometheus {
 class Counter;
@@ -124,7 +124,7 @@ class Metrics {
 
  private:
   Metrics() = default;
-  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<HttpEndpoint> server_;
 };
 
 }  // namespace shoal

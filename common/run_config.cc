@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/run_options.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace shoal {
@@ -13,11 +14,6 @@ namespace {
 using shoal::v1::RunConfig;
 
 absl::Status Refuse(absl::string_view message) { return absl::InvalidArgumentError(message); }
-
-// "key (--flag): <what the parser said>".
-absl::Status Unparsed(absl::string_view key, const absl::Status& parsed) {
-  return absl::InvalidArgumentError(absl::StrCat(key, ": ", parsed.message()));
-}
 
 std::string Json(const google::protobuf::Message& m, bool pretty) {
   google::protobuf::util::JsonPrintOptions options;
@@ -73,243 +69,406 @@ void NormalizeRunConfig(RunConfig* c) {
   }
 }
 
+namespace {
+
+// What the rules look at: the config and its strings, parsed once. A rule
+// that needs a parsed value comes after the rule that refuses the string,
+// so it only runs when the string parsed.
+struct Checked {
+  explicit Checked(const RunConfig& config)
+      : c(config),
+        gossip(IsGossip(config)),
+        name(config.model().name()),
+        split(ParseDataSplit(config.training().data_split())),
+        codec(ParseCodecSpec(config.exchange().codec())),
+        outer(ParseOuterOptimizer(config.exchange().outer_optimizer().kind())),
+        aggregation(ParseAggregation(config.exchange().aggregation())),
+        overlap_start(ParseOverlapStart(config.exchange().overlap_start())) {}
+  const RunConfig& c;
+  const bool gossip;
+  const std::string& name;
+  const absl::StatusOr<DataSplit> split;
+  const absl::StatusOr<CodecSpec> codec;
+  const absl::StatusOr<OuterOptimizer> outer;
+  const absl::StatusOr<AggregationSpec> aggregation;
+  const absl::StatusOr<OverlapStart> overlap_start;
+  bool fragments() const { return c.exchange().fragments() > 1; }
+};
+
+using Kind = RunConfigRuleDoc::Kind;
+
+// A refusal: its docs and its check (the message when `k` breaks it).
+struct Rule {
+  Kind kind;
+  const char* refused;
+  const char* why;
+  std::string (*check)(const Checked& k);
+};
+
+// "key (--flag): <what the parser said>", or "" when it parsed.
+template <typename T>
+std::string ParseError(absl::string_view key, const absl::StatusOr<T>& parsed) {
+  return parsed.ok() ? "" : absl::StrCat(key, ": ", parsed.status().message());
+}
+
+std::string If(bool refused, absl::string_view message) {
+  return refused ? std::string(message) : "";
+}
+
+bool Finite(double v) { return std::isfinite(v); }
+
+// Every refusal, in the order the validator checks them: single keys group
+// by group, then the combinations that have no meaning.
+const Rule kRules[] = {
+    // ---- model
+    {Kind::kKey, "`model.name` other than mlp, cnn, torchscript, module", "",
+     [](const Checked& k) {
+       return If(
+           k.name != "mlp" && k.name != "cnn" && k.name != "torchscript" && k.name != "module",
+           absl::StrCat("model.name (--model) must be mlp, cnn, torchscript or module, got '",
+                        k.name, "'"));
+     }},
+    {Kind::kKey, "a TorchScript model without its file", "",
+     [](const Checked& k) {
+       return If(k.name == "torchscript" && k.c.model().file_sha256().empty(),
+                 "model.name torchscript needs its file: model.file (--model=torchscript:PATH)");
+     }},
+    {Kind::kKey, "`model.file`, `file_sha256`, `file_bytes` or `input_shape` for another model", "",
+     [](const Checked& k) {
+       const shoal::v1::ModelConfig& m = k.c.model();
+       return If(k.name != "torchscript" && (!m.file().empty() || !m.file_sha256().empty() ||
+                                             m.file_bytes() != 0 || m.input_shape_size() != 0),
+                 absl::StrCat("model.file, model.file_sha256, model.file_bytes and "
+                              "model.input_shape are for model.name torchscript only, not '",
+                              k.name, "'"));
+     }},
+    {Kind::kKey, "`model.input_shape` that is not 3 numbers in [1, 65536]", "",
+     [](const Checked& k) {
+       if (k.name == "torchscript" && k.c.model().input_shape_size() != 3) {
+         return std::string(
+             "model.input_shape (--input_shape) must have 3 numbers (channels, height, width)");
+       }
+       for (uint32_t d : k.c.model().input_shape()) {
+         if (d < 1 || d > kMaxInputDim) {
+           return absl::StrCat("model.input_shape (--input_shape) values must be in [1, ",
+                               kMaxInputDim, "], got ", d);
+         }
+       }
+       return std::string();
+     }},
+    // ---- training
+    {Kind::kKey, "`training.optimizer` other than sgd, adam, adamw", "",
+     [](const Checked& k) {
+       const std::string& o = k.c.training().optimizer();
+       return If(!o.empty() && o != "sgd" && o != "adam" && o != "adamw",
+                 absl::StrCat("training.optimizer (--optimizer) must be sgd, adam or adamw, got '",
+                              o, "'"));
+     }},
+    {Kind::kKey, "`training.learning_rate` <= 0", "",
+     [](const Checked& k) {
+       const double lr = k.c.training().learning_rate();
+       return If(!(lr > 0) || !Finite(lr),
+                 "training.learning_rate (--learning_rate) must be a number > 0");
+     }},
+    {Kind::kKey, "`training.momentum` outside [0, 1)", "",
+     [](const Checked& k) {
+       const double m = k.c.training().momentum();
+       return If(!(m >= 0 && m < 1), "training.momentum (--momentum) must be in [0, 1)");
+     }},
+    {Kind::kKey, "`training.batch_size` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.training().batch_size() == 0,
+                 "training.batch_size (--batch_size) must be > 0");
+     }},
+    {Kind::kKey, "`training.local_steps` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.training().local_steps() == 0,
+                 "training.local_steps (--local_steps) must be > 0");
+     }},
+    {Kind::kKey, "`training.eval_every` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.training().eval_every() == 0,
+                 "training.eval_every (--eval_every) must be > 0");
+     }},
+    {Kind::kKey, "a `training.data_split` other than iid or label_skew:ALPHA", "",
+     [](const Checked& k) { return ParseError("training.data_split (--data_split)", k.split); }},
+    {Kind::kKey, "`sync.min_participants` of 0", "",
+     [](const Checked& k) {
+       return If(!k.gossip && k.c.sync().min_participants() == 0,
+                 "sync.min_participants (--min_participants) must be > 0");
+     }},
+    {Kind::kCombination, "`training.sample_ledger` with gossip",
+     "the ledger names the samples of a round; gossip has no rounds",
+     [](const Checked& k) {
+       return If(k.c.training().sample_ledger() && k.gossip,
+                 "training.sample_ledger (--sample_ledger) needs synchronous rounds");
+     }},
+    {Kind::kCombination, "`training.sample_ledger` with `training.data_split` label_skew",
+     "the ledger draws every round's samples from the whole training set",
+     [](const Checked& k) {
+       return If(k.c.training().sample_ledger() && k.split->label_skew,
+                 "training.sample_ledger (--sample_ledger) needs training.data_split "
+                 "(--data_split) iid: the ledger draws every round's samples from the whole "
+                 "training set");
+     }},
+    {Kind::kCombination, "`training.sample_ledger` with `model.name` `module`",
+     "a Python training loop chooses its own samples",
+     [](const Checked& k) {
+       return If(k.c.training().sample_ledger() && k.name == "module",
+                 "training.sample_ledger (--sample_ledger) needs the built-in trainer: a Python "
+                 "training loop (model.name module) chooses its own samples");
+     }},
+    {Kind::kCombination, "`training.epochs` > 0 without `training.sample_ledger`",
+     "epochs are counted by the ledger",
+     [](const Checked& k) {
+       return If(!k.c.training().sample_ledger() && k.c.training().epochs() > 0,
+                 "training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)");
+     }},
+    // ---- trust
+    {Kind::kKey, "`trust.audit_rate` outside [0, 1]", "",
+     [](const Checked& k) {
+       const double r = k.c.trust().audit_rate();
+       return If(!(r >= 0 && r <= 1), "trust.audit_rate (--audit_rate) must be in [0, 1]");
+     }},
+    {Kind::kCombination, "audits (`trust.audit_rate` > 0) with gossip",
+     "a replay starts from the round's common base model, which gossip has not",
+     [](const Checked& k) {
+       return If(k.c.trust().audit_rate() > 0 && k.gossip,
+                 "trust.audit_rate (--audit_rate) needs synchronous rounds: a replay starts from "
+                 "the round's common base model, which gossip has not");
+     }},
+    {Kind::kCombination, "audits with `model.name` `module`",
+     "a Python training loop cannot be replayed by another member",
+     [](const Checked& k) {
+       return If(k.c.trust().audit_rate() > 0 && k.name == "module",
+                 "trust.audit_rate (--audit_rate) needs the built-in trainer: a Python training "
+                 "loop (model.name module) cannot be replayed by another member");
+     }},
+    {Kind::kKey, "`trust.audit_threads` > 256", "",
+     [](const Checked& k) {
+       return If(k.c.trust().audit_threads() > 256,
+                 "trust.audit_threads (--audit_threads) must be at most 256");
+     }},
+    {Kind::kKey, "`trust.ban_below` outside [0, 1]", "",
+     [](const Checked& k) {
+       const double b = k.c.trust().ban_below();
+       return If(!(b >= 0 && b <= 1), "trust.ban_below (--ban_below) must be in [0, 1]");
+     }},
+    // After min_participants: it is data_shards' default.
+    {Kind::kKey, "`training.data_shards` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.training().data_shards() == 0,
+                 "training.data_shards (--data_shards) must be > 0");
+     }},
+    {Kind::kKey, "`sync.max_staleness` > 1000", "",
+     [](const Checked& k) {
+       return If(!k.gossip && k.c.sync().max_staleness() > kMaxStalenessLimit,
+                 absl::StrCat("sync.max_staleness (--max_staleness) must be at most ",
+                              kMaxStalenessLimit));
+     }},
+    // ---- gossip
+    {Kind::kKey, "`gossip.fetch_probability` outside [0, 1]", "",
+     [](const Checked& k) {
+       const double p = k.c.gossip().fetch_probability();
+       return If(k.gossip && !(p >= 0 && p <= 1),
+                 absl::StrCat("gossip.fetch_probability (--fetch_probability) must be in [0, 1], "
+                              "got ",
+                              p));
+     }},
+    {Kind::kKey, "a `gossip.interpolation` other than constant:A, clock, loss", "",
+     [](const Checked& k) {
+       if (!k.gossip) return std::string();
+       return ParseError("gossip.interpolation (--interpolation)",
+                         ParseInterpolationSpec(k.c.gossip().interpolation()));
+     }},
+    {Kind::kKey, "a negative `gossip.divergence_threshold`", "",
+     [](const Checked& k) {
+       const double t = k.c.gossip().divergence_threshold();
+       return If(k.gossip && (!(t >= 0) || !Finite(t)),
+                 "gossip.divergence_threshold (--divergence_threshold) must be >= 0 (0 turns it "
+                 "off)");
+     }},
+    // ---- exchange
+    {Kind::kKey, "an unknown `exchange.codec`", "",
+     [](const Checked& k) { return ParseError("exchange.codec (--codec)", k.codec); }},
+    {Kind::kKey, "an unknown `exchange.outer_optimizer.kind`", "",
+     [](const Checked& k) {
+       return ParseError("exchange.outer_optimizer.kind (--outer_optimizer)", k.outer);
+     }},
+    {Kind::kKey, "`exchange.outer_optimizer.lr` outside (0, 10] (unless `none`)", "",
+     [](const Checked& k) {
+       const double lr = k.c.exchange().outer_optimizer().lr();
+       return If(*k.outer != OuterOptimizer::kNone && !(lr > 0 && lr <= 10),
+                 "exchange.outer_optimizer.lr (--outer_lr) must be in (0, 10]");
+     }},
+    {Kind::kKey, "`exchange.outer_optimizer.momentum` outside [0, 1)", "",
+     [](const Checked& k) {
+       const double m = k.c.exchange().outer_optimizer().momentum();
+       return If(!(m >= 0 && m < 1),
+                 "exchange.outer_optimizer.momentum (--outer_momentum) must be in [0, 1)");
+     }},
+    {Kind::kKey, "an unknown `exchange.aggregation`", "",
+     [](const Checked& k) {
+       return ParseError("exchange.aggregation (--aggregation)", k.aggregation);
+     }},
+    {Kind::kKey, "`exchange.fragments` > 4096", "",
+     [](const Checked& k) {
+       return If(k.c.exchange().fragments() > kMaxFragments,
+                 absl::StrCat("exchange.fragments (--fragments) must be at most ", kMaxFragments,
+                              ", is ", k.c.exchange().fragments()));
+     }},
+    {Kind::kKey, "an `exchange.overlap_start` other than contribution, extrapolate[:B]", "",
+     [](const Checked& k) {
+       return ParseError("exchange.overlap_start (--overlap_start)", k.overlap_start);
+     }},
+    // ---- timeouts
+    {Kind::kKey, "a zero `timeouts.heartbeat_interval_ms`", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().heartbeat_interval_ms() == 0,
+                 "timeouts.heartbeat_interval_ms (--heartbeat_interval) must be > 0");
+     }},
+    {Kind::kKey, "a `timeouts.heartbeat_lease_ms` not longer than the heartbeat interval", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().heartbeat_lease_ms() <= k.c.timeouts().heartbeat_interval_ms(),
+                 "timeouts.heartbeat_lease_ms (--heartbeat_lease) must be longer than "
+                 "timeouts.heartbeat_interval_ms (--heartbeat_interval)");
+     }},
+    {Kind::kKey, "a zero `timeouts.round_timeout_ms`", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().round_timeout_ms() == 0,
+                 "timeouts.round_timeout_ms (--round_timeout) must be > 0");
+     }},
+    {Kind::kKey, "a zero `timeouts.connection_timeout_ms`", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().connection_timeout_ms() == 0,
+                 "timeouts.connection_timeout_ms (--connection_timeout) must be > 0");
+     }},
+    {Kind::kKey, "a zero `timeouts.checkpoint_timeout_ms`", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().checkpoint_timeout_ms() == 0,
+                 "timeouts.checkpoint_timeout_ms (--checkpoint_timeout) must be > 0");
+     }},
+    {Kind::kKey, "an adaptive deadline `factor` below 1", "",
+     [](const Checked& k) {
+       const shoal::v1::AdaptiveDeadlineConfig& a = k.c.timeouts().adaptive_deadline();
+       return If(a.enabled() && (!(a.factor() >= 1) || !Finite(a.factor())),
+                 "timeouts.adaptive_deadline.factor (--deadline_factor) must be a number >= 1");
+     }},
+    {Kind::kKey, "an election `switch_factor` <= 1", "",
+     [](const Checked& k) {
+       const double f = k.c.timeouts().election().switch_factor();
+       return If(!(f > 1) || !Finite(f),
+                 "timeouts.election.switch_factor (--supernode_switch_factor) must be a number "
+                 "> 1");
+     }},
+    {Kind::kKey, "an election `switch_rounds` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.timeouts().election().switch_rounds() < 1,
+                 "timeouts.election.switch_rounds (--supernode_switch_rounds) must be at least 1");
+     }},
+    // ---- checkpoints
+    {Kind::kKey, "`checkpoints.checkpointers` of 0", "",
+     [](const Checked& k) {
+       return If(k.c.checkpoints().checkpointers() < 1,
+                 "checkpoints.checkpointers (--checkpointers) must be at least 1");
+     }},
+    // ---- Combinations the run refuses, only where they have no meaning:
+    // every codec, outer optimizer, aggregation rule and topology of the
+    // synchronous mode compose (one averaging pipeline:
+    // services/worker/exchanger.h), and gossip pulls travel in any codec.
+    {Kind::kCombination, "`trimmed_mean:K` with `sync.min_participants` < 2K + 1",
+     "a round of the minimum size could not trim",
+     [](const Checked& k) {
+       const uint32_t min = k.c.sync().min_participants();
+       const uint32_t needed = MinContributions(*k.aggregation);
+       return If(!k.gossip && needed > min,
+                 absl::StrCat("exchange.aggregation (--aggregation) ", k.c.exchange().aggregation(),
+                              " drops ", k.aggregation->trim,
+                              " values at each end, so it needs at least ", needed,
+                              " participants per round; sync.min_participants "
+                              "(--min_participants) is ",
+                              min));
+     }},
+    {Kind::kCombination, "gossip with `topology.hierarchy`", "gossip has no rounds",
+     [](const Checked& k) {
+       return If(k.gossip && k.c.topology().hierarchy(),
+                 "topology.hierarchy (--hierarchy=on) shapes the rounds of sync mode; gossip "
+                 "(--mode=gossip) has no rounds");
+     }},
+    {Kind::kCombination, "gossip with an outer optimizer",
+     "the outer step starts from a round's agreed base; gossip has neither",
+     [](const Checked& k) {
+       return If(k.gossip && *k.outer != OuterOptimizer::kNone,
+                 "exchange.outer_optimizer (--outer_optimizer) steps from a round's agreed base; "
+                 "gossip (--mode=gossip) has no rounds and no agreed base: use none");
+     }},
+    {Kind::kCombination, "`exchange.overlap` with gossip",
+     "gossip has no rounds (and already trains while it fetches)",
+     [](const Checked& k) {
+       return If(k.gossip && k.c.exchange().overlap(),
+                 "exchange.overlap (--overlap=on) overlaps a round's training with the last "
+                 "round's averaging; gossip (--mode=gossip) has no rounds");
+     }},
+    {Kind::kCombination,
+     "`exchange.overlap_start` other than `contribution` without "
+     "`exchange.overlap`",
+     "no steps train ahead",
+     [](const Checked& k) {
+       return If(!k.c.exchange().overlap() && k.overlap_start->extrapolate > 0,
+                 "exchange.overlap_start (--overlap_start) places the steps trained ahead of "
+                 "their round; without exchange.overlap (--overlap=on) none are");
+     }},
+    {Kind::kCombination, "`exchange.overlap_stale_steps` > 0 without `exchange.overlap`",
+     "no steps train ahead",
+     [](const Checked& k) {
+       return If(!k.c.exchange().overlap() && k.c.exchange().overlap_stale_steps() > 0,
+                 "exchange.overlap_stale_steps (--overlap_stale_steps) says when the steps "
+                 "trained ahead take the last round's average; without exchange.overlap "
+                 "(--overlap=on) none are");
+     }},
+    {Kind::kCombination, "`exchange.overlap` with `training.sample_ledger` (or audits)",
+     "the ledger names a round's samples at its start, after the steps ahead trained",
+     [](const Checked& k) {
+       return If(k.c.exchange().overlap() && k.c.training().sample_ledger(),
+                 "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names "
+                 "its samples; training.sample_ledger (--sample_ledger, and --audit_rate, which "
+                 "needs it) names them at the round's start");
+     }},
+    {Kind::kCombination, "`exchange.fragments` > 1 with gossip", "gossip has no rounds",
+     [](const Checked& k) {
+       return If(k.gossip && k.fragments(),
+                 "exchange.fragments (--fragments) syncs one fragment per round; gossip "
+                 "(--mode=gossip) has no rounds");
+     }},
+    {Kind::kCombination, "`exchange.fragments` > 1 with audits (`trust.audit_rate` > 0)",
+     "a contribution carries progress kept on the worker since its fragment's last round; a "
+     "replay starts from the agreed model",
+     [](const Checked& k) {
+       return If(k.fragments() && k.c.trust().audit_rate() > 0,
+                 "exchange.fragments (--fragments) makes a contribution of progress kept on the "
+                 "worker since its fragment's last round; an audit (trust.audit_rate, "
+                 "--audit_rate) replays a round from the agreed model alone");
+     }},
+    {Kind::kCombination, "gossip with a robust aggregation", "gossip has no slice owners",
+     [](const Checked& k) {
+       return If(k.gossip && k.aggregation->kind != AggregationSpec::Kind::kMean,
+                 "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice "
+                 "owners; gossip (--mode=gossip) has none: use mean");
+     }},
+};
+
+}  // namespace
+
+std::vector<RunConfigRuleDoc> RunConfigRuleDocs() {
+  std::vector<RunConfigRuleDoc> docs;
+  for (const Rule& rule : kRules) docs.push_back({rule.kind, rule.refused, rule.why});
+  return docs;
+}
+
 absl::Status ValidateRunConfig(const RunConfig& c) {
-  // ---- Single keys, group by group.
-  const shoal::v1::ModelConfig& model = c.model();
-  const std::string& name = model.name();
-  if (name != "mlp" && name != "cnn" && name != "torchscript" && name != "module") {
-    return Refuse(absl::StrCat(
-        "model.name (--model) must be mlp, cnn, torchscript or module, got '", name, "'"));
-  }
-  const bool torchscript = name == "torchscript";
-  if (torchscript && model.file_sha256().empty()) {
-    return Refuse("model.name torchscript needs its file: model.file (--model=torchscript:PATH)");
-  }
-  if (!torchscript && (!model.file().empty() || !model.file_sha256().empty() ||
-                       model.file_bytes() != 0 || model.input_shape_size() != 0)) {
-    return Refuse(
-        absl::StrCat("model.file, model.file_sha256, model.file_bytes and "
-                     "model.input_shape are for model.name torchscript only, not '",
-                     name, "'"));
-  }
-  if (torchscript && model.input_shape_size() != 3) {
-    return Refuse(
-        "model.input_shape (--input_shape) must have 3 numbers (channels, height, width)");
-  }
-  for (uint32_t d : model.input_shape()) {
-    if (d < 1 || d > kMaxInputDim) {
-      return Refuse(absl::StrCat("model.input_shape (--input_shape) values must be in [1, ",
-                                 kMaxInputDim, "], got ", d));
-    }
-  }
-
-  const shoal::v1::TrainingConfig& t = c.training();
-  if (const std::string& o = t.optimizer();
-      !o.empty() && o != "sgd" && o != "adam" && o != "adamw") {
-    return Refuse(
-        absl::StrCat("training.optimizer (--optimizer) must be sgd, adam or adamw, got '", o, "'"));
-  }
-  if (!(t.learning_rate() > 0) || !std::isfinite(t.learning_rate())) {
-    return Refuse("training.learning_rate (--learning_rate) must be a number > 0");
-  }
-  if (!(t.momentum() >= 0 && t.momentum() < 1)) {
-    return Refuse("training.momentum (--momentum) must be in [0, 1)");
-  }
-  if (t.batch_size() == 0) return Refuse("training.batch_size (--batch_size) must be > 0");
-  if (t.local_steps() == 0) return Refuse("training.local_steps (--local_steps) must be > 0");
-  if (t.eval_every() == 0) return Refuse("training.eval_every (--eval_every) must be > 0");
-  if (absl::Status s = ParseDataSplit(t.data_split()).status(); !s.ok()) {
-    return Unparsed("training.data_split (--data_split)", s);
-  }
-
-  const bool gossip = IsGossip(c);
-  const shoal::v1::SyncMode& sync = c.sync();
-  if (!gossip && sync.min_participants() == 0) {
-    return Refuse("sync.min_participants (--min_participants) must be > 0");
-  }
-  if (t.sample_ledger()) {
-    if (gossip) return Refuse("training.sample_ledger (--sample_ledger) needs synchronous rounds");
-    absl::StatusOr<DataSplit> split = ParseDataSplit(t.data_split());
-    if (split.ok() && split->label_skew) {
-      return Refuse(
-          "training.sample_ledger (--sample_ledger) needs training.data_split (--data_split) iid: "
-          "the ledger draws every round's samples from the whole training set");
-    }
-    if (name == "module") {
-      return Refuse(
-          "training.sample_ledger (--sample_ledger) needs the built-in trainer: a Python "
-          "training loop (model.name module) chooses its own samples");
-    }
-  } else if (t.epochs() > 0) {
-    return Refuse("training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)");
-  }
-  const shoal::v1::TrustConfig& trust = c.trust();
-  if (!(trust.audit_rate() >= 0 && trust.audit_rate() <= 1)) {
-    return Refuse("trust.audit_rate (--audit_rate) must be in [0, 1]");
-  }
-  if (trust.audit_rate() > 0) {
-    if (gossip) {
-      return Refuse(
-          "trust.audit_rate (--audit_rate) needs synchronous rounds: a replay starts from the "
-          "round's common base model, which gossip has not");
-    }
-    if (name == "module") {
-      return Refuse(
-          "trust.audit_rate (--audit_rate) needs the built-in trainer: a Python training loop "
-          "(model.name module) cannot be replayed by another member");
-    }
-  }
-  if (trust.audit_threads() > 256) {
-    return Refuse("trust.audit_threads (--audit_threads) must be at most 256");
-  }
-  if (!(trust.ban_below() >= 0 && trust.ban_below() <= 1)) {
-    return Refuse("trust.ban_below (--ban_below) must be in [0, 1]");
-  }
-  // After min_participants: it is data_shards' default.
-  if (t.data_shards() == 0) return Refuse("training.data_shards (--data_shards) must be > 0");
-  if (!gossip && sync.max_staleness() > kMaxStalenessLimit) {
-    return Refuse(
-        absl::StrCat("sync.max_staleness (--max_staleness) must be at most ", kMaxStalenessLimit));
-  }
-
-  const shoal::v1::GossipMode& g = c.gossip();
-  if (gossip && !(g.fetch_probability() >= 0 && g.fetch_probability() <= 1)) {
-    return Refuse(
-        absl::StrCat("gossip.fetch_probability (--fetch_probability) must be in [0, 1], "
-                     "got ",
-                     g.fetch_probability()));
-  }
-  if (gossip) {
-    if (absl::Status s = ParseInterpolationSpec(g.interpolation()).status(); !s.ok()) {
-      return Unparsed("gossip.interpolation (--interpolation)", s);
-    }
-  }
-  if (gossip && (!(g.divergence_threshold() >= 0) || !std::isfinite(g.divergence_threshold()))) {
-    return Refuse(
-        "gossip.divergence_threshold (--divergence_threshold) must be >= 0 (0 turns it "
-        "off)");
-  }
-
-  const shoal::v1::ExchangeConfig& x = c.exchange();
-  absl::StatusOr<CodecSpec> codec = ParseCodecSpec(x.codec());
-  if (!codec.ok()) return Unparsed("exchange.codec (--codec)", codec.status());
-  const shoal::v1::OuterOptimizerConfig& outer = x.outer_optimizer();
-  absl::StatusOr<OuterOptimizer> outer_kind = ParseOuterOptimizer(outer.kind());
-  if (!outer_kind.ok()) {
-    return Unparsed("exchange.outer_optimizer.kind (--outer_optimizer)", outer_kind.status());
-  }
-  if (*outer_kind != OuterOptimizer::kNone && !(outer.lr() > 0 && outer.lr() <= 10)) {
-    return Refuse("exchange.outer_optimizer.lr (--outer_lr) must be in (0, 10]");
-  }
-  if (!(outer.momentum() >= 0 && outer.momentum() < 1)) {
-    return Refuse("exchange.outer_optimizer.momentum (--outer_momentum) must be in [0, 1)");
-  }
-  absl::StatusOr<AggregationSpec> aggregation = ParseAggregation(x.aggregation());
-  if (!aggregation.ok()) {
-    return Unparsed("exchange.aggregation (--aggregation)", aggregation.status());
-  }
-
-  if (x.fragments() > kMaxFragments) {
-    return Refuse(absl::StrCat("exchange.fragments (--fragments) must be at most ", kMaxFragments,
-                               ", is ", x.fragments()));
-  }
-  const bool fragments = x.fragments() > 1;
-  absl::StatusOr<OverlapStart> overlap_start = ParseOverlapStart(x.overlap_start());
-  if (!overlap_start.ok()) {
-    return Unparsed("exchange.overlap_start (--overlap_start)", overlap_start.status());
-  }
-
-  const shoal::v1::TimeoutsConfig& to = c.timeouts();
-  if (to.heartbeat_interval_ms() == 0) {
-    return Refuse("timeouts.heartbeat_interval_ms (--heartbeat_interval) must be > 0");
-  }
-  if (to.heartbeat_lease_ms() <= to.heartbeat_interval_ms()) {
-    return Refuse(
-        "timeouts.heartbeat_lease_ms (--heartbeat_lease) must be longer than "
-        "timeouts.heartbeat_interval_ms (--heartbeat_interval)");
-  }
-  if (to.round_timeout_ms() == 0) {
-    return Refuse("timeouts.round_timeout_ms (--round_timeout) must be > 0");
-  }
-  if (to.connection_timeout_ms() == 0) {
-    return Refuse("timeouts.connection_timeout_ms (--connection_timeout) must be > 0");
-  }
-  if (to.checkpoint_timeout_ms() == 0) {
-    return Refuse("timeouts.checkpoint_timeout_ms (--checkpoint_timeout) must be > 0");
-  }
-  if (const shoal::v1::AdaptiveDeadlineConfig& a = to.adaptive_deadline();
-      a.enabled() && (!(a.factor() >= 1) || !std::isfinite(a.factor()))) {
-    return Refuse("timeouts.adaptive_deadline.factor (--deadline_factor) must be a number >= 1");
-  }
-  const shoal::v1::ElectionConfig& e = to.election();
-  if (!(e.switch_factor() > 1) || !std::isfinite(e.switch_factor())) {
-    return Refuse(
-        "timeouts.election.switch_factor (--supernode_switch_factor) must be a number "
-        "> 1");
-  }
-  if (e.switch_rounds() < 1) {
-    return Refuse("timeouts.election.switch_rounds (--supernode_switch_rounds) must be at least 1");
-  }
-  if (c.checkpoints().checkpointers() < 1) {
-    return Refuse("checkpoints.checkpointers (--checkpointers) must be at least 1");
-  }
-
-  // ---- Combinations the run refuses, one line each, only where they have
-  // no meaning: every codec, outer optimizer, aggregation rule and
-  // topology of the synchronous mode compose (one averaging pipeline:
-  // services/worker/exchanger.h), and gossip pulls travel in any codec.
-  const bool no_outer = *outer_kind == OuterOptimizer::kNone;
-  const bool mean = aggregation->kind == AggregationSpec::Kind::kMean;
-  const bool hierarchy = c.topology().hierarchy();
-  const struct {
-    bool refused;
-    std::string message;
-  } kCombinations[] = {
-      {!gossip && MinContributions(*aggregation) > sync.min_participants(),
-       absl::StrCat("exchange.aggregation (--aggregation) ", x.aggregation(), " drops ",
-                    aggregation->trim, " values at each end, so it needs at least ",
-                    MinContributions(*aggregation),
-                    " participants per round; "
-                    "sync.min_participants (--min_participants) is ",
-                    sync.min_participants())},
-      {gossip && hierarchy,
-       "topology.hierarchy (--hierarchy=on) shapes the rounds of sync mode; gossip (--mode=gossip) "
-       "has no rounds"},
-      {gossip && !no_outer,
-       "exchange.outer_optimizer (--outer_optimizer) steps from a round's agreed base; gossip "
-       "(--mode=gossip) has no rounds and no agreed base: use none"},
-      {gossip && x.overlap(),
-       "exchange.overlap (--overlap=on) overlaps a round's training with the last round's "
-       "averaging; gossip (--mode=gossip) has no rounds"},
-      {!x.overlap() && overlap_start->extrapolate > 0,
-       "exchange.overlap_start (--overlap_start) places the steps trained ahead of their round; "
-       "without exchange.overlap (--overlap=on) none are"},
-      {!x.overlap() && x.overlap_stale_steps() > 0,
-       "exchange.overlap_stale_steps (--overlap_stale_steps) says when the steps trained ahead "
-       "take the last round's average; without exchange.overlap (--overlap=on) none are"},
-      {x.overlap() && t.sample_ledger(),
-       "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names its "
-       "samples; training.sample_ledger (--sample_ledger, and --audit_rate, which needs it) "
-       "names them at the round's start"},
-      {x.overlap() && c.model().name() == "module",
-       "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
-       "shoal-worker; a Python training loop (model.name module) trains its own module"},
-      {gossip && fragments,
-       "exchange.fragments (--fragments) syncs one fragment per round; gossip (--mode=gossip) has "
-       "no rounds"},
-      {fragments && c.trust().audit_rate() > 0,
-       "exchange.fragments (--fragments) makes a contribution of progress kept on the worker "
-       "since its fragment's last round; an audit (trust.audit_rate, --audit_rate) replays a "
-       "round from the agreed model alone"},
-      {fragments && c.model().name() == "module",
-       "exchange.fragments (--fragments) keeps a local model apart from the agreed one inside "
-       "shoal-worker; a Python training loop (model.name module) trains its own module"},
-      {gossip && !mean,
-       "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice owners; "
-       "gossip (--mode=gossip) has none: use mean"},
-  };
-  for (const auto& combination : kCombinations) {
-    if (combination.refused) return Refuse(combination.message);
+  const Checked checked(c);
+  for (const Rule& rule : kRules) {
+    if (std::string refused = rule.check(checked); !refused.empty()) return Refuse(refused);
   }
   return absl::OkStatus();
 }
@@ -317,18 +476,16 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
 std::string RunConfigJson(const RunConfig& config) { return Json(config, /*pretty=*/true); }
 
 std::vector<std::string> RunConfigLines(const RunConfig& c) {
+  // Every group of the descriptor in its order; of the mode's, the run's.
   std::vector<std::string> lines;
-  lines.push_back(absl::StrCat("model: ", Json(c.model(), false)));
-  lines.push_back(absl::StrCat("training: ", Json(c.training(), false)));
-  if (IsGossip(c)) {
-    lines.push_back(absl::StrCat("gossip: ", Json(c.gossip(), false)));
-  } else {
-    lines.push_back(absl::StrCat("sync: ", Json(c.sync(), false)));
+  const google::protobuf::Descriptor* d = c.GetDescriptor();
+  const google::protobuf::Reflection* r = c.GetReflection();
+  const google::protobuf::OneofDescriptor* mode = d->FindOneofByName("mode");
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* group = d->field(i);
+    if (group->containing_oneof() == mode && group->name() != ModeName(c)) continue;
+    lines.push_back(absl::StrCat(group->name(), ": ", Json(r->GetMessage(c, group), false)));
   }
-  lines.push_back(absl::StrCat("exchange: ", Json(c.exchange(), false)));
-  lines.push_back(absl::StrCat("topology: ", Json(c.topology(), false)));
-  lines.push_back(absl::StrCat("timeouts: ", Json(c.timeouts(), false)));
-  lines.push_back(absl::StrCat("checkpoints: ", Json(c.checkpoints(), false)));
   return lines;
 }
 

@@ -33,16 +33,30 @@ inline constexpr uint32_t kMaxFragments = 4096;
 void NormalizeRunConfig(shoal::v1::RunConfig* config);
 
 // Every check of a run configuration, and every combination the run refuses,
-// in one place. OK, or INVALID_ARGUMENT with one message per case naming the
-// file key and its flag, e.g. "exchange.codec (--codec): unknown codec ...".
-// Expects a normalized config (NormalizeRunConfig).
+// in one table (run_config.cc, kRules), checked in its order. OK, or
+// INVALID_ARGUMENT with one message per case naming the file key and its
+// flag, e.g. "exchange.codec (--codec): unknown codec ...". Expects a
+// normalized config (NormalizeRunConfig).
 absl::Status ValidateRunConfig(const shoal::v1::RunConfig& config);
+
+// What docs/CONFIG.md says of each refusal of that table, in its order.
+struct RunConfigRuleDoc {
+  enum class Kind {
+    kKey,          // a value of one key
+    kCombination,  // keys that have no meaning together
+  };
+  Kind kind;
+  const char* refused;
+  const char* why;  // combinations only
+};
+std::vector<RunConfigRuleDoc> RunConfigRuleDocs();
 
 // The config as JSON with the proto field names (the file's keys) and every
 // field, unset ones included: readable back as a config file.
 std::string RunConfigJson(const shoal::v1::RunConfig& config);
-// One line per group, "group: {compact JSON}", in the file's order (the mode
-// group is named "sync" or "gossip"): the coordinator's start log.
+// One line per group of RunConfig's descriptor, "group: {compact JSON}", in
+// its order (of the mode groups, the run's: "sync" or "gossip"): the
+// coordinator's start log.
 std::vector<std::string> RunConfigLines(const shoal::v1::RunConfig& config);
 
 }  // namespace shoal

@@ -92,6 +92,10 @@ void DivideFloats(float* __restrict dst, size_t n, float divisor) {
   for (size_t i = bulk; i < n; ++i) dst[i] /= divisor;
 }
 
+void AverageInto(float* __restrict dst, const float* __restrict sum, size_t n, float divisor) {
+  for (size_t i = 0; i < n; ++i) dst[i] = (dst[i] + sum[i]) / divisor;
+}
+
 void ChunkView::CopyTo(float* dst) const {
   if (data != nullptr) {
     std::memcpy(dst, data, count * kBytesPerElement);
@@ -140,6 +144,34 @@ void ChunkView::AddTo(float* dst) const {
       have = n;
     }
   }
+}
+
+ChunkView ChunkView::Range(uint64_t first, size_t n, std::vector<BytePiece>* storage) const {
+  ChunkView out;
+  out.begin = first;
+  out.count = n;
+  const size_t skip = (first - begin) * kBytesPerElement;
+  if (data != nullptr) {
+    out.data = data + (first - begin);
+    return out;
+  }
+  // Walk the pieces to the range's first byte, then take its bytes.
+  storage->clear();
+  size_t left = n * kBytesPerElement;
+  size_t offset = skip;
+  for (size_t i = 0; i < num_pieces && left > 0; ++i) {
+    if (offset >= pieces[i].size) {
+      offset -= pieces[i].size;
+      continue;
+    }
+    const size_t take = std::min(pieces[i].size - offset, left);
+    storage->push_back({pieces[i].data + offset, take});
+    left -= take;
+    offset = 0;
+  }
+  out.pieces = storage->data();
+  out.num_pieces = storage->size();
+  return out;
 }
 
 namespace {

@@ -134,6 +134,9 @@ struct ChunkView {
   void CopyTo(float* dst) const;
   // dst[i] += element begin + i (one float addition per element, in order).
   void AddTo(float* dst) const;
+  // The view of elements [first, first + n) of this one (inside it), whose
+  // pieces, when it has any, are kept in `storage` (reused by the caller).
+  ChunkView Range(uint64_t first, size_t n, std::vector<BytePiece>* storage) const;
 };
 
 // dst[i] += src[i] for i < n. `src` holds little-endian float32 bytes at any
@@ -142,6 +145,9 @@ void AddFloats(float* __restrict dst, const uint8_t* __restrict src, size_t n);
 // dst[i] /= divisor for i < n. A division, not a multiplication by the
 // inverse: the same bits as the scalar loop it replaces, on every worker.
 void DivideFloats(float* __restrict dst, size_t n, float divisor);
+// dst[i] = (dst[i] + sum[i]) / divisor for i < n: the owner's mean of a cell,
+// its own contribution in `dst` and the others' sum in `sum`, in one pass.
+void AverageInto(float* __restrict dst, const float* __restrict sum, size_t n, float divisor);
 
 // ---- The zero-copy form of TensorChunk (shoal/v1/common.proto):
 // field 1 round (varint), 2 begin (varint), 3 data (bytes), 4 crc32c

@@ -5,10 +5,12 @@
 // on the Python thread and takes turns with the host through an
 // ExternalTrainer (services/worker/core/external_trainer.h).
 //
-// No Torch here: the module's tensors are views of one flat float32 tensor
-// that Python allocates; this side gets its address. Every call that may
-// wait releases the GIL, and no C++ thread ever calls into Python: log lines
-// wait in a queue that a Python thread drains (NextLogLines).
+// No Torch here: the module stands behind one flat float32 tensor that
+// Python allocates (views of it, or master values of its bf16 / CUDA
+// tensors that Python syncs at the turns' edges); this side gets its
+// address. Every call that may wait releases the GIL, and no C++ thread
+// ever calls into Python: log lines wait in a queue that a Python thread
+// drains (NextLogLines).
 #include <google/protobuf/util/json_util.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -38,6 +40,7 @@
 #include "common/tls.h"
 #include "services/worker/core/external_trainer.h"
 #include "services/worker/core/trainer.h"
+#include "services/worker/malloc_tuning.h"
 #include "services/worker/uplink_pacer.h"
 #include "services/worker/worker.h"
 #include "shoal/v1/coordinator.grpc.pb.h"
@@ -53,6 +56,9 @@ using worker::LayerInfo;
 
 // (name, shape, dtype, offset, elements) of one state_dict entry.
 using LayerTuple = std::tuple<std::string, std::vector<int64_t>, std::string, uint64_t, uint64_t>;
+// A turn for the loop (ExternalTrainer::Turn): (kind, steps, round, pull,
+// push, local), kind "train", "sync" or "closed".
+using TurnTuple = std::tuple<std::string, uint32_t, uint64_t, bool, bool, bool>;
 
 // Log lines of every worker of the process, for Python's `logging`.
 class LogQueue {
@@ -204,10 +210,15 @@ class Worker {
     return address_;
   }
 
-  // The steps of the next turn (the model is the loop's until EndTurn), 0
-  // when the worker's run is over, None after `timeout` seconds.
-  std::optional<uint32_t> AwaitTurn(double timeout) {
-    return trainer_->AwaitTurn(absl::Seconds(timeout));
+  // The next turn (the model is the loop's until EndTurn; "closed" when
+  // the worker's run is over), None after `timeout` seconds.
+  std::optional<TurnTuple> AwaitTurn(double timeout) {
+    std::optional<ExternalTrainer::Turn> t = trainer_->AwaitTurn(absl::Seconds(timeout));
+    if (!t.has_value()) return std::nullopt;
+    const char* kind = t->kind == ExternalTrainer::Turn::kTrain  ? "train"
+                       : t->kind == ExternalTrainer::Turn::kSync ? "sync"
+                                                                 : "closed";
+    return TurnTuple(kind, t->steps, t->round, t->pull, t->push, t->local);
   }
   void EndTurn(double loss) { trainer_->EndTurn(loss); }
   void Report(double accuracy, double loss) {
@@ -227,7 +238,24 @@ class Worker {
     stop_.Cancel();
     trainer_->Close();
     if (thread_.joinable()) thread_.join();
-    host_.reset();
+    std::unique_ptr<worker::Worker> host;
+    {
+      absl::MutexLock lock(&host_mu_);
+      if (host_) {
+        last_model_ = host_->model_info();
+        worker_id_ = host_->worker_id();
+      }
+      host = std::move(host_);
+    }
+    host.reset();
+  }
+
+  // (round, SHA-256) of the averaged model the worker holds: the hash the
+  // members vote on (the last one held once closed).
+  std::pair<uint64_t, std::string> Agreed() const {
+    absl::MutexLock lock(&host_mu_);
+    const shoal::v1::PeerInfo info = host_ ? host_->model_info() : last_model_;
+    return {info.model_round(), info.model_hash()};
   }
 
   // None while the host runs; its exit status's (code, name, message).
@@ -278,7 +306,10 @@ class Worker {
     return {last, ""};
   }
 
-  std::string worker_id() const { return host_ ? host_->worker_id() : std::string(); }
+  std::string worker_id() const {
+    absl::MutexLock lock(&host_mu_);
+    return host_ ? host_->worker_id() : worker_id_;
+  }
 
   uint64_t turns() const { return trainer_->turns(); }
   uint64_t round() const { return trainer_->round(); }
@@ -290,6 +321,9 @@ class Worker {
    public:
     explicit SharedTrainer(std::shared_ptr<ExternalTrainer> t) : t_(std::move(t)) {}
     double TrainSteps(uint32_t steps) override { return t_->TrainSteps(steps); }
+    void SyncOnRequest() override { t_->SyncOnRequest(); }
+    void SyncParameters() override { t_->SyncParameters(); }
+    bool ComputesOnCallingThread() const override { return t_->ComputesOnCallingThread(); }
     shoal::v1::Metrics Evaluate() override { return t_->Evaluate(); }
     absl::StatusOr<shoal::v1::Metrics> EvaluateParams(const float* p) override {
       return t_->EvaluateParams(p);
@@ -319,6 +353,11 @@ class Worker {
   std::thread thread_;
   std::string address_;
   bool closed_ = false;
+  // host_ is reset by Close (the GIL released) while other Python threads
+  // may ask for what it knew.
+  mutable absl::Mutex host_mu_;
+  shoal::v1::PeerInfo last_model_ ABSL_GUARDED_BY(host_mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(host_mu_);
   absl::Mutex mu_;
   std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
   shoal::v1::RunConfig config_ ABSL_GUARDED_BY(mu_);
@@ -331,6 +370,8 @@ class Worker {
 PYBIND11_MODULE(_shoal, m) {
   using shoal::python::Worker;
   m.doc() = "The C++ side of the shoal module (docs/PYTHON.md).";
+  // Before the first worker starts gRPC's threads (docs/PYTHON.md, memory).
+  shoal::worker::LimitMallocArenas();
   py::class_<Worker>(m, "Worker")
       .def(py::init<py::dict, uintptr_t, uint64_t, const std::vector<shoal::python::LayerTuple>&,
                     uint64_t>())
@@ -353,7 +394,8 @@ PYBIND11_MODULE(_shoal, m) {
            })
       .def("worker_id", &Worker::worker_id)
       .def("turns", &Worker::turns)
-      .def("round", &Worker::round);
+      .def("round", &Worker::round)
+      .def("agreed", &Worker::Agreed);
   static py::exception<shoal::python::StatusError> status_error(m, "StatusError");
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -38,6 +38,9 @@ PKGS=(
   prometheus-cpp-dev
   # The coordinator's run config file (--config, docs/CONFIG.md): YAML and JSON.
   libyaml-cpp-dev
+  # The HTTP endpoint of /metrics and the coordinator's web page
+  # (common/http_endpoint.h): cpp-httplib built with OpenSSL.
+  libcpp-httplib-dev
   # etcd's v3 API .proto files (and the two packages of protos they import):
   # the coordinator's etcd client is generated from them at build time.
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
@@ -64,7 +67,8 @@ if ! command -v kubectl >/dev/null 2>&1; then
   PKGS+=(kubernetes-client)
 fi
 if want --bench; then
-  PKGS+=(linux-perf valgrind)
+  # bench/scale's plot (bench/run.sh scale) with Debian's matplotlib.
+  PKGS+=(linux-perf valgrind python3-matplotlib)
 fi
 # bookworm's clang is clang 14; libclang-rt-14-dev ships libFuzzer
 # (libclang_rt.fuzzer*.a) and the sanitizer runtimes.

@@ -448,14 +448,13 @@ Result RunOnce(int n, uint64_t rounds, uint64_t status_rounds, const std::string
     run.per_round.push_back(std::make_unique<RoundStats>());
   }
   const std::string log = absl::StrCat(log_dir, "/coordinator-", n, "-", NowNs(), ".log");
-  std::vector<std::string> argv = {bin,
-                                   "--listen=127.0.0.1:0",
-                                   absl::StrCat("--min_participants=", n),
-                                   absl::StrCat("--rounds=", run.warmup + rounds + status_rounds),
-                                   "--round_timeout=600s",
-                                   "--connection_timeout=300s",
-                                   "--heartbeat_lease=120s",
-                                   "--eval_every=1000000"};
+  std::vector<std::string> argv = {
+      bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
+      absl::StrCat("--rounds=", run.warmup + rounds + status_rounds), "--round_timeout=600s",
+      "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000",
+      // Every simulated worker joins before any opens its
+      // session (not measured): no cap on pending joins.
+      "--max_pending_joins=0"};
   if (web_requests > 0) {
     argv.push_back("--http_listen=127.0.0.1:0");
     argv.push_back("--metrics_listen=127.0.0.1:0");  // the same string: one server
@@ -788,7 +787,7 @@ RelayedResult RunRelayed(int n, int relays, uint64_t rounds, const std::string& 
   Child coordinator({bin, "--listen=127.0.0.1:0", absl::StrCat("--min_participants=", n),
                      absl::StrCat("--rounds=", run.warmup + rounds), "--round_timeout=600s",
                      "--connection_timeout=300s", "--heartbeat_lease=120s", "--eval_every=1000000",
-                     absl::StrCat("--max_members=", n)},
+                     absl::StrCat("--max_members=", n), "--max_pending_joins=0"},
                     log);
   run.coordinator = coordinator.pid();
   const std::string address = WaitForAddress(log, coordinator.pid(), absl::Seconds(30));

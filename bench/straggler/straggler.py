@@ -300,7 +300,7 @@ def main():
     ap.add_argument("--equal_rounds", type=int, default=10)
     ap.add_argument("--deadline_factor", type=float, default=1.5)
     ap.add_argument("--poll", type=float, default=0.5)
-    # The gossip arms' own settings (bench/RESULTS.md, "straggler"): at the
+    # The gossip arms' own settings (bench/history/straggler.md): at the
     # coordinator's defaults (every 10 steps, lr 0.05) gossip ends 2.7 points
     # below sync at equal samples; pulling a peer every 2 steps at half the
     # learning rate closes the gap.

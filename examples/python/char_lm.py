@@ -125,8 +125,9 @@ def main():
                 if w.new_round:
                     v = validation_loss(model, valid)
                     w.report(0.0, v)
-                    print(f"round {w.round - 1} validation loss {v:.4f} "
-                          f"perplexity {math.exp(v):.2f} hash {w.model_hash()}", flush=True)
+                    r, h = w.agreed()  # the averaged model this worker holds
+                    print(f"round {r} validation loss {v:.4f} "
+                          f"perplexity {math.exp(v):.2f} hash {h}", flush=True)
     v = validation_loss(model, valid)
     print(f"final validation loss {v:.4f} perplexity {math.exp(v):.2f}", flush=True)
     print("sample: " + sample(model, chars).replace("\n", "\n  "), flush=True)

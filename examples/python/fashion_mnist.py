@@ -10,7 +10,10 @@ Start a coordinator, then this script once per worker (docs/PYTHON.md):
 
 The model's tensors are named like the C++ worker's built-in MLP (fc1, fc2,
 fc3), so this script also joins a --model=mlp run beside C++ workers.
-Prints one line a round: round, test accuracy, mean loss and the model hash.
+`--dtype=bfloat16` (or float16) trains the module in that dtype, with
+float32 master values in Shoal's buffer: it joins the same runs.
+Prints one line a round: the averaged model's round and hash, the module's
+test accuracy and mean loss.
 """
 import argparse
 import gzip
@@ -24,14 +27,15 @@ import shoal
 
 
 class MLP(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dtype=torch.float32):
         super().__init__()
-        self.fc1 = torch.nn.Linear(784, 256)
-        self.fc2 = torch.nn.Linear(256, 128)
-        self.fc3 = torch.nn.Linear(128, 10)
+        self.fc1 = torch.nn.Linear(784, 256, dtype=dtype)
+        self.fc2 = torch.nn.Linear(256, 128, dtype=dtype)
+        self.fc3 = torch.nn.Linear(128, 10, dtype=dtype)
 
     def forward(self, x):
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.view(-1, 784))))))
+        x = x.view(-1, 784).to(self.fc1.weight.dtype)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x))))).float()
 
 
 def load(kind, root="/usr/share/datasets/fashion-mnist"):
@@ -56,13 +60,15 @@ def main():
                    help="this machine's uplink, to pace the exchange at (0 = unpaced)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the module's dtype (Shoal keeps float32 master values)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)  # as shoal-worker's --torch_threads: several workers share a machine
     train_x, train_y = load("train")
     test_x, test_y = load("t10k")
 
-    model = MLP()
+    model = MLP(getattr(torch, args.dtype))
     with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file,
                       uplink_mbps=args.uplink_mbps) as w:
         print(f"joined as {w.worker_id}: accuracy {accuracy(model, test_x, test_y):.4f} "
@@ -79,12 +85,15 @@ def main():
                 opt.step()
                 if not w.step(loss):
                     break
-                done = w.rounds if w.gossip else w.round - 1  # steps, or the agreed round
-                if w.new_round and done % every == 0:  # the module holds the averaged model
-                    acc = accuracy(model, test_x, test_y)
+                if not w.new_round:
+                    continue
+                # Steps (gossip), or the averaged model this worker holds.
+                done, digest = (w.rounds, w.model_hash()) if w.gossip else w.agreed()
+                if done % every == 0:
+                    acc = accuracy(model, test_x, test_y)  # the module (the local model, overlapped)
                     w.report(acc)
                     print(f"{'step' if w.gossip else 'round'} {done} accuracy {acc:.4f} loss {loss.item():.4f} "
-                          f"hash {w.model_hash()}", flush=True)
+                          f"hash {digest}", flush=True)
         st = w.status()  # the coordinator's view, as Python objects
         print(f"status: phase {st.phase} round {st.last_completed_round} members {st.members} "
               f"states {sorted(m.state for m in st.workers)}", flush=True)

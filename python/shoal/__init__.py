@@ -17,8 +17,11 @@ model first), takes part in every round the coordinator plans, and leaves the
 run when it is closed (the `with` block ends, Ctrl-C, the process exits).
 `worker.step()` counts the loop's steps: when the round's local steps are done
 it hands the model to Shoal, which averages it with the other members' in
-place (the module's tensors are views of Shoal's buffer) and gives it back for
-the next round. See docs/PYTHON.md.
+place (the module's float32 CPU tensors are views of Shoal's buffer; bf16,
+fp16 and CUDA tensors train against float32 master values in it) and gives it
+back for the next round. With --overlap=on the loop trains the next round
+while the last is averaged, and takes the average between two steps. See
+docs/PYTHON.md.
 """
 
 import atexit
@@ -31,7 +34,7 @@ import signal
 import sys
 import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -60,23 +63,42 @@ def _error(e: "_shoal.StatusError") -> Error:
 # ------------------------------------------------------------------ the module
 
 
+# Elements a sync moves at a time: the temporaries of a cast are bounded by
+# this, not by the tensor or the model.
+_CHUNK = 1 << 22
+
+
 @dataclasses.dataclass
 class _Entry:
     name: str
     tensor: torch.Tensor
     offset: int
     numel: int
-    mirrored: bool  # not float32: copied to and from the flat buffer
+    # "view": a float32 CPU tensor, now a view of the flat buffer (no copy
+    # ever); "cast": a floating-point tensor of another dtype or device,
+    # whose float32 master values the flat buffer holds; "int": an integer
+    # buffer mirrored as float32 elements (rounded back).
+    kind: str
+
+    @property
+    def declared_dtype(self) -> str:
+        # The layout is the flat buffer's: a bf16 module declares what an
+        # fp32 module of the same architecture declares.
+        return str(self.tensor.dtype).replace("torch.", "") if self.kind == "int" else "float32"
 
 
 def flatten_module(module: torch.nn.Module):
-    """Moves the module's state_dict tensors into one flat float32 tensor.
+    """Moves the module's state_dict into one flat float32 tensor, Shoal's.
 
-    Parameters and float32 buffers become views of it (the optimizer keeps
-    the same Parameter objects); other buffers (BatchNorm's
-    num_batches_tracked) are mirrored as float32 elements. The order is the
-    C++ worker's: trainable parameters, frozen parameters, float32 buffers,
-    the rest. Returns (flat, entries)."""
+    Float32 parameters and buffers on the CPU become views of it (the
+    optimizer keeps the same Parameter objects), one tensor at a time, so
+    that the process holds the model once plus one tensor, never twice.
+    Floating-point tensors of another dtype (bfloat16, float16, float64) or
+    on another device (CUDA) stay the module's own: the buffer holds their
+    float32 master values, which the Worker syncs with them between turns.
+    Other buffers (BatchNorm's num_batches_tracked) are mirrored as float32
+    elements. The order is the C++ worker's: trainable parameters, frozen
+    parameters, floating-point buffers, the rest. Returns (flat, entries)."""
     state = module.state_dict(keep_vars=True)
     params = dict(module.named_parameters())
     seen: Dict[int, str] = {}
@@ -87,15 +109,15 @@ def flatten_module(module: torch.nn.Module):
                 f"tensor '{name}' is the same tensor as '{seen[id(t)]}' (tied weights); "
                 "Shoal averages each state_dict entry on its own: untie them")
         seen[id(t)] = name
+        if t.device.type == "meta":
+            raise ValueError(f"tensor '{name}' is on the meta device: it holds no values")
         if name in params:
-            if t.dtype != torch.float32:
+            if not t.is_floating_point():
                 raise ValueError(
-                    f"parameter '{name}' is {str(t.dtype)[6:]}; Shoal trains float32 "
-                    "parameters (call module.float())")
-            if t.device.type != "cpu":
-                raise ValueError(f"parameter '{name}' is on {t.device}; Shoal trains on the CPU")
+                    f"parameter '{name}' is {str(t.dtype)[6:]}; Shoal trains floating-point "
+                    "parameters")
             (trainable if t.requires_grad else frozen).append((name, t))
-        elif t.dtype == torch.float32:
+        elif t.is_floating_point():
             float_buffers.append((name, t))
         else:
             others.append((name, t))
@@ -103,25 +125,96 @@ def flatten_module(module: torch.nn.Module):
     if not ordered:
         raise ValueError("the module has no parameters or buffers to train")
     total = sum(t.numel() for _, t in ordered)
-    flat = torch.zeros(total, dtype=torch.float32)
+    # Not zeroed: its pages are touched tensor by tensor below, as each
+    # original is let go.
+    flat = torch.empty(total, dtype=torch.float32)
     entries: List[_Entry] = []
     offset = 0
     with torch.no_grad():
         for name, t in ordered:
             n = t.numel()
             view = flat[offset:offset + n]
-            view.copy_(t.detach().reshape(-1).to(torch.float32))
-            mirrored = t.dtype != torch.float32
-            if not mirrored:
-                t.data = view.view(t.shape)
-            entries.append(_Entry(name, t, offset, n, mirrored))
+            if not t.is_floating_point():
+                kind = "int"
+            elif t.dtype == torch.float32 and t.device.type == "cpu":
+                kind = "view"
+            else:
+                kind = "cast"
+            if kind == "cast" and t.is_contiguous():
+                source = t.detach().view(-1)
+                for a in range(0, n, _CHUNK):
+                    view[a:a + _CHUNK].copy_(source[a:a + _CHUNK])
+            else:
+                view.copy_(t.detach().reshape(-1))
+            if kind == "view":
+                t.data = view.view(t.shape)  # the original's memory goes now
+            entries.append(_Entry(name, t, offset, n, kind))
             offset += n
     return flat, entries
 
 
+def _hash_buffer(flat: torch.Tensor) -> str:
+    """SHA-256 (hex) of a float32 CPU tensor's bytes, read in place (the
+    worker's HashParameters)."""
+    return hashlib.sha256(memoryview(flat.numpy()).cast("B")).hexdigest()
+
+
 def _layers(entries: List[_Entry]):
-    return [(e.name, list(e.tensor.shape), str(e.tensor.dtype).replace("torch.", ""),
-             e.offset, e.numel) for e in entries]
+    return [(e.name, list(e.tensor.shape), e.declared_dtype, e.offset, e.numel) for e in entries]
+
+
+class _Sync:
+    """Syncs the module's tensors that are not views (bf16, fp16, CUDA,
+    integer buffers) with the flat buffer, which holds their float32 master
+    values, at the edges of the turns (external_trainer.h).
+
+    pull: the module takes the buffer (cast per tensor).
+    push: the buffer takes the module's progress since its pull, as a
+    float32 delta: flat += float(t) - float(cast(flat)). The buffer is not
+    written between a pull and the push, so cast(flat) is what the module
+    started from: no copy of it is kept, and the master keeps the bits the
+    module's dtype cannot hold. A chunk of a tensor at a time."""
+
+    def __init__(self, flat: torch.Tensor, entries: List[_Entry]):
+        self.flat = flat
+        self.cast = [e for e in entries if e.kind == "cast"]
+        self.ints = [e for e in entries if e.kind == "int"]
+
+    def __bool__(self):
+        return bool(self.cast or self.ints)
+
+    @staticmethod
+    def _chunks(e: _Entry):
+        # (module part, master part) pairs of at most _CHUNK elements; a
+        # tensor that is not contiguous goes whole.
+        if e.tensor.is_contiguous():
+            module = e.tensor.detach().view(-1)
+            for a in range(0, e.numel, _CHUNK):
+                yield module[a:a + _CHUNK], None, (a, min(e.numel, a + _CHUNK))
+        else:
+            yield e.tensor.detach(), e.tensor.shape, (0, e.numel)
+
+    def pull(self):
+        with torch.no_grad():
+            for e in self.cast:
+                for part, shape, (a, b) in self._chunks(e):
+                    src = self.flat[e.offset + a:e.offset + b]
+                    part.copy_(src if shape is None else src.view(shape))
+            for e in self.ints:
+                src = self.flat[e.offset:e.offset + e.numel]
+                e.tensor.copy_(src.round().view(e.tensor.shape).to(e.tensor.dtype))
+
+    def push(self):
+        with torch.no_grad():
+            for e in self.cast:
+                for part, shape, (a, b) in self._chunks(e):
+                    master = self.flat[e.offset + a:e.offset + b]
+                    delta = part.to(device="cpu", dtype=torch.float32, copy=True).reshape(-1)
+                    delta -= master.to(e.tensor.dtype).to(torch.float32)
+                    master += delta
+            for e in self.ints:
+                self.flat[e.offset:e.offset + e.numel].copy_(
+                    e.tensor.detach().reshape(-1).to(torch.float32))
 
 
 # ------------------------------------------------------------------ status
@@ -253,7 +346,7 @@ class Worker:
         self._closed = True
         self.module = module
         self._flat, self._entries = flatten_module(module)
-        self._mirrored = [e for e in self._entries if e.mirrored]
+        self._sync = _Sync(self._flat, self._entries)
         options = dict(coordinator=coordinator, listen=listen, advertise=advertise, name=name,
                        zone=zone, outbound_only=outbound_only, metrics_listen=metrics_listen,
                        connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
@@ -272,9 +365,14 @@ class Worker:
         self._losses: List[float] = []
         self._turn = 0  # steps of the open turn (0: the run is over)
         self._taken = 0
+        self._push = True  # the open turn ends with a push
+        self._local = False  # turns are steps of a local model (overlap, fragments)
+        self._round = 0  # the round of the open turn's steps
         self._rounds = 0
-        #: True right after a step() that ended a turn: the module now holds
-        #: the averaged model of the next round (evaluate it now).
+        #: True right after the step() that ended a round's steps: the next
+        #: round's begin. Without overlap or fragments the module now holds
+        #: the averaged model of the round before `round` (evaluate it now);
+        #: with them, the local model (docs/PYTHON.md, "Overlap and fragments").
         self.new_round = False
         info = None
         try:
@@ -315,7 +413,6 @@ class Worker:
             return True
         self._end_turn()
         self._turn = self._await_turn()
-        self.new_round = self._turn > 0
         return self._turn > 0
 
     def report(self, accuracy: float, loss: float = 0.0):
@@ -329,20 +426,35 @@ class Worker:
 
     @property
     def round(self) -> int:
-        """The synchronous round this worker trains now: the module holds the
-        agreed model of the round before it (0 in gossip mode)."""
-        return self._native.round()
+        """The synchronous round the loop's steps train now: their progress
+        is that round's contribution (0 in gossip mode). Without overlap the
+        module started it from the agreed model of the round before; with
+        overlap, round N+1 trains while round N is averaged."""
+        return self._round
 
     @property
     def rounds(self) -> int:
-        """Turns handed to Shoal so far (rounds, in synchronous mode)."""
+        """Rounds whose steps the loop has trained so far (steps, in gossip
+        mode)."""
         return self._rounds
 
+    def agreed(self) -> Tuple[int, str]:
+        """(round, SHA-256 hex) of the latest averaged model this worker
+        holds: the hash the run's members vote on (identical on every member
+        for a round in synchronous mode; pending until the round is
+        settled). With overlap or fragments it is not the module's: the
+        module is the local model (docs/PYTHON.md)."""
+        return self._native.agreed()
+
     def model_hash(self) -> str:
-        """SHA-256 (hex) of the model as Shoal holds it: the hash the run's
-        members vote on (identical on every member after each round in
-        synchronous mode). Valid between steps."""
-        return hashlib.sha256(self._flat.numpy().tobytes()).hexdigest()
+        """SHA-256 (hex) of the model the members vote on. Without overlap or
+        fragments, of Shoal's flat buffer as it is (the module, right after a
+        step that ended a round; hashed in place, no copy); with them, of the
+        agreed model (`agreed()`), which the module holds again once the run
+        is over."""
+        if self._local and not self._closed:
+            return self.agreed()[1]
+        return _hash_buffer(self._flat)
 
     def status(self) -> RunStatus:
         """The run's status from the coordinator."""
@@ -366,6 +478,11 @@ class Worker:
         self._closed = True
         self._turn = 0
         self._native.close(reason)
+        # What the worker left in the buffer at its end (the agreed model,
+        # with overlap or fragments) reaches the module's own tensors.
+        turn = self._native.await_turn(0.0)
+        if turn is not None and turn[0] == "closed" and turn[3]:
+            self._sync.pull()
         _LogPump.flush()
 
     def __enter__(self):
@@ -391,27 +508,42 @@ class Worker:
     def _await_turn(self) -> int:
         # Short waits: Ctrl-C reaches the loop between them.
         while True:
-            steps = self._native.await_turn(0.2)
-            if steps is not None:
-                break
-        if steps > 0:
-            with torch.no_grad():
-                for e in self._mirrored:
-                    e.tensor.copy_(self._flat[e.offset:e.offset + e.numel].round()
-                                   .view(e.tensor.shape).to(e.tensor.dtype))
+            turn = self._native.await_turn(0.2)
+            if turn is None:
+                continue
+            kind, steps, round_, pull, push, local = turn
+            if kind == "sync":  # the worker reads the buffer next
+                self._sync.push()
+                self._native.end_turn(0.0)
+                continue
+            break
+        self._local = local
+        if pull:
+            self._sync.pull()
+        self.new_round = False
+        if kind == "closed":
+            return 0
+        if local:
+            # A turn is a step: a round ends where the next one's steps begin.
+            if self._round and round_ != self._round:
+                self._rounds += 1
+                self.new_round = True
+        elif self._round or self._rounds:
+            self.new_round = True
+        self._round = round_
+        self._push = push
         self._taken = 0
         self._losses = []
         return steps
 
     def _end_turn(self):
-        with torch.no_grad():
-            for e in self._mirrored:
-                self._flat[e.offset:e.offset + e.numel].copy_(
-                    e.tensor.detach().reshape(-1).to(torch.float32))
+        if self._push:
+            self._sync.push()
         loss = sum(self._losses) / len(self._losses) if self._losses else 0.0
         if not math.isfinite(loss):
             loss = 0.0
-        self._rounds += 1
+        if not self._local:
+            self._rounds += 1
         self._native.end_turn(loss)
 
     def _raise_result(self, otherwise: str):

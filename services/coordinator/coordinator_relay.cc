@@ -9,6 +9,7 @@
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
 #include "services/coordinator/coordinator_service.h"
+#include "services/coordinator/core/request_limits.h"
 #include "services/coordinator/relay_reactor.h"
 #include "services/coordinator/stream_wire.h"
 
@@ -47,6 +48,10 @@ void RelayReactor::OnReadDone(bool ok) {
       Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          "the first relay message must carry a RelayHello with the relay's "
                          "worker_id"));
+      return;
+    }
+    if (absl::Status s = CheckRequestText(in_.hello()); !s.ok()) {
+      Close(ToGrpcStatus(s));
       return;
     }
     if (!service_->engine_->IsActive(in_.hello().worker_id())) {
@@ -272,6 +277,12 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
   Directives out;
   for (const shoal::v1::RelayedSessionMessage& m : up.sessions()) {
     const std::string& id = m.worker_id();
+    // The limits hold on the relay path as on the direct one
+    // (core/request_limits.h): the entry is refused, the stream goes on.
+    if (absl::Status s = CheckRequestText(m); !s.ok()) {
+      end(id, s);
+      continue;
+    }
     if (m.message().has_hello()) {
       if (id.empty() || m.message().hello().worker_id() != id) {
         end(id, absl::InvalidArgumentError(
@@ -304,6 +315,10 @@ void CoordinatorService::HandleRelayBatch(RelayReactor* relay, const RelayUp& up
     *down.rest().add_results() = HandleRelayedCall(relay, call, &out);
   }
   for (const shoal::v1::RelayedMemberGone& gone : up.gone()) {
+    if (absl::Status s = CheckRequestText(gone); !s.ok()) {
+      SHOAL_VLOG(1) << "relay " << relay->relay_id() << ": gone notice refused: " << s;
+      continue;
+    }
     // Only the route that currently speaks for the member counts.
     if (!DropRelayed(relay, gone.worker_id())) continue;
     // A member the coordinator has routed away from this relay (a new
@@ -345,6 +360,11 @@ RelayedCallResult CoordinatorService::HandleRelayedCall(RelayReactor* relay,
   RelayedCallResult result;
   result.set_call_id(call.call_id());
   const std::string& id = call.worker_id();
+  // Its worker_id and method (its request's fields when the table runs it).
+  if (absl::Status s = CheckRequestText(call); !s.ok()) {
+    SetStatus(s, &result);
+    return result;
+  }
   if (!RoutedThrough(relay, id) || !engine_->IsActive(id)) {
     SetStatus(absl::PermissionDeniedError(
                   absl::StrCat("'", id, "' is not a current member with a session through relay ",

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "services/coordinator/coordinator_endpoint.h"
 #include "services/coordinator/coordinator_server.h"
+#include "services/coordinator/core/request_limits.h"
 #include "services/coordinator/core/run_settings.h"
 
 namespace shoal::coordinator {
@@ -90,7 +91,7 @@ void CoordinatorServer::ReplicaLoop(absl::Duration period) {
       shoal::v1::RunStatus& v = standby_view_;
       v.set_replica_role("standby");
       v.set_leader(state.leader);
-      if (record.ok() && record->has_value()) {
+      if (record.ok() && record->has_value() && CheckRunRecordText(**record).ok()) {
         const shoal::v1::RunRecord& r = **record;
         v.set_run_id(r.run_id());
         *v.mutable_config() = r.config();
@@ -156,6 +157,16 @@ void CoordinatorServer::Promote() {
     if (!record.ok()) {
       SHOAL_LOG(ERROR) << "elected but cannot read the run record (" << record.status()
                        << "); resigning";
+      replica_->Resign();
+      return;
+    }
+  }
+  // The same limits as at the edge (core/request_limits.h).
+  if (record->has_value()) {
+    if (absl::Status s = CheckRunRecordText(**record); !s.ok()) {
+      SHOAL_LOG(ERROR) << "the run record in etcd breaks the request limits (" << s
+                       << "); resigning";
+      absl::MutexLock lock(&replica_mu_);
       replica_->Resign();
       return;
     }

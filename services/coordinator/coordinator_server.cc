@@ -12,6 +12,7 @@
 #include "services/checkpoint/checkpoint_client.h"
 #include "services/coordinator/coordinator_endpoint.h"
 #include "services/coordinator/core/base_recovery.h"
+#include "services/coordinator/core/request_limits.h"
 #include "services/coordinator/core/run_settings.h"
 
 namespace shoal::coordinator {
@@ -174,6 +175,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   RecordRunSettings(options.engine, &options.engine.config);
   NormalizeRunConfig(&options.engine.config);
   if (absl::Status s = ValidateRunConfig(options.engine.config); !s.ok()) return s;
+  if (absl::Status s = CheckRunId(options.engine.run_id); !s.ok()) return s;
   // Every method of the proto has its entry in the service's table.
   if (absl::Status s = CoordinatorService::CheckMethods(); !s.ok()) return s;
 
@@ -215,8 +217,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                         },
                         [raw](uint64_t* version) { return raw->CurrentStatus(version); }},
         clock);
-    absl::StatusOr<std::unique_ptr<HttpServer>> http =
-        HttpServer::Start(options.http_listen, "http_listen", server->web_->Routes(true));
+    absl::StatusOr<std::unique_ptr<HttpEndpoint>> http =
+        HttpEndpoint::Start(options.http_listen, "http_listen", server->web_->Routes(true));
     if (!http.ok()) return http.status();
     server->http_ = std::move(*http);
     SHOAL_LOG(INFO) << "web page on " << server->http_->scheme() << "://"
@@ -275,6 +277,14 @@ absl::Status CoordinatorServer::StartSingle(CoordinatorOptions options) {
       shoal::v1::RunRecord r = **from_store;
       *r.mutable_config() = options.engine.config;
       options.engine.resume = r;
+    }
+  }
+  // The record read back holds what strangers sent once (names, reasons):
+  // the same limits as at the edge (core/request_limits.h).
+  if (options.engine.resume.has_value()) {
+    if (absl::Status s = CheckRunRecordText(*options.engine.resume); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the run record read back breaks the request limits: ", s.message()));
     }
   }
   if (const auto& c = options.engine.config; c.model().name() == "torchscript") {

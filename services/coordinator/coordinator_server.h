@@ -180,7 +180,7 @@ class CoordinatorServer {
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // when --metrics_listen is set (and not merged)
   std::shared_ptr<WebPage> web_;      // when --http_listen is set
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<HttpEndpoint> http_;
   bool metrics_merged_ = false;  // --metrics_listen == --http_listen
   absl::Notification stop_;
   std::thread ticker_;

@@ -15,6 +15,7 @@
 #include "common/raw_service.h"
 #include "common/reactor_handoff.h"
 #include "common/status_util.h"
+#include "services/coordinator/core/request_limits.h"
 #include "services/coordinator/relay_reactor.h"
 #include "services/coordinator/stream_wire.h"
 
@@ -48,6 +49,13 @@ class SessionReactor : public QueuedStream {
       // The worker closed its side or the connection broke.
       Lost("session stream closed");
       Close(grpc::Status::OK);
+      return;
+    }
+    // What a stranger may send (core/request_limits.h): a Hello or a
+    // heartbeat over the limits ends the session, as a malformed one does.
+    if (absl::Status s = CheckRequestText(in_); !s.ok()) {
+      Lost("session message over the limits");
+      Close(ToGrpcStatus(s));
       return;
     }
     if (worker_id_.empty()) {
@@ -366,6 +374,9 @@ absl::Status CoordinatorService::RunUnary(CoordinatorService* service,
     return absl::InvalidArgumentError(
         absl::StrCat("cannot parse the request as ", Request::descriptor()->full_name()));
   }
+  // The limits of what a client sends, for the direct and the relayed call
+  // alike (core/request_limits.h).
+  RETURN_IF_ERROR(CheckRequestText(request));
   // A relayed call: the relay speaks for `member` only.
   if (!member.empty() && RequestMember(request) != member) {
     return absl::InvalidArgumentError(absl::StrCat("the request's worker_id '",
@@ -522,6 +533,10 @@ void CoordinatorService::StartJoin(const grpc::ByteBuffer& bytes, grpc::ByteBuff
   if (!ParseMessage(&copy, &request)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "cannot parse the request as shoal.v1.JoinRequest"));
+    return;
+  }
+  if (absl::Status s = CheckRequestText(request); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return;
   }
   // Can the others reach it? A worker behind NAT cannot accept connections

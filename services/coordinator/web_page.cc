@@ -187,8 +187,8 @@ HttpResponse WebPage::History(const HttpRequest& request) {
   return r;
 }
 
-std::map<std::string, HttpServer::Handler> WebPage::Routes(bool with_metrics) {
-  std::map<std::string, HttpServer::Handler> routes = {
+std::map<std::string, HttpEndpoint::Handler> WebPage::Routes(bool with_metrics) {
+  std::map<std::string, HttpEndpoint::Handler> routes = {
       {"/",
        [](const HttpRequest&) { return Asset("text/html; charset=utf-8", web::k_index_html); }},
       {"/index.html",

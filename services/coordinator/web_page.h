@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/http_server.h"
+#include "common/http_endpoint.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
@@ -50,7 +50,7 @@ class WebPage {
   // Picks up newly completed rounds and checkpoints (from the ticker).
   void Update();
   // The routes of the page; `with_metrics` adds GET /metrics.
-  std::map<std::string, HttpServer::Handler> Routes(bool with_metrics);
+  std::map<std::string, HttpEndpoint::Handler> Routes(bool with_metrics);
 
   HttpResponse Status();
   // ?after=N: only rounds after N (the page asks for what it lacks).

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,10 +42,9 @@ void BlobTransport::Record(shoal::v1::SliceKind kind, SliceRange range, Blob blo
   published_.push_back({kind, range, std::move(blob)});
 }
 
-absl::StatusOr<std::string> BlobTransport::Read(const std::string& address,
-                                                shoal::v1::SliceKind kind, uint32_t stage,
-                                                SliceRange range, const StepCall& call,
-                                                CancellationToken* stop) const {
+void BlobTransport::StartRead(const std::string& address, shoal::v1::SliceKind kind, uint32_t stage,
+                              SliceRange range, const StepCall& call, CancellationToken* stop,
+                              std::function<void(absl::StatusOr<std::string>)> done) const {
   RetryPolicy policy;
   policy.initial_backoff = io_.initial_backoff;
   policy.max_backoff = io_.max_backoff;
@@ -60,11 +58,15 @@ absl::StatusOr<std::string> BlobTransport::Read(const std::string& address,
   request.set_reader_id(call.self_id);
   const size_t n = range.end - range.begin;
   const BlobLimits limits{codec_->MaxEncodedBytes(n), codec_->raw()};
-  absl::StatusOr<std::string> blob =
-      ReadBlobWithRetry(io_.peers, address, request, limits, policy, call.deadline, io_.clock, stop,
-                        &call.counters->retries);
-  if (absl::IsDataLoss(blob.status()) && io_.bad_chunks != nullptr) io_.bad_chunks->Note(address);
-  return blob;
+  BadChunkLog* bad_chunks = io_.bad_chunks;
+  StartBlobRead(io_.peers, address, request, limits, std::move(policy), call.deadline, io_.clock,
+                stop, &call.counters->retries,
+                [bad_chunks, address, done = std::move(done)](absl::StatusOr<std::string> blob) {
+                  if (absl::IsDataLoss(blob.status()) && bad_chunks != nullptr) {
+                    bad_chunks->Note(address);
+                  }
+                  done(std::move(blob));
+                });
 }
 
 absl::Status BlobTransport::Publish(const GroupStep& step, const float* in, const StepCall& call) {
@@ -72,11 +74,22 @@ absl::Status BlobTransport::Publish(const GroupStep& step, const float* in, cons
   const SliceRange own = step.own();
   if (feedback_ != nullptr) {
     if (feedback_->contribution.size() != total_) feedback_->contribution.assign(total_, 0.0f);
-    if (feedback_->owner.size() != total_) feedback_->owner.assign(total_, 0.0f);
-    // What the average of a slice we no longer own left out is not carried
-    // into a later ownership of it (it would arrive rounds late).
-    std::fill(feedback_->owner.begin(), feedback_->owner.begin() + own.begin, 0.0f);
-    std::fill(feedback_->owner.begin() + own.end, feedback_->owner.end(), 0.0f);
+    const SliceRange old = feedback_->owner_range;
+    if (old.begin != own.begin || old.end != own.end ||
+        feedback_->owner.size() != own.end - own.begin) {
+      // What the average of a slice we no longer own left out is not
+      // carried into a later ownership of it (it would arrive rounds late);
+      // the part we still own keeps its leftover.
+      std::vector<float> moved(own.end - own.begin, 0.0f);
+      const uint64_t b = std::max(old.begin, own.begin);
+      const uint64_t e = std::min(old.end, own.end);
+      if (b < e && feedback_->owner.size() == old.end - old.begin) {
+        std::copy(feedback_->owner.begin() + (b - old.begin),
+                  feedback_->owner.begin() + (e - old.begin), moved.begin() + (b - own.begin));
+      }
+      feedback_->owner = std::move(moved);
+      feedback_->owner_range = own;
+    }
   }
   contributions_.assign(n, nullptr);
   own_decoded_.clear();
@@ -118,32 +131,44 @@ const float* BlobTransport::OwnContribution(const GroupStep& step, const float* 
   return codec_->lossy() ? own_decoded_.data() : in + step.own().begin;
 }
 
-absl::Status BlobTransport::ReadContribution(const GroupStep& step, int k, const StepCall& call,
-                                             CancellationToken* stop, const ChunkSink& sink) {
+std::shared_ptr<ResumeHandle> BlobTransport::StartReadContribution(const GroupStep& step, int k,
+                                                                   const StepCall& call,
+                                                                   CancellationToken* stop,
+                                                                   ChunkSink sink, ReadDone done) {
   const SliceRange own = step.own();
   const uint64_t count = own.end - own.begin;
-  const GroupMember& member = step.members[k];
-  absl::StatusOr<std::string> bytes =
-      member.outbound_only
-          ? TakePushed(io_, member.id, call.round, call.attempt, own.begin, own.end,
-                       /*encoded=*/true, call.deadline, stop)
-          : Read(member.address, shoal::v1::CONTRIBUTION, step.stage, own, call, stop);
-  if (!bytes.ok()) return bytes.status();
-  if (bytes->size() > codec_->MaxEncodedBytes(count)) {
-    return absl::InvalidArgumentError(absl::StrCat("contribution of ", member.id, " is ",
-                                                   bytes->size(), " bytes, at most ",
-                                                   codec_->MaxEncodedBytes(count)));
+  const GroupMember member = step.members[k];
+  StepCounters* counters = call.counters;
+  // The whole blob, decoded, is one chunk: the reduce takes it at once.
+  auto take = [this, own, count, member, counters, sink = std::move(sink),
+               done = std::move(done)](absl::StatusOr<std::string> bytes) {
+    if (!bytes.ok()) return done(bytes.status());
+    if (bytes->size() > codec_->MaxEncodedBytes(count)) {
+      return done(absl::InvalidArgumentError(absl::StrCat("contribution of ", member.id, " is ",
+                                                          bytes->size(), " bytes, at most ",
+                                                          codec_->MaxEncodedBytes(count))));
+    }
+    counters->received += bytes->size();
+    counters->raw_received += count * sizeof(float);
+    counters->reduce_bytes += bytes->size();
+    std::vector<float> decoded(count);
+    if (absl::Status d = Decode(*bytes, own, decoded.data()); !d.ok()) return done(d);
+    bytes->clear();
+    ChunkView view;
+    view.begin = own.begin;
+    view.data = decoded.data();
+    view.count = count;
+    ReduceNext next;
+    done(sink(view, &next));
+  };
+  if (member.outbound_only) {
+    StartTakePushed(io_, member.id, call.round, call.attempt, own.begin, own.end,
+                    /*encoded=*/true, call.deadline, stop, std::move(take));
+  } else {
+    StartRead(member.address, shoal::v1::CONTRIBUTION, step.stage, own, call, stop,
+              std::move(take));
   }
-  call.counters->received += bytes->size();
-  call.counters->raw_received += count * sizeof(float);
-  call.counters->reduce_bytes += bytes->size();
-  std::vector<float> decoded(count);
-  if (absl::Status d = Decode(*bytes, own, decoded.data()); !d.ok()) return d;
-  ChunkView view;
-  view.begin = own.begin;
-  view.data = decoded.data();
-  view.count = count;
-  return sink(view);
+  return nullptr;
 }
 
 absl::Status BlobTransport::PublishAverage(const GroupStep& step, float* avg,
@@ -157,7 +182,7 @@ absl::Status BlobTransport::PublishAverage(const GroupStep& step, float* avg,
   // everyone decodes, so the vectors stay bit-identical whatever the owner
   // keeps.
   Blob blob = Encode(avg, count, SliceSeed(call.round, step.stage, own.begin),
-                     feedback_ != nullptr ? feedback_->owner.data() + own.begin : nullptr);
+                     feedback_ != nullptr ? feedback_->owner.data() : nullptr);
   if (codec_->lossy()) {
     if (absl::Status d = Decode(*blob, own, avg); !d.ok()) return d;
   }
@@ -170,20 +195,24 @@ absl::Status BlobTransport::PublishAverage(const GroupStep& step, float* avg,
   return absl::OkStatus();
 }
 
-absl::Status BlobTransport::ReadAverage(const GroupStep& step, int k, float* dst,
-                                        const StepCall& call, CancellationToken* stop) {
+void BlobTransport::StartReadAverage(const GroupStep& step, int k, float* dst, const StepCall& call,
+                                     CancellationToken* stop, ReadDone done) {
   const SliceRange s = step.slices[k];
-  absl::StatusOr<std::string> bytes =
-      Read(step.members[k].address, shoal::v1::AVERAGED, step.stage, s, call, stop);
-  if (!bytes.ok()) return bytes.status();
-  call.counters->received += bytes->size();
-  call.counters->raw_received += (s.end - s.begin) * sizeof(float);
-  if (absl::Status d = Decode(*bytes, s, dst); !d.ok()) return d;
-  if (step.stage > 0) {  // a later broadcast may forward it
-    absl::MutexLock lock(&pieces_mu_);
-    pieces_.push_back({s, std::make_shared<const std::string>(*std::move(bytes))});
-  }
-  return absl::OkStatus();
+  StepCounters* counters = call.counters;
+  const bool keep = step.stage > 0;  // a later broadcast may forward it
+  StartRead(
+      step.members[k].address, shoal::v1::AVERAGED, step.stage, s, call, stop,
+      [this, s, dst, counters, keep, done = std::move(done)](absl::StatusOr<std::string> bytes) {
+        if (!bytes.ok()) return done(bytes.status());
+        counters->received += bytes->size();
+        counters->raw_received += (s.end - s.begin) * sizeof(float);
+        if (absl::Status d = Decode(*bytes, s, dst); !d.ok()) return done(d);
+        if (keep) {
+          absl::MutexLock lock(&pieces_mu_);
+          pieces_.push_back({s, std::make_shared<const std::string>(*std::move(bytes))});
+        }
+        done(absl::OkStatus());
+      });
 }
 
 std::vector<HeldPiece> BlobTransport::TakePieces() {
@@ -221,28 +250,27 @@ absl::Status BlobTransport::Broadcast(const GroupStep& step, float* model,
   }
   const std::string& head = step.members[step.head].address;
   CancellationToken stop(cancel);
-  std::vector<absl::Status> status(ranges.size());
   std::vector<HeldPiece> got(ranges.size());
-  std::vector<std::thread> readers;
+  ReadLatch reads(ranges.size());
   for (size_t i = 0; i < ranges.size(); ++i) {
-    readers.emplace_back([&, i] {
-      NameThread("shoal-gather");
-      const SliceRange r = ranges[i];
-      absl::StatusOr<std::string> bytes =
-          Read(head, shoal::v1::STAGE_MODEL, step.stage, r, call, &stop);
-      if (bytes.ok()) {
-        call.counters->received += bytes->size();
-        call.counters->raw_received += (r.end - r.begin) * sizeof(float);
-        status[i] = Decode(*bytes, r, model + r.begin);
-        got[i] = {r, std::make_shared<const std::string>(*std::move(bytes))};
-      } else {
-        status[i] = bytes.status();
-      }
-      if (!status[i].ok()) stop.Cancel();
-    });
+    const SliceRange r = ranges[i];
+    ReadDone done = reads.Add(i);
+    StartRead(head, shoal::v1::STAGE_MODEL, step.stage, r, call, &stop,
+              [this, r, i, model, &got, &call, &stop,
+               done = std::move(done)](absl::StatusOr<std::string> bytes) {
+                absl::Status s = bytes.status();
+                if (bytes.ok()) {
+                  call.counters->received += bytes->size();
+                  call.counters->raw_received += (r.end - r.begin) * sizeof(float);
+                  s = Decode(*bytes, r, model + r.begin);
+                  got[i] = {r, std::make_shared<const std::string>(*std::move(bytes))};
+                }
+                if (!s.ok()) stop.Cancel();
+                done(std::move(s));
+              });
   }
-  for (auto& t : readers) t.join();
-  absl::Status result = FirstError(status);
+  reads.Wait(absl::Now() + (call.deadline - call.clock->Now()) + absl::Seconds(5), &stop);
+  absl::Status result = FirstError(reads.statuses());
   if (result.ok() && stop.cancelled()) result = absl::AbortedError("round aborted");
   if (result.ok()) *held = std::move(got);
   return result;

@@ -15,15 +15,15 @@
 //
 // Error feedback (lossy codecs): what an encoding leaves out is kept and
 // added to the next round's input of the same stage: for our contributions
-// over the whole vector, for the averages we own over our slice (zeroed
-// elsewhere: a slice we no longer own does not carry its leftover to a later
-// owner).
+// over the whole vector, for the averages we own over our slice only (a
+// slice we no longer own does not carry its leftover to a later owner; the
+// part of a moved slice we still own keeps it).
 //
 // Because peers read copies, the step's `in` and `out` may be the same
 // buffer, and model memory is never read by peers.
 //
-// Not thread-safe: one step at a time (its reads run on the fan-out's
-// threads, which this class serializes where they share state).
+// Not thread-safe: one step at a time (its reads end on gRPC's threads,
+// which this class serializes where they share state).
 #ifndef SHOAL_SERVICES_WORKER_BLOB_TRANSPORT_H_
 #define SHOAL_SERVICES_WORKER_BLOB_TRANSPORT_H_
 
@@ -55,7 +55,10 @@ struct PublishedBlob {
 // Error feedback of one stage (see the file comment); empty vectors = none
 // yet (zeros).
 struct StageFeedback {
+  // Of our contributions, over the whole vector.
   std::vector<float> contribution;
+  // Of the averages we own: our slice [owner_range) only.
+  SliceRange owner_range;
   std::vector<float> owner;
 };
 
@@ -70,11 +73,12 @@ class BlobTransport final : public StepTransport {
   absl::Status PushContribution(const GroupStep& step, int k, const float* in, const StepCall& call,
                                 CancellationToken* stop) override;
   const float* OwnContribution(const GroupStep& step, const float* in) override;
-  absl::Status ReadContribution(const GroupStep& step, int k, const StepCall& call,
-                                CancellationToken* stop, const ChunkSink& sink) override;
+  std::shared_ptr<ResumeHandle> StartReadContribution(const GroupStep& step, int k,
+                                                      const StepCall& call, CancellationToken* stop,
+                                                      ChunkSink sink, ReadDone done) override;
   absl::Status PublishAverage(const GroupStep& step, float* avg, const StepCall& call) override;
-  absl::Status ReadAverage(const GroupStep& step, int k, float* dst, const StepCall& call,
-                           CancellationToken* stop) override;
+  void StartReadAverage(const GroupStep& step, int k, float* dst, const StepCall& call,
+                        CancellationToken* stop, ReadDone done) override;
   bool SumsInArrivalOrder() const override { return false; }
 
   // A kBroadcast step. The head publishes `held` (the pieces it holds its
@@ -97,9 +101,11 @@ class BlobTransport final : public StepTransport {
   // Encodes `n` elements at `src` (with error feedback into `residual`
   // when the codec is lossy and there is one).
   Blob Encode(const float* src, size_t n, uint64_t seed, float* residual) const;
-  absl::StatusOr<std::string> Read(const std::string& address, shoal::v1::SliceKind kind,
-                                   uint32_t stage, SliceRange range, const StepCall& call,
-                                   CancellationToken* stop) const;
+  // Starts reading the blob of `range` (`kind`, `stage`) from `address`;
+  // `done` gets its bytes.
+  void StartRead(const std::string& address, shoal::v1::SliceKind kind, uint32_t stage,
+                 SliceRange range, const StepCall& call, CancellationToken* stop,
+                 std::function<void(absl::StatusOr<std::string>)> done) const;
   absl::Status Decode(const std::string& bytes, SliceRange range, float* out) const;
   void Record(shoal::v1::SliceKind kind, SliceRange range, Blob blob, const StepCall& call,
               uint32_t stage);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/sha256.h"
 #include "common/status_util.h"
 #include "services/worker/core/aggregation.h"
 #include "services/worker/fan_out.h"
@@ -85,7 +86,7 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
                             cancel, &applied);
     if (result.ok()) NoteRule(call.round, 0, steps->front(), applied);
   } else {
-    result = AverageBlobs(*steps, call, FragmentRange(plan), params, cancel, stats);
+    result = AverageBlobs(*steps, call, FragmentRange(plan), flat, params, cancel, stats);
   }
   stats->bytes_received = counters.received.load();
   stats->raw_bytes_received = counters.raw_received.load();
@@ -94,6 +95,47 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   stats->reduce_bytes = counters.reduce_bytes.load();
   stats->reduce_seconds = counters.reduce_seconds;
   return result;
+}
+
+float* Exchanger::RoundInput(uint64_t round, bool flat, float* params) {
+  const uint64_t total = state_->total_elements();
+  // A new trained model (or the first attempt of a round): not a new
+  // attempt's.
+  const uint64_t trainings = state_->trainings();
+  const bool fresh = round != input_round_ || trainings != input_trainings_;
+  input_round_ = round;
+  input_trainings_ = trainings;
+  auto change_of = [&](std::vector<float>* out) {
+    out->resize(total);
+    for (uint64_t i = 0; i < total; ++i) (*out)[i] = params[i] - parts_.base[i];
+  };
+  if (!flat) {
+    // A hierarchical round carries the groups of an earlier attempt whose
+    // input did not change: every attempt starts from the round's input,
+    // kept whole (the one model-sized copy hierarchy adds).
+    if (fresh) {
+      if (changes_) {
+        change_of(&kept_input_);
+      } else {
+        kept_input_.assign(params, params + total);
+      }
+    }
+    if (!changes_) {
+      std::memcpy(params, kept_input_.data(), total * sizeof(float));
+      return params;
+    }
+    change_ = kept_input_;
+    return change_.data();
+  }
+  kept_input_ = {};
+  if (!changes_) return params;
+  // What travels is the change from the agreed base. A new attempt of the
+  // round exchanges the change as the failed attempt left it (per element
+  // this worker's change, or that attempt's average): the parameters may
+  // already hold its outer step, and no copy of the trained model is kept
+  // (core/model_memory.h).
+  if (fresh || change_.size() != total) change_of(&change_);
+  return change_.data();
 }
 
 SliceIo Exchanger::Io() const {
@@ -106,30 +148,33 @@ SliceIo Exchanger::Io() const {
 }
 
 absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
-                                     SliceRange fragment, float* params, CancellationToken* cancel,
-                                     AveragingStats* stats) {
+                                     SliceRange fragment, bool flat, float* params,
+                                     CancellationToken* cancel, AveragingStats* stats) {
   const uint64_t round = call.round;
   const uint64_t total = state_->total_elements();
   parts_.store->BeginRound(round, call.attempt);
-  // Error feedback starts each attempt from what the round began with.
+  // Error feedback: a hierarchical round starts each attempt from what the
+  // round began with (its carried groups must meet the same state). A flat
+  // round's new attempt goes on from what the failed one left, as its
+  // vector does: keeping the round's start would be a second copy of every
+  // residual for an event as rare as a lost participant, and what the
+  // failed attempt sent then is not carried (one round's leftover of one
+  // worker, not a drift).
   if (round != feedback_.round) {
-    feedback_.start = feedback_.current;
+    if (flat) {
+      feedback_.start.clear();
+    } else {
+      feedback_.start = feedback_.current;
+    }
     feedback_.round = round;
-  } else {
+  } else if (!flat) {
     feedback_.current = feedback_.start;
   }
   if (round != carried_round_) {
     carried_.clear();
     carried_round_ = round;
   }
-  // What travels: the change from the agreed base, or the model itself.
-  std::vector<float> change;
-  float* buf = params;
-  if (changes_) {
-    change.resize(total);
-    for (uint64_t i = 0; i < total; ++i) change[i] = params[i] - parts_.base[i];
-    buf = change.data();
-  }
+  float* const buf = RoundInput(round, flat, params);
   const SliceIo io = Io();
   // How this worker holds `buf` (the pieces a broadcast forwards).
   std::vector<HeldPiece> held;
@@ -145,7 +190,7 @@ absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const 
         // The same group over the same inputs: our input is the same bits
         // (checked: a mismatch would be a bug, and the stage runs again).
         Carried& c = it->second;
-        if (!average || std::memcmp(c.input.data(), buf, total * sizeof(float)) == 0) {
+        if (!average || c.input_hash == Sha256Hex(buf, total * sizeof(float))) {
           for (const PublishedBlob& p : c.published) {
             parts_.store->Publish(round, call.attempt, p.kind, p.range.begin, p.range.end, p.blob,
                                   step.stage);
@@ -165,7 +210,7 @@ absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const 
       }
     }
     Carried kept;
-    if (average && !step.identity.empty()) kept.input.assign(buf, buf + total);
+    if (average && !step.identity.empty()) kept.input_hash = Sha256Hex(buf, total * sizeof(float));
     StageFeedback* feedback = codec_->lossy() ? &feedback_.current[step.stage] : nullptr;
     BlobTransport transport(io, parts_.store, codec_, feedback, total);
     const uint64_t before = call.counters->received.load();
@@ -202,7 +247,8 @@ absl::Status Exchanger::AverageBlobs(const std::vector<GroupStep>& steps, const 
     // every worker, so identical bits), on the round's fragment: the rest
     // of the model, and its momentum, wait for their own rounds.
     const uint64_t b = fragment.begin;
-    parts_.outer->Apply(round, b, fragment.end - b, parts_.base + b, change.data() + b, params + b);
+    parts_.outer->Apply(round, b, fragment.end - b, parts_.base + b, change_.data() + b,
+                        params + b);
   }
   return absl::OkStatus();
 }

@@ -129,8 +129,11 @@ class Exchanger final : public Averager {
   // `fragment`: the part of the model the round averages (the outer step
   // moves it only).
   absl::Status AverageBlobs(const std::vector<GroupStep>& steps, const StepCall& call,
-                            SliceRange fragment, float* params, CancellationToken* cancel,
-                            AveragingStats* stats);
+                            SliceRange fragment, bool flat, float* params,
+                            CancellationToken* cancel, AveragingStats* stats);
+  // The vector a blob round's steps average in place: the parameters, or
+  // (when changes travel) change_; see the fields below.
+  float* RoundInput(uint64_t round, bool flat, float* params);
   // Logs the rule an owner applied when it changes (a trimmed mean falling
   // back to the median in a small group, and back).
   void NoteRule(uint64_t round, uint32_t stage, const GroupStep& step,
@@ -147,7 +150,7 @@ class Exchanger final : public Averager {
   // What this worker kept of a group it finished in an attempt of the
   // current round (see the class comment).
   struct Carried {
-    std::vector<float> input;  // kAverage: the step's input
+    std::string input_hash;  // kAverage: SHA-256 of the step's input
     std::vector<float> result;
     std::vector<PublishedBlob> published;
     std::vector<HeldPiece> held;
@@ -166,6 +169,19 @@ class Exchanger final : public Averager {
   uint64_t carried_round_ = 0;
   std::map<std::string, Carried> carried_;
   std::map<uint32_t, std::string> last_rule_;
+  // The round whose input the fields below hold, and ModelState::trainings
+  // then: a later Average of the same round with no training between is a
+  // new attempt.
+  uint64_t input_round_ = 0;
+  uint64_t input_trainings_ = 0;
+  // When changes travel: the change (the trained model minus the base,
+  // then per element the average where an attempt's exchange wrote it);
+  // a flat round's later attempts exchange it as they find it. Reused (its
+  // pages stay mapped) by the next round.
+  std::vector<float> change_;
+  // A hierarchical round only: its input (the trained model, or its
+  // change), which every attempt starts from.
+  std::vector<float> kept_input_;
 };
 
 }  // namespace shoal::worker

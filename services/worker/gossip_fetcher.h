@@ -8,20 +8,28 @@
 // truncated, refused or late transfer yields an error and its bytes are
 // never handed over, so nothing is half-applied.
 //
-// Threads: Start() and Take() are called from the worker's main thread; one
-// background thread runs at most one fetch. The received model lives in a
-// buffer of the fetcher, valid until the next Start().
+// Threads: Start(), Take(), FetchNow() and the destructor are called from
+// the worker's main thread (the runner, which polls Take()). A fetch has no
+// thread of its own: GetPeerInfo, then the read (PeerClient::StartReadSlice)
+// or the encoded blob (StartBlobRead) and, behind NAT, the push back
+// (StartPush) are gRPC callback calls, each started from the previous one's
+// callback; decoding an encoded pull runs on the callback thread of its last
+// piece. At most one background fetch at a time; FetchNow waits for its
+// own. The received model lives in a buffer of the fetcher, valid until the
+// next Start() or FetchNow(). The destructor cancels the fetches in flight
+// and waits until they have ended (at once when cancelled; each call has
+// its deadline).
 #ifndef SHOAL_SERVICES_WORKER_GOSSIP_FETCHER_H_
 #define SHOAL_SERVICES_WORKER_GOSSIP_FETCHER_H_
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/clock.h"
@@ -62,7 +70,7 @@ class GossipFetcher {
   // `stop` (may be null) cancels a fetch in flight (shutdown).
   GossipFetcher(PeerClient* peers, std::string reader_id, const Clock* clock,
                 CancellationToken* stop);
-  ~GossipFetcher();  // cancels and joins a fetch in flight
+  ~GossipFetcher();  // cancels the fetches in flight and waits for their end
 
   // Starts fetching the model of `peer_id` at `address` (`elements`
   // float32) within `timeout`. False when a fetch is still in flight or
@@ -72,10 +80,11 @@ class GossipFetcher {
   // The result of the finished fetch, once; nullopt while one runs or none
   // was started.
   std::optional<GossipFetchResult> Take();
-  // The same fetch on the calling thread (the late joiner's first model).
+  // The same fetch, waited for on the calling thread (the late joiner's
+  // first model, the consensus evaluation, the final average).
   GossipFetchResult FetchNow(const std::string& peer_id, const std::string& address,
                              uint64_t elements, absl::Duration timeout);
-  bool idle() const { return !running_.load() && !has_result_.load(); }
+  bool idle() const;
   // Behind NAT: after each successful background fetch, push the base copy
   // (our published model) to the same partner (Peer.Push, gossip). Set
   // before the first Start().
@@ -85,9 +94,23 @@ class GossipFetcher {
   void set_codec(const Codec* codec) { codec_ = codec; }
 
  private:
-  GossipFetchResult Fetch(const std::string& peer_id, const std::string& address, uint64_t elements,
-                          absl::Duration timeout);
-  void Join();
+  class Fetch;  // one fetch in flight (gossip_fetcher.cc)
+  // Shared with the fetches' callbacks, which may still be leaving its lock
+  // when the fetcher goes.
+  struct State {
+    absl::Mutex mu;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;     // fetches that have not ended
+    bool running ABSL_GUARDED_BY(mu) = false;  // the background fetch
+    // The background fetch's result, until taken.
+    std::optional<GossipFetchResult> result ABSL_GUARDED_BY(mu);
+  };
+  // Starts a fetch; `done` hears its result once, on any thread, after
+  // which the fetch touches neither the fetcher nor `incoming_`. `push`
+  // with `base`: push `base` back after a successful fetch.
+  std::shared_ptr<Fetch> Begin(const std::string& peer_id, const std::string& address,
+                               uint64_t elements, absl::Duration timeout, bool push,
+                               std::shared_ptr<const GossipCopy> base,
+                               std::function<void(GossipFetchResult)> done);
 
   PeerClient* const peers_;
   const std::string reader_id_;
@@ -95,11 +118,10 @@ class GossipFetcher {
   CancellationToken token_;
   bool push_own_ = false;
   const Codec* codec_ = nullptr;
+  // Written by a fetch's callbacks while it runs, read by the caller once
+  // its result was handed over.
   std::vector<float> incoming_;
-  std::thread thread_;
-  std::atomic<bool> running_{false};
-  std::atomic<bool> has_result_{false};
-  GossipFetchResult result_;  // written by the fetch thread before running_ = false
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace shoal::worker

@@ -222,8 +222,8 @@ std::optional<absl::Status> GossipRunner::ExecuteOne(GossipAction& a, GossipActi
       fetcher_->Start(a.peer_id, a.address, elements_, a.timeout, latest_);
       return std::nullopt;
     case GossipAction::kDropFetch:
-      // The fetcher cancels its fetch and waits for its thread (bounded by
-      // the fetch's deadline); a new one serves the final average.
+      // The fetcher cancels its fetch and waits for its calls to end (at
+      // once when cancelled); a new one serves the final average.
       fetched_.reset();
       fetcher_ = NewFetcher();
       return std::nullopt;

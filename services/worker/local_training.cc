@@ -30,9 +30,13 @@ LocalTraining::LocalTraining(CancellationToken* parent, bool ahead, const Clock*
 
 LocalTraining::~LocalTraining() { Stop(); }
 
-float* LocalTraining::Bind(Trainer* trainer) {
+float* LocalTraining::Bind(Trainer* trainer, const ModelState* state) {
   trainer_ = trainer;
+  state_ = state;
   n_ = trainer->num_elements();
+  // Its buffer is read and written here only between steps, at the points
+  // that call SyncParameters.
+  trainer->SyncOnRequest();
   params_.assign(trainer->parameters(), trainer->parameters() + n_);
   start_.assign(params_.begin(), params_.end());
   if (ahead_mode_ && options_.extrapolate > 0) {
@@ -40,6 +44,16 @@ float* LocalTraining::Bind(Trainer* trainer) {
     agreed_before_.assign(params_.begin(), params_.end());
   }
   return params_.data();
+}
+
+bool LocalTraining::round_waits() const {
+  absl::MutexLock lock(&mu_);
+  return round_waits_;
+}
+
+uint64_t LocalTraining::model_bytes() const {
+  return (params_.capacity() + start_.capacity() + agreed_.capacity() + agreed_before_.capacity()) *
+         sizeof(float);
 }
 
 void LocalTraining::StartAhead(uint64_t for_round, uint32_t steps) {
@@ -55,11 +69,17 @@ void LocalTraining::StartAhead(uint64_t for_round, uint32_t steps) {
     held_ = true;
     abandon_ = false;
     round_started_ = false;
+    round_waits_ = false;
   }
-  thread_ = std::thread([this, steps] {
+  // What the steps ahead train (a Python loop shows it as its round).
+  trainer_->SetRound(for_round);
+  const bool nice = trainer_->ComputesOnCallingThread();
+  thread_ = std::thread([this, steps, nice] {
     // Below the exchange's threads: on a busy machine the average that the
     // steps wait for is not slowed by them (Linux niceness is per thread).
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+    // Not where the steps compute on another thread (a Python loop's, which
+    // waits for this one between its steps).
+    if (nice) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     absl::Duration trained;
     double loss_sum = 0;
     uint32_t done = 0;
@@ -138,25 +158,89 @@ void LocalTraining::Release() {
 }
 
 bool LocalTraining::TakePosted() {
-  absl::MutexLock lock(&mu_);
-  if (!has_posted_) return false;
-  float* local = trainer_->parameters();
-  // Exact where nothing moved since the start (no step yet): L = P.
-  for (uint64_t i = 0; i < n_; ++i) {
-    local[i] = local[i] == start_[i] ? posted_[i] : local[i] + (posted_[i] - start_[i]);
+  const float* average = nullptr;
+  ModelState::ReadGrant grant;
+  uint64_t seq = 0;
+  bool pinned = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!has_posted_) return false;
+    average = posted_;
+    grant = posted_grant_;
+    seq = posted_seq_;
+    pinned = round_waits_;
   }
-  std::copy_n(posted_.data(), n_, start_.data());
-  has_posted_ = false;
-  return true;
+  // X may be read while its window is open, and while the next round's
+  // start waits for these steps: it writes X only after them (its window
+  // closed already, ahead of that write). Otherwise X may have been
+  // rewritten since (a void, a catch-up): looked at again at the next
+  // step, and left to the round start's carry if nothing pins it.
+  const bool lend = state_ != nullptr && !pinned;
+  if (lend && !state_->IsCurrent(grant)) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (posted_seq_ == seq) has_posted_ = false;  // a newer one is taken next
+  }
+  trainer_->SyncParameters();
+  float* local = trainer_->parameters();
+  // A chunk at a time: a rewrite of X waits at most for the chunk in hand.
+  constexpr uint64_t kChunk = ModelState::kCellElements;
+  bool took = false;
+  for (uint64_t b = 0; b < n_; b += kChunk) {
+    const uint64_t e = std::min(n_, b + kChunk);
+    const float* p = average + b;
+    if (lend) {
+      absl::StatusOr<ModelState::LentChunk> lent = state_->LendChunk(grant, b, e - b);
+      // Refused: the rest keeps its start, and the carry at the next round
+      // start moves it (exact per element, whatever was taken here).
+      if (!lent.ok()) break;
+      p = lent->data;
+    }
+    // Exact where nothing moved since the start (no step yet): L = P.
+    for (uint64_t i = b; i < e; ++i) {
+      const float v = p[i - b];
+      local[i] = local[i] == start_[i] ? v : local[i] + (v - start_[i]);
+      start_[i] = v;
+    }
+    if (lend) state_->ReturnChunk(ModelState::Buffer::kParameters);
+    took = true;
+  }
+  return took;
 }
 
 void LocalTraining::Post(const float* average) {
   // Not overlapped, the next round's start takes the agreed model.
   if (!ahead_.started || !ahead_mode_) return;
+  if (state_ != nullptr && average != params_.data()) {
+    SHOAL_LOG(ERROR) << "an average was posted from another buffer than the agreed model's; "
+                        "the next round start takes the agreed model instead";
+    return;
+  }
+  ModelState::ReadGrant grant;
+  if (state_ != nullptr) grant = state_->GrantParameters();
   absl::MutexLock lock(&mu_);
-  posted_.assign(average, average + n_);
+  posted_ = average;
+  posted_grant_ = grant;
+  ++posted_seq_;
   has_posted_ = true;
   held_ = false;  // the exchange is over
+}
+
+void LocalTraining::Carry(float* params, uint64_t begin, uint64_t end, bool contribute) {
+  float* local = trainer_->parameters();
+  for (uint64_t i = begin; i < end; ++i) {
+    float l = local[i];
+    // L += G - S, S = G; exact where nothing moved since the start (L = G).
+    if (start_[i] != params[i]) {
+      l = l == start_[i] ? params[i] : l + (params[i] - start_[i]);
+      local[i] = l;
+      start_[i] = params[i];
+    }
+    if (contribute) {
+      params[i] = l;
+      start_[i] = l;
+    }
+  }
 }
 
 void LocalTraining::JoinAhead() {
@@ -174,12 +258,21 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
     held_ = false;
     abandon_ = r.use == AheadUse::kRestart;
     round_started_ = true;
+    round_waits_ = true;  // X is not written before the join below
   }
   JoinAhead();
+  {
+    absl::MutexLock lock(&mu_);
+    round_waits_ = false;
+  }
+  // The steps' progress is in the trainer's buffer, read and written below.
+  trainer_->SyncParameters();
   TrackAgreed(params, r.use == AheadUse::kRestart);
   float* local = trainer_->parameters();
   uint32_t trained = 0;
   double loss_sum = 0;
+  // The contribution is already in `params` (one pass with the carry).
+  bool contributed = false;
   if (r.use == AheadUse::kCarry) {
     {
       absl::MutexLock lock(&mu_);
@@ -187,12 +280,13 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
     }
     // The local model takes the agreed model wherever it has not yet (an
     // average that came after the last step ahead, or, not overlapped, at
-    // all): L += G - S, S = G; exact where nothing moved since (L = G).
-    for (uint64_t i = 0; i < n_; ++i) {
-      if (start_[i] == params[i]) continue;
-      local[i] = local[i] == start_[i] ? params[i] : local[i] + (params[i] - start_[i]);
-      start_[i] = params[i];
-    }
+    // all). When every step trained ahead, the round's fragment becomes
+    // the contribution in the same pass: it is on the way from the steps'
+    // end to the ready report, which every participant waits for.
+    contributed = ahead_steps_ >= steps || stop_.cancelled();
+    Carry(params, 0, fragment.begin, false);
+    Carry(params, fragment.begin, fragment.end, contributed);
+    Carry(params, fragment.end, n_, false);
     if (ahead_merged_) ++merged_early_;
     trained = ahead_steps_;
     loss_sum = ahead_loss_ * ahead_steps_;
@@ -220,6 +314,7 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
     loss_sum += trainer_->TrainSteps(steps - trained) * (steps - trained);
     r.train_seconds += absl::ToDoubleSeconds(clock_->Now() - t0);
     trained = steps;
+    trainer_->SyncParameters();
   }
   r.steps = trained;
   r.loss = trained == 0 ? 0 : loss_sum / trained;
@@ -230,9 +325,11 @@ LocalTraining::Round LocalTraining::TrainRound(uint64_t round, uint64_t model_ro
   // round trained without a local model. The rest of the model stays
   // agreed in `params`, and keeps its progress in the local model until
   // its own round.
-  const uint64_t width = fragment.end - fragment.begin;
-  std::copy_n(local + fragment.begin, width, params + fragment.begin);
-  std::copy_n(local + fragment.begin, width, start_.data() + fragment.begin);
+  if (!contributed) {
+    const uint64_t width = fragment.end - fragment.begin;
+    std::copy_n(local + fragment.begin, width, params + fragment.begin);
+    std::copy_n(local + fragment.begin, width, start_.data() + fragment.begin);
+  }
   ahead_ = {};
   if (!ahead_mode_) {
     ahead_.started = true;  // nothing trains ahead; the next round carries
@@ -258,9 +355,12 @@ void LocalTraining::Stop() {
     abandon_ = true;
   }
   JoinAhead();
-  // What is read of the trainer from now on (predictions at exit) is the
-  // agreed model, not the steps ahead.
-  if (trainer_ != nullptr) std::copy_n(params_.data(), n_, trainer_->parameters());
+  if (trainer_ == nullptr || stopped_) return;
+  stopped_ = true;
+  // What is read of the trainer from now on (predictions at exit, a Python
+  // loop's module after its run) is the agreed model, not the steps ahead.
+  trainer_->SyncParameters();
+  std::copy_n(params_.data(), n_, trainer_->parameters());
 }
 
 }  // namespace shoal::worker

@@ -24,11 +24,34 @@
 // start does the same. Not overlapped (fragments alone): the steps train
 // at the round's start, in the foreground, after the same move.
 //
+// What it holds (docs/ARCHITECTURE.md's memory table), n the model's
+// elements; nothing else of the model's size:
+//  - X (params_, n floats): the agreed model / contribution, apart from the
+//    trainer's buffer: the exchange averages into it while the trainer
+//    trains L. With fragments alone, L keeps its progress outside the
+//    round's fragment, so it cannot be X either.
+//  - S (start_, n floats): per element, where L last took the agreed model;
+//    the progress a contribution carries is L - S. It cannot be X (the
+//    exchange overwrites X with the average) nor L.
+//  - only with AheadOptions::extrapolate: the agreed model at the last
+//    round's start and the value before its last move (agreed_,
+//    agreed_before_, n floats each), which the prediction is made from.
+// The average the steps ahead take is not copied: they read it from X,
+// lent chunk by chunk through the worker's ModelState (Bind), whose rule
+// makes every rewrite of X outside the exchange close X's window and wait
+// for the chunk in hand; or without lending while the next round's start
+// (TrainRound, whose ModelMemory::Train closed the window ahead of its
+// write) waits for them, since it writes X only after they end. An average
+// whose window closed otherwise (a void, a catch-up, a new attempt) is left
+// to the next round start's carry, which is exact per element whatever was
+// taken.
+//
 // Threads: TrainRound, Post and Stop are called from the runner's thread;
 // the work ahead runs on a thread this object starts and joins, and
-// touches only the trainer (TrainSteps on its own buffer), S and (under a
-// mutex) what was posted. The trainer must not be trained by anyone else
-// meanwhile; EvaluateParams (a second instance of the model) is safe.
+// touches only the trainer (TrainSteps on its own buffer, a step per call,
+// SyncParameters before it reads or writes that buffer), S and (lent) X.
+// The trainer must not be trained by anyone else meanwhile;
+// EvaluateParams (a second instance of the model) is safe.
 #ifndef SHOAL_SERVICES_WORKER_LOCAL_TRAINING_H_
 #define SHOAL_SERVICES_WORKER_LOCAL_TRAINING_H_
 
@@ -40,6 +63,7 @@
 #include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/shard_plan.h"
+#include "services/worker/core/model_state.h"
 #include "services/worker/core/overlap_rule.h"
 #include "services/worker/core/trainer.h"
 #include "shoal/v1/coordinator.pb.h"
@@ -83,8 +107,11 @@ class LocalTraining {
 
   // Takes the trainer (built with stop()): the agreed model starts as a
   // copy of its initial parameters. Returns that buffer (num_elements()
-  // floats), which ModelMemory and the peers use as the parameters.
-  float* Bind(Trainer* trainer);
+  // floats), which ModelMemory and the peers use as the parameters, and
+  // which `state` (the worker's, bound to it; outlives this object) serves.
+  // Without a state (tests), whoever Posts keeps the average unchanged
+  // until the next TrainRound.
+  float* Bind(Trainer* trainer, const ModelState* state = nullptr);
 
   struct Round {
     double loss = 0;
@@ -124,6 +151,8 @@ class LocalTraining {
   // attempt posts again): they move onto it between two steps, or at the
   // next TrainRound when they already ended. Nothing happens when no work
   // is ahead (not overlapped: the next TrainRound takes the agreed model).
+  // With a state (Bind), `average` must be the buffer Bind returned: it is
+  // read in place, for as long as its window stays open, not copied.
   void Post(const float* average);
 
   // Ends the work ahead (after its current step) and joins it, and the
@@ -138,14 +167,22 @@ class LocalTraining {
   uint64_t restarted() const { return restarted_; }
   // Rounds whose steps ahead took the average before they ended.
   uint64_t merged_early() const { return merged_early_; }
+  // Bytes of the model-sized buffers held (see the class comment).
+  uint64_t model_bytes() const;
+  // TrainRound waits for the steps ahead (they may read X meanwhile).
+  bool round_waits() const;
 
  private:
   void StartAhead(uint64_t for_round, uint32_t steps);
   void JoinAhead();
   // The local model takes what was posted, if anything: L += P - start,
-  // start = P. The thread of the work ahead, or the runner's once it
-  // ended. True when it did.
+  // start = P, where P is still lent (all of it, or the chunks before the
+  // first refused). The thread of the work ahead. True when it took any.
   bool TakePosted();
+  // On [begin, end): the local model takes the agreed model `params`
+  // where it has not yet (L += G - S, S = G); with `contribute`, those
+  // elements then become the contribution (params = S = L).
+  void Carry(float* params, uint64_t begin, uint64_t end, bool contribute);
   // Waits while the steps ahead are held; false when they are to end.
   bool AwaitGo();
   // AheadOptions::stale_steps: waits until an average is posted, the next
@@ -163,6 +200,7 @@ class LocalTraining {
   const AheadOptions options_;
   const Clock* clock_;
   Trainer* trainer_ = nullptr;
+  const ModelState* state_ = nullptr;
   uint64_t n_ = 0;
   // The agreed model / contribution (ModelMemory's parameters).
   std::vector<float> params_;
@@ -181,9 +219,17 @@ class LocalTraining {
   bool ahead_merged_ = false;
   uint32_t ahead_steps_ = 0;
   uint32_t ahead_stale_steps_ = 0;
-  absl::Mutex mu_;
-  std::vector<float> posted_ ABSL_GUARDED_BY(mu_);
+  // Stop() gave the trainer the agreed model.
+  bool stopped_ = false;
+  mutable absl::Mutex mu_;
+  // What Post gave: the average (X), the window it is valid in (with a
+  // state), and the count of posts (a newer one is taken again).
+  const float* posted_ ABSL_GUARDED_BY(mu_) = nullptr;
+  ModelState::ReadGrant posted_grant_ ABSL_GUARDED_BY(mu_);
+  uint64_t posted_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool has_posted_ ABSL_GUARDED_BY(mu_) = false;
+  // TrainRound waits for the steps ahead: X is not written until they end.
+  bool round_waits_ ABSL_GUARDED_BY(mu_) = false;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   bool abandon_ ABSL_GUARDED_BY(mu_) = false;
   // The next round started (TrainRound): the steps ahead no longer wait

@@ -16,4 +16,10 @@ void TuneMallocForTensorStreams() {
 #endif
 }
 
+void LimitMallocArenas() {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 1);
+#endif
+}
+
 }  // namespace shoal::worker

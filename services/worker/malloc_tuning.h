@@ -22,6 +22,14 @@ namespace shoal::worker {
 // starts (arenas are created per thread).
 void TuneMallocForTensorStreams();
 
+// For a process Shoal does not own (the Python module inside a user's
+// program): M_ARENA_MAX 1 only, unless the user set MALLOC_ARENA_MAX. The
+// exchange's readers run on gRPC's threads; with an arena per thread their
+// freed 1 MiB windows stayed in arenas no other thread reused (about 60 MB
+// at 10 M parameters in bench "scale"). The mmap and trim thresholds stay
+// the user's. Threads that already have an arena keep it.
+void LimitMallocArenas();
+
 }  // namespace shoal::worker
 
 #endif  // SHOAL_SERVICES_WORKER_MALLOC_TUNING_H_

@@ -35,33 +35,60 @@ const float* MemoryTransport::OwnContribution(const GroupStep& step, const float
   return in + step.own().begin;
 }
 
-absl::Status MemoryTransport::ReadContribution(const GroupStep& step, int k, const StepCall& call,
-                                               CancellationToken* stop, const ChunkSink& sink) {
+std::shared_ptr<ResumeHandle> MemoryTransport::StartReadContribution(const GroupStep& step, int k,
+                                                                     const StepCall& call,
+                                                                     CancellationToken* stop,
+                                                                     ChunkSink sink,
+                                                                     ReadDone done) {
   const SliceRange own = step.own();
   const GroupMember& member = step.members[k];
-  auto apply = [&](const ChunkView& c) {
+  StepCounters* counters = call.counters;
+  auto count = [counters](const ChunkView& c) {
     const uint64_t bytes = c.count * sizeof(float);
-    call.counters->received += bytes;
-    call.counters->raw_received += bytes;
-    call.counters->reduce_bytes += bytes;
-    return sink(c);
+    counters->received += bytes;
+    counters->raw_received += bytes;
+    counters->reduce_bytes += bytes;
   };
   if (member.outbound_only) {
     // Behind NAT: its contribution was pushed to us (checked whole).
-    absl::StatusOr<std::string> pushed =
-        TakePushed(io_, member.id, call.round, call.attempt, own.begin, own.end,
-                   /*encoded=*/false, call.deadline, stop);
-    if (!pushed.ok()) return pushed.status();
-    ChunkView view;
-    view.begin = own.begin;
-    view.data = reinterpret_cast<const float*>(pushed->data());
-    view.count = own.end - own.begin;
-    return apply(view);
+    StartTakePushed(io_, member.id, call.round, call.attempt, own.begin, own.end,
+                    /*encoded=*/false, call.deadline, stop,
+                    [own, count, sink = std::move(sink),
+                     done = std::move(done)](absl::StatusOr<std::string> pushed) {
+                      if (!pushed.ok()) return done(pushed.status());
+                      ChunkView view;
+                      view.begin = own.begin;
+                      view.data = reinterpret_cast<const float*>(pushed->data());
+                      view.count = own.end - own.begin;
+                      count(view);
+                      ReduceNext next;
+                      done(sink(view, &next));
+                    });
+    return nullptr;
   }
   // The receiver checked that each chunk lies in [own.begin, own.end).
-  return ReadRawSlice(io_, member.address, shoal::v1::CONTRIBUTION, call.round, call.attempt,
-                      own.begin, own.end, call.self_id, call.deadline, stop, apply,
-                      &call.counters->retries);
+  SliceReadSpec spec{member.address, shoal::v1::CONTRIBUTION,
+                     call.round,     call.attempt,
+                     own.begin,      own.end,
+                     call.self_id,   call.deadline,
+                     stop,           &call.counters->retries};
+  return SliceRead::Start(
+      io_, std::move(spec),
+      [count, sink = std::move(sink)](const ChunkView& c, ChunkNext* next) {
+        count(c);
+        ReduceNext reduce = ReduceNext::kRead;
+        absl::Status s = sink(c, &reduce);
+        if (reduce == ReduceNext::kPause) *next = ChunkNext::kPause;
+        return s;
+      },
+      std::move(done));
+}
+
+void MemoryTransport::PublishAveragePrefix(const GroupStep& step, const float* avg, uint64_t until,
+                                           const StepCall& call) {
+  // fp32 travels as it is (a raw codec's round trip is the identity): the
+  // cells are served as the reduce completes them.
+  state_->MarkAveragedUntil(call.round, until);
 }
 
 absl::Status MemoryTransport::PublishAverage(const GroupStep& step, float* avg,
@@ -72,18 +99,30 @@ absl::Status MemoryTransport::PublishAverage(const GroupStep& step, float* avg,
   return absl::OkStatus();
 }
 
-absl::Status MemoryTransport::ReadAverage(const GroupStep& step, int k, float* dst,
-                                          const StepCall& call, CancellationToken* stop) {
+void MemoryTransport::StartReadAverage(const GroupStep& step, int k, float* dst,
+                                       const StepCall& call, CancellationToken* stop,
+                                       ReadDone done) {
   const SliceRange s = step.slices[k];
-  return ReadRawSlice(
-      io_, step.members[k].address, shoal::v1::AVERAGED, call.round, call.attempt, s.begin, s.end,
-      call.self_id, call.deadline, stop,
-      [&](const ChunkView& c) {
-        call.counters->received += c.count * sizeof(float);
-        call.counters->raw_received += c.count * sizeof(float);
-        return codec_->ApplyAverage(c, dst + (c.begin - s.begin));
+  SliceReadSpec spec{step.members[k].address,
+                     shoal::v1::AVERAGED,
+                     call.round,
+                     call.attempt,
+                     s.begin,
+                     s.end,
+                     call.self_id,
+                     call.deadline,
+                     stop,
+                     &call.counters->retries};
+  StepCounters* counters = call.counters;
+  const Codec* codec = codec_;
+  SliceRead::Start(
+      io_, std::move(spec),
+      [counters, codec, dst, s](const ChunkView& c, ChunkNext*) {
+        counters->received += c.count * sizeof(float);
+        counters->raw_received += c.count * sizeof(float);
+        return codec->ApplyAverage(c, dst + (c.begin - s.begin));
       },
-      &call.counters->retries);
+      std::move(done));
 }
 
 }  // namespace shoal::worker

@@ -9,12 +9,14 @@
 // Why peers may read our parameters while we write them: we write a slice
 // other than our own only in the all-gather, with its owner's average, and
 // the owner averages only after it has received our contribution of that
-// slice completely; we write our own slice (adds, divide) before
-// MarkAveraged, and nobody else reads it before that. So `in` and `out` of
-// the step are the same buffer, the parameters.
+// slice completely; we write a cell of our own slice once, with its average
+// (core/reduce_window.h: the sums live in the window's slots), before it is
+// published (ModelState::MarkAveragedUntil), and nobody else reads it
+// before that. So `in` and `out` of the step are the same buffer, the
+// parameters, and each element of it holds either this worker's
+// contribution or the round's average, never anything in between.
 //
-// Not thread-safe: one step at a time (its reads run on the fan-out's
-// threads).
+// Not thread-safe: one step at a time (its reads run on gRPC's callbacks).
 #ifndef SHOAL_SERVICES_WORKER_MEMORY_TRANSPORT_H_
 #define SHOAL_SERVICES_WORKER_MEMORY_TRANSPORT_H_
 
@@ -35,11 +37,14 @@ class MemoryTransport final : public StepTransport {
   absl::Status PushContribution(const GroupStep& step, int k, const float* in, const StepCall& call,
                                 CancellationToken* stop) override;
   const float* OwnContribution(const GroupStep& step, const float* in) override;
-  absl::Status ReadContribution(const GroupStep& step, int k, const StepCall& call,
-                                CancellationToken* stop, const ChunkSink& sink) override;
+  std::shared_ptr<ResumeHandle> StartReadContribution(const GroupStep& step, int k,
+                                                      const StepCall& call, CancellationToken* stop,
+                                                      ChunkSink sink, ReadDone done) override;
+  void PublishAveragePrefix(const GroupStep& step, const float* avg, uint64_t until,
+                            const StepCall& call) override;
   absl::Status PublishAverage(const GroupStep& step, float* avg, const StepCall& call) override;
-  absl::Status ReadAverage(const GroupStep& step, int k, float* dst, const StepCall& call,
-                           CancellationToken* stop) override;
+  void StartReadAverage(const GroupStep& step, int k, float* dst, const StepCall& call,
+                        CancellationToken* stop, ReadDone done) override;
   bool SumsInArrivalOrder() const override { return true; }
 
  private:

@@ -75,6 +75,35 @@ struct Peer {
   PeerSyncStats stats;
 };
 
+// The callback calls of a SyncRun (peer reads, manifest requests) that
+// have not ended yet. Shared with their callbacks, whose last act is to
+// count themselves out: once none is left, no callback touches the run.
+class Outstanding {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mu_);
+    ++n_;
+  }
+  void Done() {
+    absl::MutexLock lock(&mu_);
+    --n_;
+  }
+  // Waits until none is left, at most `timeout`; false when some still are.
+  bool WaitFor(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return n_ == 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+  }
+  int count() {
+    absl::MutexLock lock(&mu_);
+    return n_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct Read {
   uint64_t id = 0;
   size_t piece = 0;
@@ -83,23 +112,27 @@ struct Read {
   uint64_t end = 0;
   std::string digest;
   std::vector<float> buffer;
-  CancellationToken canceller;
+  CancellationToken canceller;  // a store read stops between blocks once cancelled
   absl::Time last_progress;
   uint64_t received = 0;
   bool abandoned = false;  // its piece was moved; the result is ignored
   bool finished = false;
   bool digest_ok = true;
   absl::Status status;
+  // A peer read: its callback call (PeerClient::StartReadSlice), once
+  // started.
+  std::shared_ptr<ChunkStreamCall> call;
+  // A read from the checkpoint store: the thread it runs on (the store's
+  // client is synchronous).
   std::thread thread;
 };
 
 struct ManifestCall {
   size_t peer = 0;
-  CancellationToken canceller;
+  CancellationToken canceller;  // ends the call (PeerClient::StartGetManifest)
   bool finished = false;
   bool processed = false;
   absl::StatusOr<ModelManifest> result;
-  std::thread thread;
 };
 
 // A checkpoint of the wanted round: its manifest and where each layer
@@ -192,9 +225,18 @@ class SyncRun {
   void CheckStalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRead(size_t piece, size_t source) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunRead(Read* r);
+  // Starts the peer reads Schedule decided and cancels the calls Abandon
+  // gave up on, with mu_ released (never call into gRPC under it: the
+  // reads' callbacks take it).
+  void IssueCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<ChunkStreamCall> StartPeerRead(Read* r);
+  void RunStoreRead(Read* r);
   absl::Status ReadFromStore(Read* r);
-  void OnBytes(Read* r, uint64_t bytes);
+  // Checks the piece's digest (on the read's thread, in parallel, before
+  // the piece may touch the model) and hands the read to the scheduler.
+  void EndRead(Read* r, absl::Status s);
+  // False once the read was abandoned (stop it).
+  bool OnBytes(Read* r, uint64_t bytes);
   void Abandon(Read* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Demote(size_t peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(size_t peer, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -238,6 +280,11 @@ class SyncRun {
   std::vector<bool> layer_verified_ ABSL_GUARDED_BY(mu_);
   FailedPairs failed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Read>> reads_ ABSL_GUARDED_BY(mu_);
+  // Peer reads decided but not started yet, and calls to cancel
+  // (IssueCalls).
+  std::vector<Read*> to_start_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<ChunkStreamCall>> to_cancel_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Outstanding> outstanding_ = std::make_shared<Outstanding>();
   uint64_t next_read_id_ ABSL_GUARDED_BY(mu_) = 0;
   int store_active_ ABSL_GUARDED_BY(mu_) = 0;
   // Store: unresolved until first needed; then either a source or why not.
@@ -293,6 +340,7 @@ absl::Status SyncRun::Run() {
     if (have_table_ && Complete()) break;
     CheckStalls();
     Schedule();
+    IssueCalls();
     if (!failure_.ok()) break;
     cv_.WaitWithTimeout(&mu_, options_.poll_interval);
   }
@@ -352,20 +400,30 @@ void SyncRun::HashAhead() {
 }
 
 void SyncRun::StartManifestCalls() {
-  absl::MutexLock lock(&mu_);
-  for (size_t p = 0; p < peers_.size(); ++p) {
-    auto call = std::make_unique<ManifestCall>();
-    call->peer = p;
-    ManifestCall* c = call.get();
-    c->thread = std::thread([this, c] {
-      absl::StatusOr<ModelManifest> m = client_->GetManifest(
-          addresses_[c->peer], round_, self_id_, options_.manifest_timeout, &c->canceller);
-      absl::MutexLock lock(&mu_);
-      c->result = std::move(m);
-      c->finished = true;
-      cv_.Signal();
-    });
-    manifest_calls_.push_back(std::move(call));
+  std::vector<ManifestCall*> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t p = 0; p < peers_.size(); ++p) {
+      auto call = std::make_unique<ManifestCall>();
+      call->peer = p;
+      calls.push_back(call.get());
+      manifest_calls_.push_back(std::move(call));
+    }
+  }
+  // Not under mu_: the answers take it (and a fake may answer at once).
+  for (ManifestCall* c : calls) {
+    outstanding_->Add();
+    client_->StartGetManifest(
+        addresses_[c->peer], round_, self_id_, options_.manifest_timeout, &c->canceller,
+        [this, c, outstanding = outstanding_](absl::StatusOr<ModelManifest> m) {
+          {
+            absl::MutexLock lock(&mu_);
+            c->result = std::move(m);
+            c->finished = true;
+            cv_.Signal();
+          }
+          outstanding->Done();  // the last touch of this run
+        });
   }
 }
 
@@ -380,7 +438,6 @@ void SyncRun::ProcessManifests() {
   for (auto& c : manifest_calls_) {
     if (!c->finished || c->processed) continue;
     c->processed = true;
-    if (c->thread.joinable()) c->thread.join();  // finished: only its return is left
     Peer& peer = peers_[c->peer];
     if (!c->result.ok()) {
       peer.state = Peer::kUnused;
@@ -553,7 +610,8 @@ void SyncRun::ProcessReads() {
       ++it;
       continue;
     }
-    if (r.thread.joinable()) r.thread.join();  // finished: only its return is left
+    // A store read's thread has only its return left.
+    if (r.thread.joinable()) r.thread.join();
     std::unique_ptr<Read> done = std::move(*it);
     it = reads_.erase(it);
     const bool store = r.source == kStore;
@@ -718,9 +776,10 @@ void SyncRun::CheckStalls() {
 void SyncRun::Abandon(Read* r) {
   if (r->abandoned) return;
   r->abandoned = true;
-  // The hook only cancels the call (ClientContext::TryCancel); it never
-  // calls back into this class, so running it under mu_ is safe.
+  // A store read hears the token between blocks; a peer read's call is
+  // cancelled by IssueCalls, out of mu_ (one not started yet never starts).
   r->canceller.Cancel();
+  if (r->call != nullptr) to_cancel_.push_back(r->call);
   progress_->bytes_done -= r->received;
   Piece& piece = pieces_[r->piece];
   if (piece.state == Piece::kInFlight && piece.read_id == r->id) {
@@ -856,29 +915,65 @@ void SyncRun::StartRead(size_t index, size_t source) {
     if (peer.active++ == 0) peer.busy_since = r->last_progress;
   }
   reads_.push_back(std::move(read));
-  r->thread = std::thread([this, r] { RunRead(r); });
+  if (source == kStore) {
+    r->thread = std::thread([this, r] { RunStoreRead(r); });
+  } else {
+    to_start_.push_back(r);
+  }
 }
 
-void SyncRun::RunRead(Read* r) {
-  absl::Status s;
-  if (r->source == kStore) {
-    s = ReadFromStore(r);
-  } else {
-    shoal::v1::ReadSliceRequest request;
-    request.set_round(round_);
-    request.set_begin(r->begin);
-    request.set_end(r->end);
-    request.set_kind(shoal::v1::SNAPSHOT);
-    request.set_reader_id(self_id_);
-    s = client_->ReadSliceCancellable(addresses_[r->source], request, options_.piece_timeout,
-                                      &r->canceller, [&](const ChunkView& c) {
-                                        // ChunkReceiver keeps chunks within [begin, end).
-                                        c.CopyTo(r->buffer.data() + (c.begin - r->begin));
-                                        OnBytes(r, c.count * sizeof(float));
-                                        return true;
-                                      });
+void SyncRun::IssueCalls() {
+  std::vector<Read*> starts;
+  starts.swap(to_start_);
+  std::vector<std::shared_ptr<ChunkStreamCall>> cancels;
+  cancels.swap(to_cancel_);
+  if (starts.empty() && cancels.empty()) return;
+  // Reads are erased by this thread only, and only once finished: the
+  // pointers stay valid while mu_ is released.
+  std::vector<Read*> go;
+  for (Read* r : starts) {
+    if (!r->abandoned) {
+      go.push_back(r);
+      continue;
+    }
+    r->status = absl::CancelledError("abandoned before it started");
+    r->finished = true;
   }
-  // Checked here, in parallel, before the piece may touch the model.
+  mu_.Unlock();
+  for (const auto& call : cancels) call->Cancel();
+  std::vector<std::shared_ptr<ChunkStreamCall>> calls;
+  for (Read* r : go) calls.push_back(StartPeerRead(r));
+  mu_.Lock();
+  for (size_t i = 0; i < go.size(); ++i) go[i]->call = std::move(calls[i]);
+}
+
+std::shared_ptr<ChunkStreamCall> SyncRun::StartPeerRead(Read* r) {
+  shoal::v1::ReadSliceRequest request;
+  request.set_round(round_);
+  request.set_begin(r->begin);
+  request.set_end(r->end);
+  request.set_kind(shoal::v1::SNAPSHOT);
+  request.set_reader_id(self_id_);
+  ChunkStreamCallbacks callbacks;
+  callbacks.on_chunk = [this, r](const ChunkView& c) {
+    // ChunkReceiver keeps chunks within [begin, end).
+    c.CopyTo(r->buffer.data() + (c.begin - r->begin));
+    return OnBytes(r, c.count * sizeof(float)) ? ChunkNext::kRead : ChunkNext::kStop;
+  };
+  callbacks.on_done = [this, r, outstanding = outstanding_](absl::Status s, uint64_t) {
+    EndRead(r, std::move(s));
+    outstanding->Done();  // the last touch of this run
+  };
+  outstanding_->Add();
+  return client_->StartReadSlice(addresses_[r->source], request, options_.piece_timeout,
+                                 std::move(callbacks));
+}
+
+void SyncRun::RunStoreRead(Read* r) { EndRead(r, ReadFromStore(r)); }
+
+void SyncRun::EndRead(Read* r, absl::Status s) {
+  // A 4 MiB piece at most (the manifest's digest pieces): hashed on the
+  // read's gRPC thread, in parallel with the others.
   const bool digest_ok = !s.ok() || r->digest.empty() ||
                          Sha256Hex(r->buffer.data(), r->buffer.size() * sizeof(float)) == r->digest;
   absl::MutexLock lock(&mu_);
@@ -911,8 +1006,7 @@ absl::Status SyncRun::ReadFromStore(Read* r) {
           if (at < from || at + data.size() > to) return false;
           std::memcpy(out + (at - first), data.data(), data.size());
           received += data.size();
-          OnBytes(r, data.size());
-          return !r->canceller.cancelled();
+          return OnBytes(r, data.size()) && !r->canceller.cancelled();
         });
     if (!s.ok()) return Annotate(s, absl::StrCat("checkpoint ", store->id));
   }
@@ -923,13 +1017,14 @@ absl::Status SyncRun::ReadFromStore(Read* r) {
   return absl::OkStatus();
 }
 
-void SyncRun::OnBytes(Read* r, uint64_t bytes) {
+bool SyncRun::OnBytes(Read* r, uint64_t bytes) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   r->received += bytes;
   r->last_progress = now;
   if (!r->abandoned) progress_->bytes_done += bytes;
   if (r->source != kStore) peers_[r->source].window_bytes += bytes;
+  return !r->abandoned;
 }
 
 void SyncRun::Fail(absl::Status s) {
@@ -959,19 +1054,36 @@ std::string SyncRun::PeerReasons() const {
 
 void SyncRun::StopAll() {
   std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<ChunkStreamCall>> calls;
+  std::vector<CancellationToken*> manifests;
   {
     absl::MutexLock lock(&mu_);
+    for (Read* r : to_start_) {  // never started (the pass broke off)
+      r->status = absl::CancelledError("never started");
+      r->finished = true;
+    }
+    to_start_.clear();
+    to_cancel_.clear();
     for (auto& r : reads_) {
       r->canceller.Cancel();
+      if (r->call != nullptr && !r->finished) calls.push_back(r->call);
       if (r->thread.joinable()) threads.push_back(std::move(r->thread));
     }
-    for (auto& c : manifest_calls_) {
-      c->canceller.Cancel();
-      if (c->thread.joinable()) threads.push_back(std::move(c->thread));
-    }
+    for (auto& c : manifest_calls_) manifests.push_back(&c->canceller);
   }
-  // Outside the lock: the threads take it to report.
+  // Outside the lock: the calls' and threads' ends take it to report.
+  for (const auto& call : calls) call->Cancel();
+  for (CancellationToken* token : manifests) token->Cancel();
   for (std::thread& t : threads) t.join();
+  // Cancelled calls end at once; each also ends by its own deadline (the
+  // piece's or the manifest's timeout), so this wait ends. Until it does,
+  // the calls' callbacks may still touch this run: it cannot be left.
+  const absl::Time since = absl::Now();
+  while (!outstanding_->WaitFor(absl::Seconds(10))) {
+    SHOAL_LOG(WARNING) << "pull of round " << round_ << ": " << outstanding_->count()
+                       << " cancelled calls have not ended after "
+                       << absl::FormatDuration(absl::Now() - since) << "; still waiting";
+  }
 }
 
 void SyncRun::FillStats(SyncStats* stats) {

@@ -22,9 +22,16 @@
 //  5. Checks the whole model against the agreed SHA-256; on a mismatch the
 //     whole pull starts over (up to `attempts`).
 //
-// Threads: Sync() runs on the caller's thread, which schedules; each read
-// (and each manifest request) runs on a thread of its own, all joined before
-// Sync returns. Not thread-safe: one Sync at a time per ModelSyncer.
+// Threads: Sync() runs on the caller's thread, which schedules. Peer reads
+// and manifest requests are gRPC callback calls (PeerClient::StartReadSlice,
+// StartGetManifest), no thread of their own: a read's callbacks copy its
+// chunks into the piece's buffer, check the piece's digest at its end and
+// hand it over under the pull's lock; the scheduler starts and cancels calls
+// with that lock released. A read from the checkpoint store still runs on a
+// thread of its own (CheckpointClient::ReadLayer is synchronous). Before Sync
+// returns it cancels every call still in flight and waits until each has
+// ended (cancelled calls end at once; every call has its deadline), logging
+// while it waits. Not thread-safe: one Sync at a time per ModelSyncer.
 #ifndef SHOAL_SERVICES_WORKER_MODEL_SYNCER_H_
 #define SHOAL_SERVICES_WORKER_MODEL_SYNCER_H_
 

@@ -55,7 +55,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         limiter_(limiter),
         ctx_(ctx),
         clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
-        created_(clock_->Now()) {
+        created_(clock_->Now()),
+        averaged_wait_(options.averaged_wait) {
     ReactionScope reaction(this);
     if (absl::Status s = DecodeReadSliceRequest(*raw_request, &request_); !s.ok()) {
       FinishOnce(ToGrpcStatus(s));
@@ -68,12 +69,9 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     // that it hears why rather than DEADLINE_EXCEEDED: a quarter of the time
     // left, up to 500 ms, ahead of it (room for a busy machine's scheduling).
     const absl::Time now = clock_->Now();
-    park_until_ = now + options.averaged_wait;
     // The reader's deadline is wall-clock time; read it on the injected clock.
-    const absl::Time deadline = now + (absl::FromChrono(ctx->deadline()) - RealClock::Get()->Now());
-    if (deadline < park_until_) {
-      park_until_ = deadline - std::min((deadline - now) / 4, absl::Milliseconds(500));
-    }
+    reader_deadline_ = now + (absl::FromChrono(ctx->deadline()) - RealClock::Get()->Now());
+    park_until_ = ParkUntil(now);
     // Registered before the first check, so that no change between that
     // check and the park can go unnoticed.
     state_->AddObserver(this);
@@ -144,7 +142,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     }
     // Pending timers fire at once (ok=false) and finish the call.
     absl::MutexLock lock(&alarm_mu_);
-    if (parked && park_armed_) park_alarm_.Cancel();
+    if (parked && park_alarm_ != nullptr) park_alarm_->Cancel();
     if (pace_armed_) pace_alarm_.Cancel();
   }
 
@@ -175,9 +173,16 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     }
     ModelState::ReadGrant grant;
     bool may_wait = false;
-    const absl::Status s = state_->CheckRead(request_, &grant, &may_wait);
+    // Parked in the middle of the stream: what is left of it.
+    shoal::v1::ReadSliceRequest rest = request_;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mid_stream_) rest.set_begin(next_);
+    }
+    const absl::Status s = state_->CheckRead(rest, &grant, &may_wait);
     enum class Action { kNone, kPark, kStream, kFinish } action = Action::kNone;
     bool leave_park = false;
+    uint64_t park_gen = 0;
     grpc::Status refusal;
     {
       absl::MutexLock lock(&mu_);
@@ -186,7 +191,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
       // The park timer is cancelled when the park ends for another reason
       // (its callback then finds the phase changed and only lets go).
       if (s.ok()) {
-        grant_ = grant;
+        // A stream that parked keeps the window it started in.
+        if (!mid_stream_) grant_ = grant;
         phase_ = Phase::kStreaming;
         action = Action::kStream;
         leave_park = parked && !timer_expired;
@@ -194,6 +200,7 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
                  !cancelled_ && clock_->Now() < park_until_) {
         if (!parked) {
           phase_ = Phase::kParked;
+          park_gen = ++park_gen_;
           action = Action::kPark;
         }
       } else {
@@ -212,19 +219,10 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     switch (action) {
       case Action::kNone:
         return;
-      case Action::kPark: {
+      case Action::kPark:
         SHOAL_VLOG(2) << "ReadSlice from " << request_.reader_id() << " parked: " << s;
-        absl::MutexLock lock(&alarm_mu_);
-        AddRef();  // the alarm's
-        park_armed_ = true;
-        // gRPC's alarms run on wall-clock time: the same distance ahead.
-        park_alarm_.Set(absl::ToChronoTime(RealClock::Get()->Now() + (park_until_ - clock_->Now())),
-                        [this](bool ok) {
-                          OnParkTimer(ok);
-                          Release();
-                        });
+        ArmPark(park_gen);
         return;
-      }
       case Action::kStream:
         if (leave_park) CancelParkAlarm();
         WriteNext();
@@ -237,21 +235,73 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     }
   }
 
-  void CancelParkAlarm() {
-    absl::MutexLock lock(&alarm_mu_);
-    if (park_armed_) park_alarm_.Cancel();
+  // How long a park may last from `now` (see the constructor).
+  absl::Time ParkUntil(absl::Time now) const {
+    absl::Time until = now + averaged_wait_;
+    if (reader_deadline_ < until) {
+      until = reader_deadline_ - std::min((reader_deadline_ - now) / 4, absl::Milliseconds(500));
+    }
+    return until;
   }
 
-  void OnParkTimer(bool expired) {
+  // An AVERAGED stream reached the end of what its owner has averaged so
+  // far (the reduce publishes the slice cell by cell): it waits for more,
+  // parked as a read that has not started is.
+  void ParkMidStream() {
+    uint64_t gen;
+    {
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kStreaming) return;
+      phase_ = Phase::kParked;
+      mid_stream_ = true;
+      park_until_ = ParkUntil(clock_->Now());
+      gen = ++park_gen_;
+    }
+    ArmPark(gen);
+    // A change between the last look and the park must not go unheard.
+    Check(/*timer_expired=*/false);
+  }
+
+  // The timer of park number `gen`: a new alarm each time, so that a
+  // cancelled one whose callback has not run yet is never set again (its
+  // callback then only finds its park over: OnParkTimer).
+  void ArmPark(uint64_t gen) {
+    absl::MutexLock lock(&alarm_mu_);
+    {
+      // The park may be over already (a change let the stream go on, and
+      // it may even have parked again, with a newer timer: keep that one).
+      absl::MutexLock state_lock(&mu_);
+      if (phase_ != Phase::kParked || gen != park_gen_) return;
+    }
+    park_alarm_ = std::make_unique<grpc::Alarm>();  // the last one is cancelled, if pending
+    AddRef();                                       // the alarm's
+    // gRPC's alarms run on wall-clock time: the same distance ahead.
+    park_alarm_->Set(absl::ToChronoTime(RealClock::Get()->Now() + (park_until_ - clock_->Now())),
+                     [this, gen](bool ok) {
+                       OnParkTimer(ok, gen);
+                       Release();
+                     });
+  }
+
+  void CancelParkAlarm() {
+    absl::MutexLock lock(&alarm_mu_);
+    if (park_alarm_ != nullptr) park_alarm_->Cancel();
+  }
+
+  void OnParkTimer(bool expired, uint64_t gen) {
+    {
+      // A park that is over (the stream went on, or parked again since).
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kParked || gen != park_gen_) return;
+    }
     if (expired) {
       Check(/*timer_expired=*/true);
       return;
     }
-    // Cancelled: by OnCancel (still parked), or by a Check that already
-    // left the park (nothing to do).
+    // Cancelled by OnCancel while still parked.
     {
       absl::MutexLock lock(&mu_);
-      if (phase_ != Phase::kParked) return;
+      if (phase_ != Phase::kParked || gen != park_gen_) return;
       phase_ = Phase::kFinished;
     }
     FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED,
@@ -259,9 +309,18 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   }
 
   void WriteNext() {
+    uint64_t until = end_;
+    if (request_.kind() == shoal::v1::AVERAGED) {
+      // Only what the owner has averaged so far.
+      until = std::min(until, state_->AveragedLimit(request_.round(), request_.attempt()));
+      if (until <= next_) {
+        ParkMidStream();
+        return;
+      }
+    }
     // On the wire module's grid: a chunk is a whole cell (with its
     // precomputed CRC) whenever the range allows.
-    const uint64_t count = NextChunk(next_, end_).count;
+    const uint64_t count = NextChunk(next_, until).count;
     if (limiter_ != nullptr && limiter_->limited()) {
       const absl::Time when = limiter_->Reserve(count * kBytesPerElement);
       // The limiter reads the real clock, as the alarm below does.
@@ -344,6 +403,8 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
 
   shoal::v1::ReadSliceRequest request_;
   bool snapshot_ = false;
+  const absl::Duration averaged_wait_;
+  absl::Time reader_deadline_;
   absl::Time park_until_;
   // Position of the stream: touched by one write step at a time.
   uint64_t next_ = 0;
@@ -354,14 +415,17 @@ class ReadSliceReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kStarting;
   ModelState::ReadGrant grant_;  // set when streaming starts, then constant
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // Parked after streaming part of an AVERAGED slice (ParkMidStream).
+  bool mid_stream_ ABSL_GUARDED_BY(mu_) = false;
+  // Parks so far: a park timer of an earlier one is ignored.
+  uint64_t park_gen_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 
   // Alarms are set and cancelled from different threads: serialized here.
   absl::Mutex alarm_mu_;
-  grpc::Alarm park_alarm_;
-  bool park_armed_ ABSL_GUARDED_BY(alarm_mu_) = false;
+  std::unique_ptr<grpc::Alarm> park_alarm_ ABSL_GUARDED_BY(alarm_mu_);
   grpc::Alarm pace_alarm_;
   bool pace_armed_ ABSL_GUARDED_BY(alarm_mu_) = false;
 };

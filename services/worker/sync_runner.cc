@@ -112,108 +112,14 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       // same round and attempt, and its readers must not get these bytes.
       WithdrawPublished();
       return std::nullopt;
-    case Action::kCatchUp: {
-      const absl::Time t0 = parts_.clock->Now();
-      uint64_t pulled = 0;
-      absl::Status s = parts_.memory->CatchUp(a.round, a.hash, protocol_.model_round(),
-                                              [&](float* dst, uint64_t total) {
-                                                pulled = total * sizeof(float);
-                                                RETURN_IF_ERROR(PullModel(a, dst, total));
-                                                return PullOuterState(a);
-                                              });
-      if (pulled > 0) {
-        (s.ok() ? M().catchups_ok : M().catchups_failed).Add();
-        if (s.ok()) {
-          M().catchup_bytes.Add(static_cast<double>(pulled));
-          M().catchup_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
-        }
-      }
-      if (s.ok()) {
-        SHOAL_LOG(INFO) << absl::StrFormat("caught up to round %d in %.2fs (%d MiB)", a.round,
-                                           absl::ToDoubleSeconds(parts_.clock->Now() - t0),
-                                           parts_.memory->total() * sizeof(float) >> 20);
-      }
-      *next = protocol_.OnCaughtUp(a.round, a.hash, s);
-      return std::nullopt;
-    }
-    case Action::kTrain: {
-      const absl::Time t0 = parts_.clock->Now();
-      parts_.trainer->SetRound(a.round);
-      if (protocol_.config().training().sample_ledger()) {
-        // The coordinator's samples of this round (a trainer that cannot
-        // take them was refused at join).
-        if (absl::Status s = parts_.trainer->SetSamples(a.samples); !s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("round ", a.round, ": ", s.message()));
-        }
-      }
-      std::string contribution_hash;
-      // Overlapped rounds: the steps were (mostly) trained ahead, while the
-      // last round was averaged; their own duration is the round's.
-      double train_seconds = -1;
-      const double loss = parts_.memory->Train(a.round, [&](float* params) {
-        const uint32_t steps = protocol_.config().training().local_steps();
-        double l = 0;
-        if (parts_.local != nullptr) {
-          const uint32_t fragments = protocol_.config().exchange().fragments();
-          const SliceRange fragment =
-              FragmentOf(parts_.trainer->num_elements(), fragments, a.round);
-          const LocalTraining::Round r =
-              parts_.local->TrainRound(a.round, protocol_.model_round(), steps, params, fragment);
-          l = r.loss;
-          train_seconds = r.train_seconds;
-          round_note_.clear();
-          if (fragments > 1) {
-            absl::StrAppend(&round_note_, " fragment=", a.round % fragments, "/", fragments);
-          }
-          if (parts_.local->overlapped()) {
-            absl::StrAppend(&round_note_, " stale=",
-                            r.use == AheadUse::kCarry ? absl::StrCat(r.stale_steps, "/", r.steps)
-                                                      : std::string("0"));
-          }
-        } else {
-          l = parts_.trainer->TrainSteps(steps);
-        }
-        if (parts_.options->contribution_transform) {
-          parts_.options->contribution_transform(a.round, params, parts_.trainer->num_elements());
-        }
-        if (protocol_.config().trust().audit_rate() > 0) {
-          // What an audit's replay must reproduce: the contribution as served.
-          contribution_hash = HashParameters(params, parts_.trainer->num_elements());
-        }
-        return l;
-      });
-      if (host_->StopRequested()) {
-        // Training ended early for the shutdown: leave without reporting
-        // the unfinished round.
-        parts_.stop->Cancel();
-        *next = protocol_.OnStopRequested(host_->StopReason());
-        return std::nullopt;
-      }
-      if (train_seconds < 0) train_seconds = absl::ToDoubleSeconds(parts_.clock->Now() - t0);
-      M().train_seconds.Observe(train_seconds);
-      M().seconds_training.Add(train_seconds);
-      M().train_loss.Set(loss);
-      M().rounds_in_flight.Set(Overlapped() ? 2 : 1);
-      *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash,
-                                  parts_.local != nullptr ? train_seconds : -1);
-      return std::nullopt;
-    }
-    case Action::kReportReady: {
-      absl::Status s = parts_.coordinator->ReportReady(a.ready);
-      if (s.ok()) SHOAL_VLOG(1) << "round " << a.round << " ready, loss " << a.ready.train_loss();
-      if (s.ok() && a.resumed) {
-        SHOAL_LOG(INFO) << "round " << a.round
-                        << ": ready report accepted for the work trained before the coordinator "
-                           "session was lost (round not trained again)";
-      }
-      *next = protocol_.OnReadyReported(a.round, s);
-      return std::nullopt;
-    }
-    case Action::kKeepContribution:
-      parts_.memory->KeepContribution(a.round);
-      return std::nullopt;
-    case Action::kRestoreContribution:
-      parts_.memory->RestoreContribution(a.round);
+    case Action::kCatchUp:
+      return CatchUp(a, next);
+    case Action::kTrain:
+      return Train(a, next);
+    case Action::kReportReady:
+      return ReportReady(a, next);
+    case Action::kContributeAgain:
+      parts_.memory->ContributeAgain(a.round);
       return std::nullopt;
     case Action::kServePlan:
       // The round's exchange is under way: the steps ahead go on.
@@ -224,32 +130,10 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
         }
       }
       return std::nullopt;
-    case Action::kProbe: {
-      shoal::v1::ConnectionsReadyRequest req;
-      req.set_worker_id(protocol_.worker_id());
-      req.set_round(a.round);
-      req.set_attempt(a.attempt);
-      for (std::string& id : UnreachablePeers(a.plan, a.retry)) req.add_unreachable(std::move(id));
-      absl::Status s = parts_.coordinator->ConnectionsReady(req);
-      if (!s.ok()) SHOAL_LOG(WARNING) << "connections-ready refused: " << s.message();
-      return std::nullopt;
-    }
-    case Action::kExchange: {
-      std::string hash;
-      const absl::Time t0 = parts_.clock->Now();
-      absl::Status s = Exchange(a, &hash);
-      M().seconds_exchanging.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
-      if (s.ok()) {
-        M().exchanges_ok.Add();
-        M().exchange_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
-      } else {
-        M().exchanges_failed.Add();
-      }
-      M().received_bytes.Add(static_cast<double>(last_stats_.bytes_received));
-      M().retries.Add(last_stats_.retries);
-      *next = protocol_.OnExchanged(a.round, a.attempt, s, hash);
-      return std::nullopt;
-    }
+    case Action::kProbe:
+      return Probe(a, next);
+    case Action::kExchange:
+      return RunExchange(a, next);
     case Action::kHoldPending:
       parts_.memory->HoldPending(a.round, a.hash);
       // The steps ahead move onto this round's average at once (not at
@@ -277,79 +161,16 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     case Action::kDropLateWork:
       parts_.memory->DropLateWork();
       return std::nullopt;
-    case Action::kReportDone: {
-      shoal::v1::ReportRoundDoneRequest done = a.done;
-      if (a.evaluate) *done.mutable_metrics() = Evaluate();
-      if (done.metrics().evaluated()) {
-        M().test_accuracy.Set(done.metrics().test_accuracy());
-        M().test_loss.Set(done.metrics().test_loss());
-      }
-      M().model_round.Set(static_cast<double>(a.round));
-      M().rounds_in_flight.Set(Overlapped() ? 1 : 0);
-      const double ratio =
-          last_stats_.raw_bytes_received > 0
-              ? static_cast<double>(last_stats_.bytes_received) / last_stats_.raw_bytes_received
-              : 1.0;
-      done.set_bytes_received(last_stats_.bytes_received);
-      done.set_bytes_sent(last_stats_.bytes_published);
-      done.set_compression_ratio(ratio);
-      // Fragments: a short hash of each fragment of the agreed model, so a
-      // reader of the logs sees which ones this round moved (its own only).
-      std::string parts;
-      if (const uint32_t k = protocol_.config().exchange().fragments(); k > 1) {
-        std::vector<std::string> hashes;
-        for (uint32_t f = 0; f < k; ++f) {
-          const SliceRange r = FragmentOf(parts_.memory->total(), k, f);
-          hashes.push_back(
-              HashParameters(parts_.memory->parameters() + r.begin, r.end - r.begin).substr(0, 8));
-        }
-        parts = absl::StrCat(" parts=", absl::StrJoin(hashes, "/"));
-      }
-      zone_measurements_.AddTraining(done.train_seconds(),
-                                     protocol_.config().training().local_steps());
-      zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
-      done.set_step_seconds(zone_measurements_.step_seconds());
-      done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
-      SHOAL_LOG(INFO) << absl::StrFormat(
-          "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
-          "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s%s hash=%s",
-          a.round, protocol_.train_loss(),
-          done.metrics().evaluated()
-              ? absl::StrFormat(" test_accuracy=%.4f test_loss=%.4f",
-                                done.metrics().test_accuracy(), done.metrics().test_loss())
-              : "",
-          done.train_seconds(), done.exchange_seconds(), last_stats_.bytes_received / 1024,
-          last_stats_.retries, last_stats_.bytes_received, last_stats_.bytes_published, ratio,
-          parts_.averaging->codec->name(),
-          last_stats_.stage_bytes_received.empty()
-              ? std::string()
-              : absl::StrCat(" stage_in=", absl::StrJoin(last_stats_.stage_bytes_received, "/"),
-                             last_stats_.stages_carried > 0
-                                 ? absl::StrCat(" carried=", last_stats_.stages_carried)
-                                 : ""),
-          round_note_ + parts, a.hash.substr(0, 12));
-      absl::Status r = parts_.coordinator->ReportRoundDone(done);
-      if (!r.ok())
-        SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();
-      return std::nullopt;
-    }
+    case Action::kReportDone:
+      return ReportDone(a, next);
     case Action::kUpload:
       Upload(a);
       return std::nullopt;
     case Action::kLeave:
       host_->Leave(a.reason);
       return std::nullopt;
-    case Action::kAudit: {
-      const absl::Time t0 = parts_.clock->Now();
-      // The snapshot buffer holds the agreed model: the pending round's
-      // base while an average is pending, else the model itself.
-      ReplayAudit(parts_, protocol_.worker_id(),
-                  protocol_.pending() ? protocol_.agreed_round() : protocol_.model_round(),
-                  protocol_.pending() ? protocol_.agreed_hash() : protocol_.model_hash(), a.audit)
-          .IgnoreError();  // logged; the coordinator drops an audit it never hears of
-      M().seconds_auditing.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
-      return std::nullopt;
-    }
+    case Action::kAudit:
+      return Audit(a, next);
     case Action::kExit:
       host_->CloseSession();
       if (parts_.local != nullptr) {
@@ -367,6 +188,207 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
       }
       return a.status;
   }
+  return std::nullopt;
+}
+
+// kCatchUp: pull the round's model (and the outer momentum) into the snapshot buffer.
+std::optional<absl::Status> SyncRunner::CatchUp(Action& a, Actions* next) {
+  const absl::Time t0 = parts_.clock->Now();
+  uint64_t pulled = 0;
+  absl::Status s = parts_.memory->CatchUp(a.round, a.hash, protocol_.model_round(),
+                                          [&](float* dst, uint64_t total) {
+                                            pulled = total * sizeof(float);
+                                            RETURN_IF_ERROR(PullModel(a, dst, total));
+                                            return PullOuterState(a);
+                                          });
+  if (pulled > 0) {
+    (s.ok() ? M().catchups_ok : M().catchups_failed).Add();
+    if (s.ok()) {
+      M().catchup_bytes.Add(static_cast<double>(pulled));
+      M().catchup_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+    }
+  }
+  if (s.ok()) {
+    SHOAL_LOG(INFO) << absl::StrFormat("caught up to round %d in %.2fs (%d MiB)", a.round,
+                                       absl::ToDoubleSeconds(parts_.clock->Now() - t0),
+                                       parts_.memory->total() * sizeof(float) >> 20);
+  }
+  *next = protocol_.OnCaughtUp(a.round, a.hash, s);
+  return std::nullopt;
+}
+
+// kTrain: the round's local steps (or, with a local model, its progress).
+std::optional<absl::Status> SyncRunner::Train(Action& a, Actions* next) {
+  const absl::Time t0 = parts_.clock->Now();
+  parts_.trainer->SetRound(a.round);
+  if (protocol_.config().training().sample_ledger()) {
+    // The coordinator's samples of this round (a trainer that cannot
+    // take them was refused at join).
+    if (absl::Status s = parts_.trainer->SetSamples(a.samples); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("round ", a.round, ": ", s.message()));
+    }
+  }
+  std::string contribution_hash;
+  // Overlapped rounds: the steps were (mostly) trained ahead, while the
+  // last round was averaged; their own duration is the round's.
+  double train_seconds = -1;
+  const double loss = parts_.memory->Train(a.round, [&](float* params) {
+    const uint32_t steps = protocol_.config().training().local_steps();
+    double l = 0;
+    if (parts_.local != nullptr) {
+      const uint32_t fragments = protocol_.config().exchange().fragments();
+      const SliceRange fragment = FragmentOf(parts_.trainer->num_elements(), fragments, a.round);
+      const LocalTraining::Round r =
+          parts_.local->TrainRound(a.round, protocol_.model_round(), steps, params, fragment);
+      l = r.loss;
+      train_seconds = r.train_seconds;
+      round_note_.clear();
+      if (fragments > 1) {
+        absl::StrAppend(&round_note_, " fragment=", a.round % fragments, "/", fragments);
+      }
+      if (parts_.local->overlapped()) {
+        absl::StrAppend(&round_note_, " stale=",
+                        r.use == AheadUse::kCarry ? absl::StrCat(r.stale_steps, "/", r.steps)
+                                                  : std::string("0"));
+      }
+    } else {
+      l = parts_.trainer->TrainSteps(steps);
+    }
+    if (parts_.options->contribution_transform) {
+      parts_.options->contribution_transform(a.round, params, parts_.trainer->num_elements());
+    }
+    if (protocol_.config().trust().audit_rate() > 0) {
+      // What an audit's replay must reproduce: the contribution as served.
+      contribution_hash = HashParameters(params, parts_.trainer->num_elements());
+    }
+    return l;
+  });
+  if (host_->StopRequested()) {
+    // Training ended early for the shutdown: leave without reporting
+    // the unfinished round.
+    parts_.stop->Cancel();
+    *next = protocol_.OnStopRequested(host_->StopReason());
+    return std::nullopt;
+  }
+  if (train_seconds < 0) train_seconds = absl::ToDoubleSeconds(parts_.clock->Now() - t0);
+  M().train_seconds.Observe(train_seconds);
+  M().seconds_training.Add(train_seconds);
+  M().train_loss.Set(loss);
+  M().rounds_in_flight.Set(Overlapped() ? 2 : 1);
+  *next = protocol_.OnTrained(a.round, loss, parts_.trainer->num_elements(), contribution_hash,
+                              parts_.local != nullptr ? train_seconds : -1);
+  return std::nullopt;
+}
+
+// kReportReady.
+std::optional<absl::Status> SyncRunner::ReportReady(Action& a, Actions* next) {
+  absl::Status s = parts_.coordinator->ReportReady(a.ready);
+  if (s.ok()) SHOAL_VLOG(1) << "round " << a.round << " ready, loss " << a.ready.train_loss();
+  if (s.ok() && a.resumed) {
+    SHOAL_LOG(INFO) << "round " << a.round
+                    << ": ready report accepted for the work trained before the coordinator "
+                       "session was lost (round not trained again)";
+  }
+  *next = protocol_.OnReadyReported(a.round, s);
+  return std::nullopt;
+}
+
+// kProbe: every peer of the plan at once, then ConnectionsReady.
+std::optional<absl::Status> SyncRunner::Probe(Action& a, Actions* next) {
+  shoal::v1::ConnectionsReadyRequest req;
+  req.set_worker_id(protocol_.worker_id());
+  req.set_round(a.round);
+  req.set_attempt(a.attempt);
+  for (std::string& id : UnreachablePeers(a.plan, a.retry)) req.add_unreachable(std::move(id));
+  absl::Status s = parts_.coordinator->ConnectionsReady(req);
+  if (!s.ok()) SHOAL_LOG(WARNING) << "connections-ready refused: " << s.message();
+  return std::nullopt;
+}
+
+// kExchange: the averager on the plan, with its metrics.
+std::optional<absl::Status> SyncRunner::RunExchange(Action& a, Actions* next) {
+  std::string hash;
+  const absl::Time t0 = parts_.clock->Now();
+  absl::Status s = Exchange(a, &hash);
+  M().seconds_exchanging.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+  if (s.ok()) {
+    M().exchanges_ok.Add();
+    M().exchange_seconds.Observe(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
+  } else {
+    M().exchanges_failed.Add();
+  }
+  M().received_bytes.Add(static_cast<double>(last_stats_.bytes_received));
+  M().retries.Add(last_stats_.retries);
+  *next = protocol_.OnExchanged(a.round, a.attempt, s, hash);
+  return std::nullopt;
+}
+
+// kReportDone: evaluate when asked, log the round's line, ReportRoundDone.
+std::optional<absl::Status> SyncRunner::ReportDone(Action& a, Actions* next) {
+  shoal::v1::ReportRoundDoneRequest done = a.done;
+  if (a.evaluate) *done.mutable_metrics() = Evaluate();
+  if (done.metrics().evaluated()) {
+    M().test_accuracy.Set(done.metrics().test_accuracy());
+    M().test_loss.Set(done.metrics().test_loss());
+  }
+  M().model_round.Set(static_cast<double>(a.round));
+  M().rounds_in_flight.Set(Overlapped() ? 1 : 0);
+  const double ratio =
+      last_stats_.raw_bytes_received > 0
+          ? static_cast<double>(last_stats_.bytes_received) / last_stats_.raw_bytes_received
+          : 1.0;
+  done.set_bytes_received(last_stats_.bytes_received);
+  done.set_bytes_sent(last_stats_.bytes_published);
+  done.set_compression_ratio(ratio);
+  // Fragments: a short hash of each fragment of the agreed model, so a
+  // reader of the logs sees which ones this round moved (its own only).
+  std::string parts;
+  if (const uint32_t k = protocol_.config().exchange().fragments(); k > 1) {
+    std::vector<std::string> hashes;
+    for (uint32_t f = 0; f < k; ++f) {
+      const SliceRange r = FragmentOf(parts_.memory->total(), k, f);
+      hashes.push_back(
+          HashParameters(parts_.memory->parameters() + r.begin, r.end - r.begin).substr(0, 8));
+    }
+    parts = absl::StrCat(" parts=", absl::StrJoin(hashes, "/"));
+  }
+  zone_measurements_.AddTraining(done.train_seconds(), protocol_.config().training().local_steps());
+  zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
+  done.set_step_seconds(zone_measurements_.step_seconds());
+  done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
+  SHOAL_LOG(INFO) << absl::StrFormat(
+      "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
+      "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s%s hash=%s",
+      a.round, protocol_.train_loss(),
+      done.metrics().evaluated()
+          ? absl::StrFormat(" test_accuracy=%.4f test_loss=%.4f", done.metrics().test_accuracy(),
+                            done.metrics().test_loss())
+          : "",
+      done.train_seconds(), done.exchange_seconds(), last_stats_.bytes_received / 1024,
+      last_stats_.retries, last_stats_.bytes_received, last_stats_.bytes_published, ratio,
+      parts_.averaging->codec->name(),
+      last_stats_.stage_bytes_received.empty()
+          ? std::string()
+          : absl::StrCat(" stage_in=", absl::StrJoin(last_stats_.stage_bytes_received, "/"),
+                         last_stats_.stages_carried > 0
+                             ? absl::StrCat(" carried=", last_stats_.stages_carried)
+                             : ""),
+      round_note_ + parts, a.hash.substr(0, 12));
+  absl::Status r = parts_.coordinator->ReportRoundDone(done);
+  if (!r.ok()) SHOAL_LOG(WARNING) << "report of round " << a.round << " refused: " << r.message();
+  return std::nullopt;
+}
+
+// kAudit: replay another participant's round from the agreed base.
+std::optional<absl::Status> SyncRunner::Audit(Action& a, Actions* next) {
+  const absl::Time t0 = parts_.clock->Now();
+  // The snapshot buffer holds the agreed model: the pending round's
+  // base while an average is pending, else the model itself.
+  ReplayAudit(parts_, protocol_.worker_id(),
+              protocol_.pending() ? protocol_.agreed_round() : protocol_.model_round(),
+              protocol_.pending() ? protocol_.agreed_hash() : protocol_.model_hash(), a.audit)
+      .IgnoreError();  // logged; the coordinator drops an audit it never hears of
+  M().seconds_auditing.Add(absl::ToDoubleSeconds(parts_.clock->Now() - t0));
   return std::nullopt;
 }
 

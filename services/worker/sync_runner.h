@@ -42,6 +42,14 @@ class SyncRunner final : public Runner {
   std::optional<absl::Status> Execute(Actions actions);
   // Carries out one action; its result's follow-up actions go to `next`.
   std::optional<absl::Status> ExecuteOne(Action& action, Actions* next);
+  // ExecuteOne's longer actions, one each (the same contract).
+  std::optional<absl::Status> CatchUp(Action& a, Actions* next);
+  std::optional<absl::Status> Train(Action& a, Actions* next);
+  std::optional<absl::Status> ReportReady(Action& a, Actions* next);
+  std::optional<absl::Status> Probe(Action& a, Actions* next);
+  std::optional<absl::Status> RunExchange(Action& a, Actions* next);
+  std::optional<absl::Status> ReportDone(Action& a, Actions* next);
+  std::optional<absl::Status> Audit(Action& a, Actions* next);
   // The plan's peers this worker cannot reach (probed all at once).
   std::vector<std::string> UnreachablePeers(const shoal::v1::RoundPlan& plan, uint32_t retry);
   absl::Status Exchange(const Action& action, std::string* hash);

@@ -167,7 +167,11 @@ absl::Status Worker::Run() {
     return *exit;
   }
   if (runner_ == nullptr) return absl::OkStatus();  // stopped before the first join
-  return runner_->Run();
+  absl::Status s = runner_->Run();
+  // Nothing trains after Run(): the trainer's model becomes the agreed one
+  // (a Python loop reads its module next).
+  if (local_) local_->Stop();
+  return s;
 }
 
 bool Worker::StopRequested() const { return stop_token_.cancelled(); }
@@ -484,11 +488,6 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   topts.eval_limit = options_.eval_limit;
   topts.stop = &stop_token_;
   if ((config.exchange().overlap() || config.exchange().fragments() > 1) && !IsGossipMode(config)) {
-    if (options_.make_trainer) {
-      return absl::FailedPreconditionError(
-          "this run overlaps rounds (--overlap=on) or syncs fragments (--fragments): it trains a "
-          "local copy of the model inside shoal-worker, which a Python training loop cannot be");
-    }
     local_ = std::make_unique<LocalTraining>(&stop_token_, config.exchange().overlap(), clock_,
                                              AheadOptionsOf(config.exchange()));
     topts.stop = local_->stop();
@@ -517,7 +516,8 @@ absl::Status Worker::BuildModel(const shoal::v1::JoinResponse& joined) {
   const uint64_t n = trainer_->num_elements();
   // What the round protocol, the exchange and the peers use: the trainer's
   // buffer, or (a local model) a buffer apart from it.
-  float* params = local_ != nullptr ? local_->Bind(trainer_.get()) : trainer_->parameters();
+  float* params =
+      local_ != nullptr ? local_->Bind(trainer_.get(), state_.get()) : trainer_->parameters();
   state_->Bind(params, n, config.model().name());
   // Peers catching up pull (and verify) the model layer by layer.
   std::vector<LayerSpan> spans;

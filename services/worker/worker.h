@@ -90,6 +90,11 @@ class Worker final : private RunnerHost {
   // Run()'s thread: read it after something Run() did since (the Python
   // module: after its first turn).
   const std::string& worker_id() const { return worker_id_; }
+  // The round of the averaged model this worker holds and its SHA-256: the
+  // hash the members vote on (pending until the round is settled). The
+  // Python module's model_hash() when its module is a local model apart
+  // (overlapped rounds, fragments). Thread-safe.
+  shoal::v1::PeerInfo model_info() const { return state_->Info(); }
   int port() const { return server_->port(); }
   // The metrics port, 0 when metrics_listen is off.
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }

@@ -69,13 +69,14 @@ std::string LogsAfterExit(std::vector<std::unique_ptr<Process>>& workers) {
 
 void ExpectEachOnce(const std::vector<std::vector<int>>& seen) {
   for (size_t epoch = 0; epoch < seen.size(); ++epoch) {
-    uint64_t missing = 0, twice = 0;
-    for (int c : seen[epoch]) {
-      if (c == 0) ++missing;
-      if (c > 1) ++twice;
+    uint64_t missing = 0, twice = 0, first_missing = 0, first_twice = 0;
+    for (size_t p = 0; p < seen[epoch].size(); ++p) {
+      const int c = seen[epoch][p];
+      if (c == 0 && missing++ == 0) first_missing = p;
+      if (c > 1 && twice++ == 0) first_twice = p;
     }
-    EXPECT_EQ(missing, 0u) << "epoch " << epoch;
-    EXPECT_EQ(twice, 0u) << "epoch " << epoch;
+    EXPECT_EQ(missing, 0u) << "epoch " << epoch << ", first missing position " << first_missing;
+    EXPECT_EQ(twice, 0u) << "epoch " << epoch << ", first position twice " << first_twice;
   }
 }
 
@@ -138,8 +139,19 @@ TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
 
   // The workers' own account: every position of each epoch exactly once.
   std::vector<std::vector<int>> seen(2, std::vector<int>(n, 0));
-  EXPECT_GT(CountTrained(LogsAfterExit(workers_), 0, &seen), 0);
+  const std::string logs = LogsAfterExit(workers_);
+  EXPECT_GT(CountTrained(logs, 0, &seen), 0);
   ExpectEachOnce(seen);
+  if (HasFailure()) {
+    // What the workers said about rounds, sessions and ledgers.
+    std::istringstream lines(logs);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("ledger") != std::string::npos || line.find("session") != std::string::npos ||
+          line.find("void") != std::string::npos || line.find("join") != std::string::npos) {
+        std::cout << line << "\n";
+      }
+    }
+  }
 }
 
 // A full restart from the store continues the checkpoint's ledger: the

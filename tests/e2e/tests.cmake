@@ -111,3 +111,10 @@ shoal_test(overlap_test e2e e2e/overlap_test.cc LIBS shoal_protos shoal_common S
 add_dependencies(overlap_test shoal-coordinator shoal-worker)
 shoal_test(fragments_test e2e e2e/fragments_test.cc LIBS shoal_protos shoal_common SERIAL)
 add_dependencies(fragments_test shoal-coordinator shoal-worker)
+# What strangers send is bounded (issue 50): refused joins, a flood of junk
+# joins, odd names in shoalctl; and shoalctl against hostile answers.
+shoal_test(limits_e2e_test e2e e2e/limits_e2e_test.cc LIBS shoal_protos shoal_common SERIAL)
+add_dependencies(limits_e2e_test shoal-coordinator shoal-worker shoalctl)
+shoal_test(shoalctl_hostile_test e2e e2e/shoalctl_hostile_test.cc LIBS shoal_protos shoal_common
+  SERIAL)
+add_dependencies(shoalctl_hostile_test shoalctl)

@@ -1,5 +1,6 @@
 #include "tests/fuzz/fuzz_targets.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -28,13 +29,16 @@
 #include "common/crc32c.h"
 #include "common/grpc_util.h"
 #include "common/model_file.h"
+#include "common/printable.h"
 #include "common/run_options.h"
 #include "common/sha256.h"
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
 #include "common/worker_state.h"
+#include "common/zone.h"
 #include "services/checkpoint/core/checkpoint_store.h"
 #include "services/coordinator/core/join_limiter.h"
+#include "services/coordinator/core/request_limits.h"
 #include "services/coordinator/core/round_engine.h"
 #include "services/coordinator/core/round_trust.h"
 #include "services/coordinator/core/run_record.h"
@@ -46,6 +50,9 @@
 #include "services/worker/core/manifest_cache.h"
 #include "services/worker/core/serving_rule.h"
 #include "services/worker/core/transfer_checks.h"
+#include "tools/shoalctl/diagnose.h"
+#include "tools/shoalctl/status_format.h"
+#include "tools/shoalctl/terminal_text.h"
 
 namespace shoal::fuzz {
 
@@ -1564,6 +1571,120 @@ void ReadEncodedRequestTarget(const uint8_t* data, size_t size) {
     }
   }
 }
+
+// True when `text` holds nothing that acts on a terminal but its newlines.
+bool TerminalSafe(const std::string& text) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (FindUnprintable(line).has_value()) return false;
+  }
+  return true;
+}
+
+// ---- text_limits: any bytes as the value of any field the coordinator
+// limits (core/request_limits.h), and as a whole message of each checked
+// type. Input: [rule u8][value]. Accepted values fit their rule (length,
+// characters, zone grammar); refusals are INVALID_ARGUMENT naming the field
+// and never quote a character that is not shown; the escapes of
+// common/printable.h leave nothing that is not shown, change nothing
+// printable, and a document's escapes stay within its text.
+void TextLimitsTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  const std::vector<coordinator::TextRule>& rules = coordinator::TextRules();
+  const coordinator::TextRule& rule = rules[in.U8() % rules.size()];
+  const std::string value = in.Rest();
+  const absl::Status s = coordinator::CheckText("Field.path", value, rule);
+  if (s.ok()) {
+    FUZZ_CHECK(value.size() <= rule.max_bytes);
+    FUZZ_CHECK(!FindUnprintable(value).has_value());
+    if (rule.kind == coordinator::TextKind::kZone) FUZZ_CHECK(ParseZone(value).ok());
+    if (rule.kind != coordinator::TextKind::kText) {
+      for (char c : value) FUZZ_CHECK(c > 0x20 && c < 0x7f);
+    }
+  } else {
+    FUZZ_CHECK(absl::IsInvalidArgument(s));
+    FUZZ_CHECK(absl::StrContains(s.message(), "Field.path"));
+    FUZZ_CHECK(!FindUnprintable(s.message()).has_value());
+  }
+  const std::string escaped = EscapeUnprintable(value);
+  FUZZ_CHECK(!FindUnprintable(escaped).has_value());
+  if (!FindUnprintable(value).has_value()) FUZZ_CHECK(escaped == value);
+  FUZZ_CHECK(TerminalSafe(EscapeUnprintable(value, "\n")));
+  const std::string doc = EscapeUnprintableInDocument(value);
+  for (absl::string_view line : absl::StrSplit(doc, absl::ByAnyChar("\n\t\r"))) {
+    FUZZ_CHECK(!FindUnprintable(line).has_value());
+  }
+  // The same bytes as a whole message of each kind a stranger sends.
+  for (const google::protobuf::Descriptor* d : coordinator::CheckedMessages()) {
+    std::unique_ptr<google::protobuf::Message> m(
+        google::protobuf::MessageFactory::generated_factory()->GetPrototype(d)->New());
+    if (!m->ParseFromString(value)) continue;
+    const absl::Status checked = coordinator::CheckRequestText(*m);
+    FUZZ_CHECK(checked.ok() || absl::IsInvalidArgument(checked));
+    FUZZ_CHECK(!FindUnprintable(checked.message()).has_value());
+  }
+}
+
+// ---- status_format: a RunStatus from any bytes (a coordinator's answer
+// as shoalctl parses it, then strings of any bytes, as an old or hostile
+// coordinator may send them, in names, reasons, zones) through every
+// formatter of shoalctl. Input: [status len u16][RunStatus][strings...].
+// The table forms and the findings print nothing that acts on a terminal
+// but their newlines, and never more rows than workers; the JSON form
+// escapes it all.
+void StatusFormatTarget(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  shoal::v1::RunStatus status;
+  if (!status.ParseFromString(in.Bytes(in.U16()))) status.Clear();
+  status.set_detail(in.Bytes(in.U8()));
+  while (in.left() > 0 && status.workers_size() < 16) {
+    shoal::v1::WorkerStatus* w = status.add_workers();
+    w->set_id(in.Bytes(in.U8() % 32));
+    w->set_name(in.Bytes(in.U8()));
+    w->set_address(in.Bytes(in.U8() % 64));
+    w->set_zone(in.Bytes(in.U8() % 64));
+    w->set_state(std::vector<std::string>{"waiting", "training", "left", "lost", "evicted",
+                                          "finished", "syncing"}[in.U8() % 7]);
+    w->set_reason(in.Bytes(in.U8()));
+    w->set_role(in.U8() % 2 ? "member" : "");
+    w->set_outbound_only(in.U8() % 2);
+    w->set_outbound_reason(in.Bytes(in.U8() % 32));
+    if (in.U8() % 2) w->add_score_reasons(in.Bytes(in.U8()));
+    if (in.U8() % 4 == 0) {
+      shoal::v1::ZoneStatus* z = status.add_zones();
+      z->set_path(in.Bytes(in.U8() % 64));
+      z->set_supernode(w->id());
+      z->set_reason(in.Bytes(in.U8()));
+    }
+    if (in.U8() % 4 == 0) {
+      shoal::v1::Ban* b = status.add_bans();
+      b->set_worker_id(w->id());
+      b->set_name(w->name());
+      b->set_reason(in.Bytes(in.U8()));
+    }
+  }
+  if (in.U8() % 2) status.mutable_config()->mutable_gossip();
+  const shoal::v1::RunStatus shown = ctl::ForTerminal(status);
+  for (bool wide : {false, true}) {
+    const std::string table = ctl::FormatStatusTable(shown, wide);
+    FUZZ_CHECK(TerminalSafe(table));
+  }
+  FUZZ_CHECK(TerminalSafe(ctl::FormatZoneTree(shown)));
+  FUZZ_CHECK(TerminalSafe(ctl::FormatGossipLine(shown)));
+  FUZZ_CHECK(TerminalSafe(ctl::FormatSummaryLine(shown, 1.5)));
+  for (const auto& r : shown.recent_rounds()) FUZZ_CHECK(TerminalSafe(ctl::FormatRoundLine(r, 3)));
+  if (shown.workers_size() > 0) {
+    absl::StatusOr<std::vector<ctl::Finding>> findings =
+        ctl::ExplainWorker(shown, shown.workers(0).id(), std::nullopt);
+    if (findings.ok()) FUZZ_CHECK(TerminalSafe(ctl::FormatFindings(*findings)));
+  }
+  FUZZ_CHECK(TerminalSafe(ctl::FormatFindings(ctl::Doctor(shown, ctl::DoctorFacts()))));
+  // JSON: every string escaped.
+  const std::string json = ctl::DocumentText(ctl::FormatStatusJson(status));
+  for (absl::string_view line : absl::StrSplit(json, '\n')) {
+    FUZZ_CHECK(!FindUnprintable(line).has_value());
+  }
+  FUZZ_CHECK(TerminalSafe(ctl::DocumentText(ctl::FormatFinishedJsonLine(status, 2.0))));
+}
 }  // namespace
 
 const std::vector<Target>& Targets() {
@@ -1588,6 +1709,8 @@ const std::vector<Target>& Targets() {
       {"join_limiter", JoinLimiterTarget},
       {"read_encoded_request", ReadEncodedRequestTarget},
       {"audit_report", AuditReportTarget},
+      {"text_limits", TextLimitsTarget},
+      {"status_format", StatusFormatTarget},
   };
   return targets;
 }

@@ -420,6 +420,42 @@ def audit_report_seeds():
                                              8, 0, 2, 8, 1, 2, 7, 2, 6, 9, 2, 0, 9, 0, 1,
                                              9, 0, 0]))
 
+# text_limits: [rule u8 (index in request_limits.cc's table)][value].
+# Rule 1 is JoinRequest.name, 0 its peer_address, 4 its zone, 3 a hash.
+def text_limits_seeds():
+    t = 'text_limits'
+    put(t, 'name-ok', bytes([1]) + 'trainer ünï 名前 🐟'.encode())
+    put(t, 'name-osc-retitle', bytes([1]) + b'\x1b]0;owned\x07')
+    put(t, 'name-clear', bytes([1]) + b'a\x1b[2Jb')
+    put(t, 'name-long', bytes([1]) + b'n' * 200)
+    put(t, 'name-bidi', bytes([1]) + 'a\u202eb'.encode())
+    put(t, 'name-c1-csi', bytes([1]) + b'\xc2\x9b31m')
+    put(t, 'name-not-utf8', bytes([1]) + b'\xff\xfe\xc0\xaf')
+    put(t, 'address', bytes([0]) + b'10.0.0.1:50060')
+    put(t, 'address-space', bytes([0]) + b'host name:1')
+    put(t, 'zone', bytes([4]) + b'eu/paris/rack1')
+    put(t, 'zone-ctl', bytes([4]) + b'eu/\x1b[2J')
+    put(t, 'hash-upper', bytes([3]) + b'AB' * 32)
+    # A JoinRequest as a whole (field 2: name).
+    put(t, 'join-request', bytes([1]) + f_bytes(1, '127.0.0.1:1') + f_bytes(2, '\x1b]0;x\x07'))
+
+# status_format: [status len u16][RunStatus][detail len u8][detail], then
+# per worker: id, name, address, zone lengths (u8) and bytes, state, ...
+def status_format_seeds():
+    t = 'status_format'
+    def s8(b):
+        if isinstance(b, str): b = b.encode()
+        return bytes([len(b)]) + b
+    def worker(i, name, reason, zone=b'eu/paris'):
+        return (s8(i) + s8(name) + s8('127.0.0.1:5000') + s8(zone) + bytes([1]) + s8(reason) +
+                bytes([1, 0]) + s8('') + bytes([1]) + s8(reason) + bytes([0]) + s8(zone) +
+                s8(reason) + bytes([0]) + s8(reason))
+    put(t, 'empty', b'')
+    put(t, 'plain', u16(0) + s8('waiting') + worker('w1', 'one', 'ok') + worker('w2', 'two', 'ok'))
+    put(t, 'hostile', u16(0) + s8(b'\x1b[2J') + worker('w1', b'\x1b]0;pwned\x07', b'bye\nfake row') +
+        worker(b'w\x1b2', 'a\u202eb'.encode(), b'\xc2\x9b') + worker('w3', b'\xff', b'\x07', b'\x1b'))
+    put(t, 'gossip', u16(0) + s8('') + worker('w1', b'\x1b[31m', b'') + bytes([1]))
+
 if __name__ == "__main__":
     encoded_slice_seeds()
     encoded_pieces_seeds()
@@ -434,3 +470,5 @@ if __name__ == "__main__":
     join_limiter_seeds()
     read_encoded_request_seeds()
     audit_report_seeds()
+    text_limits_seeds()
+    status_format_seeds()

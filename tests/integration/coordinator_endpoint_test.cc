@@ -381,6 +381,37 @@ TEST(CoordinatorEndpointTest, AJoinerNobodyCanReachIsOutboundOnly) {
   (*server)->Shutdown(absl::Seconds(1));
 }
 
+// The run record read back at a restart holds the limits of what clients
+// send (core/request_limits.h): a record whose ban carries a control
+// sequence (written by hand, or by a build without the limits) stops the
+// start with INVALID_ARGUMENT naming the field; the same record without it
+// resumes.
+TEST(CoordinatorEndpointTest, ARunRecordOverTheLimitsIsRefusedAtStart) {
+  testing::TempDir dir;
+  coordinator::RunRecordStore store(dir.path());
+  ASSERT_TRUE(store.Open().ok());
+  v1::RunRecord record;
+  record.set_run_id("run-limits");
+  record.set_next_worker_number(3);
+  v1::Ban* ban = record.add_bans();
+  ban->set_worker_id("w2");
+  ban->set_name("mallory\x1b]0;owned\x07");
+  ban->set_until_unix_seconds(1);
+  ASSERT_TRUE(store.Save(record).ok());
+  CoordinatorOptions options = testing::TestCoordinatorOptions("run-limits");
+  options.state_dir = dir.path();
+  auto refused = testing::StartTestCoordinator(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("RunRecord.bans[0].name holds U+001B"));
+  ban->set_name("mallory");
+  ASSERT_TRUE(store.Save(record).ok());
+  auto resumed = testing::StartTestCoordinator(options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  (*resumed)->Shutdown(absl::Seconds(1));
+}
+
 // The run record is written on the record's writer thread: a Join is
 // answered only once the record holding its member is on disk (an id is
 // never given twice, even across a restart), and while a write is held no

@@ -7,7 +7,9 @@
 // publication's encoding and decodes exactly what a local decode gives.
 #include <grpc/grpc.h>
 
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "services/worker/core/gossip_board.h"
 #include "services/worker/core/gossip_policy.h"
 #include "services/worker/core/model_state.h"
+#include "services/worker/core/push_box.h"
 #include "services/worker/gossip_fetcher.h"
 #include "services/worker/peer_client.h"
 #include "services/worker/peer_service.h"
@@ -220,6 +223,49 @@ TEST_F(GossipPeersTest, RefusalsHaveTheirCodes) {
   req.set_end(10);
   EXPECT_EQ(client_.ReadSlice(peer.address(), req, absl::Seconds(20), noop).code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(GossipPeersTest, BackgroundFetchBehindNatPushesOurModelBack) {
+  GossipNode peer(4.0f);
+  PushBox box(uint64_t{64} << 20);
+  peer.service.set_push_box(&box);
+  peer.board.Publish(peer.params.data(), kElements, 1000, 0.5);
+  GossipBoard own_board;
+  std::vector<float> own(kElements, 2.5f);
+  auto base = own_board.Publish(own.data(), kElements, 700, 0.75);
+  GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
+  fetcher.set_push_own(true);
+  ASSERT_TRUE(fetcher.Start("w9", peer.address(), kElements, absl::Seconds(20), base));
+  std::optional<GossipFetchResult> r;
+  ASSERT_TRUE(::shoal::testing::WaitUntil([&] { return (r = fetcher.Take()).has_value(); },
+                                          absl::Seconds(30)));
+  ASSERT_TRUE(r->status.ok()) << r->status;
+  EXPECT_TRUE(r->pushed) << r->push_status;
+  EXPECT_EQ(std::vector<float>(r->peer_params, r->peer_params + kElements), peer.params);
+  std::optional<GossipPush> pushed = box.TakeGossip();
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->pusher, "reader");
+  EXPECT_EQ(pushed->publication, base->publication);
+  EXPECT_DOUBLE_EQ(pushed->clock, 700);
+  ASSERT_EQ(pushed->bytes.size(), kElements * sizeof(float));
+  EXPECT_EQ(std::memcmp(pushed->bytes.data(), own.data(), pushed->bytes.size()), 0);
+  EXPECT_TRUE(fetcher.idle());
+}
+
+TEST_F(GossipPeersTest, StopEndsABackgroundFetchOfAStalledPeerAtOnce) {
+  GossipNode peer(1.0f);
+  peer.board.Publish(peer.params.data(), kElements, 640, 1.0);
+  peer.faulty.set_fault(::shoal::testing::FaultyPeer::Fault::kStall);
+  GossipFetcher fetcher(&client_, "reader", nullptr, &stop_);
+  ASSERT_TRUE(fetcher.Start("w9", peer.address(), kElements, absl::Seconds(60), nullptr));
+  EXPECT_FALSE(fetcher.idle());
+  stop_.Cancel();
+  // Long before the fetch's own 60 s deadline.
+  std::optional<GossipFetchResult> r;
+  ASSERT_TRUE(::shoal::testing::WaitUntil([&] { return (r = fetcher.Take()).has_value(); },
+                                          absl::Seconds(20)));
+  EXPECT_TRUE(absl::IsCancelled(r->status)) << r->status;
+  EXPECT_EQ(r->peer_params, nullptr);
 }
 
 }  // namespace

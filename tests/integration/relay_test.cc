@@ -835,5 +835,60 @@ TEST_F(RelayTest, MemberGoneIsRemovedAtOnce) {
   EXPECT_TRUE(Active(r));
 }
 
+// The limits of what a client sends hold on the relay path as on the
+// direct one (core/request_limits.h): a relayed call's request, a relayed
+// session message and a gone notice over them are refused naming the
+// field, and the relay stream goes on serving its other members.
+TEST_F(RelayTest, TextLimitsHoldOnTheRelayPath) {
+  Start(/*min_participants=*/2, /*rounds=*/2);
+  const std::string r = Join(1);
+  const std::string m = Join(2);
+  const std::string k = Join(3);
+  TestRelay* relay = AddRelay(r);
+  relay->Open(m);
+  relay->Open(k);
+  ASSERT_TRUE(relay->Opened(m));
+  ASSERT_TRUE(relay->Opened(k));
+  // A relayed call whose request carries a control sequence.
+  v1::LeaveRequest leave;
+  leave.set_worker_id(m);
+  leave.set_reason("bye\x1b]0;owned\x07");
+  RelayedCallResult refused = *relay->Call(TestRelay::Of(m, "Leave", leave));
+  EXPECT_EQ(refused.code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.message();
+  EXPECT_NE(refused.message().find("LeaveRequest.reason holds U+001B"), std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(Active(m));
+  // The call's own fields.
+  RelayedCall long_method = TestRelay::Of(m, std::string(100, 'M'), leave);
+  RelayedCallResult bad_method = *relay->Call(long_method);
+  EXPECT_EQ(bad_method.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_method.message().find("RelayedCall.method is 100 bytes; at most 64"),
+            std::string::npos)
+      << bad_method.message();
+  // A relayed heartbeat over the limits ends that member's relayed session.
+  v1::RelayUp up;
+  auto* hb = up.add_sessions();
+  hb->set_worker_id(k);
+  hb->mutable_message()->mutable_heartbeat()->set_final_error(std::string(5000, 'e'));
+  ASSERT_TRUE(relay->Send(up));
+  ASSERT_TRUE(WaitUntil([&] { return relay->ended(k).has_value(); }, kWait));
+  EXPECT_EQ(relay->ended(k)->code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(relay->ended(k)->message().find("RelayedSessionMessage.message.heartbeat.final_error"),
+            std::string::npos)
+      << relay->ended(k)->message();
+  // A gone notice with a reason over the limits is dropped: m stays.
+  v1::RelayUp gone;
+  auto* g = gone.add_gone();
+  g->set_worker_id(m);
+  g->set_reason(std::string(600, 'g'));
+  ASSERT_TRUE(relay->Send(gone));
+  // Still serving, and m is still a member with its session here.
+  ASSERT_TRUE(relay->Opened(m));
+  EXPECT_TRUE(Active(m));
+  EXPECT_FALSE(relay->closed().has_value());
+  leave.set_reason("done");
+  EXPECT_EQ(relay->Call(TestRelay::Of(m, "Leave", leave))->code(), 0);
+}
+
 }  // namespace
 }  // namespace shoal

@@ -4,6 +4,10 @@ shoal_test(coordinator_rpc_test integration ${CMAKE_CURRENT_LIST_DIR}/coordinato
   LIBS coordinator_service worker_lib)
 shoal_test(peer_exchange_test integration ${CMAKE_CURRENT_LIST_DIR}/peer_exchange_test.cc
   LIBS worker_lib)
+# Counts operator new's live bytes (its own global new/delete): a binary of
+# its own.
+shoal_test(memory_budget_test integration ${CMAKE_CURRENT_LIST_DIR}/memory_budget_test.cc
+  LIBS worker_lib)
 shoal_test(reflection_test integration ${CMAKE_CURRENT_LIST_DIR}/reflection_test.cc
   LIBS coordinator_service)
 
@@ -33,6 +37,10 @@ target_compile_definitions(torchscript_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_
 # transfers, a peer that stops answering.
 shoal_test(gossip_peers_test integration ${CMAKE_CURRENT_LIST_DIR}/gossip_peers_test.cc
   ${PROJECT_SOURCE_DIR}/tests/support/faulty_peer.cc LIBS worker_lib)
+# GrpcPeerClient's callback calls (manifest retry and cancellation, probe,
+# push) against a scripted Peer service.
+shoal_test(peer_calls_test integration ${CMAKE_CURRENT_LIST_DIR}/peer_calls_test.cc
+  LIBS worker_lib)
 # The supernode relay (Coordinator.Relay): a light relay client next to
 # direct workers, bad calls, limits, a broken relay.
 shoal_test(relay_test integration ${CMAKE_CURRENT_LIST_DIR}/relay_test.cc

@@ -224,3 +224,100 @@ def test_export_of_a_python_run_loads_strictly_into_the_users_class(cluster, tmp
     worker_acc = float(a.wait_for(rf"^round {r} accuracy ([0-9.]+)").group(1))
     x, y = load("t10k")
     assert f"{accuracy(model, x, y):.4f}" == f"{worker_acc:.4f}"
+
+
+def host_round_hashes(text):
+    """{round: 12-hex hash} from the worker host's own round lines (logger
+    "shoal"), which every synchronous worker logs, overlapped or not."""
+    return {int(m.group(1)): m.group(2)
+            for m in re.finditer(r" shoal round (\d+): train_loss=.* hash=([0-9a-f]{12})$", text,
+                                 re.M)}
+
+
+def test_overlapped_fragment_rounds_with_a_kill_and_a_late_joiner(cluster):
+    # Python loops train round N+1 while round N is averaged, one fragment of
+    # four a round; one is killed with SIGKILL, a late joiner takes the
+    # model, and every round has one model on every worker.
+    rounds = 60
+    cluster.coordinator("--model=module", "--min_participants=2", f"--rounds={rounds}",
+                        "--local_steps=60", "--overlap=on", "--fragments=4",
+                        "--heartbeat_lease=3s")
+    a, b, c = (cluster.example("fashion_mnist.py", n) for n in ("a", "b", "c"))
+    c.wait_for(r" shoal round 3: ", 300)
+    c.signal(signal.SIGKILL)
+    c.wait(30)
+    last = max(host_round_hashes(a.log()))
+    wait_until(lambda: max(host_round_hashes(a.log())) >= last + 3, 300, "rounds after the kill")
+    late = cluster.example("fashion_mnist.py", "late")
+    joined = late.wait_for(r"joined as (w\d+): accuracy ([0-9.]+) hash", 300)
+    assert float(joined.group(2)) > 0.5, late.log()
+    finals = []
+    for w in (a, b, late):
+        m = w.wait_for(r"done after (\d+) rounds: accuracy ([0-9.]+) hash ([0-9a-f]{64})", 600)
+        assert w.wait(60) == 0, w.log()
+        finals.append(m.group(3))
+        # Overlapped and fragmented: each round's line says which fragment
+        # and how many of its steps ran before the last average.
+        assert re.search(r" shoal round \d+: .* fragment=\d/4 stale=\d+/60 ", w.log()), w.log()
+    assert len(set(finals)) == 1, "the run's last model, on every worker"
+    hashes = [host_round_hashes(w.log()) for w in (a, b, c, late)]
+    rounds_run, rounds = rounds, set().union(*hashes)
+    assert max(rounds) == rounds_run
+    for r in rounds:
+        seen = {h[r] for h in hashes if r in h}
+        assert len(seen) == 1, f"round {r}: {seen}"
+    # The late joiner took part in rounds after its join, and the steps ahead
+    # were carried (and took the average between two steps) on the others.
+    assert len(hashes[3]) >= 3, late.log()
+    for w in (a, b):
+        m = re.search(r"overlapped rounds: (\d+) carried the steps trained ahead \((\d+) took",
+                      w.log())
+        assert m and int(m.group(1)) >= 10 and int(m.group(2)) >= 1, w.log()
+
+
+def test_a_bf16_module_beside_fp32_workers_agrees_and_its_export_loads(cluster, tmp_path):
+    # The bf16 worker trains its own bf16 tensors against float32 master
+    # values; it declares the float32 layout, so it meets fp32 workers. Its
+    # steps are ten times as slow on this CPU (Torch 1.13 has no fast bf16
+    # matmul here): every round waits for it, rather than the adaptive
+    # deadline leaving it out.
+    store = cluster.store()
+    rounds = 6
+    cluster.coordinator("--model=module", "--min_participants=3", f"--rounds={rounds}",
+                        "--local_steps=30", "--adaptive_deadline=false",
+                        f"--checkpoint_store={store}", "--checkpoint_every=2")
+    workers = [cluster.example("fashion_mnist.py", n) for n in ("a", "b")]
+    half = cluster.example("fashion_mnist.py", "half", "--dtype=bfloat16")
+    workers.append(half)
+    for w in workers:
+        m = w.wait_for(r"done after \d+ rounds: accuracy ([0-9.]+)", 600)
+        assert w.wait(60) == 0, w.log()
+        assert float(m.group(1)) > 0.7, w.log()
+    hashes = [round_hashes(w.log()) for w in workers]
+    for r in range(1, rounds):
+        seen = {h[r] for h in hashes if r in h}
+        assert len(seen) == 1, f"round {r}: {seen}"
+    assert rounds - 1 in hashes[2], half.log()
+    for r in cluster.status()["recent_rounds"]:
+        assert int(r["participants"]) == 3, r
+    listed = subprocess.run([str(BIN / "shoalctl"), "checkpoints", "list", f"--store={store}"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    ids = [line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()]
+    assert ids, listed.stdout
+    out = tmp_path / "model.pt"
+    exported = subprocess.run([str(BIN / "shoalctl"), "checkpoints", "export", f"--store={store}",
+                               f"--id={ids[-1]}", f"--out={out}"],
+                              capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    from fashion_mnist import MLP, accuracy, load
+
+    state = torch.load(out)
+    assert {t.dtype for t in state.values()} == {torch.float32}, "the run's layout"
+    model = MLP(torch.bfloat16)
+    model.load_state_dict(state, strict=True)  # casts to the class's bf16
+    for name, t in model.state_dict().items():
+        assert t.dtype == torch.bfloat16, name
+        assert torch.equal(t, state[name].to(torch.bfloat16)), name
+    x, y = load("t10k")
+    assert accuracy(model, x, y) > 0.7

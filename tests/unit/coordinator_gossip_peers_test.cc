@@ -2,9 +2,9 @@
 // peer list and its updates, each member's gossip figures (kept with gossip,
 // not with the member), the consensus evaluator, the checkpointer hand-off to
 // CheckpointPlanner and the end of a run whose workers finished their steps.
-// Real Membership and CheckpointPlanner parts and a test EngineHost in place
-// of RoundEngine. (tests/integration/gossip_peers_test.cc is the workers'
-// PeerService, not this.)
+// Real Membership and CheckpointPlanner parts; the harness removes members
+// and carries out the mode's intents as RoundEngine does. (tests/integration/
+// gossip_peers_test.cc is the workers' PeerService, not this.)
 #include <string>
 #include <vector>
 
@@ -42,29 +42,34 @@ std::vector<std::string> PeersIn(const Directives& ds) {
   return ids;
 }
 
-class Harness : public EngineHost {
+class Harness {
  public:
   explicit Harness(EngineOptions options)
       : options_(std::move(options)),
         members_(options_, &clock_, &versions_, clock_.Now()),
         checkpoints_(options_, &clock_, &versions_, &members_),
-        gossip_(options_, &clock_, &versions_, &members_, &checkpoints_, this) {}
+        gossip_(options_, &versions_, &members_, &checkpoints_) {}
 
-  bool DepartMember(std::string worker_id, MemberState why, const std::string& reason,
-                    Directives* out) override {
-    if (!members_.Contains(worker_id)) return false;
-    const bool was_participant = gossip_.Forget(worker_id);
+  // As RoundEngine removes a member: every part forgets it, then the mode
+  // draws the consequences.
+  void Remove(const std::string& worker_id, MemberState why, const std::string& reason,
+              Directives* out) {
+    if (!members_.Contains(worker_id)) return;
+    why = gossip_.DepartureState(why, reason);
+    const bool was_gossiping = gossip_.Forget(worker_id, clock_.Now());
     members_.Remove(worker_id, why, reason, v1::WorkerStatus(), 1, out);
-    return was_participant;
+    ModeOutput mode;
+    gossip_.OnDeparted(worker_id, why, reason, was_gossiping, clock_.Now(), &mode);
+    Apply(std::move(mode), out);
   }
-  void FinishRun(const std::string& reason, Directives* out) override {
-    finished_ = reason;
-    gossip_.OnFinish();
-    CoordinatorMessage msg;
-    msg.mutable_run_finished()->set_reason(reason);
-    members_.EndRun(Share(std::move(msg)), out);
+  // The mode's intents (gossip only ever ends the run).
+  void Apply(ModeOutput mode, Directives* out) {
+    out->insert(out->end(), mode.directives.begin(), mode.directives.end());
+    for (const auto& [at, intent] : mode.intents) {
+      EXPECT_EQ(intent.kind, EngineIntent::Kind::kFinishRun);
+      finished_ = intent.reason;
+    }
   }
-  v1::RunRecord CurrentRecord() const override { return v1::RunRecord(); }
 
   std::string Add(int port, bool outbound_only = false) {
     v1::JoinRequest request;
@@ -73,20 +78,23 @@ class Harness : public EngineHost {
     absl::StatusOr<Member*> added = members_.Add(request, 1);
     EXPECT_TRUE(added.ok()) << added.status();
     members_.Refresh(**added, request, "");
-    gossip_.OnJoined(**added, request);
+    gossip_.OnJoined(**added, request, clock_.Now());
     members_.Connect(**added);
-    gossip_.OnConnected(**added);
+    gossip_.OnConnected(**added, clock_.Now());
     return (*added)->id;
   }
   // Joins the peer list; the directives it caused.
   Directives Gossip(const std::string& id) {
-    Directives out;
-    absl::StatusOr<uint64_t> admitted = gossip_.JoinRound(members_.At(id), 0, 0, &out);
+    ModeOutput mode;
+    absl::StatusOr<uint64_t> admitted =
+        gossip_.JoinRound(members_.At(id), 0, 0, clock_.Now(), &mode);
     EXPECT_TRUE(admitted.ok()) << admitted.status();
+    Directives out;
+    Apply(std::move(mode), &out);
     return out;
   }
   bool Heartbeat(const std::string& id, const v1::Heartbeat& h) {
-    return gossip_.OnHeartbeat(members_.At(id), h);
+    return gossip_.OnHeartbeat(members_.At(id), h, clock_.Now());
   }
 
   FakeClock clock_;
@@ -150,9 +158,9 @@ TEST(CoordinatorGossipPeersTest, AGossipingMembersDepartureUpdatesTheRest) {
   h.Gossip(w1);
   h.Gossip(w2);
   Directives out;
-  h.gossip_.RemoveMember(idle, MemberState::kLeft, "bye", &out);
+  h.Remove(idle, MemberState::kLeft, "bye", &out);
   EXPECT_THAT(To(out, kPeers), IsEmpty());  // the list did not change
-  h.gossip_.RemoveMember(w2, MemberState::kEvicted, "lease", &out);
+  h.Remove(w2, MemberState::kEvicted, "lease", &out);
   EXPECT_THAT(To(out, kPeers), ElementsAre(w1));
   EXPECT_THAT(PeersIn(out), ElementsAre(w1));
   EXPECT_FALSE(h.members_.Contains(w2));
@@ -178,7 +186,7 @@ TEST(CoordinatorGossipPeersTest, FiguresAreKeptWithGossipAndAPlainHeartbeatLeave
   EXPECT_EQ(w.fetches_done(), 20u);
   // Forgotten with the member.
   Directives out;
-  h.gossip_.RemoveMember(w1, MemberState::kLeft, "bye", &out);
+  h.Remove(w1, MemberState::kLeft, "bye", &out);
   v1::WorkerStatus gone;
   h.gossip_.FillWorker(w1, &gone);
   EXPECT_FALSE(gone.gossip());
@@ -188,17 +196,18 @@ TEST(CoordinatorGossipPeersTest, RoundReportsAreRefused) {
   Harness h(Options());
   const std::string w1 = h.Add(9001);
   Member& m = h.members_.At(w1);
-  Directives out;
+  ModeOutput out;
+  const absl::Time now = h.clock_.Now();
   v1::ReportReadyRequest ready;
   ready.set_round(1);
-  const absl::Status s = h.gossip_.ReportReady(m, ready, &out);
+  const absl::Status s = h.gossip_.ReportReady(m, ready, now, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("no rounds"));
-  EXPECT_EQ(h.gossip_.ConnectionsReady(m, v1::ConnectionsReadyRequest(), &out).code(),
+  EXPECT_EQ(h.gossip_.ConnectionsReady(m, v1::ConnectionsReadyRequest(), now, &out).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(h.gossip_.ReportRoundDone(m, v1::ReportRoundDoneRequest(), &out).code(),
+  EXPECT_EQ(h.gossip_.ReportRoundDone(m, v1::ReportRoundDoneRequest(), now, &out).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(out, IsEmpty());
+  EXPECT_THAT(out.directives, IsEmpty());
 }
 
 TEST(CoordinatorGossipPeersTest, TheMostTrainedDirectMemberEvaluatesConsensus) {
@@ -212,14 +221,14 @@ TEST(CoordinatorGossipPeersTest, TheMostTrainedDirectMemberEvaluatesConsensus) {
   h.Heartbeat(w1, Figures(100, 1));
   h.Heartbeat(w2, Figures(300, 1));
   h.Heartbeat(nat, Figures(900, 1));  // nobody can fetch from it
-  Directives out;
+  ModeOutput out;
   h.gossip_.Tick(h.clock_.Now(), &out);
-  ASSERT_THAT(To(out, kPeers), ElementsAre(w1, w2, nat));
-  EXPECT_EQ(out[0].message->peer_update().consensus_evaluator(), w2);
+  ASSERT_THAT(To(out.directives, kPeers), ElementsAre(w1, w2, nat));
+  EXPECT_EQ(out.directives[0].message->peer_update().consensus_evaluator(), w2);
   // Unchanged: no new list.
-  out.clear();
+  out = ModeOutput();
   h.gossip_.Tick(h.clock_.Now(), &out);
-  EXPECT_THAT(out, IsEmpty());
+  EXPECT_THAT(out.directives, IsEmpty());
 }
 
 TEST(CoordinatorGossipPeersTest, TheCheckpointerIsPickedOnAPeerListChange) {
@@ -235,8 +244,8 @@ TEST(CoordinatorGossipPeersTest, TheCheckpointerIsPickedOnAPeerListChange) {
   report.set_worker_id(w1);
   report.set_round(1);
   report.set_checkpoint_id("g-1");
-  Directives none;
-  ASSERT_TRUE(h.gossip_.ReportCheckpoint(report, &none).ok());
+  ModeOutput none;
+  ASSERT_TRUE(h.gossip_.ReportCheckpoint(report, h.clock_.Now(), &none).ok());
   EXPECT_EQ(h.checkpoints_.checkpoint_id(), "g-1");
 }
 
@@ -247,9 +256,9 @@ TEST(CoordinatorGossipPeersTest, TheRunEndsWhenItsLastMemberLeftAfterItsSteps) {
   h.Gossip(w1);
   h.Gossip(w2);
   Directives out;
-  h.gossip_.RemoveMember(w1, MemberState::kLeft, "finished 100 gossip steps", &out);
+  h.Remove(w1, MemberState::kLeft, "finished 100 gossip steps", &out);
   EXPECT_TRUE(h.finished_.empty());
-  h.gossip_.RemoveMember(w2, MemberState::kLeft, "finished 100 gossip steps", &out);
+  h.Remove(w2, MemberState::kLeft, "finished 100 gossip steps", &out);
   EXPECT_THAT(h.finished_, HasSubstr("2 workers finished their gossip steps"));
   EXPECT_EQ(h.gossip_.phase(), v1::FINISHED);
 }
@@ -259,7 +268,7 @@ TEST(CoordinatorGossipPeersTest, ARunWhoseMembersLeftEarlyWaitsForMembers) {
   const std::string w1 = h.Add(9001);
   h.Gossip(w1);
   Directives out;
-  h.gossip_.RemoveMember(w1, MemberState::kEvicted, "lease", &out);
+  h.Remove(w1, MemberState::kEvicted, "lease", &out);
   EXPECT_TRUE(h.finished_.empty());
   EXPECT_EQ(h.gossip_.phase(), v1::WAITING_FOR_MEMBERS);
 }

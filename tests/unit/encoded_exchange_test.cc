@@ -50,6 +50,9 @@ struct Worker {
   EncodedStore store;
   std::unique_ptr<OuterStep> outer;
   ExchangeParts parts;
+  // Kept after the round, as the worker keeps its exchanger: the outer
+  // step reads the round's change from it again at Commit.
+  std::unique_ptr<Exchanger> exchanger;
 };
 
 // May alter a piece before the reader sees it.
@@ -162,9 +165,11 @@ std::vector<absl::Status> RunAll(const std::vector<std::unique_ptr<Worker>>& wor
     threads.emplace_back([&, k] {
       ExchangeParts parts = workers[k]->parts;
       parts.codec = &codec;
-      Exchanger ex(&peers, &workers[k]->state, options, parts);
+      workers[k]->exchanger =
+          std::make_unique<Exchanger>(&peers, &workers[k]->state, options, parts);
       AveragingStats stats;
-      status[k] = ex.Average(plan, workers[k]->id, workers[k]->params.data(), nullptr, &stats);
+      status[k] = workers[k]->exchanger->Average(plan, workers[k]->id, workers[k]->params.data(),
+                                                 nullptr, &stats);
     });
   }
   for (auto& t : threads) t.join();

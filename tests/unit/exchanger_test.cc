@@ -87,9 +87,16 @@ class FakePeerClient : public PeerClient {
     absl::Status s = peer.state.CheckRead(request);
     if (!s.ok()) return s;
     ChunkReceiver receiver(request.round(), request.begin(), request.end());
+    // As PeerService: an AVERAGED read is served as far as its owner has
+    // averaged (the reduce publishes cell by cell); the rest is refused
+    // UNAVAILABLE (the real server parks it first), and the reader resumes.
+    uint64_t end = request.end();
+    if (request.kind() == shoal::v1::AVERAGED) {
+      end = std::min(end, peer.state.AveragedLimit(request.round(), request.attempt()));
+    }
     int index = 0;
-    for (uint64_t b = request.begin(); b < request.end(); b += kChunkElements, ++index) {
-      const size_t count = std::min<uint64_t>(kChunkElements, request.end() - b);
+    for (uint64_t b = request.begin(); b < end; b += kChunkElements, ++index) {
+      const size_t count = std::min<uint64_t>(kChunkElements, end - b);
       TensorChunk chunk;
       EncodeChunk(request.round(), b, peer.state.parameters() + b, count, &chunk);
       if (faults_.on_chunk) {
@@ -114,6 +121,7 @@ class FakePeerClient : public PeerClient {
       }
       if (!on_chunk(*view)) return absl::CancelledError("read cancelled by the caller");
     }
+    if (end < request.end()) return absl::UnavailableError("slice not averaged yet");
     return receiver.Finish();
   }
 

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "services/worker/core/model_state.h"
 #include "services/worker/core/overlap_rule.h"
 
 namespace shoal::worker {
@@ -330,6 +332,174 @@ TEST(LocalTrainingMergeTest, AnAverageAfterTheLastStepIsTakenAtTheRoundStart) {
   EXPECT_EQ(overlap.merged_early(), 0u);
   trainer.Allow(1000);
   overlap.Stop();
+}
+
+// ---- The average read in place (no copy of it), through the worker's
+// ModelState: a rewrite of X closes its window first.
+
+TEST(LocalTrainingInPlaceTest, TheStepsAheadReadTheAverageFromTheAgreedModel) {
+  GatedTrainer trainer(2);
+  trainer.params_ = {1.0f, 1.0f};
+  CancellationToken parent;
+  LocalTraining overlap(&parent);
+  ModelState state;
+  float* params = overlap.Bind(&trainer, &state);
+  state.Bind(params, 2, "test");
+  // Held beyond the trainer's: X and S, no buffer for what is posted.
+  EXPECT_EQ(overlap.model_bytes(), 2 * 2 * sizeof(float));
+  trainer.Allow(3);
+  overlap.TrainRound(1, 0, 3, params);  // 1 -> 8: the contribution
+  overlap.Release();
+  trainer.Allow(1);         // the first step ahead: 16
+  trainer.AwaitEntered(5);  // the second one waits in Step
+  // The exchange averages into X (10), which holds the average until the
+  // round is settled.
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  overlap.Post(params);
+  trainer.Allow(2);  // 32; then the average: 34 -> 68
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(overlap.merged_early(), 1u);
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 68.0f);
+  EXPECT_EQ(state.chunks_lent(ModelState::Buffer::kParameters), 0);
+  EXPECT_EQ(overlap.model_bytes(), 2 * 2 * sizeof(float));
+  trainer.Allow(1000);
+  overlap.Stop();
+}
+
+TEST(LocalTrainingInPlaceTest, AnAverageRewrittenBeforeItIsTakenIsLeftToTheRoundStart) {
+  GatedTrainer trainer(2);
+  trainer.params_ = {1.0f, 1.0f};
+  CancellationToken parent;
+  LocalTraining overlap(&parent);
+  ModelState state;
+  float* params = overlap.Bind(&trainer, &state);
+  state.Bind(params, 2, "test");
+  trainer.Allow(3);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 8
+  overlap.Release();
+  trainer.Allow(1);  // 16
+  trainer.AwaitEntered(5);
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  overlap.Post(params);
+  // Before the next step takes it, the average is void and the worker
+  // catches up to the run's round 1 (12): as ModelMemory does, the window
+  // of X closes, its lent chunks come back, and X is rewritten.
+  state.Unready();
+  ASSERT_TRUE(state.AwaitReturned(ModelState::Buffer::kParameters, absl::Seconds(10)));
+  for (int i = 0; i < 2; ++i) params[i] = 12.0f;
+  trainer.Allow(2);  // 32, 64: nothing taken between them
+  trainer.AwaitSteps(6);
+  const LocalTraining::Round r = overlap.TrainRound(2, 1, 3, params);
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(overlap.merged_early(), 0u);
+  EXPECT_EQ(r.stale_steps, 3u);
+  // The carry onto the model the worker holds: 12 + (64 - 8). Taking the
+  // void 10 would have given 74, taking X as rewritten 80.
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 68.0f);
+  trainer.Allow(1000);
+  overlap.Stop();
+}
+
+TEST(LocalTrainingInPlaceTest, TheStepsAheadTakeTheAverageWhileTheRoundStartWaitsForThem) {
+  GatedTrainer trainer(2);
+  trainer.params_ = {1.0f, 1.0f};
+  CancellationToken parent;
+  LocalTraining overlap(&parent);
+  ModelState state;
+  float* params = overlap.Bind(&trainer, &state);
+  state.Bind(params, 2, "test");
+  trainer.Allow(3);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 8
+  overlap.Release();
+  trainer.Allow(1);  // 16
+  trainer.AwaitEntered(5);
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;  // round 1's average, agreed
+  overlap.Post(params);
+  // Round 2 starts at once (a short exchange): ModelMemory::Train closes
+  // X's window ahead of its write, which comes only after the steps ahead.
+  state.BeginTraining(2);
+  LocalTraining::Round r;
+  std::thread round([&] { r = overlap.TrainRound(2, 1, 3, params); });
+  for (int i = 0; i < 10000 && !overlap.round_waits(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(overlap.round_waits());
+  trainer.Allow(2);  // 32; the average (X, unchanged): 34 -> 68
+  round.join();
+  EXPECT_EQ(r.use, AheadUse::kCarry);
+  EXPECT_EQ(overlap.merged_early(), 1u);
+  EXPECT_EQ(r.stale_steps, 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 68.0f);
+  trainer.Allow(1000);
+  overlap.Stop();
+}
+
+// The model lives apart from the buffer, as a Python module in bf16 or on
+// a GPU does (ExternalTrainer on request): a step trains `module_`, pulled
+// from the buffer when it was written since; the buffer holds the model
+// only after SyncParameters. Progress that local training reads without a
+// sync is lost, so the figures below show every sync it owes.
+class MirroringTrainer : public AddingTrainer {
+ public:
+  MirroringTrainer(uint64_t n, float step) : AddingTrainer(n, step), module_(n, 0.0f) {}
+  double TrainSteps(uint32_t steps) override {
+    if (stale_ || !on_request_) module_ = params_;
+    stale_ = false;
+    {
+      absl::MutexLock lock(&seen_mu_);
+      seen_.push_back(module_);
+    }
+    for (uint32_t s = 0; s < steps; ++s) {
+      for (float& p : module_) p += step_;
+      ++steps_;
+    }
+    if (on_request_) {
+      unpushed_ = true;
+    } else {
+      params_ = module_;
+    }
+    return 0.5;
+  }
+  void SyncOnRequest() override { on_request_ = true; }
+  void SyncParameters() override {
+    if (unpushed_) params_ = module_;
+    unpushed_ = false;
+    stale_ = true;
+  }
+
+  std::vector<float> module_;
+  bool on_request_ = false;
+  bool stale_ = true;
+  bool unpushed_ = false;
+};
+
+TEST(LocalTrainingSyncTest, AModelApartFromTheBufferIsSyncedWhereItIsUsed) {
+  MirroringTrainer trainer(2, 1.0f);
+  CancellationToken parent;
+  LocalTraining overlap(&parent, true, nullptr, AheadOptions{0, 2});
+  float* params = overlap.Bind(&trainer);
+  EXPECT_TRUE(trainer.on_request_);
+  overlap.TrainRound(1, 0, 3, params);  // contribution 3
+  const std::vector<float> average = {10.0f, 10.0f};
+  overlap.Post(average.data());
+  trainer.AwaitSteps(6);
+  // Two steps from the contribution, then the average between two steps:
+  // 5 + (10 - 3). Without a sync before it, the merge would have seen the
+  // buffer at 3 and the module would restart from 10.
+  EXPECT_EQ(trainer.Seen(1), std::vector<float>(2, 3.0f));
+  EXPECT_EQ(trainer.Seen(2), std::vector<float>(2, 4.0f));
+  EXPECT_EQ(trainer.Seen(3), std::vector<float>(2, 12.0f));
+  for (int i = 0; i < 2; ++i) params[i] = 10.0f;
+  // The carry reads the steps' progress (13) after they ended.
+  overlap.TrainRound(2, 1, 3, params);
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(params[i], 13.0f);
+  overlap.Release();
+  trainer.AwaitSteps(7);  // the first step ahead (the third waits for an average)
+  EXPECT_EQ(trainer.Seen(4), std::vector<float>(2, 13.0f));
+  overlap.Stop();
+  // At the stop the buffer takes the agreed model, and the module takes
+  // the buffer at its next pull.
+  EXPECT_EQ(trainer.params_, std::vector<float>(2, 13.0f));
+  EXPECT_TRUE(trainer.stale_);
 }
 
 // ---- Streaming fragments (RunConfig.exchange.fragments).

@@ -1,17 +1,14 @@
 // The model layout rule (docs/PYTHON.md "Any model"): common/model_layout.h,
 // the coordinator's LayoutBook, the round engine recording the first
-// declared layout and initial model, and the ExternalTrainer's turns.
+// declared layout and initial model (the ExternalTrainer's turns:
+// external_trainer_test.cc).
 #include "common/model_layout.h"
-
-#include <cmath>
-#include <thread>
 
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/core/layout_book.h"
 #include "services/coordinator/core/round_engine.h"
-#include "services/worker/core/external_trainer.h"
 
 namespace shoal {
 namespace {
@@ -147,55 +144,6 @@ TEST_F(LayoutEngineTest, AJoinOfAnotherLayoutIsRefusedAndTheFirstInitialModelIsT
   Start(record);
   EXPECT_EQ(Join(7002, Mlp(200), "").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Join(7004, Mlp(), "").ok());
-}
-
-TEST(ExternalTrainerTest, TurnsGoBetweenTheRunnerAndTheLoop) {
-  std::vector<float> params(4, 0.0f);
-  worker::ExternalTrainerOptions o;
-  o.parameters = params.data();
-  o.elements = params.size();
-  o.layers = {worker::LayerInfo{"w", {4}, 0, 4}};
-  worker::ExternalTrainer trainer(o);
-  EXPECT_EQ(trainer.AwaitTurn(absl::ZeroDuration()), std::nullopt) << "no turn open yet";
-
-  std::thread loop([&] {
-    for (int turn = 0; turn < 2; ++turn) {
-      std::optional<uint32_t> steps = trainer.AwaitTurn(absl::Seconds(30));
-      ASSERT_TRUE(steps.has_value());
-      ASSERT_EQ(*steps, 5u);
-      params[0] += 1.0f;  // the loop owns the model during its turn
-      trainer.EndTurn(0.25 * (turn + 1));
-    }
-    // The third AwaitTurn ends with Close.
-    EXPECT_EQ(trainer.AwaitTurn(absl::Seconds(30)), std::optional<uint32_t>(0));
-  });
-  trainer.SetRound(3);
-  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0.25);
-  EXPECT_EQ(params[0], 1.0f);
-  EXPECT_EQ(trainer.round(), 3u);
-  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0.5);
-  EXPECT_EQ(params[0], 2.0f);
-  EXPECT_EQ(trainer.turns(), 2u);
-  trainer.Close();
-  loop.join();
-  EXPECT_TRUE(std::isnan(trainer.TrainSteps(5))) << "after Close, at once";
-  EXPECT_FALSE(trainer.Evaluate().evaluated());
-  v1::Metrics m;
-  m.set_test_accuracy(0.9);
-  trainer.ReportMetrics(m);
-  EXPECT_TRUE(trainer.Evaluate().evaluated());
-  EXPECT_FALSE(trainer.Evaluate().evaluated()) << "reported figures go once";
-  EXPECT_EQ(trainer.EvaluateParams(params.data()).status().code(),
-            absl::StatusCode::kUnimplemented);
-}
-
-TEST(ExternalTrainerTest, CloseEndsAWaitingTrainSteps) {
-  std::vector<float> params(1);
-  worker::ExternalTrainer trainer({params.data(), 1, {worker::LayerInfo{"w", {1}, 0, 1}}, 0});
-  std::thread runner([&] { EXPECT_TRUE(std::isnan(trainer.TrainSteps(3))); });
-  ASSERT_EQ(trainer.AwaitTurn(absl::Seconds(30)), std::optional<uint32_t>(3));
-  trainer.Close();  // the loop stops in the middle of its turn
-  runner.join();
 }
 
 }  // namespace

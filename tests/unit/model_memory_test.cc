@@ -94,7 +94,6 @@ TEST_F(ModelMemoryTest, TrainingWaitsForLentChunksBeforeWriting) {
 
 TEST_F(ModelMemoryTest, PendingIsServedFromTheParametersUntilCommitted) {
   TrainTo(1, 2.0f);
-  memory_->KeepContribution(1);
   memory_->HoldPending(1, "h1");
   EXPECT_EQ(ServedSnapshot(1), params_.data());
   EXPECT_EQ(memory_->snapshot()[0], 1.0f);  // the agreed model is kept
@@ -113,13 +112,31 @@ TEST_F(ModelMemoryTest, VoidServesTheAgreedModelAgainAndDropRestoresIt) {
   EXPECT_EQ(params_[5], 1.0f);
 }
 
-TEST_F(ModelMemoryTest, RestoreContributionBringsBackTheTrainedModel) {
+// A new attempt contributes what the last one left: the trained values and,
+// where the failed attempt's average already came, that average; its reads
+// are refused first, and the new attempt's contribution is served with CRCs
+// of the bytes as they are now.
+TEST_F(ModelMemoryTest, ContributeAgainServesTheParametersAsTheLastAttemptLeftThem) {
   TrainTo(1, 2.0f);
-  memory_->KeepContribution(1);
   memory_->ServePlan(1, 1, 0, 32);
+  ModelState::ReadGrant grant;
+  bool may_wait = false;
+  shoal::v1::ReadSliceRequest first = Request(1, shoal::v1::CONTRIBUTION);
+  first.set_attempt(1);
+  ASSERT_TRUE(state_.CheckRead(first, &grant, &may_wait).ok());
   memory_->exchange_target()[3] = 9.0f;  // the first attempt's average
-  memory_->RestoreContribution(1);
-  EXPECT_EQ(params_[3], 2.0f);
+  memory_->ContributeAgain(1);
+  EXPECT_FALSE(state_.IsCurrent(grant));
+  EXPECT_EQ(params_[3], 9.0f);
+  EXPECT_EQ(params_[4], 2.0f);
+  memory_->ServePlan(1, 2, 0, 32);
+  shoal::v1::ReadSliceRequest again = Request(1, shoal::v1::CONTRIBUTION);
+  again.set_attempt(2);
+  ASSERT_TRUE(state_.CheckRead(again, &grant, &may_wait).ok());
+  absl::StatusOr<ModelState::LentChunk> chunk = state_.LendChunk(grant, 0, 4);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->data[3], 9.0f);
+  state_.ReturnChunk(ModelState::Buffer::kParameters);
 }
 
 TEST_F(ModelMemoryTest, CatchUpReplacesBothOrNeither) {

@@ -67,6 +67,18 @@ struct Holder {
   // Describes the model as one layer "all" (a worker whose layer table
   // was never set).
   bool single_layer = false;
+  // Its manifest request gets no answer until the caller cancels it.
+  bool hold_manifest = false;
+};
+
+// Counts a call in flight for its scope.
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<int>* n) : n_(n) { ++*n_; }
+  ~InFlight() { --*n_; }
+
+ private:
+  std::atomic<int>* const n_;
 };
 
 // Routes calls to in-memory holders. Thread-safe.
@@ -84,6 +96,7 @@ class FakePeers : public PeerClient {
       const std::string& address, const ReadSliceRequest& request, absl::Duration timeout,
       CancellationToken* canceller,
       const std::function<bool(const ChunkView&)>& on_chunk) override {
+    InFlight in_flight(&reads_in_flight_);
     auto it = holders_.find(address);
     if (it == holders_.end()) return absl::UnavailableError("no such peer");
     const Holder& h = it->second;
@@ -140,9 +153,17 @@ class FakePeers : public PeerClient {
                                                        const std::string& reader_id,
                                                        absl::Duration timeout,
                                                        CancellationToken* canceller) override {
+    InFlight in_flight(&manifests_in_flight_);
     auto it = holders_.find(address);
     if (it == holders_.end() || it->second.mode == Holder::kDown) {
       return absl::UnavailableError(absl::StrCat("peer ", address, " is gone"));
+    }
+    if (it->second.hold_manifest) {
+      absl::Notification cancelled;
+      const uint64_t hook = canceller ? canceller->Register([&] { cancelled.Notify(); }) : 0;
+      manifest_cancelled_ = cancelled.WaitForNotificationWithTimeout(absl::Seconds(30));
+      if (canceller != nullptr) canceller->Unregister(hook);
+      return absl::CancelledError("held manifest request cancelled");
     }
     if (round != kRound) return absl::FailedPreconditionError("another round");
     const std::vector<LayerSpan> layers =
@@ -169,6 +190,10 @@ class FakePeers : public PeerClient {
     return reads_[address];
   }
   absl::Notification& stall_started() { return stall_started_; }
+  // Reads and manifest requests still inside this client.
+  int reads_in_flight() const { return reads_in_flight_.load(); }
+  int manifests_in_flight() const { return manifests_in_flight_.load(); }
+  bool manifest_cancelled() const { return manifest_cancelled_.load(); }
   bool stall_cancelled() const { return stall_cancelled_.load(); }
   uint64_t stalled_bytes() {
     absl::MutexLock lock(&mu_);
@@ -184,6 +209,9 @@ class FakePeers : public PeerClient {
   uint64_t stalled_end_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stall_started_;
   std::atomic<bool> stall_cancelled_{false};
+  std::atomic<int> reads_in_flight_{0};
+  std::atomic<int> manifests_in_flight_{0};
+  std::atomic<bool> manifest_cancelled_{false};
 };
 
 // A store holding checkpoints of whole models, layers as in Layers().
@@ -397,6 +425,46 @@ TEST_F(ModelSyncerTest, BlipOnTheOnlyHolderIsRetried) {
   EXPECT_EQ(stats_.peers[0].failed_reads, 1);
   EXPECT_FALSE(stats_.peers[0].dropped);
   EXPECT_EQ(stats_.pieces_refetched, 1);
+}
+
+TEST_F(ModelSyncerTest, WorkerStopCancelsAStalledReadAndSyncWaitsForItsEnd) {
+  auto holders = Holders(1);
+  holders["w1"].stall_first_read = true;
+  FakePeers peers(holders);
+  CancellationToken stop;
+  options_.stop = &stop;
+  absl::Status result;
+  std::atomic<bool> done{false};
+  std::thread sync([&] {
+    result = Sync(&peers, {"w1"});
+    // Sync has returned: none of its reads may still be running.
+    EXPECT_EQ(peers.reads_in_flight(), 0);
+    EXPECT_EQ(peers.manifests_in_flight(), 0);
+    done = true;
+  });
+  ASSERT_TRUE(peers.stall_started().WaitForNotificationWithTimeout(absl::Seconds(10)));
+  stop.Cancel();
+  // Well before the stall timeout (the fake clock never moves) and the
+  // piece's 30 s deadline.
+  EXPECT_TRUE(WaitUntil([&] { return done.load(); }, absl::Seconds(20)));
+  sync.join();
+  EXPECT_TRUE(absl::IsCancelled(result)) << result;
+  EXPECT_TRUE(peers.stall_cancelled());
+  EXPECT_FALSE(progress_.syncing.load());
+}
+
+TEST_F(ModelSyncerTest, ManifestRequestStillInFlightIsCancelledAndWaitedFor) {
+  auto holders = Holders(2);
+  holders["w2"].hold_manifest = true;
+  FakePeers peers(holders);
+  ASSERT_TRUE(Sync(&peers, {"w1", "w2"}).ok());
+  // The pull needed w1 alone; w2's request ended (cancelled) before Sync
+  // returned.
+  EXPECT_EQ(peers.manifests_in_flight(), 0);
+  EXPECT_TRUE(peers.manifest_cancelled());
+  ExpectBitIdentical();
+  EXPECT_FALSE(stats_.peers[1].used);
+  EXPECT_EQ(peers.reads("w2"), 0);
 }
 
 TEST_F(ModelSyncerTest, LayerNotMatchingItsDigestIsNotKept) {

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <deque>
 #include <vector>
 
 namespace shoal::worker {
@@ -23,10 +24,19 @@ OuterStep Make(OuterOptimizer kind, float lr, float mu, uint64_t total) {
   return OuterStep(o, total);
 }
 
+// The changes handed to Apply: OuterStep reads a round's change again at
+// Commit, so it must outlive the call (the exchanger keeps its change
+// buffer for the round).
+std::deque<std::vector<float>>& KeptChanges() {
+  static auto* kept = new std::deque<std::vector<float>>();
+  return *kept;
+}
+
 std::vector<float> Step(OuterStep* s, uint64_t round, const std::vector<float>& base,
                         const std::vector<float>& change) {
   std::vector<float> out(base.size(), -99.0f);
-  s->Apply(round, 0, base.size(), base.data(), change.data(), out.data());
+  const std::vector<float>& kept = KeptChanges().emplace_back(change);
+  s->Apply(round, 0, base.size(), base.data(), kept.data(), out.data());
   return out;
 }
 

@@ -47,11 +47,14 @@ class RoundEngineTest : public ::testing::Test {
     options.heartbeat_lease = absl::Seconds(10);
     options.session_grace = absl::Seconds(10);
     options.max_departed_shown = max_departed_shown;
+    options.max_pending_joins = max_pending_joins_;
     engine_ = std::make_unique<RoundEngine>(options, &clock_);
   }
 
   // RunConfig.exchange.fragments of the next Start.
   uint32_t fragments_ = 0;
+  // EngineOptions::max_pending_joins of the next Start.
+  size_t max_pending_joins_ = 256;
 
   absl::StatusOr<JoinResult> Join(int port, const std::string& previous_worker_id = "") {
     v1::JoinRequest request;
@@ -533,6 +536,12 @@ TEST_F(RoundEngineTest, HashDisagreementEvictsMinority) {
   ASSERT_TRUE(evicted.has_value());
   EXPECT_EQ(evicted->state(), "evicted");
   EXPECT_THAT(evicted->reason(), HasSubstr("hash"));
+  // The round removed it (an intent the engine carried out): what the
+  // round and its figures showed of it stays in the status.
+  EXPECT_EQ(evicted->model_hash(), Hash('b'));
+  EXPECT_EQ(evicted->model_round(), 1u);
+  EXPECT_DOUBLE_EQ(evicted->train_loss(), 0.5);
+  EXPECT_EQ(evicted->address(), "127.0.0.1:9002");
   ASSERT_EQ(status.recent_rounds_size(), 1);
   EXPECT_EQ(status.recent_rounds(0).model_hash(), Hash('a'));
   EXPECT_EQ(status.recent_rounds(0).participants(), 2u);
@@ -1032,6 +1041,47 @@ TEST_F(RoundEngineTest, DepartedMembersShownUpToLimit) {
   ASSERT_EQ(status.workers_size(), 2);
   EXPECT_EQ(status.workers(0).id(), "w4");
   EXPECT_EQ(status.workers(1).id(), "w5");
+}
+
+// The departed the status no longer lists are counted (issue 50): the
+// status's size does not grow with the members that left.
+TEST_F(RoundEngineTest, DepartedNotShownAreCounted) {
+  Start(1, 0, /*max_departed_shown=*/2);
+  for (int i = 0; i < 5; ++i) engine_->Disconnect(AddMember(9001 + i), "bye");
+  const RunStatus status = engine_->Status();
+  EXPECT_EQ(status.workers_size(), 2);
+  EXPECT_EQ(status.departed_not_shown(), 3u);
+}
+
+// Joins never followed by a session are capped (--max_pending_joins): past
+// the cap a new worker is UNAVAILABLE (it retries), a member re-joining
+// under its id is not refused, and a slot frees when a pending member opens
+// its session or session_grace removes it.
+TEST_F(RoundEngineTest, PendingJoinsAreCapped) {
+  max_pending_joins_ = 3;
+  Start(1);
+  std::vector<std::string> pending;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<JoinResult> joined = Join(9100 + i);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    pending.push_back(joined->response.worker_id());
+  }
+  EXPECT_EQ(engine_->Status().pending_joins(), 3u);
+  absl::StatusOr<JoinResult> refused = Join(9200);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max_pending_joins=3"));
+  // A pending member re-joining under its id is not new.
+  EXPECT_TRUE(Join(9100, pending[0]).ok());
+  // One opens its session: a slot frees.
+  ASSERT_TRUE(engine_->Connect(pending[1]).ok());
+  EXPECT_EQ(engine_->Status().pending_joins(), 2u);
+  EXPECT_TRUE(Join(9201).ok());
+  EXPECT_EQ(Join(9202).status().code(), absl::StatusCode::kUnavailable);
+  // The grace runs out for those that never opened one: all slots free.
+  clock_.Advance(absl::Seconds(11));
+  engine_->Tick();
+  EXPECT_EQ(engine_->Status().pending_joins(), 0u);
+  EXPECT_TRUE(Join(9203).ok());
 }
 
 // Members evicted for a hash mismatch count against max_departed_shown too.

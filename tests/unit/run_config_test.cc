@@ -185,6 +185,37 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "timeouts.election.switch_rounds (--supernode_switch_rounds) must be at least 1"},
       {"checkpointers", [](RunConfig* c) { c->mutable_checkpoints()->set_checkpointers(0); },
        "checkpoints.checkpointers (--checkpointers) must be at least 1"},
+      // The combinations of the ledger and the audits.
+      {"ledger in gossip", [](RunConfig* c) { c->mutable_training()->set_sample_ledger(true); },
+       "training.sample_ledger (--sample_ledger) needs synchronous rounds", true},
+      {"ledger with label skew",
+       [](RunConfig* c) {
+         c->mutable_training()->set_sample_ledger(true);
+         c->mutable_training()->set_data_split("label_skew:0.5");
+       },
+       "training.sample_ledger (--sample_ledger) needs training.data_split (--data_split) iid"},
+      {"ledger with python",
+       [](RunConfig* c) {
+         c->mutable_training()->set_sample_ledger(true);
+         c->mutable_model()->set_name("module");
+       },
+       "training.sample_ledger (--sample_ledger) needs the built-in trainer"},
+      {"epochs without ledger", [](RunConfig* c) { c->mutable_training()->set_epochs(2); },
+       "training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)"},
+      {"audits in gossip", [](RunConfig* c) { c->mutable_trust()->set_audit_rate(0.5); },
+       "trust.audit_rate (--audit_rate) needs synchronous rounds", true},
+      {"audits with python",
+       [](RunConfig* c) {
+         c->mutable_trust()->set_audit_rate(0.5);
+         c->mutable_model()->set_name("module");
+       },
+       "trust.audit_rate (--audit_rate) needs the built-in trainer"},
+      {"audit rate", [](RunConfig* c) { c->mutable_trust()->set_audit_rate(2); },
+       "trust.audit_rate (--audit_rate) must be in [0, 1]"},
+      {"audit threads", [](RunConfig* c) { c->mutable_trust()->set_audit_threads(300); },
+       "trust.audit_threads (--audit_threads) must be at most 256"},
+      {"ban line", [](RunConfig* c) { c->mutable_trust()->set_ban_below(2); },
+       "trust.ban_below (--ban_below) must be in [0, 1]"},
       // The combinations, one line each in the validator.
       {"trimmed mean quorum",
        [](RunConfig* c) { c->mutable_exchange()->set_aggregation("trimmed_mean:1"); },
@@ -214,13 +245,6 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        },
        "exchange.overlap (--overlap=on) trains round N+1 before the coordinator names its "
        "samples"},
-      {"overlap python",
-       [](RunConfig* c) {
-         c->mutable_exchange()->set_overlap(true);
-         c->mutable_model()->set_name("module");
-       },
-       "exchange.overlap (--overlap=on) trains on a second copy of the model inside "
-       "shoal-worker"},
       {"gossip fragments", [](RunConfig* c) { c->mutable_exchange()->set_fragments(4); },
        "exchange.fragments (--fragments) syncs one fragment per round; gossip (--mode=gossip) has "
        "no rounds",
@@ -232,12 +256,6 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
          c->mutable_trust()->set_audit_rate(0.1);
        },
        "exchange.fragments (--fragments) makes a contribution of progress kept on the worker"},
-      {"fragments python",
-       [](RunConfig* c) {
-         c->mutable_exchange()->set_fragments(2);
-         c->mutable_model()->set_name("module");
-       },
-       "exchange.fragments (--fragments) keeps a local model apart from the agreed one"},
       {"too many fragments", [](RunConfig* c) { c->mutable_exchange()->set_fragments(5000); },
        "exchange.fragments (--fragments) must be at most 4096, is 5000"},
       {"overlap start", [](RunConfig* c) { c->mutable_exchange()->set_overlap_start("guess"); },
@@ -256,6 +274,8 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "exchange.overlap_stale_steps (--overlap_stale_steps) says when the steps trained ahead "
        "take the last round's average; without exchange.overlap (--overlap=on) none are"},
   };
+  // One case per entry of the validator's table.
+  EXPECT_GE(cases.size(), RunConfigRuleDocs().size());
   for (const Refusal& r : cases) {
     RunConfig c = r.gossip ? Gossip() : Defaults();
     r.change(&c);
@@ -263,6 +283,15 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << r.name;
     EXPECT_THAT(std::string(s.message()), ::testing::StartsWith(r.message)) << r.name;
   }
+}
+
+TEST(ValidateRunConfigTest, APythonLoopOverlapsRoundsAndSyncsFragments) {
+  // Its module is the local model (docs/PYTHON.md, "Overlap and fragments").
+  RunConfig c = Defaults();
+  c.mutable_model()->set_name("module");
+  c.mutable_exchange()->set_overlap(true);
+  c.mutable_exchange()->set_fragments(4);
+  EXPECT_TRUE(ValidateRunConfig(c).ok());
 }
 
 TEST(ValidateRunConfigTest, TheRobustRulesAndTheHierarchyPassWhereTheyFit) {

@@ -45,14 +45,16 @@ shoal_test(worker_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/worker_protocol_t
   LIBS worker_core)
 shoal_test(model_memory_test unit ${CMAKE_CURRENT_LIST_DIR}/model_memory_test.cc
   LIBS worker_core)
+shoal_test(reduce_window_test unit ${CMAKE_CURRENT_LIST_DIR}/reduce_window_test.cc
+  LIBS worker_core)
 shoal_test(fuzz_corpus_test unit ${CMAKE_CURRENT_LIST_DIR}/fuzz_corpus_test.cc
   ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_targets.cc
-  LIBS checkpoint_core coordinator_core worker_core)
+  LIBS checkpoint_core coordinator_core worker_core shoalctl_lib)
 target_compile_definitions(fuzz_corpus_test PRIVATE
   SHOAL_FUZZ_CORPUS_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
 shoal_test(metrics_test unit ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cc LIBS shoal_common)
-# The embedded HTTP server of /metrics and the web page.
-shoal_test(http_server_test unit ${CMAKE_CURRENT_LIST_DIR}/http_server_test.cc LIBS shoal_common)
+# The HTTP endpoint of /metrics and the web page (cpp-httplib).
+shoal_test(http_endpoint_test unit ${CMAKE_CURRENT_LIST_DIR}/http_endpoint_test.cc LIBS shoal_common)
 shoal_test(codec_test unit ${CMAKE_CURRENT_LIST_DIR}/codec_test.cc LIBS worker_core)
 # The owners' aggregation rules: mean, trimmed mean, median (issue 14).
 shoal_test(aggregation_test unit ${CMAKE_CURRENT_LIST_DIR}/aggregation_test.cc LIBS worker_core)
@@ -108,6 +110,12 @@ shoal_test(stream_wire_test unit ${CMAKE_CURRENT_LIST_DIR}/stream_wire_test.cc
   LIBS coordinator_service)
 shoal_test(run_config_test unit ${CMAKE_CURRENT_LIST_DIR}/run_config_test.cc
   LIBS shoal_run_config_file coordinator_core)
+# The settings' one source (RunConfig's `setting` options): the generated
+# flags (linked here as in shoal-coordinator), their merge, the file form
+# and docs/CONFIG.md's generated tables.
+shoal_test(run_config_settings_test unit ${CMAKE_CURRENT_LIST_DIR}/run_config_settings_test.cc
+  LIBS coordinator_run_config_flags shoal_run_config_flags)
+target_compile_definitions(run_config_settings_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # The coordinator engine's parts on their own (round_engine.h is their
 # facade): each is called as RoundEngine calls it, without its lock.
 shoal_test(membership_test unit ${CMAKE_CURRENT_LIST_DIR}/membership_test.cc LIBS coordinator_core)
@@ -125,7 +133,18 @@ shoal_test(coordinator_gossip_peers_test unit
 # The model layout rule and the external trainer (docs/PYTHON.md).
 shoal_test(model_layout_test unit ${CMAKE_CURRENT_LIST_DIR}/model_layout_test.cc
   LIBS coordinator_core worker_core)
+# The Python loop's turns: what it pulls and pushes, and when (issue 47).
+shoal_test(external_trainer_test unit ${CMAKE_CURRENT_LIST_DIR}/external_trainer_test.cc
+  LIBS worker_core)
 # Overlapped rounds: which round's progress applies to which model, and the
 # carry (issue 27).
 shoal_test(local_training_test unit ${CMAKE_CURRENT_LIST_DIR}/local_training_test.cc
   LIBS worker_lib)
+# What strangers send: the character rule and the coordinator's limits
+# (issue 50); reads docs/SECURITY.md's table of limits.
+shoal_test(request_limits_test unit ${CMAKE_CURRENT_LIST_DIR}/request_limits_test.cc
+  LIBS coordinator_core)
+target_compile_definitions(request_limits_test PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# shoalctl prints nothing that acts on a terminal, in every form (issue 50).
+shoal_test(terminal_text_test unit ${CMAKE_CURRENT_LIST_DIR}/terminal_text_test.cc
+  LIBS shoalctl_lib shoalctl_checkpoints yaml-cpp)

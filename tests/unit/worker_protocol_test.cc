@@ -258,8 +258,7 @@ TEST(WorkerProtocolTest, AWholeRoundTrainsReportsExchangesAndCommits) {
   EXPECT_EQ(h.coordinator.ready[0].round(), 1u);
   EXPECT_DOUBLE_EQ(h.coordinator.ready[0].train_loss(), 0.25);
 
-  EXPECT_THAT(h.Directive(PlanMsg(1, 1)),
-              ElementsAre("keep-contribution:1", "serve-plan:1", "probe:1"));
+  EXPECT_THAT(h.Directive(PlanMsg(1, 1)), ElementsAre("serve-plan:1", "probe:1"));
   ASSERT_EQ(h.coordinator.connections_ready.size(), 1u);
   EXPECT_EQ(h.coordinator.connections_ready[0].attempt(), 1u);
 
@@ -300,8 +299,7 @@ TEST(WorkerProtocolTest, AuditedRoundsReportTheContributionHashAndReplayOnReques
   EXPECT_EQ(h.audits[0].participant(), "w9");
   EXPECT_FALSE(WorkerProtocol::Interrupts(m));
   // The round goes on as if nothing happened.
-  EXPECT_THAT(h.Directive(PlanMsg(1, 1)),
-              ElementsAre("keep-contribution:1", "serve-plan:1", "probe:1"));
+  EXPECT_THAT(h.Directive(PlanMsg(1, 1)), ElementsAre("serve-plan:1", "probe:1"));
 }
 
 TEST(WorkerProtocolTest, EvaluatesEveryEvalEveryRoundsAndTheLast) {
@@ -323,7 +321,7 @@ TEST(WorkerProtocolTest, ReplanAfterThisWorkerFinishedVoidsAndExchangesAgain) {
   // A peer was lost while its exchange was still running: attempt 2 among
   // the survivors.
   EXPECT_THAT(h.Directive(PlanMsg(1, 2, 2)),
-              ElementsAre("void:0", "restore-contribution:1", "serve-plan:1", "probe:1"));
+              ElementsAre("void:0", "contribute-again:1", "serve-plan:1", "probe:1"));
   EXPECT_FALSE(h.protocol().pending());
   EXPECT_EQ(h.protocol().model_round(), 0u);
   EXPECT_EQ(h.protocol().model_hash(), "h0");
@@ -345,7 +343,7 @@ TEST(WorkerProtocolTest, ReplanBeforeTheExchangeEndedRestoresTheTrainedModel) {
   EXPECT_TRUE(h.coordinator.done.empty());
   h.exchange_result = absl::OkStatus();
   EXPECT_THAT(h.Directive(PlanMsg(1, 2, 2)),
-              ElementsAre("restore-contribution:1", "serve-plan:1", "probe:1"));
+              ElementsAre("contribute-again:1", "serve-plan:1", "probe:1"));
 }
 
 TEST(WorkerProtocolTest, RoundAbortedWhilePendingVoidsAndDropsTheWork) {
@@ -416,8 +414,7 @@ TEST(WorkerProtocolTest, JoinResponseNamingTheOlderRoundVoidsThePendingOneKeepin
   EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
   EXPECT_TRUE(h.catch_ups.empty());
   // Reopened from the same base: the trained model comes back, no training.
-  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
-              ElementsAre("restore-contribution:1", "report-ready:1"));
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("contribute-again:1", "report-ready:1"));
   EXPECT_EQ(h.protocol().carried_round(), 0u);
   EXPECT_EQ(h.protocol().resumed_rounds(), 1u);
   // The round then runs as any other.
@@ -436,8 +433,7 @@ TEST(WorkerProtocolTest, SessionLostAfterTrainingCarriesTheWorkIntoTheReopenedRo
   // The old leader dies: nothing is dropped, JoinRound names the work.
   EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "open-session:0"));
   EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
-  EXPECT_THAT(h.Directive(Start(1, 0, "h0")),
-              ElementsAre("restore-contribution:1", "report-ready:1"));
+  EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("contribute-again:1", "report-ready:1"));
   ASSERT_EQ(h.coordinator.ready.size(), 2u);
   EXPECT_EQ(h.coordinator.ready[1].round(), 1u);
   EXPECT_EQ(h.coordinator.ready[1].total_elements(), 300u);
@@ -691,7 +687,7 @@ TEST(WorkerProtocolTest, PlanByVersionExpandsFromTheKeptList) {
   m.mutable_round_plan()->set_attempt(1);
   m.mutable_round_plan()->set_total_elements(300);
   m.mutable_round_plan()->set_participants_version(1001);  // round 1's list
-  EXPECT_THAT(h.Directive(m), ElementsAre("keep-contribution:2", "serve-plan:2", "probe:2"));
+  EXPECT_THAT(h.Directive(m), ElementsAre("serve-plan:2", "probe:2"));
   EXPECT_EQ(h.protocol().plan().slices_size(), 3);
 }
 
@@ -798,8 +794,7 @@ TEST(WorkerProtocolTest, LateWorkIsKeptThenFoldedIntoTheNextRoundInsteadOfTraini
   EXPECT_EQ(ready.total_elements(), 300u);
   EXPECT_FALSE(h.coordinator.ready[0].folded());
   // fold-late-work carries the weight.
-  EXPECT_THAT(h.Directive(PlanMsg(2, 1)),
-              ElementsAre("keep-contribution:2", "serve-plan:2", "probe:2"));
+  EXPECT_THAT(h.Directive(PlanMsg(2, 1)), ElementsAre("serve-plan:2", "probe:2"));
   h.next_exchange_hash = "h2";
   EXPECT_THAT(h.Directive(Sharing(2, 1)),
               ElementsAre("exchange:2", "hold-pending:2", "report-done:2"));

@@ -12,9 +12,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/printable.h"
 #include "common/progress.h"
 #include "tools/shoalctl/export_torch.h"
 #include "tools/shoalctl/status_format.h"
+#include "tools/shoalctl/terminal_text.h"
 #include "tools/shoalctl/yaml_output.h"
 
 namespace shoal::ctl {
@@ -45,23 +47,25 @@ std::string DamageOf(CheckpointClient* client, const Manifest& m) {
 }
 
 int Fail(std::ostream& err, const absl::Status& s) {
-  err << "shoalctl checkpoints: " << s << "\n";
+  err << "shoalctl checkpoints: " << TerminalText(s.ToString()) << "\n";
   return 1;
 }
 
 int Usage(std::ostream& err, const absl::Status& s, absl::string_view command) {
-  err << "shoalctl: " << s.message() << "\nRun 'shoalctl help " << command << "' for its usage.\n";
+  err << "shoalctl: " << TerminalText(s.message()) << "\nRun 'shoalctl help " << command
+      << "' for its usage.\n";
   return 2;
 }
 
-// YAML from the JSON form; on a table/wide request the table.
+// YAML from the JSON form; on a table/wide request the table. What a store
+// holds came from workers: escaped for the terminal (terminal_text.h).
 std::string Render(OutputFormat format, const std::string& json, const std::string& table) {
-  if (format == OutputFormat::kJson) return json;
+  if (format == OutputFormat::kJson) return DocumentText(json);
   if (format == OutputFormat::kYaml) {
     absl::StatusOr<std::string> yaml = JsonToYaml(json);
-    return yaml.ok() ? *yaml : json;
+    return DocumentText(yaml.ok() ? *yaml : json);
   }
-  return table;
+  return TerminalText(table);
 }
 
 int Export(CheckpointClient* client, const std::string& id, const std::string& path,
@@ -80,7 +84,7 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
   ProgressLine progress(
       &err,
       &err == &std::cerr ? ProgressLine::StyleFor(STDERR_FILENO) : ProgressLine::Style::kLines,
-      absl::StrCat("export ", id), all);
+      absl::StrCat("export ", EscapeUnprintable(id)), all);
   for (int i = 0; i < model_layers; ++i) {
     absl::Status s = shoal::checkpoint::ReadWholeLayer(
         client, id, *m, static_cast<uint32_t>(i), &buffers[i],
@@ -89,7 +93,8 @@ int Export(CheckpointClient* client, const std::string& id, const std::string& p
       progress.Finish(total);
       return Fail(err, s);
     }
-    progress.Step(total + m->layers(i).bytes(), absl::StrCat("layer '", m->layers(i).name(), "'"));
+    progress.Step(total + m->layers(i).bytes(),
+                  absl::StrCat("layer '", EscapeUnprintable(m->layers(i).name()), "'"));
     const auto& l = m->layers(i);
     tensors.push_back(ExportTensor{l.name(),
                                    l.dtype(),
@@ -237,20 +242,23 @@ int RunCheckpointsCommand(const Invocation& inv, const CheckpointClientFactory& 
   if (command == "list") {
     auto list = client->List(inv.Get("run_id"));
     if (!list.ok()) return Fail(err, list.status());
-    out << Render(inv.output, FormatCheckpointsJson(*list), FormatCheckpointTable(*list));
+    std::vector<CheckpointInfo> shown;
+    for (const CheckpointInfo& c : *list) shown.push_back(ForTerminal(c));
+    out << Render(inv.output, FormatCheckpointsJson(*list), FormatCheckpointTable(shown));
     return 0;
   }
   if (command == "show") {
     auto m = client->GetManifest(id);
     if (!m.ok()) return Fail(err, m.status());
     const std::string damage = DamageOf(client.get(), *m);
-    out << Render(inv.output, FormatManifestJson(*m, damage), FormatManifest(*m, damage));
+    out << Render(inv.output, FormatManifestJson(*m, damage),
+                  FormatManifest(ForTerminal(*m), EscapeUnprintable(damage)));
     return 0;
   }
   if (command == "export") return Export(client.get(), id, path, out, err);
   // delete
   if (absl::Status s = client->Delete(id); !s.ok()) return Fail(err, s);
-  out << "deleted " << id << "\n";
+  out << TerminalText(absl::StrCat("deleted ", id, "\n"));
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags_usage.h"
+#include "common/status_util.h"
 
 namespace shoal::ctl {
 namespace {
@@ -347,11 +348,19 @@ EnvLookup ProcessEnv() {
   };
 }
 
-absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args,
-                                            const EnvLookup& env) {
-  Invocation inv;
-  std::vector<std::string> words;
-  std::vector<std::pair<const FlagSpec*, std::string>> flags;
+namespace {
+
+// A flag as given on the line, with its value ("true"/"false" for a switch).
+using GivenFlags = std::vector<std::pair<const FlagSpec*, std::string>>;
+
+// Splits the line into words (the command and its operands) and flags
+// (--name=value, --name value, -o json, -ojson, switches); after "--"
+// everything is a word. INVALID_ARGUMENT for an unknown flag (with the
+// nearest name) or a value that is missing.
+absl::Status SplitLine(const std::vector<std::string>& args, std::vector<std::string>* out_words,
+                       GivenFlags* out_flags) {
+  std::vector<std::string>& words = *out_words;
+  GivenFlags& flags = *out_flags;
   bool operands_only = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -399,8 +408,13 @@ absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args
     }
     flags.emplace_back(f, *value);
   }
+  return absl::OkStatus();
+}
 
-  // The command: the longest known sequence of leading words.
+// The command: the longest known sequence of leading words; the rest are
+// its operands.
+absl::Status TakeCommand(const std::vector<std::string>& words, Invocation* out) {
+  Invocation& inv = *out;
   const std::vector<std::string> tops = TopWords();
   if (!words.empty()) {
     if (std::find(tops.begin(), tops.end(), words[0]) == tops.end()) {
@@ -422,8 +436,13 @@ absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args
     }
     inv.operands.assign(words.begin() + inv.command.size(), words.end());
   }
-  const CommandSpec* spec = inv.command.empty() ? nullptr : FindCommand(inv.command);
+  return absl::OkStatus();
+}
 
+// The flags given, each checked to belong to the command (or be global),
+// into `inv`; -o and --json agree.
+absl::Status TakeFlags(const GivenFlags& flags, const CommandSpec* spec, Invocation* out) {
+  Invocation& inv = *out;
   for (const auto& [f, value] : flags) {
     const std::string name = f->name;
     if (!IsGlobal(f)) {
@@ -466,8 +485,12 @@ absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args
       inv.given.insert(name);
     }
   }
+  return absl::OkStatus();
+}
 
-  // The environment, then the defaults, for the flags not on the line.
+// The environment, then the defaults, for the flags not on the line.
+void FillDefaults(const CommandSpec* spec, const EnvLookup& env, Invocation* out) {
+  Invocation& inv = *out;
   std::vector<const FlagSpec*> known;
   for (const FlagSpec& f : kGlobalFlags) known.push_back(&f);
   if (spec) {
@@ -486,7 +509,20 @@ absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args
     inv.values[f->name] = f->fallback;
   }
   if (spec && !inv.output_given) inv.output = spec->outputs[0];
+}
 
+}  // namespace
+
+absl::StatusOr<Invocation> ParseCommandLine(const std::vector<std::string>& args,
+                                            const EnvLookup& env) {
+  Invocation inv;
+  std::vector<std::string> words;
+  GivenFlags flags;
+  RETURN_IF_ERROR(SplitLine(args, &words, &flags));
+  RETURN_IF_ERROR(TakeCommand(words, &inv));
+  const CommandSpec* spec = inv.command.empty() ? nullptr : FindCommand(inv.command);
+  RETURN_IF_ERROR(TakeFlags(flags, spec, &inv));
+  FillDefaults(spec, env, &inv);
   if (spec && !inv.help) {
     if (inv.operands.size() < spec->min_operands || inv.operands.size() > spec->max_operands) {
       return absl::InvalidArgumentError(

@@ -132,98 +132,108 @@ std::string FormatFindingsJson(const std::vector<Finding>& findings) {
   return out;
 }
 
-absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std::string& worker,
-                                                   const std::optional<absl::Status>& reachable) {
+namespace {
+
+// The worker called `worker` (an id or a --name), or NOT_FOUND naming the
+// run's workers.
+absl::StatusOr<const WorkerStatus*> FindWorker(const RunStatus& s, const std::string& worker) {
   const WorkerStatus* w = nullptr;
   for (const auto& candidate : s.workers()) {
     if (candidate.id() == worker || (!candidate.name().empty() && candidate.name() == worker)) {
       w = &candidate;
     }
   }
-  if (w == nullptr) {
-    std::vector<std::string> known;
-    for (const auto& c : s.workers()) known.push_back(Who(c));
-    return absl::NotFoundError(
-        absl::StrCat("no worker '", worker, "' in run ", s.run_id(),
-                     known.empty() ? " (it has none)" : "; workers: ", absl::StrJoin(known, ", ")));
-  }
-  std::vector<Finding> out;
+  if (w != nullptr) return w;
+  std::vector<std::string> known;
+  for (const auto& c : s.workers()) known.push_back(Who(c));
+  return absl::NotFoundError(
+      absl::StrCat("no worker '", worker, "' in run ", s.run_id(),
+                   known.empty() ? " (it has none)" : "; workers: ", absl::StrJoin(known, ", ")));
+}
+
+// What it is doing, by state: always one finding, the first.
+void ExplainState(const RunStatus& s, const WorkerStatus* w, std::vector<Finding>* found) {
   const std::string who = Who(*w);
   const std::string& state = w->state();
   const uint64_t round = s.round();
   const std::string reason = w->reason().empty() ? "" : absl::StrCat(": ", w->reason());
   const bool gossip = s.config().has_gossip();
-
-  // What it is doing, by state.
   if (state == "finished") {
-    Add(&out, Level::kOk, who,
+    Add(found, Level::kOk, who,
         absl::StrCat(
             "finished the run holding round ", w->model_round(),
             w->model_hash().empty() ? "" : " (hash " + w->model_hash().substr(0, 12) + ")"));
   } else if (state == "left") {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("left the run", reason,
                      " (a clean leave: it said goodbye, e.g. on SIGTERM or Ctrl-C)"));
   } else if (state == "lost") {
-    Add(&out, Level::kProblem, who,
+    Add(found, Level::kProblem, who,
         absl::StrCat("lost", reason,
                      ": it went away without a goodbye (a crash, kill -9, a broken link or a "
                      "silence past the ",
                      Seconds(LeaseSeconds(s)),
                      " heartbeat lease); its work of the round it was in was not counted"));
   } else if (state == "evicted") {
-    Add(&out, Level::kProblem, who, absl::StrCat("evicted", reason));
+    Add(found, Level::kProblem, who, absl::StrCat("evicted", reason));
   } else if (state == "syncing") {
     const double pct =
         w->sync_bytes_total() > 0 ? 100.0 * w->sync_bytes_done() / w->sync_bytes_total() : 0.0;
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrFormat("catching up: pulling the run's model from %d peer(s), %d of %d bytes "
                         "(%.0f%%); it trains once it holds it",
                         w->sync_sources(), w->sync_bytes_done(), w->sync_bytes_total(), pct));
   } else if (s.phase() == shoal::v1::WAITING_FOR_MEMBERS) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("waits with the run for members: ", s.members(), " of the ",
                      s.min_participants(), " needed to start a round"));
   } else if (gossip) {
-    Add(&out, Level::kOk, who,
+    Add(found, Level::kOk, who,
         absl::StrFormat("gossiping: %d local steps, %d fetches done (%d timed out, %d failed)",
                         w->gossip_steps(), w->fetches_done(), w->fetches_timed_out(),
                         w->fetches_failed()));
   } else if (!IsParticipant(s, w->id()) && s.phase() != shoal::v1::FINISHED) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("not a participant of round ", round,
                      ": it joined after the round was planned or sat the round out, and takes "
                      "part from the next round"));
   } else if (state == "training") {
-    Add(&out, Level::kOk, who,
+    Add(found, Level::kOk, who,
         absl::StrCat("training round ", round, " (its median training time ",
                      Seconds(w->train_seconds_median()), ")"));
   } else if (state == "ready") {
     std::vector<std::string> training = MembersIn(s, "training");
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("finished its local steps of round ", round, " and waits for the others",
                      training.empty()
                          ? ""
                          : absl::StrCat("; still training: ", absl::StrJoin(training, ", "))));
   } else if (state == "sharing") {
     std::vector<std::string> sharing = MembersIn(s, "sharing");
-    Add(&out, Level::kOk, who,
+    Add(found, Level::kOk, who,
         absl::StrCat("exchanging round ", round, "'s slices with its peers (still exchanging: ",
                      absl::StrJoin(sharing, ", "), ")"));
   } else if (state == "waiting") {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("waiting: ", s.detail().empty() ? "between rounds" : s.detail()));
   } else {
-    Add(&out, Level::kNote, who, absl::StrCat("state ", state, reason));
+    Add(found, Level::kNote, who, absl::StrCat("state ", state, reason));
   }
+}
 
+// Silence past the lease, and a stale or disagreeing model.
+void ExplainHealth(const RunStatus& s, const WorkerStatus* w, std::vector<Finding>* found) {
+  std::vector<Finding>& out = *found;
+  const std::string who = Who(*w);
+  const std::string& state = w->state();
+  const bool gossip = s.config().has_gossip();
   const bool active = !DepartedState(state);
   // Silence: the state above is only the last one it reported.
   const double silent = w->last_seen_ms_ago() / 1000.0;
   if (active && silent > SilenceSeconds(s)) {
     out.front().level = Level::kNote;
     out.front().text = absl::StrCat("last known: ", out.front().text);
-    Add(&out, Level::kProblem, who,
+    Add(found, Level::kProblem, who,
         absl::StrCat("not heard from for ", Seconds(silent), " (lease ", Seconds(LeaseSeconds(s)),
                      "): frozen (SIGSTOP), overloaded or cut off; the coordinator counts it lost "
                      "when the lease runs out"));
@@ -231,21 +241,25 @@ absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std
   // A stale or disagreeing model.
   if (active && !gossip && state != "syncing" && s.last_completed_round() > 0 &&
       w->model_round() + 1 < s.last_completed_round()) {
-    Add(&out, Level::kProblem, who,
+    Add(found, Level::kProblem, who,
         absl::StrCat("holds round ", w->model_round(), "'s model; the run completed round ",
                      s.last_completed_round(), " (", s.last_completed_round() - w->model_round(),
                      " behind)"));
   }
   if (!gossip && state != "evicted" && w->model_round() == s.last_completed_round() &&
       !w->model_hash().empty() && !s.model_hash().empty() && w->model_hash() != s.model_hash()) {
-    Add(&out, Level::kProblem, who,
+    Add(found, Level::kProblem, who,
         absl::StrCat("its model of round ", w->model_round(), " hashes to ",
                      w->model_hash().substr(0, 12), ", the run agreed on ",
                      s.model_hash().substr(0, 12)));
   }
-  // Lateness and missed rounds.
+}
+
+// Lateness and missed rounds.
+void ExplainLateness(const WorkerStatus* w, std::vector<Finding>* found) {
+  const std::string who = Who(*w);
   if (w->rounds_late() > 0) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat(
             "sat out ", w->rounds_late(), " round(s) for the adaptive deadline: its ready time ",
             Seconds(w->ready_seconds_median()), " against a deadline of ",
@@ -255,32 +269,38 @@ absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std
                                     : ""));
   }
   if (w->rounds_missed() > 0) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("missed ", w->rounds_missed(), " round(s)",
                      w->missed_reason().empty() ? "" : ": " + w->missed_reason()));
   }
-  // Topology.
+}
+
+// Topology: NAT, relay, zone role, and its address as seen from this host.
+void ExplainTopology(const WorkerStatus* w, const std::optional<absl::Status>& reachable,
+                     std::vector<Finding>* found) {
+  const std::string who = Who(*w);
+  const bool active = !DepartedState(w->state());
   if (w->outbound_only()) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat(
             "behind NAT, in push mode: ",
             w->outbound_reason().empty() ? "outbound connections only" : w->outbound_reason(),
             "; it owns no slice and pushes its contribution to a peer"));
   }
   if (!w->relayed_by().empty()) {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat("its coordinator session goes through the relay on ", w->relayed_by()));
   }
   if (w->role() == "supernode" || w->role() == "standby") {
-    Add(&out, Level::kNote, who,
+    Add(found, Level::kNote, who,
         absl::StrCat(w->role(), " of zone ", w->zone().empty() ? "(root)" : w->zone()));
   }
   if (reachable.has_value() && active) {
     if (reachable->ok()) {
-      Add(&out, Level::kOk, who,
+      Add(found, Level::kOk, who,
           absl::StrCat("its advertised address ", w->address(), " is reachable from this host"));
     } else {
-      Add(&out, w->outbound_only() ? Level::kNote : Level::kProblem, who,
+      Add(found, w->outbound_only() ? Level::kNote : Level::kProblem, who,
           absl::StrCat("its advertised address ", w->address(),
                        " is not reachable from this host: ", reachable->message(),
                        w->outbound_only() ? " (expected behind NAT)"
@@ -288,6 +308,19 @@ absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std
                                             "firewalls)"));
     }
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std::string& worker,
+                                                   const std::optional<absl::Status>& reachable) {
+  absl::StatusOr<const WorkerStatus*> w = FindWorker(s, worker);
+  if (!w.ok()) return w.status();
+  std::vector<Finding> out;
+  ExplainState(s, *w, &out);
+  ExplainHealth(s, *w, &out);
+  ExplainLateness(*w, &out);
+  ExplainTopology(*w, reachable, &out);
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include "tools/shoalctl/cli.h"
 #include "tools/shoalctl/diagnose.h"
 #include "tools/shoalctl/status_format.h"
+#include "tools/shoalctl/terminal_text.h"
 #include "tools/shoalctl/yaml_output.h"
 
 namespace {
@@ -53,8 +54,11 @@ struct Coordinators {
   std::vector<std::unique_ptr<shoal::v1::Coordinator::Stub>> stubs;
 };
 
+using shoal::ctl::DocumentText;
+using shoal::ctl::ForTerminal;
 using shoal::ctl::Invocation;
 using shoal::ctl::OutputFormat;
+using shoal::ctl::TerminalText;
 
 absl::StatusOr<shoal::v1::RunStatus> GetStatusFrom(shoal::v1::Coordinator::Stub* stub,
                                                    absl::Duration rpc_timeout) {
@@ -93,14 +97,16 @@ std::string CannotReach(const Coordinators& c, const absl::Status& s) {
                     " (is a coordinator running there? --coordinator or SHOAL_COORDINATOR "
                     "names it)");
   }
-  return out;
+  // The error's message may quote what the server was sent or holds.
+  return TerminalText(out);
 }
 
-// The document in the asked format (json or yaml from the JSON form).
+// The document in the asked format (json or yaml from the JSON form), every
+// character that is not shown as an escape (terminal_text.h).
 std::string Document(OutputFormat format, const std::string& json) {
-  if (format != OutputFormat::kYaml) return json;
+  if (format != OutputFormat::kYaml) return DocumentText(json);
   absl::StatusOr<std::string> yaml = shoal::ctl::JsonToYaml(json);
-  return yaml.ok() ? *yaml : json;
+  return DocumentText(yaml.ok() ? *yaml : json);
 }
 
 int Status(Coordinators* c, const Invocation& inv) {
@@ -116,7 +122,9 @@ int Status(Coordinators* c, const Invocation& inv) {
       break;
     case OutputFormat::kTable:
     case OutputFormat::kWide:
-      std::cout << shoal::ctl::FormatStatusTable(*status, inv.output == OutputFormat::kWide);
+      // Each string escaped before the layout, the lines once more.
+      std::cout << TerminalText(
+          shoal::ctl::FormatStatusTable(ForTerminal(*status), inv.output == OutputFormat::kWide));
       break;
   }
   return 0;
@@ -155,19 +163,24 @@ int Watch(Coordinators* c, const Invocation& inv, const shoal::Clock* clock) {
   // While the coordinator cannot be reached: a line at once, then every 10 s.
   absl::Time unreachable_since = absl::InfinitePast();
   absl::Time next_unreachable_line = absl::InfinitePast();
+  // Every line: JSON with escapes, or text escaped for the terminal.
+  const auto line = [json](const std::string& text) {
+    return json ? DocumentText(text) : TerminalText(text);
+  };
   while (true) {
     auto status = GetStatus(c);
+    if (status.ok() && !json) *status = ForTerminal(*std::move(status));
     if (!status.ok()) {
       const absl::Time now = clock->Now();
       if (unreachable_since == absl::InfinitePast()) unreachable_since = now;
       if (now >= next_unreachable_line) {
         const double for_seconds = absl::ToDoubleSeconds(now - unreachable_since);
         if (json) {
-          std::cout << absl::StrFormat(
+          std::cout << line(absl::StrFormat(
                            "{\"event\":\"unreachable\",\"coordinator\":%s,\"seconds\":%.1f,"
                            "\"error\":%s}",
                            shoal::ctl::JsonQuote(c->address), for_seconds,
-                           shoal::ctl::JsonQuote(status.status().ToString()))
+                           shoal::ctl::JsonQuote(status.status().ToString())))
                     << std::endl;
         } else {
           std::cerr << "shoalctl: " << CannotReach(*c, status.status())
@@ -181,39 +194,41 @@ int Watch(Coordinators* c, const Invocation& inv, const shoal::Clock* clock) {
       unreachable_since = next_unreachable_line = absl::InfinitePast();
       if (printed == 0 && status->last_completed_round() == 0 && status->detail() != last_detail) {
         if (json) {
-          std::cout << "{\"event\":\"waiting\",\"phase\":"
-                    << shoal::ctl::JsonQuote(shoal::ctl::PhaseName(status->phase()))
-                    << ",\"detail\":" << shoal::ctl::JsonQuote(status->detail()) << "}"
+          std::cout << line(absl::StrCat(
+                           "{\"event\":\"waiting\",\"phase\":",
+                           shoal::ctl::JsonQuote(shoal::ctl::PhaseName(status->phase())),
+                           ",\"detail\":", shoal::ctl::JsonQuote(status->detail()), "}"))
                     << std::endl;
         } else {
-          std::cout << "waiting: phase " << shoal::ctl::PhaseName(status->phase()) << ", "
-                    << status->detail() << std::endl;
+          std::cout << line(absl::StrCat("waiting: phase ", shoal::ctl::PhaseName(status->phase()),
+                                         ", ", status->detail()))
+                    << std::endl;
         }
         last_detail = status->detail();
       }
       if (shoal::ctl::IsGossip(*status) && clock->Now() >= next_gossip_line) {
-        const std::string line = shoal::ctl::FormatGossipLine(*status);
-        if (line != last_gossip_line) {
-          std::cout << (json ? absl::StrCat("{\"event\":\"gossip\",\"line\":",
-                                            shoal::ctl::JsonQuote(line), "}")
-                             : line)
+        const std::string gossip = shoal::ctl::FormatGossipLine(*status);
+        if (gossip != last_gossip_line) {
+          std::cout << line(json ? absl::StrCat("{\"event\":\"gossip\",\"line\":",
+                                                shoal::ctl::JsonQuote(gossip), "}")
+                                 : gossip)
                     << std::endl;
         }
-        last_gossip_line = line;
+        last_gossip_line = gossip;
         next_gossip_line = clock->Now() + absl::Seconds(5);
       }
       for (const auto& r : status->recent_rounds()) {
         if (r.round() <= printed) continue;
         const uint64_t total = status->config().sync().rounds();
-        std::cout << (json ? shoal::ctl::FormatRoundJsonLine(r, total)
-                           : shoal::ctl::FormatRoundLine(r, total))
+        std::cout << line(json ? shoal::ctl::FormatRoundJsonLine(r, total)
+                               : shoal::ctl::FormatRoundLine(r, total))
                   << std::endl;
         printed = r.round();
       }
       if (status->phase() == shoal::v1::FINISHED) {
         const double elapsed = absl::ToDoubleSeconds(clock->Now() - start);
-        std::cout << (json ? shoal::ctl::FormatFinishedJsonLine(*status, elapsed)
-                           : shoal::ctl::FormatSummaryLine(*status, elapsed))
+        std::cout << line(json ? shoal::ctl::FormatFinishedJsonLine(*status, elapsed)
+                               : shoal::ctl::FormatSummaryLine(*status, elapsed))
                   << std::endl;
         return shoal::ctl::HashesAgree(*status) ? 0 : 3;
       }
@@ -267,6 +282,8 @@ int Explain(Coordinators* c, const Invocation& inv) {
     std::cerr << "shoalctl: " << CannotReach(*c, status.status()) << "\n";
     return 1;
   }
+  // Findings quote names and reasons: escaped before they are laid out.
+  if (inv.output == OutputFormat::kTable) *status = ForTerminal(*std::move(status));
   const std::string& who = inv.operands[0];
   std::optional<absl::Status> reachable;
   for (const auto& w : status->workers()) {
@@ -278,11 +295,11 @@ int Explain(Coordinators* c, const Invocation& inv) {
   absl::StatusOr<std::vector<shoal::ctl::Finding>> findings =
       shoal::ctl::ExplainWorker(*status, who, reachable);
   if (!findings.ok()) {
-    std::cerr << "shoalctl: " << findings.status().message() << "\n";
+    std::cerr << "shoalctl: " << TerminalText(findings.status().message()) << "\n";
     return 1;
   }
   std::cout << (inv.output == OutputFormat::kTable
-                    ? shoal::ctl::FormatFindings(*findings)
+                    ? TerminalText(shoal::ctl::FormatFindings(*findings))
                     : Document(inv.output, shoal::ctl::FormatFindingsJson(*findings)));
   return shoal::ctl::AnyProblem(*findings) ? 1 : 0;
 }
@@ -297,6 +314,7 @@ int Doctor(Coordinators* c, const Invocation& inv) {
   facts.local_unix_ms = absl::ToUnixMillis(absl::Now());
   if (got.ok()) {
     status = *std::move(got);
+    if (inv.output == OutputFormat::kTable) status = ForTerminal(std::move(status));
   } else {
     facts.coordinator = got.status();
   }
@@ -323,7 +341,7 @@ int Doctor(Coordinators* c, const Invocation& inv) {
     std::cout << Document(inv.output, shoal::ctl::FormatFindingsJson(findings));
     return problem ? 1 : 0;
   }
-  std::cout << shoal::ctl::FormatFindings(findings);
+  std::cout << TerminalText(shoal::ctl::FormatFindings(findings));
   std::cout << (problem ? "doctor: something is wrong (the PROBLEM lines)\n"
                         : "doctor: no problem found\n");
   return problem ? 1 : 0;

@@ -176,8 +176,15 @@ std::string FormatGossipLine(const shoal::v1::RunStatus& s) {
   return out;
 }
 
-std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
-  if (IsGossip(s)) return FormatGossipTable(s);
+namespace {
+
+// TRAIN, READY and the like: "1.25s", or "-" when not measured.
+std::string Seconds(double v) { return v > 0 ? absl::StrFormat("%.2fs", v) : "-"; }
+
+// The run's lines above the tables: phase and round, what it waits for or
+// why it stopped, aggregation, replica, agreed hash, checkpoints, the
+// sample ledger and the ready deadline.
+std::string FormatRunLines(const shoal::v1::RunStatus& s) {
   std::string out = absl::StrFormat(
       "run %s  phase %s  round %d  last_completed_round %d  min_participants %d  members %d\n",
       s.run_id(), PhaseName(s.phase()), s.round(), s.last_completed_round(), s.min_participants(),
@@ -226,16 +233,19 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
     absl::StrAppend(&out, absl::StrFormat("  ready_deadline %.1fs after the round start (%s)\n",
                                           s.ready_deadline_seconds(), s.ready_deadline_reason()));
   }
-  // TRAIN: median train_seconds of its recent rounds; READY: median time
-  // from RoundStart to its ready report; LATE: rounds sat out for the
-  // adaptive deadline.
-  const auto seconds = [](double v) { return v > 0 ? absl::StrFormat("%.2fs", v) : "-"; };
-  // Folded into one line unless wide: workers that left, were lost or
-  // evicted (those that finished the run stay rows).
+  return out;
+}
+
+// The workers table. TRAIN: median train_seconds of its recent rounds;
+// READY: median time from RoundStart to its ready report; LATE: rounds sat
+// out for the adaptive deadline. Unless `wide`, workers that left, were
+// lost or evicted are folded into one "departed" line (those that finished
+// the run stay rows), and so are the departed the status no longer lists.
+std::string FormatWorkersTable(const shoal::v1::RunStatus& s, bool wide) {
   const auto folded = [wide](const shoal::v1::WorkerStatus& w) {
     return !wide && DepartedState(w.state()) && w.state() != "finished";
   };
-  absl::StrAppend(&out, "workers:\n");
+  std::string out = "workers:\n";
   absl::StrAppend(
       &out, absl::StrFormat("%-*s %-22s %-9s %-11s %-14s %-9s %-9s %-8s %-8s %-8s "
                             "%-5s %s\n",
@@ -256,7 +266,7 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
                               w.model_hash().empty() ? "-" : w.model_hash().substr(0, 12),
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_accuracy()) : "-",
                               w.metrics_round() ? absl::StrFormat("%.4f", w.test_loss()) : "-",
-                              seconds(w.train_seconds_median()), seconds(w.ready_seconds_median()),
+                              Seconds(w.train_seconds_median()), Seconds(w.ready_seconds_median()),
                               active ? absl::StrCat(w.last_seen_ms_ago(), "ms") : "-",
                               w.rounds_late(), w.reason()));
   }
@@ -264,80 +274,98 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
     absl::StrAppend(&out, "departed (", departed.size(),
                     "; -o wide lists them): ", absl::StrJoin(departed, ", "), "\n");
   }
-  // Bytes on the wire of each worker's latest exchange.
-  bool wire = false;
-  // Members' figures, and those of the workers that finished the run (its
-  // last exchange); not those of workers that left, were lost or evicted.
+  if (s.departed_not_shown() > 0) {
+    absl::StrAppend(&out, "departed earlier, no longer listed: ", s.departed_not_shown(), "\n");
+  }
+  if (s.pending_joins() > 0) {
+    absl::StrAppend(&out, "joined, no session yet: ", s.pending_joins(), "\n");
+  }
+  return out;
+}
+
+// Bytes on the wire of each worker's latest exchange: members, and the
+// workers that finished the run (its last exchange); not those that left,
+// were lost or evicted.
+std::string FormatWireTable(const shoal::v1::RunStatus& s) {
   const auto shows_wire = [](const shoal::v1::WorkerStatus& w) {
     return w.wire_round() > 0 && (!DepartedState(w.state()) || w.state() == "finished");
   };
+  bool wire = false;
   for (const auto& w : s.workers()) wire |= shows_wire(w);
-  if (wire) {
-    absl::StrAppend(&out, "wire (each worker's latest exchange):\n");
-    absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",
-                                          "BYTES_IN", "BYTES_OUT", "RATIO"));
-    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
-      const shoal::v1::WorkerStatus& w = *row;
-      if (!shows_wire(w)) continue;
-      absl::StrAppend(&out,
-                      absl::StrFormat("%-5s %-11d %-12d %-12d %.4f\n", w.id(), w.wire_round(),
-                                      w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
-    }
+  if (!wire) return "";
+  std::string out = "wire (each worker's latest exchange):\n";
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-11s %-12s %-12s %s\n", "ID", "WIRE_ROUND",
+                                        "BYTES_IN", "BYTES_OUT", "RATIO"));
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (!shows_wire(w)) continue;
+    absl::StrAppend(&out,
+                    absl::StrFormat("%-5s %-11d %-12d %-12d %.4f\n", w.id(), w.wire_round(),
+                                    w.bytes_received(), w.bytes_sent(), w.compression_ratio()));
   }
-  // Where each worker's round time goes (issue 27): training, its exchange,
-  // idle (waiting for the others); only once a round completed.
+  return out;
+}
+
+// Where each worker's round time goes (issue 27): training, its exchange,
+// idle (waiting for the others); only once a round completed.
+std::string FormatTimeShares(const shoal::v1::RunStatus& s, bool wide) {
   bool shares = false;
   for (const auto& w : s.workers()) {
     shares |= w.train_share() + w.exchange_share() + w.idle_share() > 0;
   }
-  if (shares) {
-    absl::StrAppend(&out, "time (share of each worker's recent rounds):\n");
-    absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %s\n", WhoWidth(s), "ID", "TRAIN",
-                                          "EXCHANGE", "IDLE", "IN_FLIGHT"));
-    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
-      const shoal::v1::WorkerStatus& w = *row;
-      if (w.train_share() + w.exchange_share() + w.idle_share() <= 0) continue;
-      if (DepartedState(w.state()) && !wide) continue;
-      absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %d\n", WhoWidth(s), Who(w),
-                                            absl::StrFormat("%.0f%%", 100 * w.train_share()),
-                                            absl::StrFormat("%.0f%%", 100 * w.exchange_share()),
-                                            absl::StrFormat("%.0f%%", 100 * w.idle_share()),
-                                            w.rounds_in_flight()));
-    }
+  if (!shares) return "";
+  std::string out = "time (share of each worker's recent rounds):\n";
+  absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %s\n", WhoWidth(s), "ID", "TRAIN",
+                                        "EXCHANGE", "IDLE", "IN_FLIGHT"));
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (w.train_share() + w.exchange_share() + w.idle_share() <= 0) continue;
+    if (DepartedState(w.state()) && !wide) continue;
+    absl::StrAppend(&out, absl::StrFormat("%-*s %-6s %-9s %-6s %d\n", WhoWidth(s), Who(w),
+                                          absl::StrFormat("%.0f%%", 100 * w.train_share()),
+                                          absl::StrFormat("%.0f%%", 100 * w.exchange_share()),
+                                          absl::StrFormat("%.0f%%", 100 * w.idle_share()),
+                                          w.rounds_in_flight()));
   }
-  // Audits, scores and bans (issue 28, docs/SECURITY.md): the run's audit
-  // counts, then every member whose score moved, with why.
+  return out;
+}
+
+// Audits, scores and bans (issue 28, docs/SECURITY.md): the run's audit
+// counts, then every member whose score moved, with why.
+std::string FormatTrust(const shoal::v1::RunStatus& s, bool wide) {
   const shoal::v1::TrustConfig& trust = s.config().trust();
   bool scores = false;
   for (const auto& w : s.workers()) scores |= w.score_reasons_size() > 0;
-  if (trust.audit_rate() > 0 || scores || s.bans_size() > 0) {
-    absl::StrAppend(&out,
-                    absl::StrFormat("trust (--audit_rate=%g, --ban_below=%g): audits performed %d  "
-                                    "failed %d  dropped %d\n",
-                                    trust.audit_rate(), trust.ban_below(), s.audits_performed(),
-                                    s.audits_failed(), s.audits_dropped()));
-    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
-      const shoal::v1::WorkerStatus& w = *row;
-      if (w.score_reasons_size() == 0 && w.audits_passed() + w.audits_failed() == 0) continue;
-      if (DepartedState(w.state()) && !wide && w.score_reasons_size() == 0) continue;
-      absl::StrAppend(
-          &out,
-          absl::StrFormat("  %-*s score %.2f  audited %d (failed %d)  replayed %d", WhoWidth(s),
-                          Who(w), w.score(), w.audits_passed() + w.audits_failed(),
-                          w.audits_failed(), w.audits_replayed()));
-      if (w.score_reasons_size() > 0) absl::StrAppend(&out, "  last: ", w.score_reasons(0));
-      absl::StrAppend(&out, "\n");
-    }
-    for (const shoal::v1::Ban& b : s.bans()) {
-      absl::StrAppend(
-          &out, "  BANNED ", b.worker_id(), b.name().empty() ? "" : " (" + b.name() + ")",
-          " until ",
-          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(b.until_unix_seconds()),
-                           absl::UTCTimeZone()),
-          ": ", b.reason(), "\n");
-    }
+  if (trust.audit_rate() <= 0 && !scores && s.bans_size() == 0) return "";
+  std::string out = absl::StrFormat(
+      "trust (--audit_rate=%g, --ban_below=%g): audits performed %d  "
+      "failed %d  dropped %d\n",
+      trust.audit_rate(), trust.ban_below(), s.audits_performed(), s.audits_failed(),
+      s.audits_dropped());
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (w.score_reasons_size() == 0 && w.audits_passed() + w.audits_failed() == 0) continue;
+    if (DepartedState(w.state()) && !wide && w.score_reasons_size() == 0) continue;
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-*s score %.2f  audited %d (failed %d)  replayed %d", WhoWidth(s),
+                              Who(w), w.score(), w.audits_passed() + w.audits_failed(),
+                              w.audits_failed(), w.audits_replayed()));
+    if (w.score_reasons_size() > 0) absl::StrAppend(&out, "  last: ", w.score_reasons(0));
+    absl::StrAppend(&out, "\n");
   }
-  // Workers behind NAT (outbound connections only; docs/SUPERNODES.md).
+  for (const shoal::v1::Ban& b : s.bans()) {
+    absl::StrAppend(
+        &out, "  BANNED ", b.worker_id(), b.name().empty() ? "" : " (" + b.name() + ")", " until ",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(b.until_unix_seconds()),
+                         absl::UTCTimeZone()),
+        ": ", b.reason(), "\n");
+  }
+  return out;
+}
+
+// Workers behind NAT (outbound connections only; docs/SUPERNODES.md).
+std::string FormatNat(const shoal::v1::RunStatus& s) {
+  std::string out;
   for (const auto& w : s.workers()) {
     if (!w.outbound_only()) continue;
     absl::StrAppend(&out, "behind NAT: ", w.id(), " (", w.outbound_reason(), ")\n");
@@ -348,35 +376,46 @@ std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
                       " models pushed from behind NAT\n");
     }
   }
-  // Stragglers: per worker its measured round time (the median ready time;
-  // for a worker late in every round, its own measure of its late
-  // training), the deadline it was last held to and its late work folded
-  // into later rounds (docs/MEMBERSHIP.md).
-  // Only when some worker was late: a deadline that everyone met is noise.
+  return out;
+}
+
+// Stragglers: per worker its measured round time (the median ready time;
+// for a worker late in every round, its own measure of its late
+// training), the deadline it was last held to and its late work folded
+// into later rounds (docs/MEMBERSHIP.md). Only when some worker was late:
+// a deadline that everyone met is noise.
+std::string FormatLateWork(const shoal::v1::RunStatus& s) {
   bool any_late = false;
   for (const auto& w : s.workers()) any_late |= w.rounds_late() > 0 || w.folded_updates() > 0;
-  if (any_late) {
-    absl::StrAppend(
-        &out, "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
-        ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
-    for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
-      const shoal::v1::WorkerStatus& w = *row;
-      if (DepartedState(w.state())) continue;
-      std::string last = "-";
-      if (w.folded_updates() > 0) {
-        last = absl::StrFormat("into round %d, staleness %d, weight %.3f, trained in %s",
-                               w.last_fold_round(), w.last_fold_staleness(), w.last_fold_weight(),
-                               seconds(w.last_fold_train_seconds()));
-      }
-      absl::StrAppend(&out, absl::StrFormat("  %-5s round_time %-8s deadline %-8s late %-4d "
-                                            "folded %-4d last_fold %s\n",
-                                            w.id(), seconds(w.ready_seconds_median()),
-                                            seconds(w.deadline_seconds()), w.rounds_late(),
-                                            w.folded_updates(), last));
+  if (!any_late) return "";
+  std::string out = absl::StrCat(
+      "late work (--fold_late_work=", s.config().sync().fold_late_work() ? "true" : "false",
+      ", --max_staleness=", s.config().sync().max_staleness(), "):\n");
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (DepartedState(w.state())) continue;
+    std::string last = "-";
+    if (w.folded_updates() > 0) {
+      last = absl::StrFormat("into round %d, staleness %d, weight %.3f, trained in %s",
+                             w.last_fold_round(), w.last_fold_staleness(), w.last_fold_weight(),
+                             Seconds(w.last_fold_train_seconds()));
     }
+    absl::StrAppend(&out, absl::StrFormat("  %-5s round_time %-8s deadline %-8s late %-4d "
+                                          "folded %-4d last_fold %s\n",
+                                          w.id(), Seconds(w.ready_seconds_median()),
+                                          Seconds(w.deadline_seconds()), w.rounds_late(),
+                                          w.folded_updates(), last));
   }
-  absl::StrAppend(&out, FormatZoneTree(s));
   return out;
+}
+
+}  // namespace
+
+std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
+  if (IsGossip(s)) return FormatGossipTable(s);
+  return absl::StrCat(FormatRunLines(s), FormatWorkersTable(s, wide), FormatWireTable(s),
+                      FormatTimeShares(s, wide), FormatTrust(s, wide), FormatNat(s),
+                      FormatLateWork(s), FormatZoneTree(s));
 }
 
 std::string FormatZoneTree(const shoal::v1::RunStatus& s) {

@@ -53,8 +53,15 @@ struct EngineOptions {
   // is outbound-only (behind NAT: docs/SUPERNODES.md). 0 = no probe (only
   // workers that declare --outbound_only are).
   absl::Duration join_probe_timeout = absl::ZeroDuration();
-  // Removed members stay visible in the status, up to this many.
+  // Removed members stay visible in the status, up to this many (the
+  // status counts the others: RunStatus.departed_not_shown).
   size_t max_departed_shown = 50;
+  // Members that joined and opened no session yet, at most
+  // (--max_pending_joins): a new worker's Join past it is refused with
+  // UNAVAILABLE (it retries). Bounds what Joins that are never followed
+  // up add to the status, however many arrive (docs/SECURITY.md
+  // "Limits"). 0 = no limit.
+  size_t max_pending_joins = 256;
   // Workers asked to upload each checkpoint, one after the other until one
   // succeeds (the first holder by id, then the next).
   uint32_t checkpointers = 1;

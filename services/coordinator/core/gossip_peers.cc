@@ -15,16 +15,11 @@ namespace shoal::coordinator {
 
 using shoal::v1::CoordinatorMessage;
 
-GossipPeers::GossipPeers(const EngineOptions& options, const Clock* clock, EngineVersions* versions,
-                         Membership* members, CheckpointPlanner* checkpoints, EngineHost* host)
-    : options_(options),
-      clock_(clock),
-      versions_(versions),
-      members_(members),
-      checkpoints_(checkpoints),
-      host_(host) {}
+GossipPeers::GossipPeers(const EngineOptions& options, EngineVersions* versions,
+                         Membership* members, CheckpointPlanner* checkpoints)
+    : options_(options), versions_(versions), members_(members), checkpoints_(checkpoints) {}
 
-void GossipPeers::Resume(const shoal::v1::RunRecord& record) {
+void GossipPeers::Resume(const shoal::v1::RunRecord& record, absl::Time) {
   if (record.finished()) phase_ = shoal::v1::FINISHED;
   SHOAL_LOG(INFO) << "resuming gossip run " << options_.run_id
                   << (record.checkpoint_id().empty()
@@ -44,13 +39,15 @@ const shoal::v1::Heartbeat* GossipPeers::Figures(const std::string& worker_id) c
 
 // ----------------------------------------------------------------- Members
 
-void GossipPeers::OnJoined(Member& m, const shoal::v1::JoinRequest&) { peers_.try_emplace(m.id); }
+void GossipPeers::OnJoined(Member& m, const shoal::v1::JoinRequest&, absl::Time) {
+  peers_.try_emplace(m.id);
+}
 
 void GossipPeers::FillJoinResponse(const Member&, shoal::v1::JoinResponse* r) const {
   r->set_next_round(NextOpenRound(phase_, round(), /*any_ready=*/false));
 }
 
-bool GossipPeers::OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat) {
+bool GossipPeers::OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat, absl::Time) {
   GossipMember& g = peers_[m.id];
   if (g.figures.gossip() && !heartbeat.gossip()) return false;
   if (heartbeat.gossip()) versions_->MarkStatusChanged();
@@ -58,36 +55,49 @@ bool GossipPeers::OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat) 
   return true;
 }
 
-bool GossipPeers::Forget(const std::string& worker_id) {
+bool GossipPeers::Forget(const std::string& worker_id, absl::Time) {
+  // Its departure changes the peer list only when it was in it.
+  const bool was_gossiping = Gossiping(worker_id);
   peers_.erase(worker_id);
-  return false;  // no rounds to take part in
+  return was_gossiping;
 }
 
-void GossipPeers::RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
-                               Directives* out) {
-  const bool was_gossiping = Gossiping(worker_id);
+MemberState GossipPeers::DepartureState(MemberState why, const std::string& reason) const {
   // A worker that did its --gossip_steps leaves saying "finished ...".
   if (why == MemberState::kLeft && absl::StartsWith(reason, "finished ")) {
-    why = MemberState::kFinished;
-    ++finished_;
+    return MemberState::kFinished;
   }
-  host_->DepartMember(worker_id, why, reason, out);
+  return why;
+}
+
+void GossipPeers::OnDeparted(const std::string&, MemberState why, const std::string& reason,
+                             bool was_gossiping, absl::Time, ModeOutput* out) {
+  if (why == MemberState::kFinished && absl::StartsWith(reason, "finished ")) ++finished_;
   if (members_->size() == 0 && phase_ != shoal::v1::FINISHED) {
     phase_ = shoal::v1::WAITING_FOR_MEMBERS;
     // With --gossip_steps the run ends when its last worker finished them.
     if (finished_ > 0) {
-      host_->FinishRun(absl::StrCat(finished_, " workers finished their gossip steps"), out);
+      FinishRun(absl::StrCat(finished_, " workers finished their gossip steps"), out);
     }
   }
-  if (was_gossiping) SendPeerUpdate(out);
+  if (was_gossiping) SendPeerUpdate(&out->directives);
+}
+
+void GossipPeers::FinishRun(const std::string& reason, ModeOutput* out) {
+  phase_ = shoal::v1::FINISHED;
+  EngineIntent finish;
+  finish.kind = EngineIntent::Kind::kFinishRun;
+  finish.reason = reason;
+  out->Intend(std::move(finish));
 }
 
 // ------------------------------------------------------------------- Calls
 
-absl::StatusOr<uint64_t> GossipPeers::JoinRound(Member& m, uint64_t, uint64_t, Directives* out) {
+absl::StatusOr<uint64_t> GossipPeers::JoinRound(Member& m, uint64_t, uint64_t, absl::Time now,
+                                                ModeOutput* out) {
   // No rounds: the member joins the peer list at once.
   versions_->MarkStatusChanged();
-  m.last_seen = clock_->Now();
+  m.last_seen = now;
   m.state = MemberState::kTraining;
   GossipMember& g = peers_[m.id];
   if (!g.gossiping) {
@@ -95,19 +105,19 @@ absl::StatusOr<uint64_t> GossipPeers::JoinRound(Member& m, uint64_t, uint64_t, D
     SHOAL_LOG(INFO) << "member " << m.id << " gossips (" << members_->size() << " members)";
   }
   phase_ = shoal::v1::TRAINING;
-  SendPeerUpdate(out);
+  SendPeerUpdate(&out->directives);
   return uint64_t{0};
 }
 
 absl::Status GossipPeers::ReportReady(Member& m, const shoal::v1::ReportReadyRequest& request,
-                                      Directives*) {
+                                      absl::Time, ModeOutput*) {
   return absl::FailedPreconditionError(absl::StrCat("ready for round ", request.round(), " from ",
                                                     m.id, ": a gossip run has no rounds"));
 }
 
 absl::Status GossipPeers::ConnectionsReady(Member& m,
                                            const shoal::v1::ConnectionsReadyRequest& request,
-                                           Directives*) {
+                                           absl::Time, ModeOutput*) {
   return absl::FailedPreconditionError(absl::StrCat("connections ready for round ", request.round(),
                                                     " from ", m.id,
                                                     ": a gossip run has no rounds"));
@@ -115,18 +125,18 @@ absl::Status GossipPeers::ConnectionsReady(Member& m,
 
 absl::Status GossipPeers::ReportRoundDone(Member& m,
                                           const shoal::v1::ReportRoundDoneRequest& request,
-                                          Directives*) {
+                                          absl::Time, ModeOutput*) {
   return absl::FailedPreconditionError(
       absl::StrCat("round ", request.round(), " done from ", m.id, ": a gossip run has no rounds"));
 }
 
 absl::Status GossipPeers::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
-                                           Directives*) {
+                                           absl::Time, ModeOutput*) {
   return checkpoints_->ReportGossip(request);
 }
 
-void GossipPeers::Tick(absl::Time, Directives* out) {
-  UpdateConsensusEvaluator(out);
+void GossipPeers::Tick(absl::Time, ModeOutput* out) {
+  UpdateConsensusEvaluator(&out->directives);
   MaybeFinalAverage(out);
 }
 
@@ -174,7 +184,7 @@ void GossipPeers::UpdateConsensusEvaluator(Directives* out) {
   SendPeerUpdate(out);
 }
 
-void GossipPeers::MaybeFinalAverage(Directives* out) {
+void GossipPeers::MaybeFinalAverage(ModeOutput* out) {
   if (!options_.config.gossip().final_average() || phase_ == shoal::v1::FINISHED) return;
   std::vector<FinalAverageMember> members;
   members.reserve(members_->size());
@@ -211,21 +221,21 @@ void GossipPeers::MaybeFinalAverage(Directives* out) {
       const SharedMessage shared = Share(std::move(msg));
       for (const FinalAverageMember& m : members) {
         final_recipients_.insert(m.worker_id);
-        out->push_back({m.worker_id, shared});
+        out->directives.push_back({m.worker_id, shared});
       }
       final_sent_ = true;
       SHOAL_LOG(INFO) << "gossip: every member trained its steps; " << d.summary;
       return;
     }
     case FinalAverageDecision::Action::kFinish:
-      host_->FinishRun(absl::StrCat("gossip: ", d.summary), out);
+      FinishRun(absl::StrCat("gossip: ", d.summary), out);
       return;
   }
 }
 
 // ------------------------------------------------------------------ Status
 
-void GossipPeers::FillStatus(shoal::v1::RunStatus* s) const {
+void GossipPeers::FillStatus(shoal::v1::RunStatus* s, absl::Time) const {
   s->set_phase(phase_);
   s->set_round(round());
   size_t gossiping = 0;

@@ -24,7 +24,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "services/coordinator/core/checkpoint_planner.h"
 #include "services/coordinator/core/engine_types.h"
 #include "services/coordinator/core/membership.h"
@@ -35,8 +34,8 @@ namespace shoal::coordinator {
 
 class GossipPeers : public RunMode {
  public:
-  GossipPeers(const EngineOptions& options, const Clock* clock, EngineVersions* versions,
-              Membership* members, CheckpointPlanner* checkpoints, EngineHost* host);
+  GossipPeers(const EngineOptions& options, EngineVersions* versions, Membership* members,
+              CheckpointPlanner* checkpoints);
 
   shoal::v1::Phase phase() const override { return phase_; }
   // A gossip run has no rounds: the status and Join have always said 1.
@@ -44,42 +43,46 @@ class GossipPeers : public RunMode {
   uint64_t last_completed_round() const override { return 0; }
   // A gossip run has no rounds nor agreed model: its workers start from the
   // record's checkpoint (docs/GOSSIP.md, "Checkpoints").
-  void Resume(const shoal::v1::RunRecord& record) override;
-  void OnFinish() override { phase_ = shoal::v1::FINISHED; }
+  void Resume(const shoal::v1::RunRecord& record, absl::Time now) override;
 
-  void OnJoined(Member& m, const shoal::v1::JoinRequest& request) override;
+  void OnJoined(Member& m, const shoal::v1::JoinRequest& request, absl::Time now) override;
   // The next round only: no agreed model to catch up on (a joiner starts
   // from a peer's model, or from the run's checkpoint).
   void FillJoinResponse(const Member& m, shoal::v1::JoinResponse* r) const override;
-  void OnConnected(Member&) override {}
+  void OnConnected(Member&, absl::Time) override {}
   // Keeps the heartbeat's figures; a plain heartbeat (the one Leave sends)
   // after gossip ones is ignored, so that the figures stay shown.
-  bool OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat) override;
-  bool Forget(const std::string& worker_id) override;
-  void RemoveMember(std::string worker_id, MemberState why, const std::string& reason,
-                    Directives* out) override;
+  bool OnHeartbeat(Member& m, const shoal::v1::Heartbeat& heartbeat, absl::Time now) override;
+  // A worker that left after its --gossip_steps is "finished".
+  MemberState DepartureState(MemberState why, const std::string& reason) const override;
+  // True when it was in the peer list.
+  bool Forget(const std::string& worker_id, absl::Time now) override;
+  // A new peer list; with --gossip_steps the end of the run once the last
+  // member left after its steps.
+  void OnDeparted(const std::string& worker_id, MemberState why, const std::string& reason,
+                  bool was_gossiping, absl::Time now, ModeOutput* out) override;
 
   // The member joins the peer list at once (returns round 0).
-  absl::StatusOr<uint64_t> JoinRound(Member& m, uint64_t round, uint64_t carried,
-                                     Directives* out) override;
+  absl::StatusOr<uint64_t> JoinRound(Member& m, uint64_t round, uint64_t carried, absl::Time now,
+                                     ModeOutput* out) override;
   // The round reports: FAILED_PRECONDITION (no rounds).
-  absl::Status ReportReady(Member& m, const shoal::v1::ReportReadyRequest& request,
-                           Directives* out) override;
+  absl::Status ReportReady(Member& m, const shoal::v1::ReportReadyRequest& request, absl::Time now,
+                           ModeOutput* out) override;
   absl::Status ConnectionsReady(Member& m, const shoal::v1::ConnectionsReadyRequest& request,
-                                Directives* out) override;
+                                absl::Time now, ModeOutput* out) override;
   absl::Status ReportRoundDone(Member& m, const shoal::v1::ReportRoundDoneRequest& request,
-                               Directives* out) override;
+                               absl::Time now, ModeOutput* out) override;
   // The checkpointer's reports (CheckpointPlanner::ReportGossip).
-  absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
-                                Directives* out) override;
+  absl::Status ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request, absl::Time now,
+                                ModeOutput* out) override;
   // The consensus evaluator, then the final average.
-  void Tick(absl::Time now, Directives* out) override;
+  void Tick(absl::Time now, ModeOutput* out) override;
   // No round to hold.
-  void HoldRounds(bool, Directives*) override {}
+  void HoldRounds(bool, absl::Time, ModeOutput*) override {}
 
-  void FillStatus(shoal::v1::RunStatus* s) const override;
+  void FillStatus(shoal::v1::RunStatus* s, absl::Time now) const override;
   void FillWorker(const std::string& worker_id, shoal::v1::WorkerStatus* w) const override;
-  void FillRecord(shoal::v1::RunRecord*) const override {}
+  void FillRecord(shoal::v1::RunRecord*, absl::Time) const override {}
   bool ConsistentForTesting() const override;
 
  private:
@@ -98,14 +101,14 @@ class GossipPeers : public RunMode {
   // fetch from) to every gossiping member, then the checkpointer.
   void SendPeerUpdate(Directives* out);
   void UpdateConsensusEvaluator(Directives* out);
-  void MaybeFinalAverage(Directives* out);
+  void MaybeFinalAverage(ModeOutput* out);
+  // The run is over: FINISHED, and the engine's kFinishRun.
+  void FinishRun(const std::string& reason, ModeOutput* out);
 
   const EngineOptions& options_;
-  const Clock* const clock_;
   EngineVersions* const versions_;
   Membership* const members_;
   CheckpointPlanner* const checkpoints_;
-  EngineHost* const host_;
 
   absl::node_hash_map<std::string, GossipMember> peers_;
   shoal::v1::Phase phase_ = shoal::v1::WAITING_FOR_MEMBERS;

@@ -173,6 +173,8 @@ void Membership::Refresh(Member& m, const shoal::v1::JoinRequest& request,
     SHOAL_LOG(INFO) << m.id << " takes part with outbound connections only: " << m.outbound_reason;
   }
   m.connected = false;
+  if (!m.pending) ++pending_;
+  m.pending = true;
   m.last_seen = clock_->Now();
 }
 
@@ -201,6 +203,8 @@ void Membership::AddModelFileHolders(const Member& joiner, shoal::v1::JoinRespon
 // ------------------------------------------------------ Sessions, leases
 
 void Membership::Connect(Member& m) {
+  if (m.pending) --pending_;
+  m.pending = false;
   m.connected = true;
   m.last_seen = clock_->Now();
 }
@@ -240,6 +244,7 @@ void Membership::Remove(std::string worker_id, MemberState why, const std::strin
                         shoal::v1::WorkerStatus gone, uint64_t round, Directives* out) {
   auto it = members_.find(worker_id);
   if (it == members_.end()) return;
+  if (it->second.pending) --pending_;
   index_.erase(worker_id);
   members_.erase(it);
   ++departures_;

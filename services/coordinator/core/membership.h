@@ -59,6 +59,9 @@ struct Member {
   // evicted only on the way out.
   MemberState state = MemberState::kWaiting;
   bool connected = false;
+  // Joined (or re-joined) and opened no session since: a stranger's Join
+  // that is never followed up stays so until session_grace removes it.
+  bool pending = false;
   absl::Time joined_at;
   absl::Time last_seen;
   // Its catch-up as its latest heartbeat says (Heartbeat.syncing and
@@ -93,6 +96,8 @@ class Membership {
   // per-member list (peer lists, candidates) walk.
   const std::map<std::string, Member>& members() const { return members_; }
   uint64_t next_worker_number() const { return next_worker_number_; }
+  // Members that joined and opened no session since (Member::pending).
+  size_t pending() const { return pending_; }
 
   // ---------------------------------------------------------------- Join
   // What a JoinRequest must be before the engine takes its lock:
@@ -138,7 +143,8 @@ class Membership {
               shoal::v1::WorkerStatus gone, uint64_t round, Directives* out);
   // How many members were removed so far.
   uint64_t departures() const { return departures_; }
-  // The removed members the status still shows, oldest first.
+  // The removed members the status still shows, oldest first (at most
+  // EngineOptions::max_departed_shown; departures() counts them all).
   const std::deque<shoal::v1::WorkerStatus>& departed() const { return departed_; }
 
   // ------------------------------------------------------------ Messages
@@ -167,6 +173,7 @@ class Membership {
   std::deque<shoal::v1::WorkerStatus> departed_;
   uint64_t next_worker_number_ = 1;
   uint64_t departures_ = 0;
+  size_t pending_ = 0;
   // Joins answered with model file holders (rotates the holders offered).
   uint64_t joins_for_file_ = 0;
   // Member credentials, when on (EngineOptions::member_credentials).

@@ -25,22 +25,37 @@ RoundEngine::RoundEngine(EngineOptions options, const Clock* clock)
       membership_(options_, clock_, &versions_, started_at_),
       topology_(options_, clock_, &versions_, &membership_),
       checkpoints_(options_, clock_, &versions_, &membership_),
-      // The mode is the run config's, once: no other part asks which it is.
-      mode_(options_.config.has_gossip()
-                ? std::unique_ptr<RunMode>(
-                      std::make_unique<GossipPeers>(options_, clock_, &versions_, &membership_,
-                                                    &checkpoints_, static_cast<EngineHost*>(this)))
-                : std::unique_ptr<RunMode>(std::make_unique<SyncRounds>(
-                      options_, clock_, &versions_, &membership_, &topology_, &checkpoints_,
-                      static_cast<EngineHost*>(this), started_at_))) {
+      mode_(MakeMode()) {
   if (options_.resume.has_value()) {
     absl::MutexLock lock(&mu_);
     const shoal::v1::RunRecord& r = *options_.resume;
     membership_.Resume(r);
     checkpoints_.Resume(r);
     layouts_.Resume(r);
-    mode_->Resume(r);
+    mode_->Resume(r, clock_->Now());
   }
+}
+
+std::unique_ptr<RunMode> RoundEngine::MakeMode() {
+  // The mode is the run config's, once: no other part asks which it is.
+  if (options_.config.has_gossip()) {
+    return std::make_unique<GossipPeers>(options_, &versions_, &membership_, &checkpoints_);
+  }
+  SyncRounds::RoundStartGate gate;
+  if (options_.before_round_start) {
+    // Under the lock, in the call that would start the round: a change
+    // made earlier in the call (the round that just completed) gets its
+    // version now, so that the record handed out is known by its own
+    // version: with the version of the state before it, a writer that
+    // already saved that version would skip the write, and the RoundStart
+    // would go out before the completed round is in the record.
+    gate = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      versions_.CommitRecord();
+      return options_.before_round_start(CurrentRecord(), versions_.record_version());
+    };
+  }
+  return std::make_unique<SyncRounds>(options_, &versions_, &membership_, &topology_, &checkpoints_,
+                                      std::move(gate), started_at_);
 }
 
 RoundEngine::~RoundEngine() = default;
@@ -59,7 +74,8 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   if (request.has_layout()) {
     if (absl::Status s = layouts_.Check(request.layout()); !s.ok()) return s;
   }
-  if (absl::Status s = mode_->CheckJoin(request); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  if (absl::Status s = mode_->CheckJoin(request, now); !s.ok()) return s;
   versions_.MarkStatusChanged();
   JoinResult result;
   const std::string& previous = request.previous_worker_id();
@@ -67,8 +83,15 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   // A worker (new, or a member re-joining from another address) at the
   // address of another active member means that member's process is gone.
   for (const std::string& id : membership_.AtAddress(request.peer_address(), member)) {
-    mode_->RemoveMember(id, MemberState::kLost, "replaced by a worker at the same address",
-                        &result.directives);
+    Remove(id, MemberState::kLost, "replaced by a worker at the same address", now,
+           &result.directives);
+  }
+  if (member == nullptr && options_.max_pending_joins > 0 &&
+      membership_.pending() >= options_.max_pending_joins) {
+    return absl::UnavailableError(
+        absl::StrCat(membership_.pending(), " workers joined run ", options_.run_id,
+                     " and opened no session yet (--max_pending_joins=", options_.max_pending_joins,
+                     "); try again once they have, or once session_grace removed them"));
   }
   if (member == nullptr) {
     absl::StatusOr<Member*> added = membership_.Add(request, mode_->round());
@@ -82,7 +105,7 @@ absl::StatusOr<JoinResult> RoundEngine::Join(const shoal::v1::JoinRequest& reque
   }
   membership_.Refresh(*member, request, unreachable);
   topology_.MarkStale();  // a new member or maybe a new zone: the next Tick re-elects
-  mode_->OnJoined(*member, request);
+  mode_->OnJoined(*member, request, now);
 
   auto& r = result.response;
   // A fresh credential at every join: one a re-joining worker held before
@@ -114,7 +137,7 @@ absl::Status RoundEngine::Connect(const std::string& worker_id) {
   if (!member.ok()) return member.status();
   versions_.MarkStatusChanged();
   membership_.Connect(**member);
-  mode_->OnConnected(**member);
+  mode_->OnConnected(**member, clock_->Now());
   return absl::OkStatus();
 }
 
@@ -126,8 +149,9 @@ absl::Status RoundEngine::Heartbeat(const std::string& worker_id,
   if (!member.ok()) return member.status();
   // A heartbeat that only refreshes last_seen leaves a cached status valid
   // (the service bounds its age); sync progress is shown, so it counts.
-  (*member)->last_seen = clock_->Now();
-  if (!mode_->OnHeartbeat(**member, heartbeat)) return absl::OkStatus();
+  const absl::Time now = clock_->Now();
+  (*member)->last_seen = now;
+  if (!mode_->OnHeartbeat(**member, heartbeat, now)) return absl::OkStatus();
   membership_.TakeProgress(**member, heartbeat);
   return absl::OkStatus();
 }
@@ -147,26 +171,60 @@ Directives RoundEngine::Disconnect(const std::string& worker_id, const std::stri
     } else if (how == SessionEnd::kBroken) {
       why = MemberState::kLost;
     }
-    mode_->RemoveMember(worker_id, why, said, &out);
+    Remove(worker_id, why, said, clock_->Now(), &out);
   }
   return out;
 }
 
-bool RoundEngine::DepartMember(std::string worker_id, MemberState why, const std::string& reason,
-                               Directives* out) {
-  const Member* m = membership_.Find(worker_id);
-  if (m == nullptr) return false;
+void RoundEngine::Remove(const std::string& worker_id, MemberState why, const std::string& reason,
+                         absl::Time now, Directives* out) {
+  const std::string id = worker_id;  // callers may pass a key that Depart erases
+  why = mode_->DepartureState(why, reason);
+  const Member* m = membership_.Find(id);
+  if (m == nullptr) return;
   // What the status shows of it from now on, taken while every part still
   // knows it.
   shoal::v1::WorkerStatus gone;
-  FillWorker(*m, /*active=*/false, clock_->Now(), &gone);
+  FillWorker(*m, /*active=*/false, now, &gone);
+  const bool was_participant = mode_->Forget(id, now);
+  Depart(id, why, reason, std::move(gone), out);
+  ModeOutput mode;
+  mode_->OnDeparted(id, why, reason, was_participant, now, &mode);
+  Apply(std::move(mode), out);
+}
+
+void RoundEngine::Depart(const std::string& worker_id, MemberState why, const std::string& reason,
+                         shoal::v1::WorkerStatus gone, Directives* out) {
   gone.set_state(MemberStateName(why));
   gone.set_reason(reason);
-  const bool was_participant = mode_->Forget(worker_id);
   const uint64_t round = mode_->round();
   membership_.Remove(worker_id, why, reason, std::move(gone), round, out);
   topology_.Forget(worker_id, round);
-  return was_participant;
+}
+
+void RoundEngine::Apply(ModeOutput mode, Directives* out) {
+  size_t next = 0;
+  for (auto& [at, intent] : mode.intents) {
+    for (; next < at; ++next) out->push_back(std::move(mode.directives[next]));
+    switch (intent.kind) {
+      case EngineIntent::Kind::kDepart: {
+        // The mode forgot it already: what it showed of it comes along,
+        // after what the other parts show.
+        const Member* m = membership_.Find(intent.worker_id);
+        if (m == nullptr) break;
+        shoal::v1::WorkerStatus gone;
+        FillWorker(*m, /*active=*/false, clock_->Now(), &gone);
+        gone.MergeFrom(intent.shown);
+        Depart(intent.worker_id, intent.why, intent.reason, std::move(gone), out);
+        break;
+      }
+      case EngineIntent::Kind::kFinishRun:
+      case EngineIntent::Kind::kFailRun:
+        EndRun(intent.reason, intent.kind == EngineIntent::Kind::kFailRun, out);
+        break;
+    }
+  }
+  for (; next < mode.directives.size(); ++next) out->push_back(std::move(mode.directives[next]));
 }
 
 SharedMessage RoundEngine::MemberList(const std::string& worker_id) const {
@@ -192,7 +250,11 @@ absl::StatusOr<uint64_t> RoundEngine::JoinRound(const std::string& worker_id, ui
   Changes changes(this);
   absl::StatusOr<Member*> member = membership_.FindActive(worker_id);
   if (!member.ok()) return member.status();
-  return mode_->JoinRound(**member, round, carried, out);
+  ModeOutput mode;
+  absl::StatusOr<uint64_t> admitted =
+      mode_->JoinRound(**member, round, carried, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return admitted;
 }
 
 absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& request,
@@ -201,7 +263,10 @@ absl::Status RoundEngine::ReportReady(const shoal::v1::ReportReadyRequest& reque
   Changes changes(this);
   absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
   if (!member.ok()) return member.status();
-  return mode_->ReportReady(**member, request, out);
+  ModeOutput mode;
+  const absl::Status s = mode_->ReportReady(**member, request, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return s;
 }
 
 absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequest& request,
@@ -210,7 +275,10 @@ absl::Status RoundEngine::ConnectionsReady(const shoal::v1::ConnectionsReadyRequ
   Changes changes(this);
   absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
   if (!member.ok()) return member.status();
-  return mode_->ConnectionsReady(**member, request, out);
+  ModeOutput mode;
+  const absl::Status s = mode_->ConnectionsReady(**member, request, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return s;
 }
 
 absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneRequest& request,
@@ -219,7 +287,10 @@ absl::Status RoundEngine::ReportRoundDone(const shoal::v1::ReportRoundDoneReques
   Changes changes(this);
   absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
   if (!member.ok()) return member.status();
-  return mode_->ReportRoundDone(**member, request, out);
+  ModeOutput mode;
+  const absl::Status s = mode_->ReportRoundDone(**member, request, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return s;
 }
 
 absl::Status RoundEngine::ReportAudit(const shoal::v1::ReportAuditRequest& request,
@@ -228,7 +299,10 @@ absl::Status RoundEngine::ReportAudit(const shoal::v1::ReportAuditRequest& reque
   Changes changes(this);
   absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
   if (!member.ok()) return member.status();
-  return mode_->ReportAudit(**member, request, out);
+  ModeOutput mode;
+  const absl::Status s = mode_->ReportAudit(**member, request, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return s;
 }
 
 absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequest& request,
@@ -238,7 +312,10 @@ absl::Status RoundEngine::ReportCheckpoint(const shoal::v1::ReportCheckpointRequ
   absl::StatusOr<Member*> member = membership_.FindActive(request.worker_id());
   if (!member.ok()) return member.status();
   versions_.MarkStatusChanged();
-  return mode_->ReportCheckpoint(request, out);
+  ModeOutput mode;
+  const absl::Status s = mode_->ReportCheckpoint(request, clock_->Now(), &mode);
+  Apply(std::move(mode), out);
+  return s;
 }
 
 Directives RoundEngine::Tick() {
@@ -250,9 +327,11 @@ Directives RoundEngine::Tick() {
   if (!expired.empty()) versions_.MarkStatusChanged();
   for (const auto& [id, reason] : expired) {
     // No heartbeat within the lease: it crashed, froze or was cut off.
-    mode_->RemoveMember(id, MemberState::kLost, reason, &out);
+    Remove(id, MemberState::kLost, reason, now, &out);
   }
-  mode_->Tick(now, &out);
+  ModeOutput mode;
+  mode_->Tick(now, &mode);
+  Apply(std::move(mode), &out);
   topology_.ReelectIfStale(mode_->round());
   // Routes changed by an election since the last tick (relay on).
   topology_.TakeRelayChanges(&out);
@@ -263,29 +342,24 @@ Directives RoundEngine::HoldRounds(bool hold) {
   absl::MutexLock lock(&mu_);
   Changes changes(this);
   Directives out;
-  mode_->HoldRounds(hold, &out);
+  ModeOutput mode;
+  mode_->HoldRounds(hold, clock_->Now(), &mode);
+  Apply(std::move(mode), &out);
   return out;
 }
 
-void RoundEngine::FinishRun(const std::string& reason, Directives* out) {
-  mode_->OnFinish();
+void RoundEngine::EndRun(const std::string& reason, bool failed, Directives* out) {
   versions_.MarkRecordChanged();
-  SHOAL_LOG(INFO) << "run " << options_.run_id << " finished: " << reason;
   CoordinatorMessage msg;
   msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
   msg.mutable_run_finished()->set_reason(reason);
-  membership_.EndRun(Share(std::move(msg)), out);
-}
-
-void RoundEngine::FailRun(const std::string& error, Directives* out) {
-  mode_->OnFinish();
-  run_error_ = error;
-  versions_.MarkRecordChanged();
-  SHOAL_LOG(ERROR) << "run " << options_.run_id << " stopped: " << error;
-  CoordinatorMessage msg;
-  msg.mutable_run_finished()->set_last_round(mode_->last_completed_round());
-  msg.mutable_run_finished()->set_reason(error);
-  msg.mutable_run_finished()->set_failed(true);
+  if (failed) {
+    run_error_ = reason;
+    msg.mutable_run_finished()->set_failed(true);
+    SHOAL_LOG(ERROR) << "run " << options_.run_id << " stopped: " << reason;
+  } else {
+    SHOAL_LOG(INFO) << "run " << options_.run_id << " finished: " << reason;
+  }
   membership_.EndRun(Share(std::move(msg)), out);
 }
 
@@ -348,11 +422,13 @@ shoal::v1::RunStatus RoundEngine::StatusLocked() const {
   s.set_started_unix_ms(absl::ToUnixMillis(started_at_));
   s.set_min_participants(options_.config.sync().min_participants());
   s.set_members(membership_.size());
-  mode_->FillStatus(&s);
+  mode_->FillStatus(&s, now);
   checkpoints_.FillStatus(&s);
   for (const auto& [id, m] : membership_.members())
     FillWorker(m, /*active=*/true, now, s.add_workers());
   for (const shoal::v1::WorkerStatus& w : membership_.departed()) *s.add_workers() = w;
+  s.set_departed_not_shown(membership_.departures() - membership_.departed().size());
+  s.set_pending_joins(membership_.pending());
   topology_.FillStatus(&s);
   s.set_error(run_error_);
   return s;
@@ -367,11 +443,12 @@ shoal::v1::RunRecord RoundEngine::CurrentRecord() const {
   shoal::v1::RunRecord r;
   r.set_run_id(options_.run_id);
   *r.mutable_config() = options_.config;
-  mode_->FillRecord(&r);
+  const absl::Time now = clock_->Now();
+  mode_->FillRecord(&r, now);
   r.set_next_worker_number(membership_.next_worker_number());
   checkpoints_.FillRecord(&r);
   layouts_.FillRecord(&r);
-  r.set_updated_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  r.set_updated_unix_ms(absl::ToUnixMillis(now));
   // A run stopped on an error is not finished: a restart tries again.
   r.set_finished(mode_->phase() == shoal::v1::FINISHED && run_error_.empty());
   return r;

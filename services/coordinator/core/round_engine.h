@@ -16,8 +16,10 @@
 // hierarchy_plan.h, relay_assignment.h, final_average.h, gossip_status.h);
 // the parts gather their inputs, call them and carry the result out. The
 // facade takes the lock, finds the caller, hands the call to the part it
-// concerns, and composes what spans the parts: a join, a departure
-// (EngineHost::DepartMember), the end of the run, Status() and Record().
+// concerns, and composes what spans the parts: a join, a departure, the end
+// of the run, Status() and Record(). The mode never calls the facade back:
+// the departures it decides and the end of the run come back as intents in
+// its ModeOutput (run_mode.h), carried out here after its call.
 //
 // Plain C++: no gRPC types. Every method takes the current time from the
 // injected Clock and returns the directives to push to workers; the caller
@@ -61,10 +63,10 @@ struct JoinResult {
   Directives directives;
 };
 
-class RoundEngine : private EngineHost {
+class RoundEngine {
  public:
   RoundEngine(EngineOptions options, const Clock* clock);
-  ~RoundEngine() override;
+  ~RoundEngine();
 
   // `unreachable` (from the service's probe of request.peer_address, not
   // from the worker): why the worker cannot be reached; non-empty makes it
@@ -167,14 +169,26 @@ class RoundEngine : private EngineHost {
     RoundEngine* const engine_;
   };
 
-  // EngineHost: what the mode asks of the engine (run_mode.h).
-  bool DepartMember(std::string worker_id, MemberState why, const std::string& reason,
-                    Directives* out) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishRun(const std::string& reason, Directives* out) override
+  // The run's mode (from the constructor, before any call).
+  std::unique_ptr<RunMode> MakeMode() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Removes a member the engine decided to remove (its lease, its session,
+  // its address taken): every part forgets it, then the mode draws the
+  // consequences (a re-plan, the next round, a new peer list).
+  void Remove(const std::string& worker_id, MemberState why, const std::string& reason,
+              absl::Time now, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes it from the members and the topology; `gone` is what the
+  // status shows of it from now on.
+  void Depart(const std::string& worker_id, MemberState why, const std::string& reason,
+              shoal::v1::WorkerStatus gone, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A mode's output into `out`: its directives, and its intents carried
+  // out in their place among them.
+  void Apply(ModeOutput mode, Directives* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run is over (`failed`: stopped on an error, the record is not
+  // marked finished, the status shows `reason`): RunFinished to every
+  // member.
+  void EndRun(const std::string& reason, bool failed, Directives* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailRun(const std::string& error, Directives* out) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  shoal::v1::RunRecord CurrentRecord() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  shoal::v1::RunRecord CurrentRecord() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   shoal::v1::RunStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the status shows of a member, from every part. `active`: not
@@ -193,7 +207,7 @@ class RoundEngine : private EngineHost {
   CheckpointPlanner checkpoints_ ABSL_GUARDED_BY(mu_);
   // The run's model layout (JoinRequest.layout).
   LayoutBook layouts_ ABSL_GUARDED_BY(mu_);
-  // Why the run stopped (FailRun); empty otherwise.
+  // Why the run stopped (a failed EndRun); empty otherwise.
   std::string run_error_ ABSL_GUARDED_BY(mu_);
   // SyncRounds or GossipPeers, for the whole run.
   const std::unique_ptr<RunMode> mode_ ABSL_PT_GUARDED_BY(mu_);

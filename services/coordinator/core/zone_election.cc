@@ -117,6 +117,195 @@ double ElectionScore(const ElectionMember& m, const ZoneMedians& med,
   return std::exp(log_score);
 }
 
+namespace {
+
+const Candidate* FindCandidate(const std::vector<Candidate>& candidates, const std::string& id) {
+  for (const Candidate& c : candidates) {
+    if (c.member->id == id) return &c;
+  }
+  return nullptr;
+}
+
+// The zone tree: every zone with a member, its ancestors and the root, in
+// pre-order, with each zone's children by index.
+struct ZoneTree {
+  std::vector<std::string> paths;
+  std::vector<std::vector<int>> children;
+};
+
+ZoneTree BuildZoneTree(
+    const absl::flat_hash_map<std::string, std::vector<const ElectionMember*>>& direct) {
+  ZoneTree tree;
+  absl::flat_hash_map<std::string, int> index;
+  for (const auto& [zone, list] : direct) {
+    std::string z = zone;
+    while (!index.contains(z)) {
+      index[z] = 0;
+      tree.paths.push_back(z);
+      if (z.empty()) break;
+      z = ParentZone(z);
+    }
+  }
+  std::sort(tree.paths.begin(), tree.paths.end(), PreOrderLess);
+  for (size_t i = 0; i < tree.paths.size(); ++i) index[tree.paths[i]] = static_cast<int>(i);
+  tree.children.resize(tree.paths.size());
+  for (size_t i = 1; i < tree.paths.size(); ++i) {
+    tree.children[index[ParentZone(tree.paths[i])]].push_back(static_cast<int>(i));
+  }
+  return tree;
+}
+
+// A zone's candidates (its direct members, its child zones' supernodes),
+// scored against their medians (set in zone->medians) and ranked.
+std::vector<Candidate> RankCandidates(
+    const std::vector<const ElectionMember*>& own, const std::vector<int>& children,
+    const ElectionResult& result,
+    const absl::flat_hash_map<std::string, const ElectionMember*>& by_id,
+    const ElectionOptions& options, ZoneElection* zone) {
+  std::vector<Candidate> candidates;
+  for (const ElectionMember* m : own) candidates.push_back({m});
+  for (int c : children) candidates.push_back({by_id.at(result.zones[c].supernode), c});
+  std::vector<double> steps, bandwidths;
+  for (const Candidate& c : candidates) {
+    if (c.member->step_seconds > 0) steps.push_back(c.member->step_seconds);
+    if (c.member->bandwidth_bps > 0) bandwidths.push_back(c.member->bandwidth_bps);
+  }
+  zone->medians = {Median(std::move(steps)), Median(std::move(bandwidths))};
+  for (Candidate& c : candidates) {
+    c.measured = Measured(*c.member);
+    c.score = ElectionScore(*c.member, zone->medians, options);
+  }
+  std::sort(candidates.begin(), candidates.end(), RankLess);
+  return candidates;
+}
+
+// The incumbent `kept` stays unless the first measurements re-choose freely
+// or a challenger beat it long enough (hysteresis); returns the head.
+const Candidate* KeepOrReplaceIncumbent(const Candidate* kept, const ZoneElection& prev,
+                                        const std::vector<Candidate>& candidates,
+                                        const ElectionOptions& options, ElectionTrigger trigger,
+                                        absl::Time now, ZoneElection* zone) {
+  const Candidate* head = kept;
+  zone->cause = prev.cause;
+  zone->elected_at = prev.elected_at;
+  zone->changes = prev.changes;
+  zone->measured_choice = prev.measured_choice;
+  const Candidate& best = candidates[0];
+  const bool beaten = &best != kept && best.measured && kept->measured &&
+                      best.score > options.switch_factor * kept->score;
+  if (trigger == ElectionTrigger::kMeasurements && !prev.measured_choice && kept->measured) {
+    // Chosen by id before anyone was measured: the first measurements
+    // elect freely, once.
+    zone->measured_choice = true;
+    if (&best != kept) {
+      zone->cause = absl::StrCat("first measurements: ", best.member->id, " ranks first (",
+                                 prev.supernode, " was chosen by id)");
+      head = &best;
+      zone->elected_at = now;
+      ++zone->changes;
+    }
+  } else if (trigger == ElectionTrigger::kMeasurements) {
+    if (beaten) {
+      zone->challenger = best.member->id;
+      zone->challenger_streak = prev.challenger == best.member->id ? prev.challenger_streak + 1 : 1;
+    }
+  } else if (!prev.challenger.empty() && FindCandidate(candidates, prev.challenger) != nullptr) {
+    zone->challenger = prev.challenger;
+    zone->challenger_streak = prev.challenger_streak;
+  }
+  if (!zone->challenger.empty() && zone->challenger_streak >= options.switch_evaluations &&
+      now - zone->elected_at >= options.min_tenure) {
+    const Candidate* winner = FindCandidate(candidates, zone->challenger);
+    zone->cause =
+        absl::StrFormat("%s beat %s by %.2gx in %d evaluations", zone->challenger, prev.supernode,
+                        winner->score / kept->score, zone->challenger_streak);
+    head = winner;
+    zone->elected_at = now;
+    ++zone->changes;
+    zone->challenger.clear();
+    zone->challenger_streak = 0;
+  }
+  return head;
+}
+
+// The zone's supernode: the incumbent (KeepOrReplaceIncumbent), its standby
+// when it is gone, or the first ranked.
+const Candidate* ChooseSupernode(
+    const ZoneElection* prev, const std::vector<Candidate>& candidates,
+    const absl::flat_hash_map<std::string, const ElectionMember*>& by_id,
+    const ElectionOptions& options, ElectionTrigger trigger, absl::Time now, ZoneElection* zone) {
+  const Candidate* head = &candidates[0];
+  const std::string incumbent = prev != nullptr ? prev->supernode : std::string();
+  if (const Candidate* kept = incumbent.empty() ? nullptr : FindCandidate(candidates, incumbent);
+      kept != nullptr) {
+    return KeepOrReplaceIncumbent(kept, *prev, candidates, options, trigger, now, zone);
+  }
+  if (!incumbent.empty()) {
+    auto gone = by_id.find(incumbent);
+    std::string why = gone == by_id.end()    ? absl::StrCat(incumbent, " left")
+                      : !gone->second->alive ? absl::StrCat(incumbent, " died")
+                                             : absl::StrCat(incumbent, " is no longer a candidate");
+    if (const Candidate* standby = FindCandidate(candidates, prev->standby); standby != nullptr) {
+      head = standby;
+      zone->cause = absl::StrCat(why, ": standby ", prev->standby, " took over");
+    } else {
+      zone->cause = absl::StrCat(why, ": ", head->member->id, " elected (",
+                                 prev->standby.empty() ? "no standby"
+                                                       : absl::StrCat("standby ", prev->standby,
+                                                                      " is no candidate either"),
+                                 ")");
+    }
+    zone->elected_at = now;
+    zone->changes = prev->changes + 1;
+    zone->measured_choice = head->measured;
+    return head;
+  }
+  zone->cause = "first election";
+  zone->elected_at = now;
+  zone->changes = prev != nullptr ? prev->changes : 0;
+  zone->measured_choice = head->measured;
+  return head;
+}
+
+// The standby: the other candidates, and the standby of the child zone the
+// supernode heads (it heads that child when the supernode goes); the
+// previous standby stays unless clearly beaten.
+void ChooseStandby(const Candidate* head, const std::vector<Candidate>& candidates,
+                   const ZoneElection* prev, const ElectionResult& result,
+                   const absl::flat_hash_map<std::string, const ElectionMember*>& by_id,
+                   const ElectionOptions& options, const std::vector<std::string>& paths,
+                   ZoneElection* zone) {
+  std::vector<Candidate> pool;
+  for (const Candidate& c : candidates) {
+    if (&c != head) pool.push_back(c);
+  }
+  if (head->child >= 0) {
+    const std::string& heir = result.zones[head->child].standby;
+    if (!heir.empty() && FindCandidate(candidates, heir) == nullptr) {
+      Candidate c{by_id.at(heir)};
+      c.heir = head->child;
+      c.measured = Measured(*c.member);
+      c.score = ElectionScore(*c.member, zone->medians, options);
+      pool.push_back(c);
+    }
+  }
+  if (pool.empty()) return;
+  std::sort(pool.begin(), pool.end(), RankLess);
+  const Candidate* standby = &pool[0];
+  if (prev != nullptr && !prev->standby.empty()) {
+    for (const Candidate& c : pool) {
+      if (c.member->id != prev->standby) continue;
+      const bool beaten =
+          standby->measured && c.measured && standby->score > options.switch_factor * c.score;
+      if (!beaten) standby = &c;
+    }
+  }
+  zone->standby = standby->member->id;
+  zone->standby_reason = Explain(*standby, zone->medians, false, paths);
+}
+
+}  // namespace
+
 ElectionResult ElectZones(const std::vector<ElectionMember>& members,
                           const ElectionResult& previous, const ElectionOptions& options,
                           ElectionTrigger trigger, const Clock& clock) {
@@ -129,174 +318,36 @@ ElectionResult ElectZones(const std::vector<ElectionMember>& members,
   }
   ElectionResult result;
   if (direct.empty()) return result;
-
-  // The tree: every zone with a member, its ancestors and the root.
-  absl::flat_hash_map<std::string, int> index;
-  std::vector<std::string> paths;
-  for (const auto& [zone, list] : direct) {
-    std::string z = zone;
-    while (!index.contains(z)) {
-      index[z] = 0;
-      paths.push_back(z);
-      if (z.empty()) break;
-      z = ParentZone(z);
-    }
-  }
-  std::sort(paths.begin(), paths.end(), PreOrderLess);
-  for (size_t i = 0; i < paths.size(); ++i) index[paths[i]] = static_cast<int>(i);
-  std::vector<std::vector<int>> children(paths.size());
-  for (size_t i = 1; i < paths.size(); ++i) {
-    children[index[ParentZone(paths[i])]].push_back(static_cast<int>(i));
-  }
+  const ZoneTree tree = BuildZoneTree(direct);
   absl::flat_hash_map<std::string, const ZoneElection*> before;
   for (const ZoneElection& z : previous.zones) before[z.path] = &z;
 
-  result.zones.resize(paths.size());
+  result.zones.resize(tree.paths.size());
   // Bottom-up: in reverse pre-order every child comes before its parent.
-  for (int i = static_cast<int>(paths.size()) - 1; i >= 0; --i) {
+  for (int i = static_cast<int>(tree.paths.size()) - 1; i >= 0; --i) {
     ZoneElection& zone = result.zones[i];
-    zone.path = paths[i];
+    zone.path = tree.paths[i];
     auto d = direct.find(zone.path);
     const std::vector<const ElectionMember*> none;
     const std::vector<const ElectionMember*>& own = d == direct.end() ? none : d->second;
     zone.direct_members = static_cast<uint32_t>(own.size());
     zone.workers = zone.direct_members;
-    for (int c : children[i]) zone.workers += result.zones[c].workers;
+    for (int c : tree.children[i]) zone.workers += result.zones[c].workers;
     auto b = before.find(zone.path);
     const ZoneElection* prev = b == before.end() ? nullptr : b->second;
-    if (zone.path.empty() && (own.empty() || children[i].empty())) {
+    if (zone.path.empty() && (own.empty() || tree.children[i].empty())) {
       zone.reason = own.empty() ? "no direct members: the child zones' supernodes meet as peers"
                                 : "no child zones: a flat run has no supernode";
       if (prev != nullptr) zone.changes = prev->changes;
       continue;
     }
-
-    std::vector<Candidate> candidates;
-    for (const ElectionMember* m : own) candidates.push_back({m});
-    for (int c : children[i]) {
-      candidates.push_back({by_id.at(result.zones[c].supernode), c});
-    }
-    std::vector<double> steps, bandwidths;
-    for (const Candidate& c : candidates) {
-      if (c.member->step_seconds > 0) steps.push_back(c.member->step_seconds);
-      if (c.member->bandwidth_bps > 0) bandwidths.push_back(c.member->bandwidth_bps);
-    }
-    zone.medians = {Median(std::move(steps)), Median(std::move(bandwidths))};
-    for (Candidate& c : candidates) {
-      c.measured = Measured(*c.member);
-      c.score = ElectionScore(*c.member, zone.medians, options);
-    }
-    std::sort(candidates.begin(), candidates.end(), RankLess);
-    auto find = [&](const std::string& id) -> const Candidate* {
-      for (const Candidate& c : candidates) {
-        if (c.member->id == id) return &c;
-      }
-      return nullptr;
-    };
-
-    // The supernode.
-    const Candidate* head = &candidates[0];
-    const std::string incumbent = prev != nullptr ? prev->supernode : std::string();
-    if (const Candidate* kept = incumbent.empty() ? nullptr : find(incumbent); kept != nullptr) {
-      head = kept;
-      zone.cause = prev->cause;
-      zone.elected_at = prev->elected_at;
-      zone.changes = prev->changes;
-      zone.measured_choice = prev->measured_choice;
-      const Candidate& best = candidates[0];
-      const bool beaten = &best != kept && best.measured && kept->measured &&
-                          best.score > options.switch_factor * kept->score;
-      if (trigger == ElectionTrigger::kMeasurements && !prev->measured_choice && kept->measured) {
-        // Chosen by id before anyone was measured: the first measurements
-        // elect freely, once.
-        zone.measured_choice = true;
-        if (&best != kept) {
-          zone.cause = absl::StrCat("first measurements: ", best.member->id, " ranks first (",
-                                    incumbent, " was chosen by id)");
-          head = &best;
-          zone.elected_at = now;
-          ++zone.changes;
-        }
-      } else if (trigger == ElectionTrigger::kMeasurements) {
-        if (beaten) {
-          zone.challenger = best.member->id;
-          zone.challenger_streak =
-              prev->challenger == best.member->id ? prev->challenger_streak + 1 : 1;
-        }
-      } else if (!prev->challenger.empty() && find(prev->challenger) != nullptr) {
-        zone.challenger = prev->challenger;
-        zone.challenger_streak = prev->challenger_streak;
-      }
-      if (!zone.challenger.empty() && zone.challenger_streak >= options.switch_evaluations &&
-          now - zone.elected_at >= options.min_tenure) {
-        const Candidate* winner = find(zone.challenger);
-        zone.cause =
-            absl::StrFormat("%s beat %s by %.2gx in %d evaluations", zone.challenger, incumbent,
-                            winner->score / kept->score, zone.challenger_streak);
-        head = winner;
-        zone.elected_at = now;
-        ++zone.changes;
-        zone.challenger.clear();
-        zone.challenger_streak = 0;
-      }
-    } else if (!incumbent.empty()) {
-      auto gone = by_id.find(incumbent);
-      std::string why = gone == by_id.end() ? absl::StrCat(incumbent, " left")
-                        : !gone->second->alive
-                            ? absl::StrCat(incumbent, " died")
-                            : absl::StrCat(incumbent, " is no longer a candidate");
-      if (const Candidate* standby = find(prev->standby); standby != nullptr) {
-        head = standby;
-        zone.cause = absl::StrCat(why, ": standby ", prev->standby, " took over");
-      } else {
-        zone.cause = absl::StrCat(why, ": ", head->member->id, " elected (",
-                                  prev->standby.empty() ? "no standby"
-                                                        : absl::StrCat("standby ", prev->standby,
-                                                                       " is no candidate either"),
-                                  ")");
-      }
-      zone.elected_at = now;
-      zone.changes = prev->changes + 1;
-      zone.measured_choice = head->measured;
-    } else {
-      zone.cause = "first election";
-      zone.elected_at = now;
-      zone.changes = prev != nullptr ? prev->changes : 0;
-      zone.measured_choice = head->measured;
-    }
+    const std::vector<Candidate> candidates =
+        RankCandidates(own, tree.children[i], result, by_id, options, &zone);
+    const Candidate* head = ChooseSupernode(prev, candidates, by_id, options, trigger, now, &zone);
     zone.supernode = head->member->id;
     zone.supernode_score = head->score;
-    zone.reason = Explain(*head, zone.medians, candidates.size() == 1, paths);
-
-    // The standby: the other candidates, and the standby of the child zone
-    // the supernode heads (it heads that child when the supernode goes).
-    std::vector<Candidate> pool;
-    for (const Candidate& c : candidates) {
-      if (&c != head) pool.push_back(c);
-    }
-    if (head->child >= 0) {
-      const std::string& heir = result.zones[head->child].standby;
-      if (!heir.empty() && find(heir) == nullptr) {
-        Candidate c{by_id.at(heir)};
-        c.heir = head->child;
-        c.measured = Measured(*c.member);
-        c.score = ElectionScore(*c.member, zone.medians, options);
-        pool.push_back(c);
-      }
-    }
-    if (pool.empty()) continue;
-    std::sort(pool.begin(), pool.end(), RankLess);
-    const Candidate* standby = &pool[0];
-    if (prev != nullptr && !prev->standby.empty()) {
-      for (const Candidate& c : pool) {
-        if (c.member->id != prev->standby) continue;
-        const bool beaten =
-            standby->measured && c.measured && standby->score > options.switch_factor * c.score;
-        if (!beaten) standby = &c;
-      }
-    }
-    zone.standby = standby->member->id;
-    zone.standby_reason = Explain(*standby, zone.medians, false, paths);
+    zone.reason = Explain(*head, zone.medians, candidates.size() == 1, tree.paths);
+    ChooseStandby(head, candidates, prev, result, by_id, options, tree.paths, &zone);
   }
   return result;
 }

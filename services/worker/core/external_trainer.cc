@@ -7,37 +7,87 @@ namespace shoal::worker {
 
 ExternalTrainer::ExternalTrainer(ExternalTrainerOptions options) : options_(std::move(options)) {}
 
+bool ExternalTrainer::RunTurn(Turn turn) {
+  auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !open_; };
+  mu_.Await(absl::Condition(&free));
+  if (closed_) return false;
+  open_ = true;
+  turn.local = on_request_;
+  turn_ = turn;
+  taken_ = false;
+  const uint64_t number = ++number_;
+  auto done = [this, number]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || ended_ >= number; };
+  mu_.Await(absl::Condition(&done));
+  open_ = false;
+  return ended_ >= number;
+}
+
 double ExternalTrainer::TrainSteps(uint32_t steps) {
   absl::MutexLock lock(&mu_);
   if (closed_) return std::numeric_limits<double>::quiet_NaN();
   if (steps == 0) return 0;
-  const uint64_t turn = ++turn_;
-  steps_ = steps;
-  taken_ = false;
-  auto done = [this, turn]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || ended_ >= turn; };
-  mu_.Await(absl::Condition(&done));
-  steps_ = 0;
-  if (ended_ < turn) return std::numeric_limits<double>::quiet_NaN();
+  Turn turn;
+  turn.kind = Turn::kTrain;
+  turn.steps = steps;
+  turn.round = round_;
+  turn.pull = stale_;
+  turn.push = !on_request_;
+  if (!RunTurn(turn)) return std::numeric_limits<double>::quiet_NaN();
+  ++trained_;
+  // By default the buffer is the exchange's until the next turn, which
+  // pulls; on request, the progress stays in the module until a sync.
+  if (on_request_) {
+    unpushed_ = true;
+  } else {
+    stale_ = true;
+  }
   return loss_;
 }
 
-std::optional<uint32_t> ExternalTrainer::AwaitTurn(absl::Duration timeout) {
+void ExternalTrainer::SyncOnRequest() {
   absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || (steps_ > 0 && !taken_);
-  };
+  on_request_ = true;
+}
+
+void ExternalTrainer::SyncParameters() {
+  absl::MutexLock lock(&mu_);
+  if (!on_request_) return;  // every turn syncs
+  if (unpushed_ && !closed_) {
+    Turn turn;
+    turn.kind = Turn::kSync;
+    turn.push = true;
+    if (RunTurn(turn)) unpushed_ = false;
+  }
+  // The caller may write the buffer now: the module takes it next.
+  stale_ = true;
+}
+
+std::optional<ExternalTrainer::Turn> ExternalTrainer::AwaitTurn(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || (open_ && !taken_); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return std::nullopt;
-  if (closed_) return 0;
+  if (closed_) {
+    Turn closed;
+    closed.kind = Turn::kClosed;
+    closed.local = on_request_;
+    // Once: the module takes what was written since its last turn (the
+    // agreed model that local training leaves at its stop, the last
+    // average).
+    closed.pull = std::exchange(stale_, false);
+    return closed;
+  }
   taken_ = true;
-  return steps_;
+  if (turn_.pull) stale_ = false;  // the loop takes the buffer now
+  return turn_;
 }
 
 void ExternalTrainer::EndTurn(double mean_loss) {
   absl::MutexLock lock(&mu_);
-  if (!taken_ || ended_ >= turn_) return;  // no turn open: nothing to end
-  loss_ = mean_loss;
-  ended_ = turn_;
+  if (!open_ || !taken_ || ended_ >= number_) return;  // no turn open: nothing to end
+  if (turn_.kind == Turn::kTrain) loss_ = mean_loss;
+  ended_ = number_;
 }
 
 void ExternalTrainer::ReportMetrics(const shoal::v1::Metrics& metrics) {
@@ -76,7 +126,7 @@ void ExternalTrainer::Close() {
 
 uint64_t ExternalTrainer::turns() const {
   absl::MutexLock lock(&mu_);
-  return ended_;
+  return trained_;
 }
 
 }  // namespace shoal::worker

@@ -1,18 +1,33 @@
 // A trainer whose steps are taken elsewhere: the training loop of a Python
-// process (python/shoal, docs/PYTHON.md). The loop's module keeps its
-// tensors in Shoal's flat buffer (each one a view of it), so the exchange
-// averages them in place, as it does the built-in trainer's.
+// process (python/shoal, docs/PYTHON.md). The loop's module stands behind
+// Shoal's flat float32 buffer: its float32 CPU tensors are views of it (the
+// exchange averages them in place, as it does the built-in trainer's), its
+// other tensors (bf16, fp16, CUDA) keep their own memory and are synced
+// with the buffer, which holds their float32 master values, at the turns'
+// edges (python/shoal's _Sync).
 //
 // Turns: the runner's thread calls TrainSteps(n) when the protocol wants n
 // local steps. That opens a turn and waits; the loop, waiting in AwaitTurn,
-// gets the model and n, trains on its own thread, and calls EndTurn with
+// gets the turn, trains n steps on its own thread, and calls EndTurn with
 // the mean loss. Between turns the loop does not touch the module (it waits
-// in AwaitTurn), so the exchange owns the buffer exactly as with the
-// built-in trainer. Close() ends the handover for good: a waiting
+// in AwaitTurn), so whoever writes the buffer between two TrainSteps calls
+// never races the loop. Close() ends the handover for good: a waiting
 // TrainSteps returns, and so does every later one, at once.
 //
-// No Torch here: the loop's side (integer buffers mirrored, the module's
-// views) is python/shoal's. Thread-safe.
+// Syncing the buffer and the module. By default every training turn tells
+// the loop to take the buffer first (`pull`: the exchange may have written
+// it) and to give its progress back at the end (`push`: the exchange reads
+// it next). Local training (services/worker/local_training.h: overlapped
+// rounds and fragments) trains a step per turn and touches the buffer only
+// at a few points; it calls SyncOnRequest() once, and then SyncParameters()
+// before each of those points: that opens a turn of no steps in which the
+// loop only pushes (skipped when nothing trained since the last push), and
+// the next training turn pulls. So a bf16 or CUDA module is copied when the
+// buffer is used, not twice per step; a float32 CPU module costs nothing
+// either way.
+//
+// No Torch here: the loop's side (the casts, the views) is python/shoal's.
+// Thread-safe; one caller opens turns at a time (a second one waits).
 #ifndef SHOAL_SERVICES_WORKER_CORE_EXTERNAL_TRAINER_H_
 #define SHOAL_SERVICES_WORKER_CORE_EXTERNAL_TRAINER_H_
 
@@ -40,10 +55,16 @@ class ExternalTrainer final : public Trainer {
  public:
   explicit ExternalTrainer(ExternalTrainerOptions options);
 
-  // Trainer, on the runner's thread. TrainSteps waits for the loop to end
-  // the turn (or Close()); its loss then, NaN when closed.
+  // Trainer, on the runner's (or local training's) thread. TrainSteps
+  // waits for the loop to end the turn (or Close()); its loss then, NaN
+  // when closed.
   double TrainSteps(uint32_t steps) override;
   void SetRound(uint64_t round) override;
+  void SyncOnRequest() override;
+  // Waits for the loop's push when it trained since the last one (or
+  // Close()).
+  void SyncParameters() override;
+  bool ComputesOnCallingThread() const override { return false; }
   // The figures the loop reported since the last call (ReportMetrics);
   // evaluated() false when none.
   shoal::v1::Metrics Evaluate() override;
@@ -56,31 +77,64 @@ class ExternalTrainer final : public Trainer {
   size_t shard_size() const override { return options_.shard_size; }
   const std::vector<uint64_t>& shard_label_counts() const override { return no_counts_; }
 
-  // The loop's side. The steps of the next turn once one is open (the
-  // model is the loop's until EndTurn); 0 once closed; nullopt after
-  // `timeout` without either.
-  std::optional<uint32_t> AwaitTurn(absl::Duration timeout);
-  // Ends the open turn with the mean loss of its steps.
+  // What the loop is asked to do.
+  struct Turn {
+    enum Kind {
+      // Train `steps` steps (the model is the loop's until EndTurn).
+      kTrain,
+      // No steps: push, then EndTurn.
+      kSync,
+      // The handover is over (Close): pull if asked, and stop.
+      kClosed,
+    };
+    Kind kind = kClosed;
+    uint32_t steps = 0;
+    // kTrain: the synchronous round the steps are for (SetRound; 0 in
+    // gossip mode).
+    uint64_t round = 0;
+    // Before the steps (kClosed: now), the module takes the buffer.
+    bool pull = false;
+    // When the turn ends, the buffer takes the module's progress.
+    bool push = false;
+    // SyncOnRequest was called: the buffer is a local model apart from the
+    // agreed one, and a training turn is a step, not a round.
+    bool local = false;
+  };
+
+  // The loop's side. The next turn once one is open (or kClosed once
+  // closed); nullopt after `timeout` without either.
+  std::optional<Turn> AwaitTurn(absl::Duration timeout);
+  // Ends the open turn, with the mean loss of its steps.
   void EndTurn(double mean_loss);
   // Test-set figures for the next Evaluate.
   void ReportMetrics(const shoal::v1::Metrics& metrics);
   void Close();
-  // Turns ended so far.
+  // Training turns ended so far.
   uint64_t turns() const;
-  // The synchronous round of the open (or last) turn; 0 in gossip mode.
+  // The synchronous round set last (SetRound); 0 in gossip mode.
   uint64_t round() const;
 
  private:
+  // Opens a turn and waits until the loop ends it (true) or Close().
+  bool RunTurn(Turn turn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ExternalTrainerOptions options_;
   const std::vector<uint64_t> no_counts_;
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // The open turn's number and steps (0: none open), whether the loop took
-  // it, and the number of the last turn ended.
-  uint64_t turn_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool on_request_ ABSL_GUARDED_BY(mu_) = false;
+  // The open turn (open_), its number, whether the loop took it, and the
+  // number of the last turn ended.
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  Turn turn_ ABSL_GUARDED_BY(mu_);
+  uint64_t number_ ABSL_GUARDED_BY(mu_) = 0;
   bool taken_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t ended_ ABSL_GUARDED_BY(mu_) = 0;
+  // The buffer may hold what the module has not taken yet (the module
+  // pulls at its next turn); the module trained since it last pushed.
+  bool stale_ ABSL_GUARDED_BY(mu_) = true;
+  bool unpushed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t trained_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<shoal::v1::Metrics> metrics_ ABSL_GUARDED_BY(mu_);

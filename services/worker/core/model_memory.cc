@@ -14,8 +14,7 @@ ModelMemory::ModelMemory(ModelState* state, float* params, uint64_t total, const
       params_(params),
       total_(total),
       lent_timeout_(lent_timeout),
-      snapshot_(params, params + total),
-      contribution_(total) {
+      snapshot_(params, params + total) {
   state_->BindSnapshot(snapshot_.data());
   state_->SetModel(0, hash);
   state_->SetSnapshot(0);
@@ -49,18 +48,12 @@ double ModelMemory::Train(uint64_t round, const std::function<double(float*)>& t
   return loss;
 }
 
-void ModelMemory::KeepContribution(uint64_t round) {
-  (void)round;
-  std::memcpy(contribution_.data(), params_, total_ * sizeof(float));
-}
-
-void ModelMemory::RestoreContribution(uint64_t round) {
+void ModelMemory::ContributeAgain(uint64_t round) {
   (void)round;
   // Reads of the previous attempt are refused, and their chunks given back,
-  // before the parameters are restored.
+  // before the parameters are served again.
   state_->Unready();
   AwaitLent(ModelState::Buffer::kParameters);
-  std::memcpy(params_, contribution_.data(), total_ * sizeof(float));
 }
 
 void ModelMemory::ServePlan(uint64_t round, uint32_t attempt, uint64_t begin, uint64_t end) {

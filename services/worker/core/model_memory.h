@@ -1,8 +1,13 @@
 // The one owner of a worker's model memory: the parameters (the trainer's
 // flat buffer), the snapshot (the last agreed averaged model, served to
-// workers catching up), the contribution (the trained model of the
-// current round, kept for re-plans) and, while a worker has late work to
-// fold into a later round, its update (allocated only then).
+// workers catching up: the one model-sized buffer a plain synchronous run
+// adds) and, while a worker has late work to fold into a later round, its
+// update (allocated only then). There is no copy of the trained model: the
+// exchange writes each element of the parameters once, from this worker's
+// trained value to the round's average (services/worker/exchanger.h), so
+// a new plan attempt contributes the parameters as they are: per element
+// the trained value, or the failed attempt's average where it already came
+// (ContributeAgain).
 //
 // Peers read the parameters and the snapshot without copies: gRPC holds
 // pointers into them (see "Lending model memory" in core/model_state.h).
@@ -51,12 +56,11 @@ class ModelMemory {
   // Returns what `train` returns.
   double Train(uint64_t round, const std::function<double(float* params)>& train);
 
-  // First plan of the round: the trained model is kept aside. Nobody reads
-  // the parameters' new bytes yet and they do not change, so their window
-  // stays open.
-  void KeepContribution(uint64_t round);
-  // A new plan attempt: the parameters go back to the trained model.
-  void RestoreContribution(uint64_t round);
+  // A new plan attempt (a participant was lost): the parameters as the
+  // last attempt left them are the contribution again. Reads of that
+  // attempt are refused and their chunks given back first, since its
+  // exchange rewrote part of them (ServePlan computes their CRCs again).
+  void ContributeAgain(uint64_t round);
   // The plan of `round` (attempt) gives this worker [begin, end): serve it
   // and the contribution.
   void ServePlan(uint64_t round, uint32_t attempt, uint64_t begin, uint64_t end);
@@ -73,7 +77,7 @@ class ModelMemory {
   void CommitPending(uint64_t round);
   // The pending round is void: the snapshot buffer's model (`round`,
   // `hash`) is served again. The parameters are restored by the caller's
-  // next step (DropWork or RestoreContribution).
+  // next step (DropWork or ContributeAgain).
   void VoidPending(uint64_t round, const std::string& hash);
   // Local work of `round` is discarded: the parameters go back to the
   // snapshot buffer's model.
@@ -135,7 +139,6 @@ class ModelMemory {
   const uint64_t total_;
   const absl::Duration lent_timeout_;
   std::vector<float> snapshot_;
-  std::vector<float> contribution_;
   std::vector<float> late_;
 };
 

@@ -156,10 +156,17 @@ void ModelState::BeginTraining(uint64_t round) {
     absl::MutexLock lock(&mu_);
     serving_.round = round;
     serving_.ready = serving_.has_plan = serving_.averaged = false;
+    serving_.averaged_until = 0;
     serving_.attempt = 0;
+    ++trainings_;
     CloseParametersWindow();
   }
   Notify(false);
+}
+
+uint64_t ModelState::trainings() const {
+  absl::MutexLock lock(&mu_);
+  return trainings_;
 }
 
 void ModelState::SetReady(uint64_t round) {
@@ -199,6 +206,7 @@ void ModelState::SetPlan(uint64_t round, uint32_t attempt, uint64_t begin, uint6
     if (serving_.has_plan && attempt != serving_.attempt) CloseParametersWindow();
     serving_.has_plan = true;
     serving_.averaged = false;
+    serving_.averaged_until = 0;
     serving_.attempt = attempt;
     serving_.own_begin = begin;
     serving_.own_end = end;
@@ -211,6 +219,7 @@ void ModelState::Unready() {
     absl::MutexLock lock(&mu_);
     serving_.ready = false;
     serving_.averaged = false;
+    serving_.averaged_until = 0;
     CloseParametersWindow();
   }
   Notify(false);
@@ -236,32 +245,44 @@ void ModelState::SetSnapshot(uint64_t round) {
   ledger_.CloseWindow(Buffer::kSnapshot);
 }
 
-void ModelState::MarkAveraged(uint64_t round) {
+void ModelState::MarkAveraged(uint64_t round) { MarkAveragedUntil(round, ~uint64_t{0}); }
+
+void ModelState::MarkAveragedUntil(uint64_t round, uint64_t until) {
   uint64_t epoch = 0;
-  CellRange cells;  // whole cells inside the owned slice
+  CellRange cells;  // whole cells of the owned slice averaged since the last call
   const float* params = nullptr;
   uint64_t total = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (round != serving_.round) return;
+    if (round != serving_.round || !serving_.has_plan || serving_.averaged) return;
+    until = std::min(until, serving_.own_end);
+    const uint64_t from = std::max(serving_.own_begin, serving_.averaged_until);
+    if (until <= from && until != serving_.own_end) return;
     epoch = ledger_.window(Buffer::kParameters);
     params = params_.load();
     total = total_.load();
-    if (params != nullptr && serving_.has_plan && cell_crcs_.holds(epoch)) {
-      cells = CellsWithin(serving_.own_begin, serving_.own_end, total);
+    if (params != nullptr && cell_crcs_.holds(epoch) && until > from) {
+      cells = CellsWithin(from, until, total);
     }
   }
-  // The owned slice's cells now hold the average: their CRCs are computed
-  // here (the bytes are still in cache after the scale) before any AVERAGED
-  // read may be granted, then served N-1 times.
+  // These cells now hold the average: their CRCs are computed here (the
+  // bytes are still in cache after the combine) before any AVERAGED read
+  // may be granted them, then served N-1 times.
   std::vector<uint32_t> crcs = CellCrcCache::Compute(params, total, cells.first, cells.last);
   {
     absl::MutexLock lock(&mu_);
-    if (round != serving_.round) return;
-    serving_.averaged = true;
+    if (round != serving_.round || !serving_.has_plan) return;
     if (ledger_.window(Buffer::kParameters) == epoch) cell_crcs_.Update(epoch, cells.first, crcs);
+    serving_.averaged_until = std::max(serving_.averaged_until, until);
+    if (serving_.averaged_until >= serving_.own_end) serving_.averaged = true;
   }
   Notify(false);
+}
+
+uint64_t ModelState::AveragedLimit(uint64_t round, uint32_t attempt) const {
+  absl::MutexLock lock(&mu_);
+  if (round != serving_.round || !serving_.has_plan || attempt != serving_.attempt) return 0;
+  return serving_.averaged ? serving_.own_end : serving_.averaged_until;
 }
 
 void ModelState::Abort(uint64_t round) {
@@ -269,6 +290,7 @@ void ModelState::Abort(uint64_t round) {
     absl::MutexLock lock(&mu_);
     if (round != serving_.round) return;
     serving_.ready = serving_.has_plan = serving_.averaged = false;
+    serving_.averaged_until = 0;
     CloseParametersWindow();
   }
   Notify(false);
@@ -337,6 +359,11 @@ absl::StatusOr<ModelState::LentChunk> ModelState::LendChunk(const ReadGrant& gra
 void ModelState::ReturnChunk(Buffer buffer) const { ledger_.Return(buffer); }
 
 int ModelState::chunks_lent(Buffer buffer) const { return ledger_.lent(buffer); }
+
+ModelState::ReadGrant ModelState::GrantParameters() const {
+  absl::MutexLock lock(&mu_);
+  return ReadGrant{Buffer::kParameters, ledger_.window(Buffer::kParameters)};
+}
 
 bool ModelState::IsCurrent(const ReadGrant& grant) const {
   absl::MutexLock lock(&mu_);

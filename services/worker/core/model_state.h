@@ -100,6 +100,9 @@ class ModelState {
   // yet. Closes the parameters' window (see the class comment): call
   // AwaitReturned(kParameters) before training writes them.
   void BeginTraining(uint64_t round);
+  // How many times BeginTraining was called: a new count means the
+  // parameters hold a new trained model (not the last exchange's leftovers).
+  uint64_t trainings() const;
   // Local training of `round` is done: its contribution may be read.
   // Computes the CRC-32C of every 1 MiB cell of the parameters (on this
   // thread, outside the lock) unless they are already known in this window.
@@ -114,6 +117,15 @@ class ModelState {
   // The owned slice now holds the average (its cells' CRCs are computed
   // here, on the caller's thread). Wakes the AVERAGED reads waiting for it.
   void MarkAveraged(uint64_t round);
+  // [own begin, until) of the owned slice holds the average (the reduce
+  // completes it cell by cell): it may be served, and the rest waits. Calls
+  // may come in any order (the largest counts); `until` past the slice is
+  // MarkAveraged.
+  void MarkAveragedUntil(uint64_t round, uint64_t until);
+  // How far an AVERAGED read of (round, attempt) may be served right now:
+  // the end of the owned slice once it is averaged, the averaged prefix
+  // before, 0 for another round or attempt.
+  uint64_t AveragedLimit(uint64_t round, uint32_t attempt) const;
   // The round was aborted; nothing of it is served any more. Closes the
   // parameters' window.
   void Abort(uint64_t round);
@@ -179,6 +191,12 @@ class ModelState {
   int chunks_lent(Buffer buffer) const;
   // True while the grant's window is open.
   bool IsCurrent(const ReadGrant& grant) const;
+  // A grant of the parameters as they are now, for a reader inside this
+  // process: the steps trained ahead of their round (local_training.h)
+  // take the round's average from them chunk by chunk (LendChunk /
+  // ReturnChunk), and a rewrite of the parameters (which closes their
+  // window first) waits for the chunk in hand.
+  ReadGrant GrantParameters() const;
 
   // The peer service's reads that want to hear about changes: AVERAGED
   // reads parked until their slice is averaged, and streams that must stop
@@ -223,6 +241,7 @@ class ModelState {
   // What the serving rule decides on.
   ServingState serving_ ABSL_GUARDED_BY(mu_);
   uint64_t model_round_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t trainings_ ABSL_GUARDED_BY(mu_) = 0;
   std::string model_hash_ ABSL_GUARDED_BY(mu_);
   // CRC-32C of the parameters' cells, valid for one parameters window.
   CellCrcCache cell_crcs_ ABSL_GUARDED_BY(mu_);

@@ -8,10 +8,7 @@
 namespace shoal::worker {
 
 OuterStep::OuterStep(OuterOptions options, uint64_t total) : options_(options) {
-  if (has_state()) {
-    momentum_.assign(total, 0.0f);
-    pending_.assign(total, 0.0f);
-  }
+  if (has_state()) momentum_.assign(total, 0.0f);
 }
 
 void OuterStep::Apply(uint64_t round, uint64_t begin, size_t n, const float* base,
@@ -25,20 +22,23 @@ void OuterStep::Apply(uint64_t round, uint64_t begin, size_t n, const float* bas
       for (size_t i = 0; i < n; ++i) out[i] = base[i] - lr * -change[i];
       return;
     case OuterOptimizer::kNesterov: {
-      if (!pending_valid_ || pending_round_ != round) {
-        // A new round (or attempt after a void): start from the committed,
-        // which the elements outside [begin, begin + n) keep.
-        std::copy(momentum_.begin(), momentum_.end(), pending_.begin());
-        pending_round_ = round;
-        pending_valid_ = true;
-      }
+      // Every attempt starts from the committed momentum (a void round
+      // leaves it as it is); Commit recomputes `next` from the same inputs.
+      if (!pending_valid_ || pending_round_ != round) pending_.clear();
+      pending_round_ = round;
+      pending_valid_ = true;
+      // A new attempt of the range replaces the last one's.
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                    [&](const Moved& m) {
+                                      return m.begin < begin + n && begin < m.begin + m.n;
+                                    }),
+                     pending_.end());
+      pending_.push_back({begin, n, change});
       const float mu = options_.momentum;
       const float* m = momentum_.data() + begin;
-      float* p = pending_.data() + begin;
       for (size_t i = 0; i < n; ++i) {
         const float g = -change[i];
         const float next = mu * m[i] + g;
-        p[i] = next;
         out[i] = base[i] - lr * (g + mu * next);
       }
       return;
@@ -48,7 +48,16 @@ void OuterStep::Apply(uint64_t round, uint64_t begin, size_t n, const float* bas
 
 void OuterStep::Commit(uint64_t round) {
   if (!has_state() || !pending_valid_ || pending_round_ != round) return;
-  momentum_.swap(pending_);
+  // The same expression as Apply's, on the same inputs: the same bits.
+  const float mu = options_.momentum;
+  for (const Moved& moved : pending_) {
+    float* m = momentum_.data() + moved.begin;
+    for (size_t i = 0; i < moved.n; ++i) {
+      const float g = -moved.change[i];
+      m[i] = mu * m[i] + g;
+    }
+  }
+  pending_.clear();
   momentum_round_ = round;
   pending_valid_ = false;
 }

@@ -12,7 +12,11 @@
 // and momentum stay bit-identical.
 //
 // The momentum of a round is pending until the round is agreed (Commit);
-// a void round leaves the committed one in place. The committed momentum
+// a void round leaves the committed one in place. The pending momentum is
+// not kept: Commit computes it again from the committed one and the
+// round's averaged change, which the caller keeps unchanged between Apply
+// and Commit (the exchanger's change buffer), so the outer optimizer adds
+// one model-sized buffer, its momentum. The committed momentum
 // belongs to the model of round momentum_round(): it travels with that
 // model to workers catching up (Peer.ReadEncoded SNAPSHOT) and in
 // checkpoints.
@@ -52,7 +56,9 @@ class OuterStep {
   // from base[i] and change[i] (all three point at element `begin`); the
   // momentum of those elements becomes pending for `round`; the other
   // elements' momentum stays as committed (a round that averages one
-  // fragment moves only its momentum). `out` may be `base` or `change`.
+  // fragment moves only its momentum). `out` may be `base` but not
+  // `change`: `change` must hold its values until Commit (or the next
+  // Apply), which reads them again.
   void Apply(uint64_t round, uint64_t begin, size_t n, const float* base, const float* change,
              float* out);
   // `round` is agreed: its pending momentum becomes the committed one.
@@ -69,9 +75,16 @@ class OuterStep {
   const OuterOptions options_;
   std::vector<float> momentum_;
   uint64_t momentum_round_ = 0;
-  std::vector<float> pending_;
+  // The round of the last Apply, and the ranges it moved with the change
+  // each read (Commit reads them again).
+  struct Moved {
+    uint64_t begin = 0;
+    size_t n = 0;
+    const float* change = nullptr;
+  };
   uint64_t pending_round_ = 0;
   bool pending_valid_ = false;
+  std::vector<Moved> pending_;
 };
 
 }  // namespace shoal::worker

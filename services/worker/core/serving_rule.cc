@@ -69,7 +69,9 @@ ServingDecision DecideRead(const ServingState& s, const shoal::v1::ReadSliceRequ
         absl::StrCat("this worker owns [", s.own_begin, ", ", s.own_end, ") in round ", s.round,
                      ", not [", r.begin(), ", ", r.end(), ")")));
   }
-  if (!s.averaged) {
+  if (!s.averaged && r.begin() >= s.averaged_until) {
+    // Served as far as it is averaged; the rest waits (the peer service
+    // parks the stream there).
     return refuse(absl::UnavailableError("slice not averaged yet"), /*may_wait=*/true);
   }
   return d;

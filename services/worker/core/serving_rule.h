@@ -30,6 +30,9 @@ struct ServingState {
   uint64_t own_begin = 0;
   uint64_t own_end = 0;
   bool averaged = false;
+  // Before the whole slice is: [own_begin, averaged_until) holds the
+  // average already (the reduce publishes it cell by cell).
+  uint64_t averaged_until = 0;
   // The snapshot buffer: attached, holding the averaged model of
   // `snapshot_round` (`snapshot_valid`), or being replaced.
   bool has_snapshot = false;

@@ -82,6 +82,24 @@ class Trainer {
   // torch's generator seeded from the run seed and the round, so that
   // another member can replay it.
   virtual void SetRound(uint64_t round) {}
+  // A trainer whose flat buffer stands for a model kept elsewhere (a Python
+  // module in bf16 or on a GPU: external_trainer.h) copies between the two
+  // around every TrainSteps call, so that whoever reads or writes
+  // parameters() between two calls (the exchange) sees the model. Local
+  // training (services/worker/local_training.h) trains a step per call and
+  // touches the buffer at a few points only: it calls SyncOnRequest() once,
+  // then SyncParameters() before each of those points, so the copies happen
+  // there, not around every step. No-ops where the buffer is the model.
+  virtual void SyncOnRequest() {}
+  // Between two TrainSteps calls: parameters() holds the trained model now,
+  // and the model takes parameters() again before its next step (the
+  // caller reads them and may write them).
+  virtual void SyncParameters() {}
+  // False when TrainSteps waits while another thread computes (a Python
+  // loop's): local training then leaves the priority of its thread of
+  // steps ahead alone, since the loop waits for what that thread does
+  // between steps (taking an average).
+  virtual bool ComputesOnCallingThread() const { return true; }
   // An audit (docs/SECURITY.md "Audits, scores and bans"): trains
   // `samples` of `round` from `base` (num_elements() floats) the way
   // TrainSteps trains an audited round, on a separate instance of the model

@@ -21,10 +21,8 @@ const char* ActionName(Action::Kind kind) {
       return "train";
     case Action::kReportReady:
       return "report-ready";
-    case Action::kKeepContribution:
-      return "keep-contribution";
-    case Action::kRestoreContribution:
-      return "restore-contribution";
+    case Action::kContributeAgain:
+      return "contribute-again";
     case Action::kServePlan:
       return "serve-plan";
     case Action::kProbe:
@@ -157,13 +155,6 @@ Actions WorkerProtocol::OnDirective(const shoal::v1::CoordinatorMessage& msg) {
     case shoal::v1::CoordinatorMessage::kRoundComplete: {
       const auto& complete = msg.round_complete();
       Settle(complete.round(), complete.model_hash(), &out);
-      if (complete.round() == trained_samples_round_ && complete.round() == model_round_ &&
-          complete.model_hash() == model_hash_) {
-        // The ledger's record of this worker: samples in a completed round.
-        SHOAL_LOG(INFO) << "ledger: round " << complete.round() << " trained samples "
-                        << FormatRanges(trained_samples_);
-        trained_samples_round_ = 0;
-      }
       if (complete.round() == model_round_ && complete.model_hash() != model_hash_) {
         SHOAL_LOG(ERROR) << "round " << complete.round() << " completed with hash "
                          << complete.model_hash() << ", this worker has " << model_hash_;
@@ -244,7 +235,7 @@ Actions WorkerProtocol::OnRoundStart(const shoal::v1::RoundStart& start) {
       round_base_hash_ = start.base_model_hash();
       contribution_round_ = 0;
       plan_.Clear();
-      if (carried_.in_contribution) out.push_back(Make(Action::kRestoreContribution, round_));
+      if (carried_.in_contribution) out.push_back(Make(Action::kContributeAgain, round_));
       trained_round_ = round_;
       carried_ = {};
       ++resumed_rounds_;
@@ -430,14 +421,14 @@ Actions WorkerProtocol::OnRoundPlan(shoal::v1::RoundPlan plan) {
     return out;
   }
   if (contribution_round_ != round_) {
-    // First plan of the round: keep the trained model for re-plans.
-    out.push_back(Make(Action::kKeepContribution, round_));
+    // First plan of the round.
     contribution_round_ = round_;
   } else {
-    // A participant was lost: exchange again from the trained model.
+    // A participant was lost: exchange again from what the last attempt
+    // left in the parameters.
     SHOAL_LOG(INFO) << "round " << round_ << ": new plan (attempt " << plan.attempt() << ", "
                     << plan.slices_size() << " participants)";
-    out.push_back(Make(Action::kRestoreContribution, round_));
+    out.push_back(Make(Action::kContributeAgain, round_));
   }
   plan_ = std::move(plan);
   Action serve = Make(Action::kServePlan, round_);
@@ -620,6 +611,16 @@ void WorkerProtocol::DiscardCarried(const std::string& why, Actions* out) {
 }
 
 void WorkerProtocol::Settle(uint64_t agreed_round, const std::string& agreed_hash, Actions* out) {
+  if (agreed_round == trained_samples_round_ && agreed_round == model_round_ &&
+      agreed_hash == model_hash_) {
+    // The ledger's record of this worker: samples in an agreed round, by
+    // whichever message brings the agreement first (RoundComplete, a
+    // checkpoint request, the next RoundStart, or a re-join's reply when
+    // the session broke before RoundComplete came).
+    SHOAL_LOG(INFO) << "ledger: round " << agreed_round << " trained samples "
+                    << FormatRanges(trained_samples_);
+    trained_samples_round_ = 0;
+  }
   if (!pending_) return;
   if ((agreed_round == model_round_ && agreed_hash == model_hash_) || agreed_round > model_round_) {
     // Agreed; or the run moved on without telling us this round's outcome,
@@ -664,7 +665,7 @@ void WorkerProtocol::Void(const std::string& why, Actions* out) {
 void WorkerProtocol::DropRound(const std::string& why, Actions* out) {
   if (carried_.round != 0 && carried_.round == round_) {
     // The round's trained model stays for the re-join (a voided pending
-    // average is replaced by kRestoreContribution or kDropWork later).
+    // average is contributed again (kContributeAgain) or dropped later).
     contribution_round_ = 0;
     plan_.Clear();
     return;

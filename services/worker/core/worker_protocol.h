@@ -16,9 +16,10 @@
 //        round;
 //      void (kVoid): a new plan attempt of the round, RoundAborted,
 //        RoundMissed, or an agreed model of that round with another hash;
-//  - the trained model of round_ kept aside from the first plan on
-//    (kKeepContribution), restored for a new plan attempt
-//    (kRestoreContribution) after a participant was lost;
+//  - a new plan attempt after a participant was lost: the parameters, as
+//    the last attempt's exchange left them (per element the trained value,
+//    or that attempt's average where it came), are the contribution again
+//    (kContributeAgain): no copy of the trained model is kept;
 //  - the participant list of the latest full plan (PlanList), which
 //    expands plans that name it by version;
 //  - late work (RunConfig.sync.fold_late_work): the update of a round whose
@@ -35,17 +36,18 @@
 //  - carried work: when the session breaks (or the ready report finds a
 //    coordinator that does not know this worker) after the worker trained
 //    round_, the trained model is kept across the re-join instead of being
-//    dropped: in the parameters, or in the contribution buffer once a plan
-//    came (the parameters may then hold a partial or pending average, voided
-//    on the re-join unless the coordinator completed the round). JoinRound
+//    dropped, in the parameters: once a plan came they hold, per element,
+//    the trained value or the interrupted exchange's average (a pending
+//    average is contributed as it is unless the coordinator completed the
+//    round). JoinRound
 //    names it (carried_round); a RoundStart of that round from the same
 //    base (a new leader reopening the round its record did not complete)
-//    is answered with the ready report at once, after kRestoreContribution
+//    is answered with the ready report at once, after kContributeAgain
 //    when needed, so the round is not trained twice. Any other outcome
 //    (another base, a later round) drops it (kDropWork) first.
 //
-// Memory actions (kCommit, kVoid, kDropWork, kKeepContribution,
-// kRestoreContribution, kHoldPending, kCatchUp, kTrain, kKeepLateWork,
+// Memory actions (kCommit, kVoid, kDropWork, kContributeAgain,
+// kHoldPending, kCatchUp, kTrain, kKeepLateWork,
 // kFoldLateWork, kDropLateWork) are carried out by
 // the model memory owner (core/model_memory.h), which closes windows and
 // waits for lent chunks by itself.
@@ -84,10 +86,9 @@ struct Action {
     kTrain,
     // ReportReady(round, train_loss), then OnReadyReported.
     kReportReady,
-    // First plan of `round`: keep the trained model aside for re-plans.
-    kKeepContribution,
-    // A new plan attempt: the parameters go back to the trained model.
-    kRestoreContribution,
+    // A new plan attempt: the parameters as the last attempt left them are
+    // the contribution again.
+    kContributeAgain,
     // Serve the plan (own slice) and the contribution of `round`.
     kServePlan,
     // Probe the plan's peers, then ConnectionsReady(round, attempt) with
@@ -331,8 +332,8 @@ class WorkerProtocol {
     uint64_t round = 0;  // 0 = none
     uint64_t base_round = 0;
     std::string base_hash;
-    // The trained model is in the contribution buffer (a plan came), not
-    // in the parameters.
+    // A plan came: the parameters were served (and maybe partly averaged)
+    // in an attempt, and are served again as a new contribution.
     bool in_contribution = false;
   };
   Carried carried_;

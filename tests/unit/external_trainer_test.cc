@@ -1,0 +1,162 @@
+// The ExternalTrainer's turns (docs/PYTHON.md): the runner's thread opens
+// them, a thread standing for the Python loop takes and ends them; what the
+// loop is told to pull and push, by default (every turn) and on request
+// (local training: only where the buffer is used).
+#include "services/worker/core/external_trainer.h"
+
+#include <cmath>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shoal::worker {
+namespace {
+
+using Turn = ExternalTrainer::Turn;
+
+ExternalTrainerOptions Options(std::vector<float>* params) {
+  ExternalTrainerOptions o;
+  o.parameters = params->data();
+  o.elements = params->size();
+  o.layers = {LayerInfo{"w", {static_cast<int64_t>(params->size())}, 0, params->size()}};
+  return o;
+}
+
+// The loop's side: takes `n` turns, records them, and for each training
+// turn adds its steps to params[0] (the module trains during its turn).
+std::vector<Turn> TakeTurns(ExternalTrainer* trainer, std::vector<float>* params, int n) {
+  std::vector<Turn> seen;
+  for (int i = 0; i < n; ++i) {
+    std::optional<Turn> t = trainer->AwaitTurn(absl::Seconds(30));
+    if (!t.has_value()) {
+      ADD_FAILURE() << "no turn within 30 s";
+      break;
+    }
+    seen.push_back(*t);
+    if (t->kind == Turn::kClosed) break;
+    if (t->kind == Turn::kTrain) (*params)[0] += static_cast<float>(t->steps);
+    trainer->EndTurn(0.25 * static_cast<double>(seen.size()));
+  }
+  return seen;
+}
+
+TEST(ExternalTrainerTest, TurnsGoBetweenTheRunnerAndTheLoop) {
+  std::vector<float> params(4, 0.0f);
+  ExternalTrainer trainer(Options(&params));
+  EXPECT_EQ(trainer.AwaitTurn(absl::ZeroDuration()), std::nullopt) << "no turn open yet";
+  std::vector<Turn> seen;
+  std::thread loop([&] { seen = TakeTurns(&trainer, &params, 3); });
+  trainer.SetRound(3);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0.25);
+  EXPECT_EQ(params[0], 5.0f);
+  trainer.SetRound(4);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0.5);
+  EXPECT_EQ(params[0], 10.0f);
+  EXPECT_EQ(trainer.turns(), 2u);
+  trainer.Close();
+  loop.join();
+  ASSERT_EQ(seen.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(seen[i].kind, Turn::kTrain);
+    EXPECT_EQ(seen[i].steps, 5u);
+    EXPECT_EQ(seen[i].round, 3u + i);
+    // The exchange reads and writes the buffer between any two turns: the
+    // module takes it before its steps and gives it back after them.
+    EXPECT_TRUE(seen[i].pull);
+    EXPECT_TRUE(seen[i].push);
+    EXPECT_FALSE(seen[i].local);
+  }
+  EXPECT_EQ(seen[2].kind, Turn::kClosed);
+  EXPECT_TRUE(seen[2].pull) << "the last average, written after the last turn";
+  EXPECT_FALSE(trainer.AwaitTurn(absl::ZeroDuration())->pull) << "once";
+  EXPECT_TRUE(std::isnan(trainer.TrainSteps(5))) << "after Close, at once";
+  EXPECT_FALSE(trainer.Evaluate().evaluated());
+  shoal::v1::Metrics m;
+  m.set_test_accuracy(0.9);
+  trainer.ReportMetrics(m);
+  EXPECT_TRUE(trainer.Evaluate().evaluated());
+  EXPECT_FALSE(trainer.Evaluate().evaluated()) << "reported figures go once";
+  EXPECT_EQ(trainer.EvaluateParams(params.data()).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+TEST(ExternalTrainerTest, CloseEndsAWaitingTrainSteps) {
+  std::vector<float> params(1);
+  ExternalTrainer trainer(Options(&params));
+  std::thread runner([&] { EXPECT_TRUE(std::isnan(trainer.TrainSteps(3))); });
+  std::optional<Turn> t = trainer.AwaitTurn(absl::Seconds(30));
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->steps, 3u);
+  trainer.Close();  // the loop stops in the middle of its turn
+  runner.join();
+  // Nothing was written since the turn's pull: the module keeps its
+  // progress, as a view of the buffer would.
+  EXPECT_FALSE(trainer.AwaitTurn(absl::ZeroDuration())->pull);
+}
+
+TEST(ExternalTrainerTest, OnRequestTheModuleSyncsOnlyWhereTheBufferIsUsed) {
+  std::vector<float> params(2, 0.0f);
+  ExternalTrainer trainer(Options(&params));
+  trainer.SyncOnRequest();
+  std::vector<Turn> seen;
+  std::thread loop([&] { seen = TakeTurns(&trainer, &params, 6); });
+  // Local training: a step a turn, then a sync before it reads the buffer.
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(1), 0.25);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(1), 0.5);
+  trainer.SyncParameters();  // the module trained: it pushes
+  trainer.SyncParameters();  // nothing trained since: no turn
+  trainer.SetRound(7);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(2), 1.0);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(1), 1.25);
+  trainer.SyncParameters();
+  EXPECT_EQ(trainer.turns(), 4u) << "training turns only";
+  trainer.Close();
+  loop.join();
+  ASSERT_EQ(seen.size(), 6u);
+  const std::vector<Turn::Kind> kinds = {Turn::kTrain, Turn::kTrain, Turn::kSync,
+                                         Turn::kTrain, Turn::kTrain, Turn::kSync};
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    EXPECT_EQ(seen[i].kind, kinds[i]) << i;
+    EXPECT_TRUE(seen[i].local) << i;
+    // Training turns never push; syncs only push.
+    EXPECT_EQ(seen[i].push, kinds[i] == Turn::kSync) << i;
+  }
+  // The first turn pulls (the buffer may have been written before it, a
+  // late joiner's model); then only the turn after a sync, where the
+  // caller may have written the buffer.
+  EXPECT_TRUE(seen[0].pull);
+  EXPECT_FALSE(seen[1].pull);
+  EXPECT_TRUE(seen[3].pull);
+  EXPECT_EQ(seen[3].round, 7u);
+  EXPECT_EQ(seen[3].steps, 2u);
+  EXPECT_FALSE(seen[4].pull);
+  // Closed after a sync: the module takes what local training left.
+  std::optional<Turn> closed = trainer.AwaitTurn(absl::ZeroDuration());
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->kind, Turn::kClosed);
+  EXPECT_TRUE(closed->pull);
+}
+
+TEST(ExternalTrainerTest, CloseEndsAWaitingSync) {
+  std::vector<float> params(1);
+  ExternalTrainer trainer(Options(&params));
+  trainer.SyncOnRequest();
+  std::thread loop([&] { TakeTurns(&trainer, &params, 1); });
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(1), 0.25);
+  loop.join();
+  // The loop never comes back for the sync (it stopped): Close ends it.
+  std::thread closer([&] {
+    std::optional<Turn> t = trainer.AwaitTurn(absl::Seconds(30));
+    ASSERT_TRUE(t.has_value());
+    EXPECT_EQ(t->kind, Turn::kSync);
+    trainer.Close();
+  });
+  trainer.SyncParameters();
+  closer.join();
+  EXPECT_TRUE(trainer.AwaitTurn(absl::ZeroDuration())->pull);
+}
+
+}  // namespace
+}  // namespace shoal::worker
