@@ -17,7 +17,9 @@ PID:
   overlap  the same with --overlap=on: the utilization the loop keeps when
            the round's averaging runs while it trains
 
-The largest size also runs the issue's half-billion check (--big): two
+With --big the largest size (--big_size, default the last of --sizes; run.sh
+gives 500m, which then has only its loop-alone arm besides) runs the issue's
+half-billion check: two
 workers start, a checkpoint store keeps every other round, a third worker
 joins late and pulls the model from the two, the run ends with every hash
 equal, and `shoalctl checkpoints export` writes the last checkpoint, which
@@ -247,6 +249,7 @@ def big_run(args, width, depth, out):
             "hashes_agree": len({ln.get("hash") for ln in lines}) == 1,
             "late_pulled": bool(re.search(r"caught up|pulled|catch", late_text, re.I)),
             "late_peak_rss": lines[-1]["peak_rss"],
+            "peak_rss": max(ln["peak_rss"] for ln in lines),
             "checkpoints": len(ckpts),
             "export_ok": ex.returncode == 0,
             "export_loaded": "LOADED" in loaded.stdout,
@@ -297,6 +300,9 @@ def main():
     ap.add_argument("--local_steps", type=int, default=2)
     ap.add_argument("--big", action="store_true", help="the late-join + export run at the largest size")
     ap.add_argument("--big_rounds", type=int, default=6)
+    ap.add_argument("--big_size", default="",
+                    help="the size of the --big run (default: the last of --sizes); a size not "
+                         "in --sizes gets only its loop-alone arm and the big run")
     ap.add_argument("--no_overlap", action="store_true")
     ap.add_argument("--arm_timeout", type=float, default=3600)
     args = ap.parse_args()
@@ -319,8 +325,15 @@ def main():
         print(json.dumps(row), flush=True)
     big = None
     if args.big:
-        width, depth = SIZES[args.sizes.split(",")[-1]]
+        big_size = args.big_size or args.sizes.split(",")[-1]
+        width, depth = SIZES[big_size]
+        big_params = parameters(width, depth)
+        big_alone = next((r["alone_rss"] for r in rows if r["size"] == big_size), None)
+        if big_alone is None:
+            big_alone = alone_arm(args, width, depth, args.out)["peak_rss"]
         big = big_run(args, width, depth, args.out)
+        big.update(size=big_size, params=big_params, alone_rss=big_alone,
+                   extra_memory=(big["peak_rss"] - big_alone) / (4 * big_params))
         print("big: " + json.dumps(big), flush=True)
     # The table.
     print(f"\n== scale: 3 Python workers on 127.0.0.1, {args.rounds} rounds x "
@@ -342,10 +355,15 @@ def main():
     extra = (at["plain"]["peak_rss"] - at["alone_rss"]) / at["bytes"]
     util = (at.get("overlap") or at["plain"])["utilization"]
     bound = at["plain"]["exchange_s"] / at["bound_s"]
-    largest = rows[-1]
     tail = ""
     if big is not None:
-        tail = (f" big_params={largest['params']} big_rounds={big['rounds']} "
+        print(f"big run ({big['size']}, {big['params'] / 1e6:.1f} M parameters, 2 workers and a "
+              f"late joiner): peak RSS / model {big['peak_rss'] / (4 * big['params']):.2f}, "
+              f"alone {big['alone_rss'] / (4 * big['params']):.2f}, extra "
+              f"{big['extra_memory']:.2f}; rounds {big['rounds']}, checkpoints "
+              f"{big['checkpoints']}, late joiner pulled: {big['late_pulled']}")
+        tail = (f" big_params={big['params']} big_extra_memory={big['extra_memory']:.2f} "
+                f"big_rounds={big['rounds']} "
                 f"big_hashes_agree={str(big['hashes_agree']).lower()} "
                 f"big_export_loaded={str(big['export_loaded']).lower()}")
     ok = all(r["plain"]["hashes_agree"] for r in rows)

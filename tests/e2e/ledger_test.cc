@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace shoal {
@@ -87,16 +88,35 @@ TEST_F(LedgerTest, ChurnTrainsEverySampleExactlyOncePerEpoch) {
        "--round_timeout=120s", "--adaptive_deadline=false"});
   for (int i = 0; i < 3; ++i) StartWorker(addr);
 
-  // A kill while the victim trains: its samples go back to the pool.
+  // A kill while the victim trains: its samples go back to the pool. The
+  // status says "training" as soon as the coordinator has sent the round's
+  // start, possibly before the victim has read the completion of the round
+  // it averaged and written that round's ledger line; a kill in that window
+  // would lose the line though the samples are in the agreed model. So the
+  // victim is one whose log already holds the last completed round's line
+  // (it has read its RoundStart since), picked again if it has none.
   std::string id;
-  v1::RunStatus s = WaitForStatus(
-      [&](const v1::RunStatus& s) {
-        id = Training(s);
-        return s.last_completed_round() >= 2 && !id.empty();
-      },
-      absl::Seconds(180));
-  Process* killed = WorkerById(id);
-  ASSERT_NE(killed, nullptr);
+  v1::RunStatus s;
+  Process* killed = nullptr;
+  const absl::Time pick_deadline = absl::Now() + absl::Seconds(180);
+  while (killed == nullptr && absl::Now() < pick_deadline) {
+    uint64_t last = 0;
+    s = WaitForStatus(
+        [&](const v1::RunStatus& s) {
+          id = Training(s);
+          last = s.last_completed_round();
+          return last >= 2 && !id.empty();
+        },
+        absl::Seconds(180));
+    Process* victim = WorkerById(id);
+    ASSERT_NE(victim, nullptr);
+    const std::string line = absl::StrCat("ledger: round ", last, " trained");
+    if (WaitUntil([&] { return victim->Log().find(line) != std::string::npos; },
+                  absl::Seconds(3))) {
+      killed = victim;
+    }
+  }
+  ASSERT_NE(killed, nullptr) << "no training worker had written its last round's ledger line";
   killed->Signal(SIGKILL);
   StartWorker(addr);  // a late joiner
 

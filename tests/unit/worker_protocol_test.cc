@@ -633,6 +633,36 @@ TEST(WorkerProtocolTest, TheLedgersSamplesOfTheRoundGoToTraining) {
   EXPECT_TRUE(h.trained_samples[1].empty());
 }
 
+TEST(WorkerProtocolTest, TheLedgerRecordsARoundOnlyWithTheModelThisWorkerAveraged) {
+  shoal::v1::RunConfig config = Config();
+  config.mutable_training()->set_sample_ledger(true);
+  {
+    Harness h(config);
+    h.next_exchange_hash = "h1";
+    h.RoundUntilPending(1, "h0");
+    EXPECT_EQ(h.protocol().ledger_recorded_round(), 0u);
+    h.Directive(Complete(1, "h1"));
+    EXPECT_EQ(h.protocol().ledger_recorded_round(), 1u);
+  }
+  {
+    // Round 1 trained, the session broke before its ready reached the run,
+    // and the run completed round 1 without it: the worker catches up to the
+    // run's round 1, whose model holds none of its samples (the ledger gave
+    // them to another worker), so they are not recorded as trained.
+    Harness h(config);
+    h.Directive(Start(1, 0, "h0"));
+    h.coordinator.join_response.set_model_round(1);
+    h.coordinator.join_response.set_model_hash("h1");
+    h.coordinator.join_response.add_holders("10.0.0.2:7000");
+    EXPECT_THAT(h.SessionClosed(),
+                ElementsAre("rejoin:0", "join:0", "drop-work:1", "catch-up:1", "open-session:0"));
+    EXPECT_EQ(h.protocol().model_round(), 1u);
+    h.Directive(Complete(1, "h1"));
+    h.Directive(Start(2, 1, "h1"));
+    EXPECT_EQ(h.protocol().ledger_recorded_round(), 0u);
+  }
+}
+
 TEST(WorkerProtocolTest, FailedRunExitsWithItsError) {
   Harness h;
   shoal::v1::CoordinatorMessage m;

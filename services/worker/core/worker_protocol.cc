@@ -477,6 +477,7 @@ Actions WorkerProtocol::OnExchanged(uint64_t round, uint32_t attempt, const absl
   pending_ = true;
   model_round_ = round;
   model_hash_ = hash;
+  averaged_round_ = round;
 
   Action done = Make(Action::kReportDone, round);
   done.attempt = attempt;
@@ -511,6 +512,7 @@ Actions WorkerProtocol::OnCaughtUp(uint64_t round, const std::string& hash,
   if (result.ok()) {
     model_round_ = round;
     model_hash_ = hash;
+    averaged_round_ = 0;
   } else {
     SHOAL_LOG(WARNING) << "catch-up to round " << round << " failed: " << result
                        << "; this worker holds round " << model_round_;
@@ -607,11 +609,13 @@ void WorkerProtocol::DiscardCarried(const std::string& why, Actions* out) {
   SHOAL_LOG(INFO) << "the work of round " << carried_.round << " kept for the re-join is dropped ("
                   << why << ")";
   if (trained_round_ == carried_.round) trained_round_ = 0;
+  if (trained_samples_round_ == carried_.round) trained_samples_round_ = 0;
   carried_ = {};
 }
 
 void WorkerProtocol::Settle(uint64_t agreed_round, const std::string& agreed_hash, Actions* out) {
-  if (agreed_round == trained_samples_round_ && agreed_round == model_round_ &&
+  if (trained_samples_round_ != 0 && agreed_round == trained_samples_round_ &&
+      agreed_round == averaged_round_ && agreed_round == model_round_ &&
       agreed_hash == model_hash_) {
     // The ledger's record of this worker: samples in an agreed round, by
     // whichever message brings the agreement first (RoundComplete, a
@@ -619,6 +623,7 @@ void WorkerProtocol::Settle(uint64_t agreed_round, const std::string& agreed_has
     // the session broke before RoundComplete came).
     SHOAL_LOG(INFO) << "ledger: round " << agreed_round << " trained samples "
                     << FormatRanges(trained_samples_);
+    ledger_recorded_round_ = agreed_round;
     trained_samples_round_ = 0;
   }
   if (!pending_) return;
@@ -659,6 +664,7 @@ void WorkerProtocol::Void(const std::string& why, Actions* out) {
   out->push_back(std::move(a));
   model_round_ = agreed_round_;
   model_hash_ = agreed_hash_;
+  averaged_round_ = 0;
   pending_ = false;
 }
 

@@ -182,6 +182,10 @@ class WorkerProtocol {
   // The coordinator's answer to kJoin. FAILED_PRECONDITION (as kExit) when
   // a re-join finds another run configuration.
   Actions OnJoined(const shoal::v1::JoinResponse& joined);
+  // The last round whose ledger samples this worker recorded ("ledger: round
+  // R trained samples ..."): an agreed round whose model this worker's own
+  // exchange computed. 0: none yet.
+  uint64_t ledger_recorded_round() const { return ledger_recorded_round_; }
   // One directive from the session stream.
   Actions OnDirective(const shoal::v1::CoordinatorMessage& message);
   // The session stream ended (not asked for by this worker).
@@ -314,10 +318,15 @@ class WorkerProtocol {
   uint64_t base_reported_round_ = 0;
   std::string catch_up_checkpoint_;
   // The sample ledger's ranges of round_ (RoundStart.samples), and those of
-  // the round this worker trained, logged when that round completes.
+  // the round this worker trained, logged when that round is agreed with the
+  // model this worker's own exchange computed (averaged_round_): a model
+  // that came from elsewhere (a catch-up, a void back to the agreed one)
+  // does not hold this worker's samples.
   std::vector<shoal::v1::SampleRange> round_samples_;
   std::vector<shoal::v1::SampleRange> trained_samples_;
   uint64_t trained_samples_round_ = 0;
+  uint64_t averaged_round_ = 0;
+  uint64_t ledger_recorded_round_ = 0;
   uint64_t late_kept_ = 0;
   uint64_t late_folded_ = 0;
   uint64_t late_dropped_ = 0;
