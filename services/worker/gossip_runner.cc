@@ -87,7 +87,8 @@ absl::Status GossipRunner::OnJoined(const shoal::v1::JoinResponse& joined,
                                     std::optional<absl::Status>* exit) {
   for (GossipAction& a : protocol_.OnJoined(joined)) {
     if (a.kind == GossipAction::kOpenSession) {
-      RETURN_IF_ERROR(host_->OpenSession(/*carried_round=*/0));
+      RETURN_IF_ERROR(host_->OpenSession());
+      RETURN_IF_ERROR(host_->JoinRound(/*carried_round=*/0));
       continue;
     }
     GossipActions more;

@@ -63,9 +63,12 @@ class RunnerHost {
   // answer goes to the runner's OnJoined. An exit status, or nullopt to go
   // on.
   virtual std::optional<absl::Status> Join(const shoal::v1::JoinRequest& request) = 0;
-  // Opens the session and asks to take part (JoinRound(0, carried_round)).
+  // Opens the session: heartbeats (with a catch-up's progress) and
+  // directives. On failure the error is returned: join again.
+  virtual absl::Status OpenSession() = 0;
+  // On the open session, asks to take part (JoinRound(0, carried_round)).
   // On failure the session is closed and the error returned: join again.
-  virtual absl::Status OpenSession(uint64_t carried_round) = 0;
+  virtual absl::Status JoinRound(uint64_t carried_round) = 0;
   virtual void CloseSession() = 0;
   // Leaves the run: nothing more is served, Leave(reason), the session
   // closes.

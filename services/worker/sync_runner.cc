@@ -44,7 +44,11 @@ absl::Status SyncRunner::OnJoined(const shoal::v1::JoinResponse& joined,
   Actions next = protocol_.OnJoined(joined);
   for (Action& a : next) {
     if (a.kind == Action::kOpenSession) {
-      RETURN_IF_ERROR(host_->OpenSession(protocol_.carried_round()));
+      RETURN_IF_ERROR(host_->OpenSession());
+      continue;
+    }
+    if (a.kind == Action::kJoinRound) {
+      RETURN_IF_ERROR(host_->JoinRound(protocol_.carried_round()));
       continue;
     }
     Actions more;
@@ -104,7 +108,8 @@ std::optional<absl::Status> SyncRunner::ExecuteOne(Action& a, Actions* next) {
     case Action::kJoin:
       return host_->Join(a.join);
     case Action::kOpenSession:
-      // Only inside OnJoined (it belongs to one join attempt).
+    case Action::kJoinRound:
+      // Only inside OnJoined (they belong to one join attempt).
       return std::nullopt;
     case Action::kRejoin:
       host_->CloseSession();

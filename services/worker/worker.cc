@@ -278,7 +278,7 @@ void Worker::CountServedBytes() {
   }
 }
 
-absl::Status Worker::OpenSession(uint64_t carried_round) {
+absl::Status Worker::OpenSession() {
   const absl::Duration heartbeat = absl::Milliseconds(std::max<uint32_t>(100, heartbeat_ms_));
   const uint64_t gen = session_gen_.fetch_add(1) + 1;
   absl::Status opened = coordinator_->OpenSession(
@@ -293,19 +293,21 @@ absl::Status Worker::OpenSession(uint64_t carried_round) {
         Push(std::move(closed));
       },
       [this](shoal::v1::Heartbeat* hb) { FillHeartbeat(hb); });
-  if (opened.ok()) {
-    absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, 0, carried_round);
-    if (admitted.ok()) {
-      SHOAL_LOG(INFO) << "admitted to round " << *admitted
-                      << (carried_round != 0 ? absl::StrCat(" (carrying the trained work of round ",
-                                                            carried_round, ")")
-                                             : std::string());
-    } else {
-      opened = admitted.status();
-    }
-  }
   if (!opened.ok()) EndOwnSession();
   return opened;
+}
+
+absl::Status Worker::JoinRound(uint64_t carried_round) {
+  absl::StatusOr<uint64_t> admitted = coordinator_->JoinRound(worker_id_, 0, carried_round);
+  if (!admitted.ok()) {
+    EndOwnSession();
+    return admitted.status();
+  }
+  SHOAL_LOG(INFO) << "admitted to round " << *admitted
+                  << (carried_round != 0 ? absl::StrCat(" (carrying the trained work of round ",
+                                                        carried_round, ")")
+                                         : std::string());
+  return absl::OkStatus();
 }
 
 void Worker::EndOwnSession() {

@@ -110,7 +110,8 @@ class Worker final : private RunnerHost {
   bool StopRequested() const override;
   std::string StopReason() const override;
   std::optional<absl::Status> Join(const shoal::v1::JoinRequest& request) override;
-  absl::Status OpenSession(uint64_t carried_round) override;
+  absl::Status OpenSession() override;
+  absl::Status JoinRound(uint64_t carried_round) override;
   void CloseSession() override;
   void Leave(const std::string& reason) override;
   void SetHeartbeatReport(const shoal::v1::Heartbeat& report) override;

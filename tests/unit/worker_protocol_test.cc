@@ -173,6 +173,8 @@ class Harness {
         case Action::kOpenSession:
           EXPECT_TRUE(
               coordinator.OpenSession(kSelf, absl::Seconds(1), nullptr, nullptr, nullptr).ok());
+          break;
+        case Action::kJoinRound:
           EXPECT_TRUE(coordinator.JoinRound(kSelf, 0, protocol_.carried_round()).ok());
           break;
         case Action::kCatchUp:
@@ -242,7 +244,7 @@ class Harness {
 
 TEST(WorkerProtocolTest, JoinOpensTheSessionAndAsksForTheEarliestRound) {
   Harness h;
-  EXPECT_THAT(h.log, ElementsAre("join:0", "open-session:0"));
+  EXPECT_THAT(h.log, ElementsAre("join:0", "open-session:0", "join-round:0"));
   ASSERT_EQ(h.joins.size(), 1u);
   EXPECT_EQ(h.joins[0].peer_address(), kSelfAddress);
   EXPECT_EQ(h.joins[0].previous_worker_id(), "");
@@ -391,7 +393,8 @@ TEST(WorkerProtocolTest, JoinResponseNamingThePendingRoundCommitsIt) {
   h.RoundUntilPending(1, "h0");
   h.coordinator.join_response.set_model_round(1);
   h.coordinator.join_response.set_model_hash("h1");
-  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "commit:1", "open-session:0"));
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "join:0", "commit:1", "open-session:0", "join-round:0"));
   ASSERT_EQ(h.joins.size(), 2u);
   // The pending round is not claimed.
   EXPECT_EQ(h.joins[1].previous_worker_id(), kSelf);
@@ -408,7 +411,8 @@ TEST(WorkerProtocolTest, JoinResponseNamingTheOlderRoundVoidsThePendingOneKeepin
   h.coordinator.join_response.set_model_hash("h0");
   // The average is void; the trained model (in the contribution buffer)
   // is carried for the round the new coordinator reopens.
-  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "void:0", "open-session:0"));
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "join:0", "void:0", "open-session:0", "join-round:0"));
   EXPECT_EQ(h.protocol().model_round(), 0u);
   EXPECT_EQ(h.protocol().carried_round(), 1u);
   EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
@@ -431,7 +435,8 @@ TEST(WorkerProtocolTest, SessionLostAfterTrainingCarriesTheWorkIntoTheReopenedRo
   h.Directive(PlanMsg(1, 1));      // no sharing yet
   h.coordinator.join_response.set_model_hash("h0");
   // The old leader dies: nothing is dropped, JoinRound names the work.
-  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "join:0", "open-session:0", "join-round:0"));
   EXPECT_THAT(h.coordinator.carried_rounds, ElementsAre(0u, 1u));
   EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("contribute-again:1", "report-ready:1"));
   ASSERT_EQ(h.coordinator.ready.size(), 2u);
@@ -446,7 +451,8 @@ TEST(WorkerProtocolTest, UndeliveredReadyKeepsTheWorkForTheRejoin) {
   EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("train:1", "report-ready:1"));
   h.coordinator.ready_status = absl::OkStatus();
   h.coordinator.join_response.set_model_hash("h0");
-  EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  EXPECT_THAT(h.SessionClosed(),
+              ElementsAre("rejoin:0", "join:0", "open-session:0", "join-round:0"));
   // The trained model sits in the parameters: no restore needed.
   EXPECT_THAT(h.Directive(Start(1, 0, "h0")), ElementsAre("report-ready:1"));
   EXPECT_EQ(h.protocol().resumed_rounds(), 1u);
@@ -460,8 +466,8 @@ TEST(WorkerProtocolTest, CarriedWorkOfARoundTheRunDidNotReopenIsDropped) {
     h.coordinator.join_response.set_model_round(1);
     h.coordinator.join_response.set_model_hash("h1");
     h.coordinator.join_response.add_holders("10.0.0.2:7000");
-    EXPECT_THAT(h.SessionClosed(),
-                ElementsAre("rejoin:0", "join:0", "drop-work:1", "catch-up:1", "open-session:0"));
+    EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "drop-work:1",
+                                               "open-session:0", "catch-up:1", "join-round:0"));
     EXPECT_EQ(h.protocol().carried_round(), 0u);
     EXPECT_THAT(h.Directive(Start(2, 1, "h1")), ElementsAre("train:2", "report-ready:2"));
   }
@@ -654,8 +660,8 @@ TEST(WorkerProtocolTest, TheLedgerRecordsARoundOnlyWithTheModelThisWorkerAverage
     h.coordinator.join_response.set_model_round(1);
     h.coordinator.join_response.set_model_hash("h1");
     h.coordinator.join_response.add_holders("10.0.0.2:7000");
-    EXPECT_THAT(h.SessionClosed(),
-                ElementsAre("rejoin:0", "join:0", "drop-work:1", "catch-up:1", "open-session:0"));
+    EXPECT_THAT(h.SessionClosed(), ElementsAre("rejoin:0", "join:0", "drop-work:1",
+                                               "open-session:0", "catch-up:1", "join-round:0"));
     EXPECT_EQ(h.protocol().model_round(), 1u);
     h.Directive(Complete(1, "h1"));
     h.Directive(Start(2, 1, "h1"));
@@ -703,7 +709,7 @@ TEST(WorkerProtocolTest, PlanNamingAnUnknownParticipantListRejoins) {
   m.mutable_round_plan()->set_participants_version(77);  // never received
   h.coordinator.join_response.set_model_hash("h0");
   // The trained model is kept for the round the fresh session names.
-  EXPECT_THAT(h.Directive(m), ElementsAre("rejoin:0", "join:0", "open-session:0"));
+  EXPECT_THAT(h.Directive(m), ElementsAre("rejoin:0", "join:0", "open-session:0", "join-round:0"));
   EXPECT_EQ(h.protocol().carried_round(), 1u);
 }
 

@@ -15,6 +15,8 @@ const char* ActionName(Action::Kind kind) {
       return "join";
     case Action::kOpenSession:
       return "open-session";
+    case Action::kJoinRound:
+      return "join-round";
     case Action::kCatchUp:
       return "catch-up";
     case Action::kTrain:
@@ -116,12 +118,16 @@ Actions WorkerProtocol::OnJoined(const shoal::v1::JoinResponse& joined) {
        joined.model_hash() != carried_.base_hash)) {
     DiscardCarried(absl::StrCat("the run's model is round ", joined.model_round()), &out);
   }
+  // The session first: the coordinator removes a member that opens none
+  // within one heartbeat lease, and pulling a model of gigabytes takes
+  // longer than that. Its heartbeats report the pull's progress.
+  out.push_back(Make(Action::kOpenSession));
   CatchUp(joined.model_round(), joined.model_hash(),
           {joined.holders().begin(), joined.holders().end()}, joined.checkpoint_id(),
           joined.checkpoint_round(), &out);
   // JoinRound(0): the earliest open round (the catch-up may take a while,
   // so joined.next_round() may be over by then).
-  out.push_back(Make(Action::kOpenSession));
+  out.push_back(Make(Action::kJoinRound));
   return out;
 }
 

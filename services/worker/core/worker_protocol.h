@@ -75,9 +75,15 @@ struct Action {
     // Join the run (Join with previous_id, held round and hash), then
     // feed the response to OnJoined.
     kJoin,
-    // Open the session stream and ask for the earliest open round
-    // (JoinRound(0)); a failure means: join again.
+    // Open the session stream (heartbeats, directives; before a join's
+    // catch-up, so a joiner pulling a big model keeps its membership and
+    // its heartbeats show the pull's progress); a failure means: join
+    // again.
     kOpenSession,
+    // On the open session, ask for the earliest open round (JoinRound(0,
+    // carried_round())); after the join's catch-up. A failure means: join
+    // again.
+    kJoinRound,
     // Pull the averaged model of (round, hash) from `holders` (the store's
     // checkpoint `checkpoint_id` when it is of that round), then OnCaughtUp.
     kCatchUp,
