@@ -56,6 +56,9 @@ if ! want --image; then
   # The Python module (python/, docs/PYTHON.md), its tests, and the char LM
   # example's text.
   PKGS+=(pybind11-dev python3-dev python3-pytest fortunes)
+  # `pip install --no-build-isolation .` offline (pyproject.toml, setup.py),
+  # into a venv too, and `python3 -m build --wheel --no-isolation`.
+  PKGS+=(python3-pip python3-venv python3-setuptools python3-wheel python3-build)
   # The NAT router of tests/support/two_sites.sh --nat (supernode_netns_test,
   # make soak) and the soak's blackholed peer port.
   PKGS+=(iptables)

@@ -22,6 +22,11 @@ fp16 and CUDA tensors train against float32 master values in it) and gives it
 back for the next round. With --overlap=on the loop trains the next round
 while the last is averaged, and takes the average between two steps. See
 docs/PYTHON.md.
+
+Install it with `pip install --no-build-isolation .` at the repository's
+root (or use PYTHONPATH=build/python after `make build`).
+`shoal.__version__` names the version and the commit it was built from
+("0.9.0+g1665085"); `python3 -m shoal --version` prints it.
 """
 
 import atexit
@@ -34,11 +39,19 @@ import signal
 import sys
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from types import FrameType, TracebackType
+from typing import (Any, Callable, Dict, Iterator, List, Literal, NoReturn, Optional, Tuple,
+                    Type, Union)
 
 import torch
 
 from . import _shoal
+
+try:
+    from ._version import __commit__, __version__
+except ImportError:  # a package without its build's _version.py
+    __version__ = "unknown"
+    __commit__ = "unknown"
 
 __all__ = ["Error", "Worker", "Optimizer", "RunStatus", "MemberStatus", "flatten_module"]
 
@@ -47,13 +60,14 @@ _log = logging.getLogger("shoal")
 
 class Error(RuntimeError):
     """A Shoal failure, with its gRPC status: `code` is the status name
-    ("FAILED_PRECONDITION", "UNAUTHENTICATED", ...), `grpc_code` its number."""
+    ("FAILED_PRECONDITION", "UNAUTHENTICATED", ...), `grpc_code` its number,
+    `message` the reason. str(e) is "CODE: message"."""
 
-    def __init__(self, grpc_code: int, code: str, message: str):
+    def __init__(self, grpc_code: int, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
-        self.grpc_code = grpc_code
-        self.code = code
-        self.message = message
+        self.grpc_code: int = grpc_code
+        self.code: str = code
+        self.message: str = message
 
 
 def _error(e: "_shoal.StatusError") -> Error:
@@ -87,7 +101,7 @@ class _Entry:
         return str(self.tensor.dtype).replace("torch.", "") if self.kind == "int" else "float32"
 
 
-def flatten_module(module: torch.nn.Module):
+def flatten_module(module: torch.nn.Module) -> Tuple[torch.Tensor, List[_Entry]]:
     """Moves the module's state_dict into one flat float32 tensor, Shoal's.
 
     Float32 parameters and buffers on the CPU become views of it (the
@@ -98,7 +112,11 @@ def flatten_module(module: torch.nn.Module):
     float32 master values, which the Worker syncs with them between turns.
     Other buffers (BatchNorm's num_batches_tracked) are mirrored as float32
     elements. The order is the C++ worker's: trainable parameters, frozen
-    parameters, floating-point buffers, the rest. Returns (flat, entries)."""
+    parameters, floating-point buffers, the rest. Returns (flat, entries):
+    the buffer and, per state_dict entry in that order, where it lies in
+    it. Raises ValueError for tied weights, meta tensors, integer
+    parameters and a module with nothing to train. shoal.Worker calls it;
+    call it yourself only to see the layout."""
     state = module.state_dict(keep_vars=True)
     params = dict(module.named_parameters())
     seen: Dict[int, str] = {}
@@ -159,7 +177,7 @@ def _hash_buffer(flat: torch.Tensor) -> str:
     return hashlib.sha256(memoryview(flat.numpy()).cast("B")).hexdigest()
 
 
-def _layers(entries: List[_Entry]):
+def _layers(entries: List[_Entry]) -> List[Tuple[str, List[int], str, int, int]]:
     return [(e.name, list(e.tensor.shape), e.declared_dtype, e.offset, e.numel) for e in entries]
 
 
@@ -175,16 +193,17 @@ class _Sync:
     started from: no copy of it is kept, and the master keeps the bits the
     module's dtype cannot hold. A chunk of a tensor at a time."""
 
-    def __init__(self, flat: torch.Tensor, entries: List[_Entry]):
+    def __init__(self, flat: torch.Tensor, entries: List[_Entry]) -> None:
         self.flat = flat
         self.cast = [e for e in entries if e.kind == "cast"]
         self.ints = [e for e in entries if e.kind == "int"]
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.cast or self.ints)
 
     @staticmethod
-    def _chunks(e: _Entry):
+    def _chunks(
+            e: _Entry) -> Iterator[Tuple[torch.Tensor, Optional[torch.Size], Tuple[int, int]]]:
         # (module part, master part) pairs of at most _CHUNK elements; a
         # tensor that is not contiguous goes whole.
         if e.tensor.is_contiguous():
@@ -194,7 +213,7 @@ class _Sync:
         else:
             yield e.tensor.detach(), e.tensor.shape, (0, e.numel)
 
-    def pull(self):
+    def pull(self) -> None:
         with torch.no_grad():
             for e in self.cast:
                 for part, shape, (a, b) in self._chunks(e):
@@ -204,7 +223,7 @@ class _Sync:
                 src = self.flat[e.offset:e.offset + e.numel]
                 e.tensor.copy_(src.round().view(e.tensor.shape).to(e.tensor.dtype))
 
-    def push(self):
+    def push(self) -> None:
         with torch.no_grad():
             for e in self.cast:
                 for part, shape, (a, b) in self._chunks(e):
@@ -222,7 +241,12 @@ class _Sync:
 
 @dataclasses.dataclass
 class MemberStatus:
-    """One worker of the run, as the coordinator sees it."""
+    """One worker of the run, as the coordinator sees it: its `id` ("w3"),
+    `name`, the Peer `address`, its `state` ("training", "sharing", ...
+    while a member; "left", "lost", "finished" or "evicted" after), the
+    round of the model it holds (`model_round`), the figures it last
+    reported (`train_loss`, `test_accuracy`) and the `reason` it left or was
+    removed."""
     id: str
     name: str
     address: str
@@ -235,7 +259,12 @@ class MemberStatus:
 
 @dataclasses.dataclass
 class RunStatus:
-    """The run, from the coordinator (GetRunStatus). `raw` holds every field."""
+    """The run, from the coordinator (GetRunStatus, as `shoalctl status`
+    shows it): `run_id`, `phase` ("WAITING_FOR_MEMBERS", "TRAINING",
+    "SHARING", "FINISHED"), the open `round` and the `last_completed_round`,
+    the agreed `model_hash`, the number of `members` and one MemberStatus
+    per worker in `workers`.
+    `raw` holds every field of the reply as a dict (proto field names)."""
     run_id: str
     phase: str
     round: int
@@ -247,6 +276,7 @@ class RunStatus:
 
     @staticmethod
     def from_json(text: str) -> "RunStatus":
+        """The status from GetRunStatus's JSON (proto field names)."""
         d = json.loads(text)
         workers = [
             MemberStatus(id=w.get("id", ""), name=w.get("name", ""),
@@ -277,7 +307,7 @@ class _LogPump:
     _levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
 
     @classmethod
-    def start(cls):
+    def start(cls) -> None:
         with cls._lock:
             if cls._thread is not None:
                 return
@@ -287,21 +317,21 @@ class _LogPump:
             cls._thread.start()
 
     @classmethod
-    def _emit(cls, lines):
+    def _emit(cls, lines: List[Tuple[int, str]]) -> None:
         for level, message in lines:
             _log.log(cls._levels.get(level, logging.INFO), "%s", message)
 
     @classmethod
-    def _run(cls):
+    def _run(cls) -> None:
         while not cls._stop.is_set():
             cls._emit(_shoal.next_log_lines(0.2))
 
     @classmethod
-    def flush(cls):
+    def flush(cls) -> None:
         cls._emit(_shoal.next_log_lines(0.0))
 
     @classmethod
-    def stop(cls):
+    def stop(cls) -> None:
         with cls._lock:
             if cls._thread is None:
                 return
@@ -335,6 +365,30 @@ class Worker:
     paced to fit it; 0 = unpaced; docs/OVERLAP.md), and `shard_size` (the
     samples of this worker's shard, for the checkpoints' epoch count;
     0 = unknown).
+
+        with shoal.Worker(model, "10.0.0.1:50051", name="a") as w:
+            x, y = x[w.rank % w.shards::w.shards], y[w.rank % w.shards::w.shards]
+            while w.running:
+                ...                     # a step of your loop
+                if not w.step(loss):    # after optimizer.step()
+                    break
+                if w.new_round:
+                    w.report(accuracy)  # the averaged model's figures
+
+    Attributes (set once joined):
+        module        the module it trains (its tensors are in Shoal's buffer)
+        address       the Peer service's address ("127.0.0.1:40211")
+        worker_id     this worker's id in the run ("w3")
+        rank, shards  this worker's data rank and the run's number of shards
+        local_steps   steps per round (the run's --local_steps)
+        gossip        True in gossip mode (--mode=gossip): a turn is a step
+        config        the run's configuration, a dict (RunConfig as JSON)
+        new_round     True right after the step() that ended a round's steps
+
+    Methods: step(loss) after each optimizer step; report(accuracy, loss);
+    agreed() and model_hash(); status() (the run, from the coordinator);
+    result() (why the run ended for it); close(reason). Properties:
+    running, round, rounds. Failures raise shoal.Error.
     """
 
     def __init__(self, module: torch.nn.Module, coordinator: str = "127.0.0.1:50051", *,
@@ -342,9 +396,10 @@ class Worker:
                  zone: str = "", token_file: str = "", tls_cert: str = "", tls_key: str = "",
                  tls_ca: str = "", tls_server_name: str = "", outbound_only: bool = False,
                  metrics_listen: str = "", connect_timeout: float = 60.0,
-                 rpc_timeout: float = 10.0, uplink_mbps: float = 0.0, shard_size: int = 0):
+                 rpc_timeout: float = 10.0, uplink_mbps: float = 0.0,
+                 shard_size: int = 0) -> None:
         self._closed = True
-        self.module = module
+        self.module: torch.nn.Module = module
         self._flat, self._entries = flatten_module(module)
         self._sync = _Sync(self._flat, self._entries)
         options = dict(coordinator=coordinator, listen=listen, advertise=advertise, name=name,
@@ -357,7 +412,7 @@ class Worker:
         try:
             self._native = _shoal.Worker(options, self._flat.data_ptr(), self._flat.numel(),
                                          _layers(self._entries), int(shard_size))
-            self.address = self._native.start()
+            self.address: str = self._native.start()
         except _shoal.StatusError as e:
             raise _error(e) from None
         self._closed = False
@@ -373,7 +428,7 @@ class Worker:
         #: round's begin. Without overlap or fragments the module now holds
         #: the averaged model of the round before `round` (evaluate it now);
         #: with them, the local model (docs/PYTHON.md, "Overlap and fragments").
-        self.new_round = False
+        self.new_round: bool = False
         info = None
         try:
             self._turn = self._await_turn()
@@ -398,11 +453,16 @@ class Worker:
 
     # -- the loop's side
 
-    def step(self, loss=None) -> bool:
+    def step(self, loss: Optional[Union[torch.Tensor, float]] = None) -> bool:
         """Call once after each optimizer step. When the turn's steps are
         done (a round's local steps; one step in gossip mode) the module goes
         to Shoal and comes back averaged. False once the run is over for this
-        worker (it finished, or was removed: see `result`)."""
+        worker (it finished, or was removed: see `result`).
+
+        `loss` (a tensor or a number, optional): the step's training loss;
+        the round's mean goes to the run's status. With --overlap=on or
+        --fragments, each step is a turn and returns at once (docs/PYTHON.md,
+        "Overlap and fragments")."""
         self.new_round = False
         if self._closed or self._turn == 0:
             return False
@@ -415,13 +475,15 @@ class Worker:
         self._turn = self._await_turn()
         return self._turn > 0
 
-    def report(self, accuracy: float, loss: float = 0.0):
-        """Test-set figures of the current model, shown in the run's status
-        with the next round."""
+    def report(self, accuracy: float, loss: float = 0.0) -> None:
+        """Test-set figures of the current model (accuracy in 0..1, the test
+        loss), shown in the run's status with the next round."""
         self._native.report(float(accuracy), float(loss))
 
     @property
     def running(self) -> bool:
+        """True until the run is over for this worker (step() returned False)
+        or it is closed."""
         return not self._closed and self._turn > 0
 
     @property
@@ -471,8 +533,11 @@ class Worker:
             return None
         return Error(*r)
 
-    def close(self, reason: str = "closed by the training loop"):
-        """Leaves the run (the others go on without this worker) and stops."""
+    def close(self, reason: str = "closed by the training loop") -> None:
+        """Leaves the run (the others go on without this worker) and stops.
+        The run's status gives `reason` as this worker's (shoalctl status -o
+        wide). The module keeps the last model the worker held. Calling it
+        again does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -485,10 +550,14 @@ class Worker:
             self._sync.pull()
         _LogPump.flush()
 
-    def __enter__(self):
+    def __enter__(self) -> "Worker":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> Literal[False]:
+        """Closes the worker, with "interrupted (Ctrl-C)" or "the training
+        loop raised <exception>" as the reason when the block did not end
+        normally. The exception goes on."""
         if exc_type is KeyboardInterrupt:
             self.close("interrupted (Ctrl-C)")
         elif exc_type is not None:
@@ -497,7 +566,7 @@ class Worker:
             self.close()
         return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close("the Worker object was deleted")
         except Exception:  # noqa: BLE001 - interpreter shutdown
@@ -536,7 +605,7 @@ class Worker:
         self._losses = []
         return steps
 
-    def _end_turn(self):
+    def _end_turn(self) -> None:
         if self._push:
             self._sync.push()
         loss = sum(self._losses) / len(self._losses) if self._losses else 0.0
@@ -546,7 +615,7 @@ class Worker:
             self._rounds += 1
         self._native.end_turn(loss)
 
-    def _raise_result(self, otherwise: str):
+    def _raise_result(self, otherwise: str) -> NoReturn:
         err = self.result()
         if err is not None:
             raise err
@@ -560,22 +629,24 @@ class Optimizer:
     Everything else (zero_grad, param_groups, state_dict, schedulers) is the
     wrapped optimizer's."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, worker: Worker):
-        self.optimizer = optimizer
-        self.worker = worker
+    def __init__(self, optimizer: torch.optim.Optimizer, worker: Worker) -> None:
+        self.optimizer: torch.optim.Optimizer = optimizer
+        self.worker: Worker = worker
 
-    def step(self, closure=None, loss=None):
+    def step(self, closure: Optional[Callable[[], Any]] = None,
+             loss: Optional[Union[torch.Tensor, float]] = None) -> Any:
         """The optimizer's step, then `worker.step(loss)` (the closure's loss
-        when there is one). Returns the closure's loss."""
+        when there is one). Returns the closure's loss. Whether the run goes
+        on is `worker.running`."""
         out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         self.worker.step(loss if loss is not None else out)
         return out
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
 
 
-def _close_all():
+def _close_all() -> None:
     for w in list(_live):
         try:
             w.close("the Python process exits")
@@ -587,7 +658,7 @@ def _close_all():
 atexit.register(_close_all)
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: Optional[FrameType]) -> NoReturn:
     # SIGTERM (docker stop, kill): leave the run cleanly on the way out.
     sys.exit(128 + signum)
 
