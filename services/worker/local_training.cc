@@ -5,11 +5,50 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "common/logging.h"
+#include "common/parallel_chunks.h"
 #include "common/run_options.h"
 
 namespace shoal::worker {
+
+namespace {
+
+// L += P - S, S = P over n elements; exact where nothing moved since the
+// start (no step yet): L = P. The pointers do not alias (restrict: the
+// loop vectorizes).
+void TakeAverage(float* __restrict local, float* __restrict start, const float* __restrict avg,
+                 uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = avg[i];
+    const float l = local[i];
+    const float s = start[i];
+    local[i] = l == s ? v : l + (v - s);
+    start[i] = v;
+  }
+}
+
+// The carry of one range (LocalTraining::Carry): L += G - S, S = G where the
+// agreed model G moved; exact where nothing moved since the start (L = G);
+// with `contribute`, G = S = L after it.
+void CarryRange(float* __restrict local, float* __restrict start, float* __restrict params,
+                uint64_t n, bool contribute) {
+  for (uint64_t i = 0; i < n; ++i) {
+    float l = local[i];
+    if (start[i] != params[i]) {
+      l = l == start[i] ? params[i] : l + (params[i] - start[i]);
+      local[i] = l;
+      start[i] = params[i];
+    }
+    if (contribute) {
+      params[i] = l;
+      start[i] = l;
+    }
+  }
+}
+
+}  // namespace
 
 AheadOptions AheadOptionsOf(const shoal::v1::ExchangeConfig& exchange) {
   AheadOptions options;
@@ -183,29 +222,26 @@ bool LocalTraining::TakePosted() {
   }
   trainer_->SyncParameters();
   float* local = trainer_->parameters();
-  // A chunk at a time: a rewrite of X waits at most for the chunk in hand.
+  float* start = start_.data();
+  // A chunk at a time, on a few threads (the loop waits for this pass): a
+  // rewrite of X waits at most for the chunks in hand.
   constexpr uint64_t kChunk = ModelState::kCellElements;
-  bool took = false;
-  for (uint64_t b = 0; b < n_; b += kChunk) {
-    const uint64_t e = std::min(n_, b + kChunk);
+  std::atomic<bool> took{false};
+  ForEachChunk(0, n_, kChunk, PassThreads(), [&](uint64_t b, uint64_t e) {
     const float* p = average + b;
     if (lend) {
       absl::StatusOr<ModelState::LentChunk> lent = state_->LendChunk(grant, b, e - b);
       // Refused: the rest keeps its start, and the carry at the next round
       // start moves it (exact per element, whatever was taken here).
-      if (!lent.ok()) break;
+      if (!lent.ok()) return false;
       p = lent->data;
     }
-    // Exact where nothing moved since the start (no step yet): L = P.
-    for (uint64_t i = b; i < e; ++i) {
-      const float v = p[i - b];
-      local[i] = local[i] == start_[i] ? v : local[i] + (v - start_[i]);
-      start_[i] = v;
-    }
+    TakeAverage(local + b, start + b, p, e - b);
     if (lend) state_->ReturnChunk(ModelState::Buffer::kParameters);
-    took = true;
-  }
-  return took;
+    took.store(true, std::memory_order_relaxed);
+    return true;
+  });
+  return took.load();
 }
 
 void LocalTraining::Post(const float* average) {
@@ -228,19 +264,11 @@ void LocalTraining::Post(const float* average) {
 
 void LocalTraining::Carry(float* params, uint64_t begin, uint64_t end, bool contribute) {
   float* local = trainer_->parameters();
-  for (uint64_t i = begin; i < end; ++i) {
-    float l = local[i];
-    // L += G - S, S = G; exact where nothing moved since the start (L = G).
-    if (start_[i] != params[i]) {
-      l = l == start_[i] ? params[i] : l + (params[i] - start_[i]);
-      local[i] = l;
-      start_[i] = params[i];
-    }
-    if (contribute) {
-      params[i] = l;
-      start_[i] = l;
-    }
-  }
+  float* start = start_.data();
+  ForEachChunk(begin, end, ModelState::kCellElements, PassThreads(), [&](uint64_t b, uint64_t e) {
+    CarryRange(local + b, start + b, params + b, e - b, contribute);
+    return true;
+  });
 }
 
 void LocalTraining::JoinAhead() {

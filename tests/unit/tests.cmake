@@ -39,6 +39,7 @@ shoal_test(layer_planner_test unit ${CMAKE_CURRENT_LIST_DIR}/layer_planner_test.
 shoal_test(model_syncer_test unit ${CMAKE_CURRENT_LIST_DIR}/model_syncer_test.cc
   LIBS worker_lib)
 shoal_test(retry_test unit ${CMAKE_CURRENT_LIST_DIR}/retry_test.cc LIBS shoal_common)
+shoal_test(parallel_chunks_test unit ${CMAKE_CURRENT_LIST_DIR}/parallel_chunks_test.cc LIBS shoal_common)
 shoal_test(round_decisions_test unit ${CMAKE_CURRENT_LIST_DIR}/round_decisions_test.cc
   LIBS coordinator_core)
 shoal_test(worker_protocol_test unit ${CMAKE_CURRENT_LIST_DIR}/worker_protocol_test.cc
