@@ -211,13 +211,11 @@ def big_run(args, width, depth, out):
                          "--min_participants=2", f"--rounds={args.big_rounds}",
                          f"--local_steps={args.local_steps}", f"--eval_every={args.big_rounds + 1}",
                          f"--checkpoint_store={store}", "--checkpoint_every=2",
-                         "--adaptive_deadline=false", "--round_timeout=30m",
-                         # The late joiner pulls the 2 GB model before it opens its
-                         # session, and the coordinator gives a joiner without a
-                         # session one heartbeat lease (10 s by default): on this
-                         # 2-core machine, beside two training workers, the pull
-                         # takes longer (bench/history/scale.md, 2026-12-07).
-                         "--heartbeat_lease=2m"], "big-coordinator")
+                         # The default heartbeat lease (10 s): the late joiner opens
+                         # its session before it pulls the 2 GB model (it was removed
+                         # while pulling when it did not: bench/history/scale.md).
+                         "--adaptive_deadline=false", "--round_timeout=30m"],
+                        "big-coordinator")
         address = wait_for(c, r"listening on ([0-9.]+:[0-9]+)", 60).group(1)
         common = [f"--coordinator={address}", f"--width={width}", f"--depth={depth}"]
         ws = [procs.start([PY, WORKER, *common, f"--name=big{i}", f"--seed={i + 1}"], f"big{i}", env)
