@@ -21,6 +21,12 @@
 #include "services/worker/core/manifest_cache.h"
 
 namespace shoal::worker {
+
+absl::Duration ManifestTimeout(const SyncOptions& options, uint64_t bytes) {
+  if (!(options.manifest_min_rate > 0)) return options.manifest_timeout;
+  return std::max(options.manifest_timeout,
+                  absl::Seconds(static_cast<double>(bytes) / options.manifest_min_rate));
+}
 namespace {
 
 using shoal::v1::ModelManifest;
@@ -414,7 +420,7 @@ void SyncRun::StartManifestCalls() {
   for (ManifestCall* c : calls) {
     outstanding_->Add();
     client_->StartGetManifest(
-        addresses_[c->peer], round_, self_id_, options_.manifest_timeout, &c->canceller,
+        addresses_[c->peer], round_, self_id_, ManifestTimeout(options_, total_ * sizeof(float)), &c->canceller,
         [this, c, outstanding = outstanding_](absl::StatusOr<ModelManifest> m) {
           {
             absl::MutexLock lock(&mu_);

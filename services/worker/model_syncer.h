@@ -48,6 +48,10 @@
 
 namespace shoal::worker {
 
+struct SyncOptions;
+// The deadline of one holder's manifest for a model of `bytes`.
+absl::Duration ManifestTimeout(const SyncOptions& options, uint64_t bytes);
+
 struct SyncOptions {
   // Largest piece, in elements (4 MiB), when the source gives no piece
   // digests (the checkpoint store); peers' manifests fix their own.
@@ -61,8 +65,12 @@ struct SyncOptions {
   // the slowest holder's --upload_rate_mbps with every stream it serves
   // (5 s: caps down to about 4 Mbit/s for 2 streams).
   absl::Duration stall_timeout = absl::Seconds(5);
-  // Deadline of one holder's manifest (it may hash the model first).
+  // Deadline of one holder's manifest (it may hash the model first): at
+  // least this, and at least the model's bytes at manifest_min_rate (a
+  // holder hashing a model of gigabytes on busy cores takes longer than
+  // 10 s: ManifestTimeout).
   absl::Duration manifest_timeout = absl::Seconds(10);
+  double manifest_min_rate = 50e6;  // bytes per second
   // Whole sync attempts (whole-model hash mismatch → again).
   int attempts = 3;
   // Failed reads in a row after which a holder is dropped.

@@ -687,5 +687,15 @@ TEST_F(ModelStateManifestTest, CachedUntilTheSnapshotChanges) {
   EXPECT_NE(Get(kRound)->layers(0).sha256(), first->layers(0).sha256());
 }
 
+// A holder may hash the model before it answers: the manifest's deadline
+// grows with the model (2 GB on busy cores took longer than 10 s).
+TEST(ManifestTimeoutTest, TenSecondsOrTheModelAtTheMinimumRate) {
+  SyncOptions options;
+  EXPECT_EQ(ManifestTimeout(options, 4 << 20), absl::Seconds(10));
+  EXPECT_EQ(ManifestTimeout(options, 2'000'000'000), absl::Seconds(40));
+  options.manifest_min_rate = 0;  // off: the fixed deadline
+  EXPECT_EQ(ManifestTimeout(options, 2'000'000'000), absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace shoal::worker
