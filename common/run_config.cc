@@ -211,13 +211,6 @@ const Rule kRules[] = {
                  "(--data_split) iid: the ledger draws every round's samples from the whole "
                  "training set");
      }},
-    {Kind::kCombination, "`training.sample_ledger` with `model.name` `module`",
-     "a Python training loop chooses its own samples",
-     [](const Checked& k) {
-       return If(k.c.training().sample_ledger() && k.name == "module",
-                 "training.sample_ledger (--sample_ledger) needs the built-in trainer: a Python "
-                 "training loop (model.name module) chooses its own samples");
-     }},
     {Kind::kCombination, "`training.epochs` > 0 without `training.sample_ledger`",
      "epochs are counted by the ledger",
      [](const Checked& k) {

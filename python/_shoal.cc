@@ -57,8 +57,11 @@ using worker::LayerInfo;
 // (name, shape, dtype, offset, elements) of one state_dict entry.
 using LayerTuple = std::tuple<std::string, std::vector<int64_t>, std::string, uint64_t, uint64_t>;
 // A turn for the loop (ExternalTrainer::Turn): (kind, steps, round, pull,
-// push, local), kind "train", "sync" or "closed".
-using TurnTuple = std::tuple<std::string, uint32_t, uint64_t, bool, bool, bool>;
+// push, local, ledger, samples, batch), kind "train", "sync" or "closed";
+// in a ledger run's training turn, `samples` (indices into the loop's
+// training set) are the turn's, `batch` a step.
+using TurnTuple = std::tuple<std::string, uint32_t, uint64_t, bool, bool, bool, bool,
+                             std::vector<int64_t>, uint32_t>;
 
 // Log lines of every worker of the process, for Python's `logging`.
 class LogQueue {
@@ -157,6 +160,8 @@ class Worker {
     t.parameters = reinterpret_cast<float*>(parameters);
     t.elements = elements;
     t.shard_size = shard_size;
+    t.train_samples = options["train_samples"].cast<uint64_t>();
+    o.train_samples = t.train_samples;
     uint64_t next = 0;
     for (const auto& [name, shape, dtype, offset, n] : layers) {
       if (offset != next || offset + n > elements) {
@@ -181,6 +186,7 @@ class Worker {
         config_ = topts.config;
         data_rank_ = topts.data_rank;
       }
+      trainer->Configure(topts.config);
       // The host owns a Trainer; this one stays the module's.
       return std::unique_ptr<worker::Trainer>(new SharedTrainer(trainer));
     };
@@ -218,7 +224,8 @@ class Worker {
     const char* kind = t->kind == ExternalTrainer::Turn::kTrain  ? "train"
                        : t->kind == ExternalTrainer::Turn::kSync ? "sync"
                                                                  : "closed";
-    return TurnTuple(kind, t->steps, t->round, t->pull, t->push, t->local);
+    return TurnTuple(kind, t->steps, t->round, t->pull, t->push, t->local, t->ledger,
+                     std::move(t->samples), t->batch);
   }
   void EndTurn(double loss) { trainer_->EndTurn(loss); }
   void Report(double accuracy, double loss) {
@@ -329,6 +336,10 @@ class Worker {
       return t_->EvaluateParams(p);
     }
     void SetRound(uint64_t round) override { t_->SetRound(round); }
+    absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) override {
+      return t_->SetSamples(ranges);
+    }
+    uint64_t train_samples() const override { return t_->train_samples(); }
     std::vector<Prediction> Predict(int64_t n) override { return t_->Predict(n); }
     float* parameters() override { return t_->parameters(); }
     uint64_t num_elements() const override { return t_->num_elements(); }

@@ -10,6 +10,9 @@ Start a coordinator, then this script once per worker (docs/PYTHON.md):
 
 The model's tensors are named like the C++ worker's built-in MLP (fc1, fc2,
 fc3), so this script also joins a --model=mlp run beside C++ workers.
+In a run with the sample ledger (--sample_ledger --epochs=E) it trains the
+samples the coordinator names for each round (w.batches()); otherwise its
+shard of the training set.
 `--dtype=bfloat16` (or float16) trains the module in that dtype, with
 float32 master values in Shoal's buffer: it joins the same runs.
 Prints one line a round: the averaged model's round and hash, the module's
@@ -46,6 +49,15 @@ def load(kind, root="/usr/share/datasets/fashion-mnist"):
     return (torch.tensor(x, dtype=torch.float32) / 255 - 0.2860) / 0.3530, torch.tensor(y).long()
 
 
+def shard_batches(w, x, y, size):
+    """Batches of this worker's shard, epoch after epoch, until the run is over."""
+    x = x[w.rank % w.shards::w.shards].contiguous()
+    y = y[w.rank % w.shards::w.shards].contiguous()
+    while w.running:
+        for batch in torch.randperm(len(x)).split(size):
+            yield x.index_select(0, batch), y.index_select(0, batch)
+
+
 def accuracy(model, x, y):
     with torch.no_grad():
         return (model(x).argmax(1) == y).float().mean().item()
@@ -70,30 +82,31 @@ def main():
 
     model = MLP(getattr(torch, args.dtype))
     with shoal.Worker(model, args.coordinator, name=args.name, token_file=args.token_file,
-                      uplink_mbps=args.uplink_mbps) as w:
+                      uplink_mbps=args.uplink_mbps, train_samples=len(train_x)) as w:
         print(f"joined as {w.worker_id}: accuracy {accuracy(model, test_x, test_y):.4f} "
               f"hash {w.model_hash()}", flush=True)
-        x = train_x[w.rank % w.shards::w.shards].contiguous()  # this worker's shard
-        y = train_y[w.rank % w.shards::w.shards].contiguous()
+        if w.ledger:  # the samples the coordinator names, a batch of the run's --batch_size a step
+            batches = w.batches((train_x, train_y))
+        else:  # this worker's shard
+            batches = shard_batches(w, train_x, train_y, args.batch)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, foreach=True)
         every = max(1, int(w.config["training"].get("eval_every", 1)))  # the run's --eval_every
-        while w.running:
-            for batch in torch.randperm(len(x)).split(args.batch):
-                loss = F.cross_entropy(model(x.index_select(0, batch)), y.index_select(0, batch))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if not w.step(loss):
-                    break
-                if not w.new_round:
-                    continue
-                # Steps (gossip), or the averaged model this worker holds.
-                done, digest = (w.rounds, w.model_hash()) if w.gossip else w.agreed()
-                if done % every == 0:
-                    acc = accuracy(model, test_x, test_y)  # the module (the local model, overlapped)
-                    w.report(acc)
-                    print(f"{'step' if w.gossip else 'round'} {done} accuracy {acc:.4f} loss {loss.item():.4f} "
-                          f"hash {digest}", flush=True)
+        for xb, yb in batches:
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if not w.step(loss):
+                break
+            if not w.new_round:
+                continue
+            # Steps (gossip), or the averaged model this worker holds.
+            done, digest = (w.rounds, w.model_hash()) if w.gossip else w.agreed()
+            if done % every == 0:
+                acc = accuracy(model, test_x, test_y)  # the module (the local model, overlapped)
+                w.report(acc)
+                print(f"{'step' if w.gossip else 'round'} {done} accuracy {acc:.4f} loss {loss.item():.4f} "
+                      f"hash {digest}", flush=True)
         st = w.status()  # the coordinator's view, as Python objects
         print(f"status: phase {st.phase} round {st.last_completed_round} members {st.members} "
               f"states {sorted(m.state for m in st.workers)}", flush=True)

@@ -40,10 +40,11 @@ import sys
 import threading
 import weakref
 from types import FrameType, TracebackType
-from typing import (Any, Callable, Dict, Iterator, List, Literal, NoReturn, Optional, Tuple,
-                    Type, Union)
+from typing import (Any, Callable, Dict, Iterator, List, Literal, NoReturn, Optional, Sequence,
+                    Tuple, Type, Union)
 
 import torch
+import torch.utils.data
 
 from . import _shoal
 
@@ -53,7 +54,8 @@ except ImportError:  # a package without its build's _version.py
     __version__ = "unknown"
     __commit__ = "unknown"
 
-__all__ = ["Error", "Worker", "Optimizer", "RunStatus", "MemberStatus", "flatten_module"]
+__all__ = ["Error", "Worker", "Optimizer", "Sampler", "RunStatus", "MemberStatus", "LedgerStatus",
+           "flatten_module"]
 
 _log = logging.getLogger("shoal")
 
@@ -258,12 +260,47 @@ class MemberStatus:
 
 
 @dataclasses.dataclass
+class LedgerStatus:
+    """The sample ledger of a run that keeps one (--sample_ledger,
+    docs/DATA.md), as `shoalctl status` prints it: the training set's size
+    (`dataset_samples`), the `epoch` fresh samples come from and the
+    `offset` of the next one in it, `epochs_done`, samples trained into
+    completed rounds (`samples_trained`), lost (`samples_lost`: their
+    worker was killed, evicted, left or sat out) and trained again
+    (`samples_redone`), lost ones waiting to be trained again
+    (`samples_waiting`), and those the open round trains
+    (`samples_in_flight`)."""
+    dataset_samples: int
+    epoch: int
+    offset: int
+    epochs_done: int
+    samples_trained: int
+    samples_lost: int
+    samples_redone: int
+    samples_waiting: int
+    samples_in_flight: int
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "LedgerStatus":
+        """The ledger from GetRunStatus's `ledger` (proto field names)."""
+        return LedgerStatus(
+            dataset_samples=int(d.get("dataset_samples", 0)), epoch=int(d.get("epoch", 0)),
+            offset=int(d.get("offset", 0)), epochs_done=int(d.get("epochs_done", 0)),
+            samples_trained=int(d.get("samples_trained", 0)),
+            samples_lost=int(d.get("samples_lost", 0)),
+            samples_redone=int(d.get("samples_redone", 0)),
+            samples_waiting=sum(int(r.get("count", 0)) for r in d.get("pool", [])),
+            samples_in_flight=int(d.get("samples_in_flight", 0)))
+
+
+@dataclasses.dataclass
 class RunStatus:
     """The run, from the coordinator (GetRunStatus, as `shoalctl status`
     shows it): `run_id`, `phase` ("WAITING_FOR_MEMBERS", "TRAINING",
     "SHARING", "FINISHED"), the open `round` and the `last_completed_round`,
     the agreed `model_hash`, the number of `members` and one MemberStatus
-    per worker in `workers`.
+    per worker in `workers`; `ledger`, the epoch's progress in a run with
+    the sample ledger (None without).
     `raw` holds every field of the reply as a dict (proto field names)."""
     run_id: str
     phase: str
@@ -273,6 +310,7 @@ class RunStatus:
     members: int
     workers: List[MemberStatus]
     raw: Dict[str, Any]
+    ledger: Optional[LedgerStatus] = None
 
     @staticmethod
     def from_json(text: str) -> "RunStatus":
@@ -291,7 +329,8 @@ class RunStatus:
                          round=int(d.get("round", 0)),
                          last_completed_round=int(d.get("last_completed_round", 0)),
                          model_hash=d.get("model_hash", ""), members=int(d.get("members", 0)),
-                         workers=workers, raw=d)
+                         workers=workers, raw=d,
+                         ledger=LedgerStatus.from_dict(d["ledger"]) if d.get("ledger") else None)
 
 
 # ------------------------------------------------------------------ logging
@@ -362,9 +401,11 @@ class Worker:
     `tls_cert`, `tls_key`, `tls_ca`, `tls_server_name`, `outbound_only`,
     `metrics_listen`, `connect_timeout` and `rpc_timeout` (seconds),
     `uplink_mbps` (this machine's uplink: the exchange's connections are
-    paced to fit it; 0 = unpaced; docs/OVERLAP.md), and `shard_size` (the
+    paced to fit it; 0 = unpaced; docs/OVERLAP.md), `shard_size` (the
     samples of this worker's shard, for the checkpoints' epoch count;
-    0 = unknown).
+    0 = unknown), and `train_samples` (the size of the whole training set,
+    len(dataset): a run with the sample ledger needs it, the same on every
+    worker, and sampler() uses it).
 
         with shoal.Worker(model, "10.0.0.1:50051", name="a") as w:
             x, y = x[w.rank % w.shards::w.shards], y[w.rank % w.shards::w.shards]
@@ -375,17 +416,30 @@ class Worker:
                 if w.new_round:
                     w.report(accuracy)  # the averaged model's figures
 
+    Or let the worker choose the samples (the sample ledger's, in a run
+    that keeps one: docs/PYTHON.md, "The sample ledger"):
+
+        with shoal.Worker(model, "10.0.0.1:50051", train_samples=len(x)) as w:
+            for xb, yb in w.batches((x, y)):   # until the run is over
+                ...                             # a step of your loop
+                w.step(loss)
+
     Attributes (set once joined):
         module        the module it trains (its tensors are in Shoal's buffer)
         address       the Peer service's address ("127.0.0.1:40211")
         worker_id     this worker's id in the run ("w3")
         rank, shards  this worker's data rank and the run's number of shards
         local_steps   steps per round (the run's --local_steps)
+        batch_size    the run's --batch_size (samples a step, with the ledger)
+        ledger        True when the run keeps a sample ledger (--sample_ledger)
+        train_samples the training set's size given (0: not given)
         gossip        True in gossip mode (--mode=gossip): a turn is a step
         config        the run's configuration, a dict (RunConfig as JSON)
         new_round     True right after the step() that ended a round's steps
 
-    Methods: step(loss) after each optimizer step; report(accuracy, loss);
+    Methods: step(loss) after each optimizer step; sampler() and
+    batches(dataset) (the samples to train: the ledger's, or this worker's
+    shard); report(accuracy, loss);
     agreed() and model_hash(); status() (the run, from the coordinator);
     result() (why the run ended for it); close(reason). Properties:
     running, round, rounds. Failures raise shoal.Error.
@@ -397,7 +451,7 @@ class Worker:
                  tls_ca: str = "", tls_server_name: str = "", outbound_only: bool = False,
                  metrics_listen: str = "", connect_timeout: float = 60.0,
                  rpc_timeout: float = 10.0, uplink_mbps: float = 0.0,
-                 shard_size: int = 0) -> None:
+                 shard_size: int = 0, train_samples: int = 0) -> None:
         self._closed = True
         self.module: torch.nn.Module = module
         self._flat, self._entries = flatten_module(module)
@@ -407,7 +461,11 @@ class Worker:
                        connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
                        uplink_mbps=float(uplink_mbps),
                        token_file=token_file, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-                       tls_server_name=tls_server_name)
+                       tls_server_name=tls_server_name, train_samples=int(train_samples))
+        if train_samples < 0:
+            raise ValueError(f"train_samples must be >= 0, got {train_samples}")
+        #: The training set's size given (train_samples; 0: not given).
+        self.train_samples: int = int(train_samples)
         _LogPump.start()
         try:
             self._native = _shoal.Worker(options, self._flat.data_ptr(), self._flat.numel(),
@@ -424,6 +482,15 @@ class Worker:
         self._local = False  # turns are steps of a local model (overlap, fragments)
         self._round = 0  # the round of the open turn's steps
         self._rounds = 0
+        # The ledger's samples of the open training turn (a ledger run), the
+        # number of that turn, the turn whose samples went to an iterator
+        # and how many of them it gave out so far.
+        self._samples: List[int] = []
+        self._ledger_turn = False
+        self._turn_number = 0
+        self._handed = 0
+        self._drawn = 0
+        self._passes = 0  # epochs of the shard sampled (without a ledger)
         #: True right after the step() that ended a round's steps: the next
         #: round's begin. Without overlap or fragments the module now holds
         #: the averaged model of the round before `round` (evaluate it now);
@@ -446,6 +513,13 @@ class Worker:
         self.rank: int = int(info["data_rank"])
         self.shards: int = max(1, int(training.get("data_shards", 1)))
         self.local_steps: int = int(training.get("local_steps", 1))
+        #: The run's batch size (--batch_size): with the sample ledger each
+        #: step trains a batch of this many of the round's samples.
+        self.batch_size: int = max(1, int(training.get("batch_size", 64)))
+        #: True when the run keeps a sample ledger (--sample_ledger): each
+        #: round's samples come from the coordinator (sampler(), batches()).
+        self.ledger: bool = bool(training.get("sample_ledger", False))
+        self._seed = int(training.get("seed", 0))
         self.gossip: bool = "gossip" in self.config
         _log.info("joined as %s at %s: %d tensors, %d elements, %s", self.worker_id, self.address,
                   len(self._entries), self._flat.numel(),
@@ -471,6 +545,8 @@ class Worker:
         self._taken += 1
         if self._taken < self._turn:
             return True
+        if self._ledger_turn:
+            self._check_samples_trained()
         self._end_turn()
         self._turn = self._await_turn()
         return self._turn > 0
@@ -479,6 +555,111 @@ class Worker:
         """Test-set figures of the current model (accuracy in 0..1, the test
         loss), shown in the run's status with the next round."""
         self._native.report(float(accuracy), float(loss))
+
+    def sampler(self) -> "Sampler":
+        """The samples this worker trains, as a torch Sampler:
+
+            loader = DataLoader(dataset, sampler=w.sampler(), batch_size=w.batch_size)
+            while w.running:
+                for x, y in loader:
+                    ...                      # a step
+                    if not w.step(loss):
+                        break
+
+        In a run with the sample ledger, each pass over it gives the samples
+        of the round the steps train now, which the coordinator named (every
+        sample exactly once per epoch, across kills and joins): the
+        DataLoader's batch_size must be the run's (`w.batch_size`), a batch a
+        step, and every batch trained and followed by step(). Without a
+        ledger, each pass is an epoch of this worker's shard (the indices i
+        with i % shards == rank % shards), shuffled. Needs `train_samples`
+        (the training set's size) given to the Worker."""
+        if self.train_samples <= 0:
+            raise ValueError("sampler() needs the training set's size: "
+                             "shoal.Worker(..., train_samples=len(dataset))")
+        return Sampler(self)
+
+    def batches(self, dataset: Any, batch_size: Optional[int] = None) -> Iterator[Any]:
+        """Batches of `dataset` to train, until the run is over for this
+        worker: call step() once after each (its optimizer step).
+
+            for x, y in w.batches((train_x, train_y)):
+                loss = F.cross_entropy(model(x), y)
+                ...
+                w.step(loss)
+
+        `dataset`: a tensor, a tuple or list of tensors of one length
+        (batches are index_select()s of them), a TensorDataset, or any
+        map-style Dataset (its items are collated like a DataLoader's).
+        `batch_size`: the run's (`w.batch_size`) by default; in a run with the
+        sample ledger it must be the run's, since the coordinator hands out
+        local_steps x batch_size samples a round, a batch a step. The
+        samples are those of sampler(): the ledger's for the round being
+        trained, or epochs of this worker's shard without one. For a
+        DataLoader (worker processes, pinned memory), use sampler()."""
+        n, fetch = _fetcher(dataset)
+        if self.train_samples and n != self.train_samples:
+            raise ValueError(f"the dataset has {n} samples; this worker declared "
+                             f"train_samples={self.train_samples}")
+        b = self.batch_size if batch_size is None else int(batch_size)
+        if b <= 0:
+            raise ValueError(f"batch_size must be > 0, got {b}")
+        if self.ledger and b != self.batch_size:
+            raise ValueError(
+                f"batch_size {b}: in a run with the sample ledger each step trains a batch of "
+                f"the run's --batch_size ({self.batch_size}) samples of its round")
+        return self._batches(n, b, fetch)
+
+    def _batches(self, n: int, b: int,
+                 fetch: Callable[[torch.Tensor], Any]) -> Iterator[Any]:
+        while self.running:
+            order = torch.tensor(list(self._sample_iter(n)), dtype=torch.int64)
+            for a in range(0, len(order), b):
+                if not self.running:
+                    return
+                yield fetch(order[a:a + b])
+
+    def _sample_iter(self, n: int) -> Iterator[int]:
+        """One pass of the samples to train (Sampler.__iter__): the open
+        round's samples in a ledger run, else an epoch of the shard."""
+        if not self.running:
+            return iter(())
+        if not self.ledger:
+            shard = torch.arange(self.rank % self.shards, n, self.shards)
+            g = torch.Generator()
+            g.manual_seed((self._seed * 1000003 + self.rank) * 1000003 + self._passes)
+            self._passes += 1
+            return iter(shard[torch.randperm(len(shard), generator=g)].tolist())
+        if self._handed == self._turn_number:
+            raise Error(9, "FAILED_PRECONDITION",
+                        f"the samples of round {self._round} were asked for twice before its "
+                        f"{self._turn} steps were done: with the sample ledger each step trains "
+                        f"a batch of the run's --batch_size ({self.batch_size}) of them, one "
+                        "step() a batch (a DataLoader's batch_size must be w.batch_size)")
+        self._handed = self._turn_number
+        self._drawn = 0
+        return self._draw(self._samples)
+
+    def _draw(self, samples: List[int]) -> Iterator[int]:
+        for i in samples:
+            self._drawn += 1
+            yield i
+
+    def _check_samples_trained(self) -> None:
+        # The turn's steps are done: the ledger records its samples as
+        # trained once the round is agreed, so they must be what trained.
+        if self._handed != self._turn_number:
+            raise Error(9, "FAILED_PRECONDITION",
+                        f"round {self._round}'s steps ended without its samples: the run keeps "
+                        "a sample ledger, and the loop must train the samples the coordinator "
+                        "named (w.sampler() or w.batches(), docs/PYTHON.md)")
+        if self._drawn < len(self._samples):
+            raise Error(9, "FAILED_PRECONDITION",
+                        f"round {self._round}'s {self._turn} steps ended with "
+                        f"{len(self._samples) - self._drawn} of its {len(self._samples)} "
+                        "samples not taken: with the sample ledger each step trains a batch of "
+                        f"the run's --batch_size ({self.batch_size}) (a DataLoader's batch_size "
+                        "must be w.batch_size)")
 
     @property
     def running(self) -> bool:
@@ -580,7 +761,7 @@ class Worker:
             turn = self._native.await_turn(0.2)
             if turn is None:
                 continue
-            kind, steps, round_, pull, push, local = turn
+            kind, steps, round_, pull, push, local, ledger, samples, _ = turn
             if kind == "sync":  # the worker reads the buffer next
                 self._sync.push()
                 self._native.end_turn(0.0)
@@ -603,6 +784,9 @@ class Worker:
         self._push = push
         self._taken = 0
         self._losses = []
+        self._turn_number += 1
+        self._ledger_turn = ledger
+        self._samples = samples
         return steps
 
     def _end_turn(self) -> None:
@@ -620,6 +804,46 @@ class Worker:
         if err is not None:
             raise err
         raise Error(9, "FAILED_PRECONDITION", otherwise)
+
+
+class Sampler(torch.utils.data.Sampler):
+    """The samples a Worker trains, for a DataLoader (Worker.sampler()):
+    each pass gives the open round's samples in a run with the sample
+    ledger, or an epoch of the worker's shard without one. Made by
+    Worker.sampler(); it indexes the training set of the worker's
+    `train_samples`."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker: Worker = worker
+
+    def __iter__(self) -> Iterator[int]:
+        return self.worker._sample_iter(self.worker.train_samples)
+
+    def __len__(self) -> int:
+        w = self.worker
+        if w.ledger:
+            return len(w._samples)
+        return len(range(w.rank % w.shards, w.train_samples, w.shards))
+
+
+def _fetcher(dataset: Any) -> Tuple[int, Callable[[torch.Tensor], Any]]:
+    """(len, batch of indices -> batch) for Worker.batches()."""
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        dataset = tuple(dataset.tensors)
+    if torch.is_tensor(dataset):
+        t = dataset
+        return len(t), lambda idx: t.index_select(0, idx)
+    if isinstance(dataset, (tuple, list)) and dataset and all(torch.is_tensor(t) for t in dataset):
+        tensors: Sequence[torch.Tensor] = tuple(dataset)
+        lengths = {len(t) for t in tensors}
+        if len(lengths) != 1:
+            raise ValueError(f"the dataset's tensors differ in length: {sorted(lengths)}")
+        return lengths.pop(), lambda idx: tuple(t.index_select(0, idx) for t in tensors)
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        collate = torch.utils.data.default_collate
+        return len(dataset), lambda idx: collate([dataset[i] for i in idx.tolist()])
+    raise TypeError("batches() takes a tensor, a tuple of tensors or a map-style Dataset, "
+                    f"not {type(dataset).__name__}")
 
 
 class Optimizer:

@@ -12,12 +12,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
 _Layer = Tuple[str, Sequence[int], str, int, int]
 
 # A turn for the training loop (ExternalTrainer::Turn): (kind, steps, round,
-# pull, push, local). kind: "train" (the loop trains `steps` steps),
-# "sync" (push the module's progress into the buffer, then end_turn) or
-# "closed" (the worker's run is over). pull: the module takes the buffer
-# first; push: the turn ends with a push; local: turns are steps of a local
-# model (overlap, fragments).
-_Turn = Tuple[str, int, int, bool, bool, bool]
+# pull, push, local, ledger, samples, batch). kind: "train" (the loop trains
+# `steps` steps), "sync" (push the module's progress into the buffer, then
+# end_turn) or "closed" (the worker's run is over). pull: the module takes
+# the buffer first; push: the turn ends with a push; local: turns are steps
+# of a local model (overlap, fragments). ledger: a training turn of a run
+# with the sample ledger, which trains exactly `samples` (indices into the
+# training set of the size given as options["train_samples"]), `batch` a
+# step.
+_Turn = Tuple[str, int, int, bool, bool, bool, bool, List[int], int]
 
 class _Info(TypedDict):
     config: str  # the run's RunConfig as JSON (proto field names); "" before the join
@@ -39,7 +42,8 @@ class Worker:
         """options: coordinator, listen, advertise, name, zone (str),
         outbound_only (bool), metrics_listen (str), connect_timeout,
         rpc_timeout, uplink_mbps (float), token_file, tls_cert, tls_key,
-        tls_ca, tls_server_name (str). Raises StatusError (INVALID_ARGUMENT
+        tls_ca, tls_server_name (str), train_samples (int: the training
+        set's size, declared at join for the sample ledger). Raises StatusError (INVALID_ARGUMENT
         for an uplink that is no rate or layers that do not tile the buffer;
         TLS and token files that cannot be read)."""
     def start(self) -> str:

@@ -436,6 +436,7 @@ void Worker::AddDeclaration(shoal::v1::JoinRequest* request) const {
   } else if (options_.layout.has_value()) {  // the first join of a Python worker
     *request->mutable_layout() = *options_.layout;
     request->set_initial_model_hash(options_.initial_model_hash);
+    request->set_train_samples(options_.train_samples);
   }
 }
 

@@ -74,11 +74,14 @@ struct WorkerOptions {
   // The trainer seam (core/trainer.h), set by the Python module
   // (python/shoal): makes the trainer once the first join gave the run's
   // configuration, instead of the built-in one; the dataset (data_dir) is
-  // then not read. `layout` and `initial_model_hash`, known before joining,
-  // are declared with the first join (JoinRequest.layout).
+  // then not read. `layout`, `initial_model_hash` and `train_samples`, known
+  // before joining, are declared with the first join (JoinRequest.layout,
+  // JoinRequest.train_samples: a sample-ledger run checks the training set's
+  // size there).
   std::function<absl::StatusOr<std::unique_ptr<Trainer>>(const TrainerOptions&)> make_trainer;
   std::optional<shoal::v1::ModelLayout> layout;
   std::string initial_model_hash;
+  uint64_t train_samples = 0;
 };
 
 }  // namespace shoal::worker

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "services/worker/core/sample_order.h"
 
 namespace shoal::worker {
 namespace {
@@ -156,6 +157,68 @@ TEST(ExternalTrainerTest, CloseEndsAWaitingSync) {
   trainer.SyncParameters();
   closer.join();
   EXPECT_TRUE(trainer.AwaitTurn(absl::ZeroDuration())->pull);
+}
+
+// The sample ledger (docs/DATA.md, docs/PYTHON.md): the coordinator's
+// positions become indices of the loop's training set through the run's
+// permutation (as the built-in trainer's), a batch of them per step, and
+// the turns run out with the samples.
+TEST(ExternalTrainerTest, LedgerTurnsCarryTheRoundsSamplesABatchAStep) {
+  std::vector<float> params(1);
+  ExternalTrainerOptions o = Options(&params);
+  o.train_samples = 10;
+  ExternalTrainer trainer(o);
+  EXPECT_EQ(trainer.train_samples(), 10u) << "declared at join";
+  shoal::v1::SampleRange range;
+  range.set_epoch(1);
+  range.set_begin(2);
+  range.set_count(7);
+  shoal::v1::RunConfig config;
+  config.mutable_training()->set_batch_size(4);
+  config.mutable_training()->set_seed(5);
+  trainer.Configure(config);
+  EXPECT_EQ(trainer.SetSamples({range}).code(), absl::StatusCode::kFailedPrecondition)
+      << "the run keeps no ledger";
+  config.mutable_training()->set_sample_ledger(true);
+  trainer.Configure(config);
+  ASSERT_TRUE(trainer.SetSamples({range}).ok());
+  std::vector<Turn> seen;
+  std::thread loop([&] { seen = TakeTurns(&trainer, &params, 3); });
+  // 7 samples at 4 a step: 2 steps of the 5 asked, then 0, then none left.
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0.25);
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(5), 0) << "no samples left: no turn";
+  shoal::v1::SampleRange next;
+  next.set_epoch(2);
+  next.set_begin(0);
+  next.set_count(3);
+  ASSERT_TRUE(trainer.SetSamples({next}).ok());
+  EXPECT_DOUBLE_EQ(trainer.TrainSteps(1), 0.5) << "one step: a batch of the 3";
+  trainer.Close();
+  loop.join();
+  ASSERT_EQ(seen.size(), 3u);
+  const std::vector<int64_t> epoch1 = EpochPermutation(5, 1, 10);
+  EXPECT_TRUE(seen[0].ledger);
+  EXPECT_EQ(seen[0].steps, 2u);
+  EXPECT_EQ(seen[0].batch, 4u);
+  EXPECT_EQ(seen[0].samples, std::vector<int64_t>(epoch1.begin() + 2, epoch1.begin() + 9));
+  const std::vector<int64_t> epoch2 = EpochPermutation(5, 2, 10);
+  EXPECT_EQ(seen[1].steps, 1u);
+  EXPECT_EQ(seen[1].samples, std::vector<int64_t>(epoch2.begin(), epoch2.begin() + 3));
+  EXPECT_EQ(seen[2].kind, Turn::kClosed);
+  next.set_begin(8);
+  EXPECT_EQ(trainer.SetSamples({next}).code(), absl::StatusCode::kInvalidArgument)
+      << "past the training set";
+}
+
+TEST(ExternalTrainerTest, ALoopThatDeclaredNoTrainingSetCannotFollowALedger) {
+  std::vector<float> params(1);
+  ExternalTrainer trainer(Options(&params));
+  shoal::v1::RunConfig config;
+  config.mutable_training()->set_sample_ledger(true);
+  trainer.Configure(config);
+  const absl::Status s = trainer.SetSamples({});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("train_samples=len(dataset)"), std::string::npos) << s;
 }
 
 }  // namespace

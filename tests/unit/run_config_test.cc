@@ -194,12 +194,6 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
          c->mutable_training()->set_data_split("label_skew:0.5");
        },
        "training.sample_ledger (--sample_ledger) needs training.data_split (--data_split) iid"},
-      {"ledger with python",
-       [](RunConfig* c) {
-         c->mutable_training()->set_sample_ledger(true);
-         c->mutable_model()->set_name("module");
-       },
-       "training.sample_ledger (--sample_ledger) needs the built-in trainer"},
       {"epochs without ledger", [](RunConfig* c) { c->mutable_training()->set_epochs(2); },
        "training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)"},
       {"audits in gossip", [](RunConfig* c) { c->mutable_trust()->set_audit_rate(0.5); },

@@ -31,8 +31,8 @@ absl::Status SampleLedger::CheckDataset(uint64_t samples) {
   if (samples == 0) {
     return absl::FailedPreconditionError(
         "the run keeps a sample ledger (--sample_ledger) and this worker does not say how many "
-        "training samples it has: its trainer cannot follow the ledger (a Python training loop "
-        "chooses its own samples)");
+        "training samples it has, so it cannot follow the ledger (a Python worker declares them: "
+        "shoal.Worker(..., train_samples=len(dataset)), docs/PYTHON.md)");
   }
   if (dataset_ == 0) {
     dataset_ = samples;

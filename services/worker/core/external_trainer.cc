@@ -1,5 +1,7 @@
 #include "services/worker/core/external_trainer.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
 #include <utility>
 
@@ -23,12 +25,53 @@ bool ExternalTrainer::RunTurn(Turn turn) {
   return ended_ >= number;
 }
 
+void ExternalTrainer::Configure(const shoal::v1::RunConfig& config) {
+  absl::MutexLock lock(&mu_);
+  order_.reset();
+  samples_.clear();
+  cursor_ = 0;
+  batch_ = std::max<uint32_t>(1, config.training().batch_size());
+  // A ledger run refuses at join a loop that did not declare its training
+  // set (SampleLedger::CheckDataset): SetSamples says so if it comes anyway.
+  if (config.training().sample_ledger() && options_.train_samples > 0) {
+    order_.emplace(config.training().seed(), static_cast<int64_t>(options_.train_samples));
+  }
+}
+
+absl::Status ExternalTrainer::SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) {
+  absl::MutexLock lock(&mu_);
+  if (!order_.has_value()) {
+    return absl::FailedPreconditionError(
+        options_.train_samples == 0 ? "the training loop did not declare its training set's size "
+                                      "(shoal.Worker(..., train_samples=len(dataset)))"
+                                    : "the run keeps no sample ledger");
+  }
+  absl::StatusOr<std::vector<int64_t>> rows = order_->Rows(ranges);
+  if (!rows.ok()) return rows.status();
+  samples_ = *std::move(rows);
+  cursor_ = 0;
+  return absl::OkStatus();
+}
+
 double ExternalTrainer::TrainSteps(uint32_t steps) {
   absl::MutexLock lock(&mu_);
   if (closed_) return std::numeric_limits<double>::quiet_NaN();
-  if (steps == 0) return 0;
   Turn turn;
   turn.kind = Turn::kTrain;
+  if (order_.has_value()) {
+    // The ledger: a batch of the round's samples per step, in order; fewer
+    // steps when they run out (BuiltinTrainer::TrainSteps), and no turn
+    // when none is left (the round's base is the contribution).
+    const size_t left = samples_.size() - cursor_;
+    steps = static_cast<uint32_t>(std::min<uint64_t>(steps, (left + batch_ - 1) / batch_));
+    const size_t n = std::min<size_t>(left, static_cast<size_t>(steps) * batch_);
+    turn.ledger = true;
+    turn.batch = batch_;
+    turn.samples.assign(samples_.begin() + static_cast<std::ptrdiff_t>(cursor_),
+                        samples_.begin() + static_cast<std::ptrdiff_t>(cursor_ + n));
+    cursor_ += n;
+  }
+  if (steps == 0) return 0;
   turn.steps = steps;
   turn.round = round_;
   turn.pull = stale_;

@@ -26,6 +26,16 @@
 // buffer is used, not twice per step; a float32 CPU module costs nothing
 // either way.
 //
+// The sample ledger (RunConfig.training.sample_ledger, docs/DATA.md): the
+// loop declares its training set's size (options.train_samples); SetSamples
+// names a round's samples as positions of the run's per-epoch permutation,
+// which this class turns into indices of the loop's training set
+// (sample_order.h, as the built-in trainer does), and TrainSteps hands the
+// loop a batch of them (the run's batch_size) per step, in order: a turn
+// trains fewer steps when they run out, and none is opened when none is
+// left. The loop trains exactly the turn's samples (python/shoal's
+// Worker.sampler() and Worker.batches()).
+//
 // No Torch here: the loop's side (the casts, the views) is python/shoal's.
 // Thread-safe; one caller opens turns at a time (a second one waits).
 #ifndef SHOAL_SERVICES_WORKER_CORE_EXTERNAL_TRAINER_H_
@@ -37,6 +47,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/worker/core/sample_order.h"
 #include "services/worker/core/trainer.h"
 
 namespace shoal::worker {
@@ -49,17 +60,30 @@ struct ExternalTrainerOptions {
   std::vector<LayerInfo> layers;
   // Samples in the loop's shard, when it says (0: unknown).
   size_t shard_size = 0;
+  // Samples in the loop's whole training set, when it says: the sample
+  // ledger's positions are over them (0: the loop cannot follow a ledger).
+  uint64_t train_samples = 0;
 };
 
 class ExternalTrainer final : public Trainer {
  public:
   explicit ExternalTrainer(ExternalTrainerOptions options);
 
+  // The run's configuration, given when the host makes its trainer (each
+  // join): whether it keeps a sample ledger, its seed (the permutations)
+  // and batch size (samples per step).
+  void Configure(const shoal::v1::RunConfig& config);
+
   // Trainer, on the runner's (or local training's) thread. TrainSteps
   // waits for the loop to end the turn (or Close()); its loss then, NaN
   // when closed.
   double TrainSteps(uint32_t steps) override;
   void SetRound(uint64_t round) override;
+  // The ledger's samples of the next training turns (the round's).
+  // FAILED_PRECONDITION in a run without a ledger or for a loop that did not
+  // declare its training set; INVALID_ARGUMENT for a range past it.
+  absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) override;
+  uint64_t train_samples() const override { return options_.train_samples; }
   void SyncOnRequest() override;
   // Waits for the loop's push when it trained since the last one (or
   // Close()).
@@ -99,6 +123,12 @@ class ExternalTrainer final : public Trainer {
     // SyncOnRequest was called: the buffer is a local model apart from the
     // agreed one, and a training turn is a step, not a round.
     bool local = false;
+    // kTrain in a ledger run: the turn trains exactly these samples (indices
+    // into the loop's training set), `batch` per step in order, `steps`
+    // batches (the last may be short).
+    bool ledger = false;
+    std::vector<int64_t> samples;
+    uint32_t batch = 0;
   };
 
   // The loop's side. The next turn once one is open (or kClosed once
@@ -136,6 +166,13 @@ class ExternalTrainer final : public Trainer {
   bool unpushed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t trained_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  // The ledger (Configure): the order of the training set, the run's batch
+  // size, and the samples SetSamples named, of which the turns handed out
+  // those before `cursor_`.
+  std::optional<SampleOrder> order_ ABSL_GUARDED_BY(mu_);
+  uint32_t batch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<int64_t> samples_ ABSL_GUARDED_BY(mu_);
+  size_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<shoal::v1::Metrics> metrics_ ABSL_GUARDED_BY(mu_);
 };

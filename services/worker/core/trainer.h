@@ -115,7 +115,7 @@ class Trainer {
   // next TrainSteps trains these samples, a batch per step in order, rather
   // than its shard, and runs fewer steps when they run out. INVALID_ARGUMENT
   // for a range past the training set; UNIMPLEMENTED for a trainer that
-  // chooses its own samples (an external one).
+  // chooses its own samples.
   virtual absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) {
     return absl::UnimplementedError("this trainer chooses its own samples");
   }
