@@ -230,13 +230,6 @@ const Rule kRules[] = {
                  "trust.audit_rate (--audit_rate) needs synchronous rounds: a replay starts from "
                  "the round's common base model, which gossip has not");
      }},
-    {Kind::kCombination, "audits with `model.name` `module`",
-     "a Python training loop cannot be replayed by another member",
-     [](const Checked& k) {
-       return If(k.c.trust().audit_rate() > 0 && k.name == "module",
-                 "trust.audit_rate (--audit_rate) needs the built-in trainer: a Python training "
-                 "loop (model.name module) cannot be replayed by another member");
-     }},
     {Kind::kKey, "`trust.audit_threads` > 256", "",
      [](const Checked& k) {
        return If(k.c.trust().audit_threads() > 256,

@@ -38,6 +38,7 @@
 #include "common/model_layout.h"
 #include "common/status_util.h"
 #include "common/tls.h"
+#include "common/version.h"
 #include "services/worker/core/external_trainer.h"
 #include "services/worker/core/trainer.h"
 #include "services/worker/malloc_tuning.h"
@@ -57,9 +58,9 @@ using worker::LayerInfo;
 // (name, shape, dtype, offset, elements) of one state_dict entry.
 using LayerTuple = std::tuple<std::string, std::vector<int64_t>, std::string, uint64_t, uint64_t>;
 // A turn for the loop (ExternalTrainer::Turn): (kind, steps, round, pull,
-// push, local, ledger, samples, batch), kind "train", "sync" or "closed";
-// in a ledger run's training turn, `samples` (indices into the loop's
-// training set) are the turn's, `batch` a step.
+// push, local, ledger, samples, batch), kind "train", "sync", "replay" or
+// "closed"; in a ledger run's training turn and in a replay, `samples`
+// (indices into the loop's training set) are the turn's, `batch` a step.
 using TurnTuple = std::tuple<std::string, uint32_t, uint64_t, bool, bool, bool, bool,
                              std::vector<int64_t>, uint32_t>;
 
@@ -162,6 +163,11 @@ class Worker {
     t.shard_size = shard_size;
     t.train_samples = options["train_samples"].cast<uint64_t>();
     o.train_samples = t.train_samples;
+    // The step and optimizer the loop handed Shoal (their digest), or ""
+    // (none: this worker cannot replay or be replayed).
+    o.replay_step = std::string(py::str(options["replay_step"]));
+    t.replayable = !o.replay_step->empty();
+    o.build = absl::StrCat(ShoalVersion(), " ", ShoalCommit());
     uint64_t next = 0;
     for (const auto& [name, shape, dtype, offset, n] : layers) {
       if (offset != next || offset + n > elements) {
@@ -221,13 +227,23 @@ class Worker {
   std::optional<TurnTuple> AwaitTurn(double timeout) {
     std::optional<ExternalTrainer::Turn> t = trainer_->AwaitTurn(absl::Seconds(timeout));
     if (!t.has_value()) return std::nullopt;
-    const char* kind = t->kind == ExternalTrainer::Turn::kTrain  ? "train"
-                       : t->kind == ExternalTrainer::Turn::kSync ? "sync"
-                                                                 : "closed";
+    const char* kind = t->kind == ExternalTrainer::Turn::kTrain    ? "train"
+                       : t->kind == ExternalTrainer::Turn::kSync   ? "sync"
+                       : t->kind == ExternalTrainer::Turn::kReplay ? "replay"
+                                                                   : "closed";
     return TurnTuple(kind, t->steps, t->round, t->pull, t->push, t->local, t->ledger,
                      std::move(t->samples), t->batch);
   }
   void EndTurn(double loss) { trainer_->EndTurn(loss); }
+  // The open replay turn's base into `dst` (a float32 buffer of the
+  // model's elements).
+  void CopyReplayBase(uintptr_t dst, uint64_t elements) {
+    absl::Status s = trainer_->CopyReplayBase(reinterpret_cast<float*>(dst), elements);
+    if (!s.ok()) Raise(s);
+  }
+  void EndReplay(const std::string& hash, const std::string& error) {
+    trainer_->EndReplay(hash, error);
+  }
   void Report(double accuracy, double loss) {
     shoal::v1::Metrics m;
     m.set_test_accuracy(accuracy);
@@ -336,6 +352,11 @@ class Worker {
       return t_->EvaluateParams(p);
     }
     void SetRound(uint64_t round) override { t_->SetRound(round); }
+    absl::StatusOr<std::string> Replay(const float* base,
+                                       absl::Span<const shoal::v1::SampleRange> samples,
+                                       uint64_t round) override {
+      return t_->Replay(base, samples, round);
+    }
     absl::Status SetSamples(absl::Span<const shoal::v1::SampleRange> ranges) override {
       return t_->SetSamples(ranges);
     }
@@ -389,6 +410,8 @@ PYBIND11_MODULE(_shoal, m) {
       .def("start", &Worker::Start, py::call_guard<py::gil_scoped_release>())
       .def("await_turn", &Worker::AwaitTurn, py::call_guard<py::gil_scoped_release>())
       .def("end_turn", &Worker::EndTurn, py::call_guard<py::gil_scoped_release>())
+      .def("copy_replay_base", &Worker::CopyReplayBase, py::call_guard<py::gil_scoped_release>())
+      .def("end_replay", &Worker::EndReplay, py::call_guard<py::gil_scoped_release>())
       .def("report", &Worker::Report, py::call_guard<py::gil_scoped_release>())
       .def("close", &Worker::Close, py::call_guard<py::gil_scoped_release>())
       .def("result", &Worker::Result)

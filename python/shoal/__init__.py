@@ -30,6 +30,7 @@ root (or use PYTHONPATH=build/python after `make build`).
 """
 
 import atexit
+import copy
 import dataclasses
 import hashlib
 import json
@@ -39,9 +40,9 @@ import signal
 import sys
 import threading
 import weakref
-from types import FrameType, TracebackType
-from typing import (Any, Callable, Dict, Iterator, List, Literal, NoReturn, Optional, Sequence,
-                    Tuple, Type, Union)
+from types import CodeType, FrameType, TracebackType
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, NoReturn, Optional,
+                    Sequence, Tuple, Type, Union)
 
 import torch
 import torch.utils.data
@@ -407,6 +408,13 @@ class Worker:
     len(dataset): a run with the sample ledger needs it, the same on every
     worker, and sampler() uses it).
 
+    `step` and `optimizer` (together): hand Shoal the loop's step, so that
+    it can train with run() and replay another member's round in an audited
+    run (--audit_rate; docs/PYTHON.md, "Audits"). `step(module, batch,
+    optimizer)` trains one batch (forward, loss, backward, optimizer step)
+    and returns the loss; `optimizer(parameters)` makes the optimizer.
+    An audited run refuses a worker that gave neither.
+
         with shoal.Worker(model, "10.0.0.1:50051", name="a") as w:
             x, y = x[w.rank % w.shards::w.shards], y[w.rank % w.shards::w.shards]
             while w.running:
@@ -437,7 +445,21 @@ class Worker:
         config        the run's configuration, a dict (RunConfig as JSON)
         new_round     True right after the step() that ended a round's steps
 
-    Methods: step(loss) after each optimizer step; sampler() and
+    Or hand Shoal the step (needed in an audited run):
+
+        def train_step(model, batch, opt):
+            x, y = batch
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        with shoal.Worker(model, "10.0.0.1:50051", train_samples=len(x), step=train_step,
+                          optimizer=lambda p: torch.optim.SGD(p, lr=0.05)) as w:
+            w.run((x, y))                       # until the run is over
+
+    Methods: step(loss) after each optimizer step; run(dataset); sampler() and
     batches(dataset) (the samples to train: the ledger's, or this worker's
     shard); report(accuracy, loss);
     agreed() and model_hash(); status() (the run, from the coordinator);
@@ -451,8 +473,16 @@ class Worker:
                  tls_ca: str = "", tls_server_name: str = "", outbound_only: bool = False,
                  metrics_listen: str = "", connect_timeout: float = 60.0,
                  rpc_timeout: float = 10.0, uplink_mbps: float = 0.0,
-                 shard_size: int = 0, train_samples: int = 0) -> None:
+                 shard_size: int = 0, train_samples: int = 0,
+                 step: Optional["StepFn"] = None,
+                 optimizer: Optional["OptimizerFactory"] = None) -> None:
         self._closed = True
+        if (step is None) != (optimizer is None):
+            raise ValueError("step and optimizer go together: run() and an audit's replay make "
+                             "a fresh optimizer with optimizer(parameters) and train with "
+                             "step(module, batch, optimizer)")
+        self._step_fn = step
+        self._make_optimizer = optimizer
         self.module: torch.nn.Module = module
         self._flat, self._entries = flatten_module(module)
         self._sync = _Sync(self._flat, self._entries)
@@ -461,7 +491,8 @@ class Worker:
                        connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
                        uplink_mbps=float(uplink_mbps),
                        token_file=token_file, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-                       tls_server_name=tls_server_name, train_samples=int(train_samples))
+                       tls_server_name=tls_server_name, train_samples=int(train_samples),
+                       replay_step=_replay_digest(module, step, optimizer) if step else "")
         if train_samples < 0:
             raise ValueError(f"train_samples must be >= 0, got {train_samples}")
         #: The training set's size given (train_samples; 0: not given).
@@ -491,6 +522,13 @@ class Worker:
         self._handed = 0
         self._drawn = 0
         self._passes = 0  # epochs of the shard sampled (without a ledger)
+        # run(): the loop is in it, and its dataset (for replays); the
+        # replays' copy of the module (module, flat buffer, sync), made at
+        # the first replay.
+        self._in_run = False
+        self._dataset: Optional[Tuple[int, Callable[[torch.Tensor], Any]]] = None
+        self._replica: Optional[Tuple[torch.nn.Module, torch.Tensor, _Sync]] = None
+        self._audited = False
         #: True right after the step() that ended a round's steps: the next
         #: round's begin. Without overlap or fragments the module now holds
         #: the averaged model of the round before `round` (evaluate it now);
@@ -521,6 +559,16 @@ class Worker:
         self.ledger: bool = bool(training.get("sample_ledger", False))
         self._seed = int(training.get("seed", 0))
         self.gossip: bool = "gossip" in self.config
+        trust = self.config.get("trust", {})
+        #: True in an audited run (--audit_rate): every round starts from a
+        #: fresh optimizer and a seeded generator, and run() trains it.
+        self.audited: bool = float(trust.get("audit_rate", 0)) > 0 and not self.gossip
+        self._audited = self.audited
+        if self.audited:
+            # A replay must reduce in the same order as the round it replays.
+            torch.set_num_threads(max(1, int(trust.get("audit_threads", 1))))
+            _log.info("audited run: rounds start from a fresh optimizer and torch's generator "
+                      "seeded from the round; %d torch thread(s)", torch.get_num_threads())
         _log.info("joined as %s at %s: %d tensors, %d elements, %s", self.worker_id, self.address,
                   len(self._entries), self._flat.numel(),
                   "gossip" if self.gossip else f"{self.local_steps} local steps a round")
@@ -540,6 +588,11 @@ class Worker:
         self.new_round = False
         if self._closed or self._turn == 0:
             return False
+        if self._audited and not self._in_run:
+            raise Error(9, "FAILED_PRECONDITION",
+                        "this run is audited (--audit_rate): train with w.run(dataset), which "
+                        "steps with the step and optimizer given to shoal.Worker, so that another "
+                        "member can replay the round (docs/PYTHON.md, \"Audits\")")
         if loss is not None:
             self._losses.append(float(loss.detach()) if torch.is_tensor(loss) else float(loss))
         self._taken += 1
@@ -550,6 +603,82 @@ class Worker:
         self._end_turn()
         self._turn = self._await_turn()
         return self._turn > 0
+
+    def run(self, dataset: Any, on_round: Optional[Callable[["Worker"], None]] = None) -> int:
+        """Trains with the step and optimizer given to the Worker until the
+        run is over for this worker; returns the rounds trained.
+
+            w.run((train_x, train_y), on_round=lambda w: w.report(evaluate(model)))
+
+        `dataset` is what batches() takes (a tensor, a tuple of tensors, a
+        TensorDataset, a map-style Dataset): each step trains a batch of the
+        samples batches() gives (the ledger's in a ledger run), as
+        `step(module, batch, optimizer)`. The optimizer is made once with
+        `optimizer(module.parameters())`; in an audited run, once per round,
+        after torch's generator is seeded from the run's seed and the round
+        and the module is put in training mode, which is what a replay of the
+        round does. `on_round(worker)` is called after each step that ended
+        a round (w.new_round: the module holds the averaged model then,
+        without overlap: evaluate and report() it there; put the module back
+        in training mode if you change it)."""
+        if self._step_fn is None or self._make_optimizer is None:
+            raise ValueError("run() needs the step and the optimizer: "
+                             "shoal.Worker(..., step=fn, optimizer=factory)")
+        self._dataset = _fetcher(dataset)
+        opt: Optional[torch.optim.Optimizer] = None
+        turn = -1
+        self._in_run = True
+        try:
+            for batch in self.batches(dataset):
+                if opt is None or (self._audited and turn != self._turn_number):
+                    turn = self._turn_number
+                    opt = self._start_round(self.module, self._round)
+                going = self.step(self._step_fn(self.module, batch, opt))
+                if self.new_round and on_round is not None:
+                    on_round(self)
+                if not going:
+                    break
+        finally:
+            self._in_run = False
+        return self._rounds
+
+    def _start_round(self, module: torch.nn.Module, round_: int) -> torch.optim.Optimizer:
+        """A round's start in run() and in a replay of it: in an audited run,
+        the generator seeded from the round and the module training."""
+        assert self._make_optimizer is not None
+        if self._audited:
+            torch.manual_seed(_round_seed(self._seed, round_))
+            module.train()
+        return self._make_optimizer(module.parameters())
+
+    def _replay(self, round_: int, samples: List[int], batch: int, steps: int) -> str:
+        """An audit: trains a copy of the module from the round's base on
+        `samples` as run() trained round `round_`; its hash. The loop's own
+        generator state is put back after."""
+        if self._step_fn is None:
+            raise RuntimeError("this worker was given no step to replay")
+        if self._dataset is None:
+            raise RuntimeError("the loop has not called w.run(dataset) yet")
+        n, fetch = self._dataset
+        if samples and max(samples) >= n:
+            raise RuntimeError(f"sample {max(samples)} is past the dataset's {n}")
+        if self._replica is None:
+            replica = copy.deepcopy(self.module)
+            flat, entries = flatten_module(replica)
+            self._replica = (replica, flat, _Sync(flat, entries))
+        replica, flat, sync = self._replica
+        self._native.copy_replay_base(flat.data_ptr(), flat.numel())
+        sync.pull()
+        rng = torch.get_rng_state()
+        try:
+            opt = self._start_round(replica, round_)
+            order = torch.tensor(samples, dtype=torch.int64)
+            for k in range(steps):
+                self._step_fn(replica, fetch(order[k * batch:(k + 1) * batch]), opt)
+        finally:
+            torch.set_rng_state(rng)
+        sync.push()
+        return _hash_buffer(flat)
 
     def report(self, accuracy: float, loss: float = 0.0) -> None:
         """Test-set figures of the current model (accuracy in 0..1, the test
@@ -766,6 +895,15 @@ class Worker:
                 self._sync.push()
                 self._native.end_turn(0.0)
                 continue
+            if kind == "replay":  # an audit of another member's round
+                try:
+                    digest = self._replay(round_, samples, turn[8], steps)
+                except Exception as e:  # noqa: BLE001 - reported, the audit is dropped
+                    _log.warning("cannot replay round %d: %s: %s", round_, type(e).__name__, e)
+                    self._native.end_replay("", f"{type(e).__name__}: {e}")
+                else:
+                    self._native.end_replay(digest, "")
+                continue
             break
         self._local = local
         if pull:
@@ -804,6 +942,64 @@ class Worker:
         if err is not None:
             raise err
         raise Error(9, "FAILED_PRECONDITION", otherwise)
+
+
+#: step(module, batch, optimizer) -> loss: one step of the loop (Worker(step=)).
+StepFn = Callable[[torch.nn.Module, Any, torch.optim.Optimizer], Any]
+#: optimizer(parameters) -> a torch optimizer (Worker(optimizer=)).
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+def _round_seed(seed: int, round_: int) -> int:
+    """Torch's generator seed for an audited round (the participant's and
+    its auditor's), as the built-in trainer's RoundSeed, in 63 bits."""
+    m = (1 << 64) - 1
+    v = (seed * 0x9E3779B97F4A7C15 + round_ * 0xBF58476D1CE4E5B9 + 1) & m
+    return v >> 1
+
+
+def _feed_code(h: "hashlib._Hash", code: CodeType) -> None:
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_argcount)).encode())
+    for c in code.co_consts:
+        if isinstance(c, CodeType):
+            _feed_code(h, c)
+        else:
+            h.update(repr(c).encode())
+
+
+def _feed_callable(h: "hashlib._Hash", fn: Any) -> None:
+    """What a replay runs of `fn`: its code (nested code too), the plain
+    values it closes over or defaults to, or its type's name."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        h.update(f"{type(fn).__module__}.{type(fn).__qualname__}".encode())
+        return
+    _feed_code(h, code)
+    plain = (int, float, str, bool, type(None))
+    for v in list(fn.__defaults__ or ()) + [c.cell_contents for c in (fn.__closure__ or ())
+                                            if _cell_set(c)]:
+        h.update(repr(v).encode() if isinstance(v, plain) else type(v).__qualname__.encode())
+
+
+def _cell_set(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _replay_digest(module: torch.nn.Module, step: Any, optimizer: Any) -> str:
+    """The part of the replay fingerprint a Python loop adds: the code of
+    its step and optimizer factory, its module's class and torch's version.
+    Members whose digests differ never audit each other."""
+    h = hashlib.sha256()
+    h.update(f"{type(module).__module__}.{type(module).__qualname__} torch "
+             f"{torch.__version__}".encode())
+    _feed_callable(h, step)
+    _feed_callable(h, optimizer)
+    return "python-step:" + h.hexdigest()[:16]
 
 
 class Sampler(torch.utils.data.Sampler):

@@ -14,7 +14,10 @@ _Layer = Tuple[str, Sequence[int], str, int, int]
 # A turn for the training loop (ExternalTrainer::Turn): (kind, steps, round,
 # pull, push, local, ledger, samples, batch). kind: "train" (the loop trains
 # `steps` steps), "sync" (push the module's progress into the buffer, then
-# end_turn) or "closed" (the worker's run is over). pull: the module takes
+# end_turn), "replay" (an audit: train a copy of the module from the base
+# copy_replay_base gives on `samples`, `batch` a step, `steps` steps, as
+# round `round` was trained, then end_replay) or "closed" (the worker's run
+# is over). pull: the module takes
 # the buffer first; push: the turn ends with a push; local: turns are steps
 # of a local model (overlap, fragments). ledger: a training turn of a run
 # with the sample ledger, which trains exactly `samples` (indices into the
@@ -43,7 +46,9 @@ class Worker:
         outbound_only (bool), metrics_listen (str), connect_timeout,
         rpc_timeout, uplink_mbps (float), token_file, tls_cert, tls_key,
         tls_ca, tls_server_name (str), train_samples (int: the training
-        set's size, declared at join for the sample ledger). Raises StatusError (INVALID_ARGUMENT
+        set's size, declared at join for the sample ledger), replay_step
+        (str: the digest of the step and optimizer the loop handed Shoal,
+        appended to the replay fingerprint; "": it cannot be replayed). Raises StatusError (INVALID_ARGUMENT
         for an uplink that is no rate or layers that do not tile the buffer;
         TLS and token files that cannot be read)."""
     def start(self) -> str:
@@ -53,6 +58,13 @@ class Worker:
         """The next turn, or None after `timeout` seconds. Releases the GIL."""
     def end_turn(self, loss: float, /) -> None:
         """Hands the buffer back with the turn's mean loss."""
+    def copy_replay_base(self, dst: int, elements: int, /) -> None:
+        """Copies the open replay turn's base model into the float32 buffer
+        at address `dst` (`elements` floats). Raises StatusError
+        (FAILED_PRECONDITION: no replay turn open, another size)."""
+    def end_replay(self, hash: str, error: str, /) -> None:
+        """Ends the open replay turn with the replayed model's SHA-256 hex,
+        or with `error` when the loop could not replay."""
     def report(self, accuracy: float, loss: float, /) -> None:
         """Test-set figures for the run's status."""
     def close(self, reason: str, /) -> None:

@@ -103,6 +103,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(Options options) {
   w->identity_.zone = w->options_.zone;
   w->identity_.outbound_only = w->options_.outbound_only;
   w->identity_.replay_fingerprint = ReplayFingerprint(w->options_.build);
+  if (const std::optional<std::string>& step = w->options_.replay_step; step.has_value()) {
+    w->identity_.replay_fingerprint =
+        step->empty() ? std::string() : absl::StrCat(w->identity_.replay_fingerprint, " ", *step);
+  }
   w->peers_ = std::make_unique<GrpcPeerClient>(&w->credential_);
   if (w->options_.coordinator_client != nullptr) {
     w->coordinator_ = w->options_.coordinator_client;

@@ -36,6 +36,13 @@ struct WorkerOptions {
   // The build (Shoal's version and commit, common/version.h), part of the
   // replay fingerprint audits pair members by; set by the binaries' mains.
   std::string build;
+  // What else a replay of this worker's training runs (a trainer made by
+  // make_trainer): unset for the built-in trainer; for a Python loop, the
+  // digest of the step and optimizer it handed Shoal (python/shoal,
+  // "python-step:..."), appended to the fingerprint, or "" when it handed
+  // none: the fingerprint is then empty, so nobody audits it or is audited
+  // by it, and an audited run refuses its join (docs/PYTHON.md "Audits").
+  std::optional<std::string> replay_step;
   // --zone: where this worker sits (common/zone.h); empty = the root.
   std::string zone;
   // --outbound_only: this worker cannot accept connections (behind NAT).

@@ -221,5 +221,96 @@ TEST(ExternalTrainerTest, ALoopThatDeclaredNoTrainingSetCannotFollowALedger) {
   EXPECT_NE(s.message().find("train_samples=len(dataset)"), std::string::npos) << s;
 }
 
+// An audited run's config, with the ledger a replay reads its samples from.
+shoal::v1::RunConfig AuditedConfig() {
+  shoal::v1::RunConfig config;
+  config.mutable_sync();
+  config.mutable_training()->set_sample_ledger(true);
+  config.mutable_training()->set_batch_size(4);
+  config.mutable_training()->set_local_steps(3);
+  config.mutable_training()->set_seed(5);
+  config.mutable_trust()->set_audit_rate(1);
+  return config;
+}
+
+TEST(ExternalTrainerTest, AReplayIsATurnOfTheLoopOnACopyOfTheBase) {
+  std::vector<float> params(3, 7.0f);
+  ExternalTrainerOptions o = Options(&params);
+  o.train_samples = 20;
+  o.replayable = true;
+  ExternalTrainer trainer(o);
+  trainer.Configure(AuditedConfig());
+  const std::vector<float> base = {1.0f, 2.0f, 3.0f};
+  shoal::v1::SampleRange range;
+  range.set_epoch(0);
+  range.set_begin(4);
+  range.set_count(10);
+  absl::StatusOr<std::string> hash;
+  std::thread runner([&] { hash = trainer.Replay(base.data(), {range}, 6); });
+  std::optional<Turn> t = trainer.AwaitTurn(absl::Seconds(30));
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->kind, Turn::kReplay);
+  EXPECT_EQ(t->round, 6u);
+  EXPECT_EQ(t->batch, 4u);
+  EXPECT_EQ(t->steps, 3u) << "10 samples at 4 a step, at most the round's 3 steps";
+  const std::vector<int64_t> epoch0 = EpochPermutation(5, 0, 20);
+  EXPECT_EQ(t->samples, std::vector<int64_t>(epoch0.begin() + 4, epoch0.begin() + 14));
+  EXPECT_FALSE(t->pull) << "the module is not the replay's";
+  EXPECT_FALSE(t->push);
+  std::vector<float> copy(3);
+  EXPECT_EQ(trainer.CopyReplayBase(copy.data(), 2).code(), absl::StatusCode::kFailedPrecondition)
+      << "another size";
+  ASSERT_TRUE(trainer.CopyReplayBase(copy.data(), 3).ok());
+  EXPECT_EQ(copy, base);
+  trainer.EndTurn(0.5);  // not how a replay ends: nothing happens
+  trainer.EndReplay("abc", "");
+  runner.join();
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, "abc");
+  EXPECT_EQ(params, std::vector<float>(3, 7.0f)) << "the module's buffer is not touched";
+  EXPECT_EQ(trainer.turns(), 0u) << "a replay is no training turn";
+  EXPECT_EQ(trainer.CopyReplayBase(copy.data(), 3).code(), absl::StatusCode::kFailedPrecondition)
+      << "no replay open any more";
+
+  // The loop's replay failed: the runner hears why.
+  std::thread failing([&] { hash = trainer.Replay(base.data(), {range}, 7); });
+  ASSERT_TRUE(trainer.AwaitTurn(absl::Seconds(30)).has_value());
+  trainer.EndReplay("", "RuntimeError: no dataset");
+  failing.join();
+  EXPECT_EQ(hash.status().code(), absl::StatusCode::kUnknown);
+  EXPECT_NE(hash.status().message().find("no dataset"), std::string::npos) << hash.status();
+
+  // Closed while the loop replays: the runner returns.
+  std::thread closing([&] { hash = trainer.Replay(base.data(), {range}, 8); });
+  ASSERT_TRUE(trainer.AwaitTurn(absl::Seconds(30)).has_value());
+  trainer.Close();
+  closing.join();
+  EXPECT_EQ(hash.status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(ExternalTrainerTest, ReplaysNeedAnAuditedRunAndALoopThatHandedItsStep) {
+  std::vector<float> params(1);
+  const float base = 0;
+  ExternalTrainerOptions o = Options(&params);
+  o.train_samples = 20;
+  ExternalTrainer no_step(o);
+  no_step.Configure(AuditedConfig());
+  EXPECT_EQ(no_step.Replay(&base, {}, 1).status().code(), absl::StatusCode::kUnimplemented);
+  o.replayable = true;
+  ExternalTrainer not_audited(o);
+  shoal::v1::RunConfig config = AuditedConfig();
+  config.mutable_trust()->set_audit_rate(0);
+  not_audited.Configure(config);
+  EXPECT_EQ(not_audited.Replay(&base, {}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ExternalTrainer audited(o);
+  audited.Configure(AuditedConfig());
+  shoal::v1::SampleRange past;
+  past.set_begin(18);
+  past.set_count(5);
+  EXPECT_EQ(audited.Replay(&base, {past}, 1).status().code(), absl::StatusCode::kInvalidArgument)
+      << "past the training set";
+}
+
 }  // namespace
 }  // namespace shoal::worker

@@ -355,5 +355,16 @@ TEST(BanTest, ByIdOrNameUntilItExpires) {
   EXPECT_EQ(status.bans_size(), 0);
 }
 
+TEST(RoundTrustTest, AnAuditedRunRefusesAMemberNobodyCouldReplay) {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  RoundTrust audited(Config(0.5), "secret");
+  const absl::Status s = audited.CheckJoin(Join("python-loop", ""), now);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("step="), std::string::npos) << s;
+  EXPECT_TRUE(audited.CheckJoin(Join("cpp"), now).ok());
+  RoundTrust off(Config(0), "secret");
+  EXPECT_TRUE(off.CheckJoin(Join("python-loop", ""), now).ok()) << "no audits: nothing to replay";
+}
+
 }  // namespace
 }  // namespace shoal::coordinator

@@ -198,12 +198,6 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "training.epochs (--epochs) needs training.sample_ledger (--sample_ledger)"},
       {"audits in gossip", [](RunConfig* c) { c->mutable_trust()->set_audit_rate(0.5); },
        "trust.audit_rate (--audit_rate) needs synchronous rounds", true},
-      {"audits with python",
-       [](RunConfig* c) {
-         c->mutable_trust()->set_audit_rate(0.5);
-         c->mutable_model()->set_name("module");
-       },
-       "trust.audit_rate (--audit_rate) needs the built-in trainer"},
       {"audit rate", [](RunConfig* c) { c->mutable_trust()->set_audit_rate(2); },
        "trust.audit_rate (--audit_rate) must be in [0, 1]"},
       {"audit threads", [](RunConfig* c) { c->mutable_trust()->set_audit_threads(300); },

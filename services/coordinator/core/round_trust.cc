@@ -110,6 +110,14 @@ absl::Status RoundTrust::CheckJoin(const shoal::v1::JoinRequest& request, absl::
                          absl::UTCTimeZone()),
         " (", by_id ? "worker " : "name ", by_id ? b.worker_id() : b.name(), "): ", b.reason()));
   }
+  if (audits_on() && request.replay_fingerprint().empty()) {
+    // Nobody could replay its rounds: it would train unchecked.
+    return absl::FailedPreconditionError(
+        "this run is audited (--audit_rate): every member's rounds must be replayable, and this "
+        "one declares no replay fingerprint; a Python training loop hands Shoal its step and "
+        "optimizer (shoal.Worker(..., step=..., optimizer=...) and w.run(dataset), "
+        "docs/PYTHON.md \"Audits\")");
+  }
   return absl::OkStatus();
 }
 

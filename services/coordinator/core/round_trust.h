@@ -84,7 +84,8 @@ class RoundTrust {
   void Resume(const shoal::v1::RunRecord& record, absl::Time now);
 
   // PERMISSION_DENIED, with the reason and until when, for a banned member
-  // (by previous_worker_id or name).
+  // (by previous_worker_id or name); FAILED_PRECONDITION, when audits are
+  // on, for a member with no replay fingerprint (it cannot be replayed).
   absl::Status CheckJoin(const shoal::v1::JoinRequest& request, absl::Time now);
   void OnJoined(const std::string& worker_id, const shoal::v1::JoinRequest& request);
   void Forget(const std::string& worker_id);

@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace shoal::worker {
 
 ExternalTrainer::ExternalTrainer(ExternalTrainerOptions options) : options_(std::move(options)) {}
@@ -31,6 +33,8 @@ void ExternalTrainer::Configure(const shoal::v1::RunConfig& config) {
   samples_.clear();
   cursor_ = 0;
   batch_ = std::max<uint32_t>(1, config.training().batch_size());
+  audited_ = config.trust().audit_rate() > 0 && config.has_sync();
+  local_steps_ = std::max<uint32_t>(1, config.training().local_steps());
   // A ledger run refuses at join a loop that did not declare its training
   // set (SampleLedger::CheckDataset): SetSamples says so if it comes anyway.
   if (config.training().sample_ledger() && options_.train_samples > 0) {
@@ -126,9 +130,65 @@ std::optional<ExternalTrainer::Turn> ExternalTrainer::AwaitTurn(absl::Duration t
   return turn_;
 }
 
+absl::StatusOr<std::string> ExternalTrainer::Replay(
+    const float* base, absl::Span<const shoal::v1::SampleRange> samples, uint64_t round) {
+  absl::MutexLock lock(&mu_);
+  if (!audited_ || !order_.has_value()) {
+    return absl::FailedPreconditionError("the run is not audited (RunConfig.trust.audit_rate)");
+  }
+  if (!options_.replayable) {
+    return absl::UnimplementedError(
+        "the training loop handed Shoal no step to replay (shoal.Worker(..., step=, optimizer=))");
+  }
+  if (closed_) return absl::CancelledError("the worker is shutting down");
+  absl::StatusOr<std::vector<int64_t>> rows = order_->Rows(samples);
+  if (!rows.ok()) return rows.status();
+  Turn turn;
+  turn.kind = Turn::kReplay;
+  turn.round = round;
+  turn.batch = batch_;
+  // As TrainSteps hands out the round's samples: a batch a step, at most
+  // the round's steps.
+  turn.steps =
+      static_cast<uint32_t>(std::min<uint64_t>(local_steps_, (rows->size() + batch_ - 1) / batch_));
+  turn.samples = *std::move(rows);
+  replay_base_ = base;
+  replay_hash_.clear();
+  replay_error_.clear();
+  const bool ended = RunTurn(std::move(turn));
+  replay_base_ = nullptr;
+  if (!ended) return absl::CancelledError("the worker is shutting down");
+  if (!replay_error_.empty()) {
+    return absl::UnknownError(absl::StrCat("the training loop's replay failed: ", replay_error_));
+  }
+  return replay_hash_;
+}
+
+absl::Status ExternalTrainer::CopyReplayBase(float* dst, uint64_t elements) {
+  absl::MutexLock lock(&mu_);
+  if (!open_ || !taken_ || turn_.kind != Turn::kReplay || replay_base_ == nullptr) {
+    return absl::FailedPreconditionError("no replay turn is open");
+  }
+  if (elements != options_.elements) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the replay's model has ", elements, " elements, the worker's ", options_.elements));
+  }
+  std::copy_n(replay_base_, elements, dst);
+  return absl::OkStatus();
+}
+
+void ExternalTrainer::EndReplay(const std::string& hash, const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  if (!open_ || !taken_ || ended_ >= number_ || turn_.kind != Turn::kReplay) return;
+  replay_hash_ = hash;
+  replay_error_ = error.empty() && hash.empty() ? "no hash" : error;
+  ended_ = number_;
+}
+
 void ExternalTrainer::EndTurn(double mean_loss) {
   absl::MutexLock lock(&mu_);
-  if (!open_ || !taken_ || ended_ >= number_) return;  // no turn open: nothing to end
+  // No turn open (or a replay, which EndReplay ends): nothing to end.
+  if (!open_ || !taken_ || ended_ >= number_ || turn_.kind == Turn::kReplay) return;
   if (turn_.kind == Turn::kTrain) loss_ = mean_loss;
   ended_ = number_;
 }

@@ -36,6 +36,16 @@
 // left. The loop trains exactly the turn's samples (python/shoal's
 // Worker.sampler() and Worker.batches()).
 //
+// Audits (RunConfig.trust.audit_rate, docs/PYTHON.md "Audits"): a loop
+// that handed Shoal its step and optimizer (options.replayable) replays
+// another member's round on its own thread. Replay, on the runner's thread,
+// opens a turn of kind kReplay naming the round, its samples and steps; the
+// loop copies the round's base into a second instance of its module
+// (CopyReplayBase), trains it as the participant trained the round, and
+// ends the turn with the result's hash (EndReplay). So a replay never runs
+// beside the loop's own steps, and torch's global generator and threads,
+// which both use, are the loop's alone at any time.
+//
 // No Torch here: the loop's side (the casts, the views) is python/shoal's.
 // Thread-safe; one caller opens turns at a time (a second one waits).
 #ifndef SHOAL_SERVICES_WORKER_CORE_EXTERNAL_TRAINER_H_
@@ -43,6 +53,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -63,6 +74,8 @@ struct ExternalTrainerOptions {
   // Samples in the loop's whole training set, when it says: the sample
   // ledger's positions are over them (0: the loop cannot follow a ledger).
   uint64_t train_samples = 0;
+  // The loop handed Shoal its step and optimizer: it can replay a round.
+  bool replayable = false;
 };
 
 class ExternalTrainer final : public Trainer {
@@ -79,6 +92,14 @@ class ExternalTrainer final : public Trainer {
   // when closed.
   double TrainSteps(uint32_t steps) override;
   void SetRound(uint64_t round) override;
+  // An audit's replay, by the loop (see the file comment): waits until the
+  // loop ends the replay turn (EndReplay) or Close(). FAILED_PRECONDITION in
+  // a run without audits, UNIMPLEMENTED for a loop that handed no step,
+  // INVALID_ARGUMENT for samples past the training set, CANCELLED once
+  // closed, UNKNOWN with the loop's message when its replay failed.
+  absl::StatusOr<std::string> Replay(const float* base,
+                                     absl::Span<const shoal::v1::SampleRange> samples,
+                                     uint64_t round) override;
   // The ledger's samples of the next training turns (the round's).
   // FAILED_PRECONDITION in a run without a ledger or for a loop that did not
   // declare its training set; INVALID_ARGUMENT for a range past it.
@@ -108,6 +129,11 @@ class ExternalTrainer final : public Trainer {
       kTrain,
       // No steps: push, then EndTurn.
       kSync,
+      // An audit: train a copy of the module from the round's base
+      // (CopyReplayBase) on `samples`, `batch` a step, `steps` steps, as
+      // the round `round` was trained; then EndReplay. The module and the
+      // buffer are not touched (no pull, no push).
+      kReplay,
       // The handover is over (Close): pull if asked, and stop.
       kClosed,
     };
@@ -136,6 +162,13 @@ class ExternalTrainer final : public Trainer {
   std::optional<Turn> AwaitTurn(absl::Duration timeout);
   // Ends the open turn, with the mean loss of its steps.
   void EndTurn(double mean_loss);
+  // The open replay turn: copies its base (num_elements() floats) into
+  // `dst`. FAILED_PRECONDITION when no replay turn is open and taken, or
+  // for another size.
+  absl::Status CopyReplayBase(float* dst, uint64_t elements);
+  // Ends the open replay turn with the hash of the replayed model, or with
+  // `error` (non-empty) when the loop could not replay.
+  void EndReplay(const std::string& hash, const std::string& error);
   // Test-set figures for the next Evaluate.
   void ReportMetrics(const shoal::v1::Metrics& metrics);
   void Close();
@@ -175,6 +208,13 @@ class ExternalTrainer final : public Trainer {
   size_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<shoal::v1::Metrics> metrics_ ABSL_GUARDED_BY(mu_);
+  // Configure: an audited synchronous run, and its steps a round.
+  bool audited_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t local_steps_ ABSL_GUARDED_BY(mu_) = 1;
+  // The open replay turn's base, and the result EndReplay gave.
+  const float* replay_base_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string replay_hash_ ABSL_GUARDED_BY(mu_);
+  std::string replay_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shoal::worker
