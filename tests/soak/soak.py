@@ -98,6 +98,10 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TWO_SITES = os.path.join(ROOT, "tests", "support", "two_sites.sh")
+PYTHON_WORKER = os.path.join(ROOT, "tests", "soak", "python_worker.py")
+# Where the Python workers run (--python_workers): one per site, so each
+# zone has one; a worker restarted in its namespace is a Python worker again.
+PYTHON_NS = ("a3", "b3")
 MAKE_CERTS = os.path.join(ROOT, "scripts", "make-certs.sh")
 ETCD = "/usr/bin/etcd"
 
@@ -420,10 +424,19 @@ class Soak:
             ip, zone = NAT_IP, "site-a"
         else:
             ip, zone = SITE_IP[ns_short[0]] % int(ns_short[1:]), f"site-{ns_short[0]}"
-        return self.spawn("worker", ns_short, [
-            os.path.join(self.args.bin, "shoal-worker"), f"--coordinator={self.coordinators()}",
-            f"--listen={ip}:{port}", f"--zone={zone}", f"--data_dir={self.args.data_dir}",
-            "--eval_limit=500", f"--name={ns_short}.{n}", self.token] + self.tls)
+        flags = [f"--coordinator={self.coordinators()}", f"--listen={ip}:{port}",
+                 f"--zone={zone}", f"--data_dir={self.args.data_dir}", "--eval_limit=500",
+                 f"--name={ns_short}.{n}", self.token] + self.tls
+        if ns_short in PYTHON_NS[:self.args.python_workers]:
+            # Debian's interpreter (python3-torch) and the build's module.
+            return self.spawn("worker", ns_short, [
+                "env", f"PYTHONPATH={self.args.pythonpath}", "PYTHONUNBUFFERED=1",
+                "/usr/bin/python3", PYTHON_WORKER] + flags)
+        return self.spawn("worker", ns_short,
+                          [os.path.join(self.args.bin, "shoal-worker")] + flags)
+
+    def is_python(self, p):
+        return p.role == "worker" and PYTHON_WORKER in p.argv
 
     def wait_listening(self, p, what, timeout=60):
         deadline = time.time() + timeout
@@ -1417,11 +1430,28 @@ def report(soak, res):
                         f"(errors.txt)")
     if rounds < 2:
         failures.append("fewer than 2 rounds completed")
+    # The Python workers: the rounds they trained, each on the run's hash.
+    python_rounds = 0
+    for p in soak.procs:
+        if not soak.is_python(p):
+            continue
+        for m in re.finditer(r"^round (\d+) hash ([0-9a-f]{64})$", p.log_text(), re.M):
+            python_rounds += 1
+            rnd, h = int(m.group(1)), m.group(2)
+            if rnd in soak.round_hash and not soak.round_hash[rnd].startswith(h[:12]) and \
+                    not h.startswith(soak.round_hash[rnd][:12]):
+                soak.hash_mismatches.append((p.name, f"round {rnd}: {h} != "
+                                                     f"{soak.round_hash[rnd]}"))
+    if a.python_workers and python_rounds == 0:
+        failures.append(f"the {a.python_workers} Python workers completed no round")
+    if soak.hash_mismatches and not any("hash mismatch" in f for f in failures):
+        failures.append(f"{len(soak.hash_mismatches)} hash mismatch(es): {soak.hash_mismatches[:3]}")
     result = "PASS" if not failures else "FAIL"
     line = (f"soak: minutes={minutes:.1f} rounds={rounds} faults={fault_text} "
             f"longest_stall={longest:.0f}s hash_mismatches={len(soak.hash_mismatches)} "
             f"rounds_lost={soak.rounds_lost} rss_growth_max={rss_max:.1f}% "
-            f"checkpoints_verified={soak.checkpoints_verified} result={result}")
+            f"checkpoints_verified={soak.checkpoints_verified} python_rounds={python_rounds} "
+            f"result={result}")
     # etcd's members apart: the heap their Go runtime holds, the figure that
     # grows when a Go process does (its RSS also grows as the kernel pages in
     # heap the runtime already held, untouched, at the end of the warm-up).
@@ -1589,6 +1619,12 @@ def main():
     ap.add_argument("--rejoins_per_minute", type=int, default=20,
                     help="most re-joins of one worker in any minute (a loop fails the run)")
     ap.add_argument("--shutdown_grace", type=float, default=30)
+    ap.add_argument("--python_workers", type=int, default=2, choices=range(len(PYTHON_NS) + 1),
+                    help="Python workers among the first workers (tests/soak/python_worker.py, "
+                         "in namespaces " + " and ".join(PYTHON_NS) + ")")
+    ap.add_argument("--pythonpath", default="",
+                    help="where `import shoal` is found (default: the python directory beside "
+                         "--bin, build/python)")
     args = ap.parse_args()
     if args.replot:
         return replot(args.replot)
@@ -1619,6 +1655,17 @@ def main():
             print(f"soak: {src} missing (make build)", file=sys.stderr)
             return 2
         shutil.copy2(src, os.path.join(snapshot, name))
+    if args.python_workers:
+        # The module too: the Python workers restarted late import this copy.
+        src = args.pythonpath or os.path.join(os.path.dirname(os.path.abspath(args.bin)), "python")
+        if not os.path.isdir(os.path.join(src, "shoal")):
+            print(f"soak: {src}/shoal missing (make build), or --python_workers=0",
+                  file=sys.stderr)
+            return 2
+        args.pythonpath = os.path.join(args.out, "python")
+        shutil.rmtree(args.pythonpath, ignore_errors=True)
+        shutil.copytree(os.path.join(src, "shoal"), os.path.join(args.pythonpath, "shoal"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
     args.bin = snapshot
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
