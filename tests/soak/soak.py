@@ -727,8 +727,11 @@ class Soak:
         hold = r.uniform(*self.args.hold)
         if kind in ("kill_worker", "stop_worker", "blackhole"):
             # Nobody connects to the worker behind NAT: no port to blackhole.
-            p = r.choice([q for q in self.live_workers()
-                          if kind != "blackhole" or not q.ns.endswith("-" + NAT_NS)])
+            targets = [q for q in self.live_workers()
+                       if kind != "blackhole" or not q.ns.endswith("-" + NAT_NS)]
+            # --python_weight: how much likelier a Python worker is the target.
+            p = r.choices(targets, [self.args.python_weight if self.is_python(q) else 1
+                                    for q in targets])[0]
             f["target"] = p.name
             f["proc"] = p
             if kind == "kill_worker":
@@ -1622,6 +1625,9 @@ def main():
     ap.add_argument("--python_workers", type=int, default=2, choices=range(len(PYTHON_NS) + 1),
                     help="Python workers among the first workers (tests/soak/python_worker.py, "
                          "in namespaces " + " and ".join(PYTHON_NS) + ")")
+    ap.add_argument("--python_weight", type=float, default=1,
+                    help="a kill, stop or blackhole of a worker picks a Python worker this many "
+                         "times as often as a shoal-worker (1: any worker alike)")
     ap.add_argument("--pythonpath", default="",
                     help="where `import shoal` is found (default: the python directory beside "
                          "--bin, build/python)")
