@@ -242,7 +242,12 @@ def test_overlapped_fragment_rounds_with_a_kill_and_a_late_joiner(cluster):
     cluster.coordinator("--model=module", "--min_participants=2", f"--rounds={rounds}",
                         "--local_steps=60", "--overlap=on", "--fragments=4",
                         "--heartbeat_lease=3s")
-    a, b, c = (cluster.example("fashion_mnist.py", n) for n in ("a", "b", "c"))
+    # The victim joins first, so that it is in the run from round 1 however
+    # long the others take to start (on a loaded machine two loops ran 50
+    # rounds before a third had imported torch).
+    c = cluster.example("fashion_mnist.py", "c")
+    cluster.coordinator_proc.wait_for(r"member joined: w1 ", 300)
+    a, b = (cluster.example("fashion_mnist.py", n) for n in ("a", "b"))
     c.wait_for(r" shoal round 3: ", 300)
     c.signal(signal.SIGKILL)
     c.wait(30)
