@@ -1259,7 +1259,8 @@ void JoinLimiterTarget(const uint8_t* data, size_t size) {
 // PERMISSION_DENIED and settles nothing; a pass needs the participant's own
 // hash; failed <= performed + second-opinion blames; nothing is pending
 // after a drop; scores never exceed 1; a banned member's joins are refused
-// with PERMISSION_DENIED until the ban ends.
+// with PERMISSION_DENIED until the ban ends, and a join with no replay
+// fingerprint with FAILED_PRECONDITION.
 void AuditReportTarget(const uint8_t* data, size_t size) {
   Input in(data, size);
   shoal::v1::TrustConfig config;
@@ -1399,19 +1400,29 @@ void AuditReportTarget(const uint8_t* data, size_t size) {
       }
       case 9: {
         const std::string k = id(in.U8() % 6);
+        // The run is audited: a join must name a replay fingerprint, and a
+        // ban is checked before the fingerprint.
+        const std::string print = kFingerprints[in.U8() % 3];
         shoal::v1::JoinRequest by_id;
         by_id.set_previous_worker_id(k);
+        by_id.set_replay_fingerprint(print);
         shoal::v1::JoinRequest by_name;
         by_name.set_name("name-" + k);
+        by_name.set_replay_fingerprint(print);
         for (const auto* j : {&by_id, &by_name}) {
           const absl::Status s = trust.CheckJoin(*j, now);
-          FUZZ_CHECK(s.ok() == (banned.count(k) == 0));
-          if (!s.ok()) FUZZ_CHECK(absl::IsPermissionDenied(s));
+          if (banned.count(k) != 0) {
+            FUZZ_CHECK(absl::IsPermissionDenied(s));
+          } else if (print.empty()) {
+            FUZZ_CHECK(absl::IsFailedPrecondition(s));
+          } else {
+            FUZZ_CHECK(s.ok());
+          }
         }
         if (in.U8() & 1) {
           // ban_seconds later every ban (all made at `now`) is over.
           for (const auto* j : {&by_id, &by_name}) {
-            FUZZ_CHECK(trust.CheckJoin(*j, now + absl::Seconds(61)).ok());
+            FUZZ_CHECK(trust.CheckJoin(*j, now + absl::Seconds(61)).ok() == !print.empty());
           }
           banned.clear();
         }
