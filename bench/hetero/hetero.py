@@ -167,7 +167,11 @@ def bound_seconds(total_bytes, rates_bps):
     def owned(t):  # the most each member can own and finish within t
         return sum(max(0.0, (t * b - total_bytes) / (n - 2)) for b in rates_bps)
 
-    lo, hi = total_bytes / max(rates_bps), 2 * total_bytes / min(rates_bps)
+    # Every member moves at least T (its contribution out, the averages
+    # in), whatever it owns: no bound is below T / B_min.
+    lo, hi = total_bytes / min(rates_bps), 2 * total_bytes / min(rates_bps)
+    if owned(lo) >= total_bytes:
+        return lo
     for _ in range(200):
         mid = (lo + hi) / 2
         if owned(mid) >= total_bytes:
@@ -217,7 +221,8 @@ def main():
     args._model = os.path.join(args.out, "hetero_mlp.pt")
     wan.sh("/usr/bin/python3", os.path.join(HERE, "..", "hier", "wide_mlp.py"), args._model,
            f"--hidden={args.hidden}", timeout=300)
-    net = wan.Net(f"shoalhet{os.getpid() % 100000}", args.workers, f"{args.fast_mbit:g}mbit",
+    # Created at the slow rate everywhere; shape() sets each link's own.
+    net = wan.Net(f"shoalhet{os.getpid() % 100000}", args.workers, f"{args.slow_mbit:g}mbit",
                   args.burst, args.latency)
     procs = wan.Procs()
     results = {}
