@@ -95,6 +95,10 @@ GOALS = {
              Goal("bytes_ratio", "<=", 0.34, "issue 12", "link bytes"),
              Goal("int8_ratio", "<=", 0.12, "issue 25", "int8 + Nesterov arm, time"),
              Goal("int8_bytes_ratio", "<=", 0.09, "issue 25", "int8 + Nesterov arm, bytes")],
+    "hetero": [Goal("ratio", "<=", 0.5, "issue 49",
+                    "exchange, bandwidth-proportional / equal slices, one link at 10 Mbit/s"),
+               Goal("bound_ratio", "<=", 1.2, "issue 49",
+                    "exchange, bandwidth-proportional / the bandwidth-weighted bound")],
     "python": [Goal("ratio", "<=", 1.10, "issue 26", "Python / C++ worker round time"),
                Goal("lm_loss_ratio", "<=", 1.02, "issue 26", "char LM, 3 workers / 1 process")],
     "scale": [Goal("extra_memory", "<=", 1.25, "issue 47", "(Shoal - loop alone) / model, 100 M"),
@@ -134,7 +138,7 @@ DERIVED = {
 
 # The table's order: bench/run.sh's, then what runs elsewhere.
 ORDER = ("stream", "exchange", "latejoin", "coordinator", "web", "micro", "demo", "tls",
-         "straggler", "failover", "compress", "quality", "wan", "hier", "python", "scale",
+         "straggler", "failover", "compress", "quality", "wan", "hier", "hetero", "python", "scale",
          "sigterm", "audit", "etcd", "store", "junk_joins", "soak")
 
 PAIR = re.compile(r'([A-Za-z0-9_.:/+\-]+)=("[^"]*"|\S+)')

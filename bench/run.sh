@@ -2,7 +2,7 @@
 # Runs Shoal's benchmarks (issue #6). Each prints a small table (figures,
 # baseline, repetitions, cores, load) and ends with one line
 # `NAME: <figures> ratio=<value>`.
-#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | python | scale | sigterm | audit | etcd | store | junk_joins | all
+#   bench/run.sh NAME     NAME: stream | exchange | latejoin | coordinator | web | micro | demo | tls | straggler | failover | compress | quality | wan | hier | hetero | python | scale | sigterm | audit | etcd | store | junk_joins | all
 # Environment:
 #   BUILD=build           build directory (bench binaries in $BUILD/bin; `make build` first)
 #   BENCH_OUT=DIR         where outputs and logs go (default: a new /tmp/shoal-bench-XXXXXX)
@@ -31,7 +31,7 @@ COMMIT=$(/usr/bin/python3 bench/results.py commit)
 START_DATE="" START_LOAD=""
 
 usage() {
-  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|python|scale|sigterm|audit|etcd|store|junk_joins|all" >&2
+  echo "usage: bench/run.sh stream|exchange|latejoin|coordinator|web|micro|demo|tls|straggler|failover|compress|quality|wan|hier|hetero|python|scale|sigterm|audit|etcd|store|junk_joins|all" >&2
   exit 2
 }
 [[ -n "$NAME" ]] || usage
@@ -302,6 +302,20 @@ run_hier() {
     ${HIER_ARGS:-} 2>>"$OUT/hier.log" | tee "$OUT/hier.txt"
 }
 
+# Issue 49: 4 workers in network namespaces (bench/wan's), one behind a
+# 10 Mbit/s link, three at 100 Mbit/s (tc tbf both ways), a 21 MB model:
+# the exchange time with --slice_sizing=bandwidth / =equal, and / the
+# bandwidth-weighted bound (bench/hetero/hetero.py). Needs root, ip and tc.
+# HETERO_ARGS: extra hetero.py flags.
+run_hetero() {
+  header hetero
+  local rounds=8
+  [[ "$QUICK" == 1 ]] && rounds=5
+  mkdir -p "$OUT/hetero"
+  /usr/bin/python3 bench/hetero/hetero.py --bin="$BIN" --out="$OUT/hetero" --rounds=$rounds \
+    ${HETERO_ARGS:-} 2>>"$OUT/hetero.log" | tee "$OUT/hetero.txt"
+}
+
 run_wan() {
   header wan
   local cap=600
@@ -422,7 +436,7 @@ case "$NAME" in
     ninja -C "$BUILD" shoal-coordinator shoal-checkpoint shoalctl _shoal shoal-bench-stream \
       >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
     ;;
-  failover | wan | hier)
+  failover | wan | hier | hetero)
     if [[ ! -x "$BIN/shoal-coordinator" ]]; then
       echo "bench: no $BIN/shoal-coordinator; run 'make build' first" >&2
       exit 2

@@ -307,6 +307,14 @@ const Rule kRules[] = {
      [](const Checked& k) {
        return ParseError("exchange.overlap_start (--overlap_start)", k.overlap_start);
      }},
+    {Kind::kKey, "an `exchange.slice_sizing` other than equal, bandwidth", "",
+     [](const Checked& k) {
+       const std::string& v = k.c.exchange().slice_sizing();
+       return If(!v.empty() && v != "equal" && v != "bandwidth",
+                 absl::StrCat("exchange.slice_sizing (--slice_sizing) must be equal or "
+                              "bandwidth, is '",
+                              v, "'"));
+     }},
     // ---- timeouts
     {Kind::kKey, "a zero `timeouts.heartbeat_interval_ms`", "",
      [](const Checked& k) {
@@ -440,6 +448,13 @@ const Rule kRules[] = {
        return If(k.gossip && k.aggregation->kind != AggregationSpec::Kind::kMean,
                  "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice "
                  "owners; gossip (--mode=gossip) has none: use mean");
+     }},
+    {Kind::kCombination, "gossip with bandwidth-proportional slices",
+     "gossip has no slice owners",
+     [](const Checked& k) {
+       return If(k.gossip && k.c.exchange().slice_sizing() == "bandwidth",
+                 "exchange.slice_sizing (--slice_sizing) bandwidth sizes the synchronous "
+                 "exchange's slices; gossip (--mode=gossip) has none: use equal");
      }},
 };
 

@@ -42,6 +42,30 @@ std::vector<SliceRange> PlanSlicesAmong(SliceRange range, const std::vector<bool
   return slices;
 }
 
+std::vector<SliceRange> PlanSlicesWeighted(SliceRange range, const std::vector<bool>& outbound_only,
+                                           const std::vector<uint32_t>& shares) {
+  unsigned __int128 total_share = 0;
+  if (shares.size() == outbound_only.size()) {
+    for (size_t k = 0; k < shares.size(); ++k) total_share += outbound_only[k] ? 0 : shares[k];
+  }
+  // No shares (or none positive): the even formula, bit for bit.
+  if (total_share == 0) return PlanSlicesAmong(range, outbound_only);
+  const auto length = static_cast<unsigned __int128>(range.end - range.begin);
+  auto cut = [&](unsigned __int128 prefix) {
+    return range.begin + static_cast<uint64_t>(length * prefix / total_share);
+  };
+  std::vector<SliceRange> slices(outbound_only.size());
+  unsigned __int128 prefix = 0;
+  // Outbound-only participants sit, empty, where the next owner begins:
+  // the cut at the prefix so far.
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const uint64_t begin = cut(prefix);
+    if (!outbound_only[k]) prefix += shares[k];
+    slices[k] = {begin, cut(prefix)};
+  }
+  return slices;
+}
+
 SliceRange FragmentOf(uint64_t total_elements, uint32_t fragments, uint64_t round) {
   if (fragments <= 1) return {0, total_elements};
   const uint64_t k = round % fragments;

@@ -34,6 +34,18 @@ std::vector<SliceRange> PlanSlicesAmong(uint64_t total_elements,
 // owner follows them.
 std::vector<SliceRange> PlanSlicesAmong(SliceRange range, const std::vector<bool>& outbound_only);
 
+// Bandwidth-proportional slices (RunConfig.exchange.slice_sizing): the
+// owners' slices in proportion to their shares. With P_k the sum of the
+// shares of the owners before owner k and P the sum of all owners' shares,
+// owner k's slice is [floor(L*P_k/P), floor(L*P_{k+1}/P)) inside `range`
+// (L its length). Outbound-only participants own nothing, as above, and
+// their shares are ignored. Equal shares give exactly PlanSlicesAmong's
+// slices; so do all-zero shares (the plans of runs without the option),
+// and an empty `shares`. Otherwise `shares` has one entry per participant;
+// an owner of share 0 among owners of positive shares owns nothing.
+std::vector<SliceRange> PlanSlicesWeighted(SliceRange range, const std::vector<bool>& outbound_only,
+                                           const std::vector<uint32_t>& shares);
+
 // Streaming fragments (RunConfig.exchange.fragments): the fragment that
 // round `round` exchanges, fragment round mod K of PlanSlices(T, K). The
 // coordinator plans inside it and a worker trains its contribution for it,

@@ -1,9 +1,12 @@
 #include "services/coordinator/coordinator_server.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <unordered_set>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -78,6 +81,26 @@ class StatusMetrics {
     for (const auto& w : s.workers()) {
       if (w.state() == "evicted" && evicted_.insert(w.id()).second) evictions_.Add();
     }
+    // Bandwidth-proportional slices (issue 49): each member's measured
+    // exchange rate and slice share, by worker id (0 once it left).
+    for (const auto& w : s.workers()) {
+      auto [it, fresh] = slices_.try_emplace(w.id());
+      if (fresh) {
+        it->second.first = Metrics::Gauge(
+            "shoal_worker_exchange_rate_bytes_per_second",
+            "A member's measured exchange rate, smoothed: what its peers read from it per "
+            "second (0 = not measured).",
+            {{"worker", w.id()}});
+        it->second.second = Metrics::Gauge(
+            "shoal_worker_slice_share",
+            "The fraction of the model a member's slice held in the latest plan.",
+            {{"worker", w.id()}});
+      }
+      const bool active = w.state() != "left" && w.state() != "lost" &&
+                          w.state() != "finished" && w.state() != "evicted";
+      it->second.first.Set(active ? w.exchange_rate_bytes_per_second() : 0);
+      it->second.second.Set(active ? w.slice_share() : 0);
+    }
     bans_.Set(s.bans_size());
     const uint64_t audits[3] = {s.audits_performed(), s.audits_failed(), s.audits_dropped()};
     for (size_t i = 0; i < 3; ++i) {
@@ -106,6 +129,8 @@ class StatusMetrics {
   uint64_t audits_seen_[3] = {0, 0, 0};
   std::vector<MetricGauge> phases_;
   std::vector<int> phase_values_;
+  // Per worker id: its exchange rate and slice share gauges.
+  absl::flat_hash_map<std::string, std::pair<MetricGauge, MetricGauge>> slices_;
   uint64_t version_ = 0;
   // Worker ids are never reused within a run, so a set of the evicted ones
   // counts each eviction once (evictions are rare; the set stays small).

@@ -94,6 +94,10 @@ absl::Status Exchanger::Average(const shoal::v1::RoundPlan& plan, const std::str
   stats->retries = counters.retries.load();
   stats->reduce_bytes = counters.reduce_bytes.load();
   stats->reduce_seconds = counters.reduce_seconds;
+  {
+    absl::MutexLock lock(&counters.reads_mu);
+    stats->peer_reads = std::move(counters.peer_reads);
+  }
   return result;
 }
 

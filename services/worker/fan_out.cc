@@ -141,11 +141,21 @@ absl::Status RunAverageStep(const GroupStep& step, const float* in, float* out,
     for (int k = 0; k < n; ++k) {
       if (k == self) continue;
       ReadDone done = reduces.Add(k);
+      // The flat round's reads are timed: what the coordinator sizes
+      // bandwidth-proportional slices by (ReportRoundDoneRequest.peer_reads).
+      const bool timed = step.stage == 0;
       std::shared_ptr<ResumeHandle> handle = transport->StartReadContribution(
           step, k, call, &stop,
           [&window, k](const ChunkView& c, ReduceNext* next) { return window.Accept(k, c, next); },
-          [&stop, done = std::move(done)](absl::Status s) {
+          [&stop, done = std::move(done), timed, counters = call.counters, clock = call.clock,
+           reduce_start, source = step.members[k].id,
+           bytes = count * sizeof(float)](absl::Status s) {
             if (!s.ok()) stop.Cancel();
+            if (s.ok() && timed) {
+              const double seconds = absl::ToDoubleSeconds(clock->Now() - reduce_start);
+              absl::MutexLock lock(&counters->reads_mu);
+              counters->peer_reads.push_back({source, bytes, seconds});
+            }
             done(std::move(s));
           });
       window.SetHandle(k, std::move(handle));

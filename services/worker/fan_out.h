@@ -39,6 +39,7 @@
 #include "common/clock.h"
 #include "common/run_options.h"
 #include "common/tensor_wire.h"
+#include "services/worker/core/averager.h"
 #include "services/worker/core/averaging_steps.h"
 #include "services/worker/core/reduce_window.h"
 #include "services/worker/uplink_pacer.h"
@@ -58,6 +59,9 @@ struct StepCounters {
   // Wall time of the reduce's reads (the steps run one after the other on
   // the caller's thread, which alone writes it).
   double reduce_seconds = 0;
+  // The flat step's reads of contributions, as they end (any thread).
+  absl::Mutex reads_mu;
+  std::vector<PeerReadTiming> peer_reads ABSL_GUARDED_BY(reads_mu);
 };
 
 // One Average call as the steps see it.

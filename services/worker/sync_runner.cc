@@ -361,6 +361,16 @@ std::optional<absl::Status> SyncRunner::ReportDone(Action& a, Actions* next) {
   zone_measurements_.AddTransfer(last_stats_.reduce_bytes, last_stats_.reduce_seconds);
   done.set_step_seconds(zone_measurements_.step_seconds());
   done.set_bandwidth_bytes_per_second(zone_measurements_.bandwidth_bytes_per_second());
+  // What the coordinator sizes bandwidth-proportional slices by (only
+  // read when the run does).
+  if (protocol_.config().exchange().slice_sizing() == "bandwidth") {
+    for (const PeerReadTiming& r : last_stats_.peer_reads) {
+      shoal::v1::PeerRead* read = done.add_peer_reads();
+      read->set_worker_id(r.worker_id);
+      read->set_bytes(r.bytes);
+      read->set_seconds(r.seconds);
+    }
+  }
   SHOAL_LOG(INFO) << absl::StrFormat(
       "round %d: train_loss=%.4f%s train=%.2fs exchange=%.3fs (%d KiB in, %d retries) "
       "wire_in=%d wire_out=%d ratio=%.4f codec=%s%s%s hash=%s",

@@ -124,5 +124,35 @@ TEST(PlanListTest, FullPlanWithoutVersionKeepsTheOldList) {
   EXPECT_EQ(list.Addresses().front(), "127.0.0.1:9001");
 }
 
+// Bandwidth-proportional slices: the shares travel with the list and a
+// compact plan is cut by them, exactly as the coordinator cut the full one.
+TEST(PlanListTest, ACompactPlanIsCutByTheKeptShares) {
+  PlanList list;
+  v1::RoundPlan full = FullPlan(8);
+  full.set_total_elements(1000);
+  const uint32_t shares[] = {1, 8, 1};
+  const uint64_t bounds[] = {0, 100, 900, 1000};
+  for (int k = 0; k < 3; ++k) {
+    full.mutable_slices(k)->set_share(shares[k]);
+    full.mutable_slices(k)->set_begin(bounds[k]);
+    full.mutable_slices(k)->set_end(bounds[k + 1]);
+  }
+  ASSERT_TRUE(list.Expand(&full).ok());
+  v1::RoundPlan plan = CompactPlan(8, 1000);
+  ASSERT_TRUE(list.Expand(&plan).ok());
+  ASSERT_EQ(plan.slices_size(), 3);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(plan.slices(k).SerializeAsString(), full.slices(k).SerializeAsString()) << k;
+  }
+  // A new list without shares: even slices again.
+  v1::RoundPlan even = FullPlan(9);
+  ASSERT_TRUE(list.Expand(&even).ok());
+  v1::RoundPlan next = CompactPlan(9, 10);
+  ASSERT_TRUE(list.Expand(&next).ok());
+  EXPECT_EQ(next.slices(1).begin(), 3u);
+  EXPECT_EQ(next.slices(1).end(), 6u);
+  EXPECT_EQ(next.slices(1).share(), 0u);
+}
+
 }  // namespace
 }  // namespace shoal::worker

@@ -43,6 +43,7 @@ class RoundEngineTest : public ::testing::Test {
     options.config.mutable_sync()->set_rounds(rounds);
     options.config.mutable_training()->set_seed(7);
     options.config.mutable_exchange()->set_fragments(fragments_);
+    options.config.mutable_exchange()->set_slice_sizing(slice_sizing_);
     options.run_id = "run-test";
     options.heartbeat_lease = absl::Seconds(10);
     options.session_grace = absl::Seconds(10);
@@ -53,6 +54,8 @@ class RoundEngineTest : public ::testing::Test {
 
   // RunConfig.exchange.fragments of the next Start.
   uint32_t fragments_ = 0;
+  // RunConfig.exchange.slice_sizing of the next Start.
+  std::string slice_sizing_;
   // EngineOptions::max_pending_joins of the next Start.
   size_t max_pending_joins_ = 256;
 
@@ -429,6 +432,83 @@ TEST_F(RoundEngineTest, AFragmentRunPlansEachRoundInsideItsFragment) {
   EXPECT_EQ(p2.fragment_begin(), 500u);
   EXPECT_EQ(p2.fragment_end(), 750u);
   EXPECT_EQ(p2.slices_size(), 0);  // the same list: the worker cuts it
+}
+
+// Bandwidth-proportional slices (issue 49): the round's first plan is
+// even (nothing measured); the reads the done reports carry size the next
+// round's slices, never the current round's, and a re-plan within a round
+// cuts by the shares of the round's start.
+TEST_F(RoundEngineTest, BandwidthSlicesChangeOnlyBetweenRounds) {
+  slice_sizing_ = "bandwidth";
+  Start(3);
+  const std::vector<std::string> ids = StartRoundOne(3);
+  // Every reader reads 400 bytes from each other member at these rates.
+  auto done_with_reads = [&](uint64_t round, const std::vector<double>& rate) {
+    for (const std::string& reader : ids) {
+      v1::ReportRoundDoneRequest request;
+      request.set_worker_id(reader);
+      request.set_round(round);
+      request.set_model_hash(Hash(static_cast<char>('a' + round)));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        if (ids[k] == reader) continue;
+        v1::PeerRead* r = request.add_peer_reads();
+        r->set_worker_id(ids[k]);
+        r->set_bytes(400);
+        r->set_seconds(400 / rate[k]);
+      }
+      Directives out;
+      ASSERT_TRUE(engine_->ReportRoundDone(request, &out).ok());
+    }
+  };
+  auto owned = [](const v1::RoundPlan& plan, int k) {
+    return plan.slices(k).end() - plan.slices(k).begin();
+  };
+  const Directives round1 = AllReady(ids, 1);
+  const v1::RoundPlan p1 = MessageFor(round1, ids[0], kPlan).round_plan();
+  ASSERT_EQ(p1.slices_size(), 3);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(p1.slices(k).share(), 0u) << "nothing measured yet";
+  EXPECT_EQ(owned(p1, 2), kTotal - 2 * (kTotal / 3));
+  // Round 1's reads: the third member serves at a tenth of the others'.
+  done_with_reads(1, {10000, 10000, 1000});
+  EXPECT_EQ(engine_->last_completed_round(), 1u);
+  RunStatus status = engine_->Status();
+  EXPECT_DOUBLE_EQ(FindWorker(status, ids[2])->exchange_rate_bytes_per_second(), 2000);
+  EXPECT_DOUBLE_EQ(FindWorker(status, ids[0])->exchange_rate_bytes_per_second(), 20000);
+
+  // Round 2's plan: shares in proportion, a new list (full plan).
+  const v1::RoundPlan p2 = MessageFor(AllReady(ids, 2), ids[0], kPlan).round_plan();
+  ASSERT_EQ(p2.slices_size(), 3);
+  EXPECT_GT(p2.participants_version(), p1.participants_version());
+  EXPECT_EQ(p2.slices(0).share(), p2.slices(1).share());
+  EXPECT_NEAR(static_cast<double>(owned(p2, 2)), kTotal * 2.0 / 42, 1.5);
+  EXPECT_EQ(p2.slices(2).end(), kTotal);
+  status = engine_->Status();
+  const double share2 = FindWorker(status, ids[2])->slice_share();
+  EXPECT_NEAR(share2, owned(p2, 2) / static_cast<double>(kTotal), 1e-9);
+  // Its link recovers: the reports of round 2 change round 3's plan, not
+  // round 2's (the status still shows round 2's slices until then).
+  for (size_t i = 0; i + 1 < ids.size(); ++i) {
+    v1::ReportRoundDoneRequest request;
+    request.set_worker_id(ids[i]);
+    request.set_round(2);
+    request.set_model_hash(Hash('c'));
+    v1::PeerRead* r = request.add_peer_reads();
+    r->set_worker_id(ids[2]);
+    r->set_bytes(400);
+    r->set_seconds(0.04);
+    Directives out;
+    ASSERT_TRUE(engine_->ReportRoundDone(request, &out).ok());
+    EXPECT_THAT(To(out, kPlan), IsEmpty());
+  }
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[2])->slice_share(), share2);
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[2])->exchange_rate_bytes_per_second(), 2000);
+  DoneOk(ids[2], 2, Hash('c'));
+  EXPECT_EQ(engine_->last_completed_round(), 2u);
+  // 0.5 * (2 readers * 10000 B/s) + 0.5 * 2000.
+  EXPECT_DOUBLE_EQ(FindWorker(engine_->Status(), ids[2])->exchange_rate_bytes_per_second(), 11000);
+  const v1::RoundPlan p3 = MessageFor(AllReady(ids, 3), ids[0], kPlan).round_plan();
+  ASSERT_EQ(p3.slices_size(), 3);
+  EXPECT_GT(owned(p3, 2), owned(p2, 2));
 }
 
 // ---------------------------------------------------------------- Ready barrier

@@ -222,6 +222,13 @@ TEST(ValidateRunConfigTest, EachRefusalNamesTheKeyAndTheFlag) {
        "exchange.aggregation (--aggregation) shapes the synchronous exchange's slice owners; "
        "gossip (--mode=gossip) has none: use mean",
        true},
+      {"slice sizing", [](RunConfig* c) { c->mutable_exchange()->set_slice_sizing("fast"); },
+       "exchange.slice_sizing (--slice_sizing) must be equal or bandwidth, is 'fast'"},
+      {"gossip slice sizing",
+       [](RunConfig* c) { c->mutable_exchange()->set_slice_sizing("bandwidth"); },
+       "exchange.slice_sizing (--slice_sizing) bandwidth sizes the synchronous exchange's "
+       "slices; gossip (--mode=gossip) has none: use equal",
+       true},
       {"gossip overlap", [](RunConfig* c) { c->mutable_exchange()->set_overlap(true); },
        "exchange.overlap (--overlap=on) overlaps a round's training with the last round's "
        "averaging; gossip (--mode=gossip) has no rounds",
@@ -415,7 +422,7 @@ TEST(RunConfigFileTest, UnknownKeysAreRefusedWithTheirPath) {
   ExpectRefused("exchange:\n  codecc: int8\n", "run.yaml:2: unknown key 'exchange.codecc'");
   ExpectRefused("exchange:\n  codecc: int8\n",
                 "(keys here: codec, outer_optimizer, aggregation, overlap, fragments, "
-                "overlap_start, overlap_stale_steps)");
+                "overlap_start, overlap_stale_steps, slice_sizing)");
   ExpectRefused("trainin: {seed: 1}\n", "run.yaml:1: unknown key 'trainin'");
   ExpectRefused("exchange: {outer_optimizer: {kind: sgd, learning_rate: 1}}\n",
                 "unknown key 'exchange.outer_optimizer.learning_rate'");

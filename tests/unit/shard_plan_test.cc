@@ -154,5 +154,85 @@ TEST(ShardPlannerTest, SlicesAmongTheParticipantsInsideAFragment) {
   EXPECT_EQ(s[2].end, 110u);
 }
 
+// ---- Bandwidth-proportional slices (PlanSlicesWeighted).
+
+TEST(ShardPlannerTest, EqualOrNoSharesGiveTheEvenFormulaExactly) {
+  for (uint64_t total : {0ull, 1ull, 7ull, 1001ull, 101770ull}) {
+    for (size_t n : {1u, 2u, 3u, 4u, 7u, 16u}) {
+      for (const std::vector<bool>& outbound :
+           {std::vector<bool>(n, false), [&] {
+              std::vector<bool> o(n, false);
+              o[0] = true;
+              return o;
+            }()}) {
+        const SliceRange range{5, 5 + total};
+        const std::vector<SliceRange> even = PlanSlicesAmong(range, outbound);
+        for (const std::vector<uint32_t>& shares :
+             {std::vector<uint32_t>(), std::vector<uint32_t>(n, 0u),
+              std::vector<uint32_t>(n, 1u), std::vector<uint32_t>(n, 12345u)}) {
+          const std::vector<SliceRange> w = PlanSlicesWeighted(range, outbound, shares);
+          ASSERT_EQ(w.size(), even.size());
+          for (size_t k = 0; k < n; ++k) {
+            EXPECT_EQ(w[k].begin, even[k].begin) << "T=" << total << " N=" << n << " k=" << k;
+            EXPECT_EQ(w[k].end, even[k].end) << "T=" << total << " N=" << n << " k=" << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardPlannerTest, WeightedSlicesFollowThePrefixSums) {
+  // Shares 1, 3, 6 of 10 over [100, 1100): 100, 300, 600 elements.
+  const std::vector<SliceRange> s =
+      PlanSlicesWeighted({100, 1100}, {false, false, false}, {1, 3, 6});
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].begin, 100u);
+  EXPECT_EQ(s[0].end, 200u);
+  EXPECT_EQ(s[1].begin, 200u);
+  EXPECT_EQ(s[1].end, 500u);
+  EXPECT_EQ(s[2].begin, 500u);
+  EXPECT_EQ(s[2].end, 1100u);
+  // The documented formula with floors: T = 10, shares 1, 2, 4.
+  const std::vector<SliceRange> f = PlanSlicesWeighted({0, 10}, {false, false, false}, {1, 2, 4});
+  EXPECT_EQ(f[0].end, 10u * 1 / 7);
+  EXPECT_EQ(f[1].end, 10u * 3 / 7);
+  EXPECT_EQ(f[2].end, 10u);
+}
+
+TEST(ShardPlannerTest, WeightedSlicesCoverTheRangeAndSkipOutboundOnly) {
+  const std::vector<uint32_t> shares = {50, 7, 999, 1, 400};
+  const std::vector<bool> outbound = {false, true, false, false, true};
+  for (uint64_t total : {0ull, 3ull, 1000ull, 123457ull}) {
+    const std::vector<SliceRange> s = PlanSlicesWeighted({0, total}, outbound, shares);
+    uint64_t next = 0;
+    for (size_t k = 0; k < s.size(); ++k) {
+      EXPECT_EQ(s[k].begin, next);
+      ASSERT_LE(s[k].begin, s[k].end);
+      if (outbound[k]) {
+        EXPECT_EQ(s[k].begin, s[k].end);
+      }
+      next = s[k].end;
+    }
+    EXPECT_EQ(next, total);
+  }
+  // The owners' slices are those of the owners' shares alone.
+  const std::vector<SliceRange> s = PlanSlicesWeighted({0, 1050}, outbound, shares);
+  const std::vector<SliceRange> owners =
+      PlanSlicesWeighted({0, 1050}, {false, false, false}, {50, 999, 1});
+  EXPECT_EQ(s[0].end - s[0].begin, owners[0].end - owners[0].begin);
+  EXPECT_EQ(s[2].end - s[2].begin, owners[1].end - owners[1].begin);
+  EXPECT_EQ(s[3].end - s[3].begin, owners[2].end - owners[2].begin);
+  EXPECT_EQ(s[4].begin, 1050u);  // no owner after it: at the range's end
+}
+
+TEST(ShardPlannerTest, HugeModelsDoNotOverflow) {
+  const uint64_t total = std::numeric_limits<uint64_t>::max() / 2;
+  const uint32_t big = std::numeric_limits<uint32_t>::max();
+  const std::vector<SliceRange> s = PlanSlicesWeighted({0, total}, {false, false}, {big, big});
+  EXPECT_EQ(s[0].end, total / 2);
+  EXPECT_EQ(s[1].end, total);
+}
+
 }  // namespace
 }  // namespace shoal

@@ -206,6 +206,23 @@ TEST(FormatStatusTableTest, FoldsDepartedWorkersUnlessWide) {
   EXPECT_THAT(wide, Not(HasSubstr("departed (")));
 }
 
+// Bandwidth-proportional slices (issue 49): each member's measured rate and
+// slice share, in a run that sizes by bandwidth, or with -o wide once a
+// rate is measured.
+TEST(FormatStatusTableTest, ShowsRatesAndSliceSharesOfBandwidthSizedRuns) {
+  RunStatus s = FinishedRun();
+  EXPECT_THAT(FormatStatusTable(s, /*wide=*/true), Not(HasSubstr("SLICE_SHARE")));
+  s.mutable_workers(1)->set_exchange_rate_bytes_per_second(1.25e6);
+  s.mutable_workers(1)->set_slice_share(0.03125);
+  EXPECT_THAT(FormatStatusTable(s), Not(HasSubstr("SLICE_SHARE")));
+  EXPECT_THAT(FormatStatusTable(s, /*wide=*/true), HasSubstr("slices (--slice_sizing=equal"));
+  s.mutable_config()->mutable_exchange()->set_slice_sizing("bandwidth");
+  const std::string table = FormatStatusTable(s);
+  EXPECT_THAT(table, HasSubstr("slices (--slice_sizing=bandwidth"));
+  EXPECT_THAT(table, HasSubstr("1.25 MB/s"));
+  EXPECT_THAT(table, HasSubstr("3.1%"));
+}
+
 // Members first, then the departed, each by the number in its id; a
 // worker's --name beside its id.
 TEST(FormatStatusTableTest, ListsMembersThenTheDepartedByIdWithTheirNames) {

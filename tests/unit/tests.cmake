@@ -88,6 +88,8 @@ shoal_test(join_limiter_test unit ${CMAKE_CURRENT_LIST_DIR}/join_limiter_test.cc
 shoal_test(admission_test unit ${CMAKE_CURRENT_LIST_DIR}/admission_test.cc LIBS coordinator_service)
 shoal_test(zone_election_test unit ${CMAKE_CURRENT_LIST_DIR}/zone_election_test.cc
   LIBS coordinator_core)
+shoal_test(slice_sizing_test unit ${CMAKE_CURRENT_LIST_DIR}/slice_sizing_test.cc
+  LIBS coordinator_core)
 shoal_test(relay_assignment_test unit ${CMAKE_CURRENT_LIST_DIR}/relay_assignment_test.cc
   LIBS coordinator_core)
 shoal_test(final_average_test unit ${CMAKE_CURRENT_LIST_DIR}/final_average_test.cc

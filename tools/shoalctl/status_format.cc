@@ -330,6 +330,31 @@ std::string FormatTimeShares(const shoal::v1::RunStatus& s, bool wide) {
   return out;
 }
 
+// Bandwidth-proportional slices (issue 49): each member's measured
+// exchange rate and the share of the model its slice held in the latest
+// plan. Shown when the run sizes slices by bandwidth, and with -o wide
+// once a rate is measured.
+std::string FormatSlices(const shoal::v1::RunStatus& s, bool wide) {
+  const std::string& sizing = s.config().exchange().slice_sizing();
+  bool measured = false;
+  for (const auto& w : s.workers()) measured |= w.exchange_rate_bytes_per_second() > 0;
+  if (sizing != "bandwidth" && !(wide && measured)) return "";
+  std::string out = absl::StrCat("slices (--slice_sizing=", sizing.empty() ? "equal" : sizing,
+                                 "; rate: what its peers read from it, smoothed):\n");
+  absl::StrAppend(&out,
+                  absl::StrFormat("%-*s %-12s %s\n", WhoWidth(s), "ID", "RATE", "SLICE_SHARE"));
+  for (const shoal::v1::WorkerStatus* row : SortedWorkers(s)) {
+    const shoal::v1::WorkerStatus& w = *row;
+    if (DepartedState(w.state()) && w.state() != "finished") continue;
+    const double rate = w.exchange_rate_bytes_per_second();
+    absl::StrAppend(
+        &out, absl::StrFormat("%-*s %-12s %.1f%%\n", WhoWidth(s), Who(w),
+                              rate > 0 ? absl::StrFormat("%.2f MB/s", rate / 1e6) : "-",
+                              100 * w.slice_share()));
+  }
+  return out;
+}
+
 // Audits, scores and bans (issue 28, docs/SECURITY.md): the run's audit
 // counts, then every member whose score moved, with why.
 std::string FormatTrust(const shoal::v1::RunStatus& s, bool wide) {
@@ -414,7 +439,8 @@ std::string FormatLateWork(const shoal::v1::RunStatus& s) {
 std::string FormatStatusTable(const shoal::v1::RunStatus& s, bool wide) {
   if (IsGossip(s)) return FormatGossipTable(s);
   return absl::StrCat(FormatRunLines(s), FormatWorkersTable(s, wide), FormatWireTable(s),
-                      FormatTimeShares(s, wide), FormatTrust(s, wide), FormatNat(s),
+                      FormatTimeShares(s, wide), FormatSlices(s, wide), FormatTrust(s, wide),
+                      FormatNat(s),
                       FormatLateWork(s), FormatZoneTree(s));
 }
 

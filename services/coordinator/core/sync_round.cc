@@ -311,6 +311,8 @@ bool SyncRound::Forget(const std::string& worker_id) {
   // Out of the round first: its flags leave the counters with it.
   const bool was_participant = RemoveParticipant(worker_id);
   trust_.Forget(worker_id);
+  sizer_.Forget(worker_id);
+  plan_.owned_fraction.erase(worker_id);
   Dequeue(worker_id);
   seats_.erase(worker_id);
   return was_participant;
@@ -510,9 +512,29 @@ void SyncRound::MaybeStartRound(Ctx& c) {
     }
     c.Send(id, holds ? start : start_with_holders);
   }
+  DecideShares(c);
   UpdateReadyDeadline(c);
   SHOAL_LOG(INFO) << "round " << round_ << " started with " << roster_.participants.size()
                   << " participants: " << absl::StrJoin(roster_.participants, ",");
+}
+
+void SyncRound::DecideShares(Ctx& c) {
+  // Measurements that come in during the round change the next round's
+  // plan, never this one's: every attempt cuts by these shares.
+  plan_.round_shares.clear();
+  round_reads_.clear();
+  round_reads_per_source_.clear();
+  if (options_.config.exchange().slice_sizing() != "bandwidth") return;
+  const std::vector<std::string>& participants = roster_.participants;
+  std::vector<bool> outbound(participants.size());
+  for (size_t k = 0; k < participants.size(); ++k) {
+    const Member* m = c.world.Find(participants[k]);
+    outbound[k] = m != nullptr && m->outbound_only;
+  }
+  const std::vector<uint32_t> shares = sizer_.Decide(participants, outbound);
+  for (size_t k = 0; k < participants.size(); ++k) {
+    plan_.round_shares[participants[k]] = shares[k];
+  }
 }
 
 // --------------------------------------------------------- Ready and plan
@@ -753,11 +775,21 @@ void SyncRound::SendPlan(Ctx& c) {
   // Streaming fragments: the round averages its fragment only.
   const SliceRange fragment =
       FragmentOf(total_elements_, options_.config.exchange().fragments(), round_);
-  const std::vector<SliceRange> slices = PlanSlicesAmong(fragment, outbound);
+  // The shares decided at the round's start (all zero: even slices).
+  std::vector<uint32_t> shares(participants.size(), 0);
+  for (size_t k = 0; k < participants.size(); ++k) {
+    auto it = plan_.round_shares.find(participants[k]);
+    if (it != plan_.round_shares.end()) shares[k] = it->second;
+  }
+  const std::vector<SliceRange> slices = PlanSlicesWeighted(fragment, outbound, shares);
+  // This attempt's reads are the ones that count.
+  round_reads_.clear();
+  round_reads_per_source_.clear();
   auto address = [&](size_t k) { return members[k] == nullptr ? "" : members[k]->address; };
-  // A new version whenever the list (ids, addresses, outbound-only, order)
-  // changed.
-  bool same_list = plan_.list.size() == participants.size() && plan_.list_outbound == outbound;
+  // A new version whenever the list (ids, addresses, outbound-only, shares,
+  // order) changed.
+  bool same_list = plan_.list.size() == participants.size() && plan_.list_outbound == outbound &&
+                   plan_.list_shares == shares;
   for (size_t k = 0; same_list && k < participants.size(); ++k) {
     same_list = plan_.list[k].first == participants[k] && plan_.list[k].second == address(k);
   }
@@ -769,6 +801,7 @@ void SyncRound::SendPlan(Ctx& c) {
       plan_.list.emplace_back(participants[k], address(k));
     }
     plan_.list_outbound = outbound;
+    plan_.list_shares = shares;
   }
   CoordinatorMessage msg;
   shoal::v1::RoundPlan* plan = msg.mutable_round_plan();
@@ -781,6 +814,14 @@ void SyncRound::SendPlan(Ctx& c) {
     plan->set_fragment_end(fragment.end);
   }
   const size_t stages = AddHierarchy(c, outbound, plan);
+  // What the status shows of the slices (a hierarchical round's groups
+  // cut their own, even ones: nothing to show).
+  plan_.owned_fraction.clear();
+  for (size_t k = 0; stages == 0 && total_elements_ > 0 && k < participants.size(); ++k) {
+    plan_.owned_fraction[participants[k]] =
+        static_cast<double>(slices[k].end - slices[k].begin) /
+        static_cast<double>(fragment.end - fragment.begin);
+  }
   CoordinatorMessage compact = msg;  // the same plan without the list
   plan->mutable_slices()->Reserve(static_cast<int>(participants.size()));
   for (size_t k = 0; k < participants.size(); ++k) {
@@ -802,6 +843,7 @@ void SyncRound::SendPlan(Ctx& c) {
     slice->set_begin(slices[k].begin);
     slice->set_end(slices[k].end);
     slice->set_outbound_only(outbound[k]);
+    slice->set_share(shares[k]);
   }
   // The full plan names every participant (O(N) bytes): it goes, as one
   // shared copy, only to sessions that do not hold this list yet.

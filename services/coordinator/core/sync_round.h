@@ -41,6 +41,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/functional/function_ref.h"
@@ -52,6 +53,7 @@
 #include "services/coordinator/core/round_decisions.h"
 #include "services/coordinator/core/round_trust.h"
 #include "services/coordinator/core/sample_ledger.h"
+#include "services/coordinator/core/slice_sizing.h"
 #include "shoal/v1/coordinator.pb.h"
 
 namespace shoal::coordinator {
@@ -391,7 +393,15 @@ class SyncRound {
     bool sharing_started = false;
     std::vector<std::pair<std::string, std::string>> list;
     std::vector<bool> list_outbound;
+    // SliceAssignment.share of each entry of `list` (all zero: even).
+    std::vector<uint32_t> list_shares;
     uint64_t list_version = 0;
+    // Bandwidth-proportional slices: the shares decided at the round's
+    // start (core/slice_sizing.h), which every attempt of the round cuts
+    // by; and the fraction of the model each participant owned in the
+    // latest plan (WorkerStatus.slice_share).
+    absl::flat_hash_map<std::string, uint32_t> round_shares;
+    absl::flat_hash_map<std::string, double> owned_fraction;
   };
 
   // One step's context: the time, the world, the output being built.
@@ -476,6 +486,9 @@ class SyncRound {
   absl::Status CheckReady(const shoal::v1::ReportReadyRequest& request,
                           std::optional<FoldedReady>* fold);
   void MaybeSendPlan(Ctx& c);
+  // At a round's start: the shares its plans cut the slices by
+  // (RunConfig.exchange.slice_sizing; none when equal).
+  void DecideShares(Ctx& c);
   // Every participant is ready: sends the round's audits (once) and
   // returns true when none is out any more (the plan may go).
   bool AuditsSettled(Ctx& c);
@@ -546,6 +559,13 @@ class SyncRound {
   std::optional<SampleLedger> ledger_;
   // Audits, scores and bans (RunConfig.trust).
   RoundTrust trust_;
+  // Each member's measured exchange rate and the shares of the plans
+  // (RunConfig.exchange.slice_sizing); the reads the current attempt's
+  // done reports carried, added to it when the round completes.
+  SliceSizer sizer_;
+  std::vector<ReadSample> round_reads_;
+  absl::flat_hash_map<std::string, uint32_t> round_reads_per_source_;
+  static constexpr uint32_t kReadsPerSource = 64;
   // Members banned where no directive could be sent (a heartbeat): removed
   // at the next tick. (id, reason)
   std::vector<std::pair<std::string, std::string>> bans_due_;

@@ -38,6 +38,19 @@ absl::Status SyncRound::CheckRoundDone(const shoal::v1::ReportRoundDoneRequest& 
           absl::StrCat(name, " must be a finite number >= 0 (0 = not measured), got ", value));
     }
   }
+  // One read per other participant at most (a bounded report).
+  if (request.peer_reads_size() >= static_cast<int>(roster_.participants.size()) &&
+      request.peer_reads_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer_reads has ", request.peer_reads_size(), " entries, the round has ",
+                     roster_.participants.size(), " participants"));
+  }
+  for (const shoal::v1::PeerRead& r : request.peer_reads()) {
+    if (!std::isfinite(r.seconds()) || r.seconds() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peer_reads: seconds must be a finite number >= 0, got ", r.seconds()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -58,11 +71,23 @@ void SyncRound::OnRoundDone(Ctx& c, const shoal::v1::ReportRoundDoneRequest& req
   c.out.status_changed = true;
   c.out.accepted = true;
   c.out.touched = true;
+  const bool again = s.done;
   UpdateFlags(id, [](Seat& x) { x.done = true; });
   s.model_hash = request.model_hash();
   s.model_round = request.round();
   // What the supernode election uses; 0 = not measured (keeps the last).
   c.Intend(round_intent::Measure{id, request.step_seconds(), request.bandwidth_bytes_per_second()});
+  // What the slices of later rounds are sized by (core/slice_sizing.h);
+  // a retried report of the same attempt is not counted twice. Kept only
+  // when the run sizes by bandwidth, and at most kReadsPerSource readers
+  // per member: O(N) per round, not O(N^2), however large the round.
+  if (options_.config.exchange().slice_sizing() == "bandwidth" && !again) {
+    for (const shoal::v1::PeerRead& r : request.peer_reads()) {
+      if (!IsParticipant(r.worker_id())) continue;
+      if (++round_reads_per_source_[r.worker_id()] > kReadsPerSource) continue;
+      round_reads_.push_back({id, r.worker_id(), r.bytes(), r.seconds()});
+    }
+  }
   MaybeCompleteRound(c);
 }
 
@@ -117,6 +142,9 @@ void SyncRound::CompleteRound(Ctx& c, const std::string& hash) {
     }
     s.state = MemberState::kWaiting;
   }
+  sizer_.AddRound(round_reads_);
+  round_reads_.clear();
+  round_reads_per_source_.clear();
   const size_t participants = roster_.participants.size();
   const double seconds = completed.seconds;
   c.Intend(std::move(completed));
@@ -482,6 +510,10 @@ void SyncRound::FillWorker(const std::string& worker_id, shoal::v1::WorkerStatus
   // while this one is averaged.
   const bool ahead = options_.config.exchange().overlap() && s.ready;
   w->set_rounds_in_flight(IsParticipant(worker_id) ? (ahead ? 2 : 1) : 0);
+  w->set_exchange_rate_bytes_per_second(sizer_.Rate(worker_id));
+  if (auto f = plan_.owned_fraction.find(worker_id); f != plan_.owned_fraction.end()) {
+    w->set_slice_share(f->second);
+  }
   trust_.FillWorker(worker_id, w);
 }
 

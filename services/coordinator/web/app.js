@@ -321,7 +321,17 @@ function renderTime(members, cfg) {
     `<span class="tnum muted">train ${dur(x.parts.train)} · ready ${dur(x.ready)} · wait ${dur(x.parts.wait)} · exchange ${dur(x.parts.exchange)}` +
     (num(x.w.train_share) + num(x.w.exchange_share) + num(x.w.idle_share) > 0
       ? ` · <span data-shares="${esc(x.w.id)}">time: training ${pct(x.w.train_share)}, exchange ${pct(x.w.exchange_share)}, idle ${pct(x.w.idle_share)}${num(x.w.rounds_in_flight) > 1 ? `, ${num(x.w.rounds_in_flight)} rounds in flight (overlapped)` : ''}</span>`
-      : '') + `</span></div>`).join('');
+      : '') + slicePart(x.w) + `</span></div>`).join('');
+}
+
+// WorkerStatus.exchange_rate_bytes_per_second and slice_share (issue 49,
+// --slice_sizing): the member's measured rate, smoothed, and the fraction
+// of the model its slice held in the latest plan.
+function slicePart(w) {
+  const rate = num(w.exchange_rate_bytes_per_second);
+  const share = num(w.slice_share);
+  if (rate <= 0 && share <= 0) return '';
+  return ` · <span data-slice="${esc(w.id)}">rate ${rate > 0 ? `${(rate / 1e6).toFixed(2)} MB/s` : 'not measured'}, slice ${(100 * share).toFixed(1)}%</span>`;
 }
 
 function route(w) {

@@ -24,6 +24,15 @@
 
 namespace shoal::worker {
 
+// One read of the flat reduce-scatter: `worker_id`'s contribution to this
+// worker's slice, `bytes` as float32, `seconds` from the start of the
+// reduce's reads (all started at once) to this read's end.
+struct PeerReadTiming {
+  std::string worker_id;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
 struct AveragingStats {
   // Bytes of slices received (encoded bytes for an encoded codec).
   uint64_t bytes_received = 0;
@@ -44,6 +53,11 @@ struct AveragingStats {
   // Hierarchical round: bytes received in each stage (index 0 = stage 1),
   // zero for the stages this worker sits out. Empty for the flat exchange.
   std::vector<uint64_t> stage_bytes_received;
+  // The flat exchange's reads of the contributions to this worker's slice,
+  // one per member read from (ReportRoundDoneRequest.peer_reads: what the
+  // coordinator sizes the slices of later rounds by). Empty for a
+  // hierarchical round and for an empty slice.
+  std::vector<PeerReadTiming> peer_reads;
   // Hierarchical round: the stages this worker carried from an earlier
   // attempt of the round instead of redoing them (their group and its
   // inputs were unchanged; core/averaging_steps.h GroupIdentities).

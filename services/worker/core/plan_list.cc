@@ -12,9 +12,11 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
       version_ = plan->participants_version();
       members_.clear();
       outbound_.clear();
+      shares_.clear();
       for (const auto& s : plan->slices()) {
         members_.emplace_back(s.worker_id(), s.peer_address());
         outbound_.push_back(s.outbound_only());
+        shares_.push_back(s.share());
       }
     }
     return absl::OkStatus();
@@ -24,7 +26,8 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
         absl::StrCat("the plan of round ", plan->round(), " uses participant list ",
                      plan->participants_version(), ", this worker holds list ", version_));
   }
-  const std::vector<SliceRange> ranges = PlanSlicesAmong(FragmentRange(*plan), outbound_);
+  const std::vector<SliceRange> ranges =
+      PlanSlicesWeighted(FragmentRange(*plan), outbound_, shares_);
   plan->mutable_slices()->Reserve(static_cast<int>(members_.size()));
   for (size_t k = 0; k < members_.size(); ++k) {
     auto* s = plan->add_slices();
@@ -33,6 +36,7 @@ absl::Status PlanList::Expand(shoal::v1::RoundPlan* plan) {
     s->set_begin(ranges[k].begin);
     s->set_end(ranges[k].end);
     s->set_outbound_only(outbound_[k]);
+    s->set_share(shares_[k]);
   }
   return absl::OkStatus();
 }

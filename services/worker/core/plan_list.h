@@ -17,7 +17,8 @@ class PlanList {
  public:
   // A plan with slices: keeps its list (when it names a version) and leaves
   // the plan as it is. A plan without slices: fills them in from the kept
-  // list with the shard formula. FAILED_PRECONDITION when it names a list
+  // list with the shard formula (weighted by the kept shares:
+  // common/shard_plan.h PlanSlicesWeighted). FAILED_PRECONDITION when it names a list
   // this worker was never given (the caller re-joins to get it again).
   absl::Status Expand(shoal::v1::RoundPlan* plan);
 
@@ -28,6 +29,7 @@ class PlanList {
   uint64_t version_ = 0;
   std::vector<std::pair<std::string, std::string>> members_;  // id, address
   std::vector<bool> outbound_;  // SliceAssignment.outbound_only, the same order
+  std::vector<uint32_t> shares_;  // SliceAssignment.share, the same order
 };
 
 }  // namespace shoal::worker
