@@ -120,6 +120,50 @@ TEST(ExplainTest, CatchUpWaitingAndUnknownWorkers) {
               HasSubstr("no worker 'w9' in run r1; workers: w1 (alice), w2"));
 }
 
+// Issue 49: a member whose peers read from it at a fraction of the others'
+// rate, and whose exchange outweighs its training, is named as link-bound;
+// a slow member whose training dominates is not (its compute bounds it).
+TEST(ExplainTest, NamesAMemberWhoseLinkNotItsComputeBoundsTheRounds) {
+  v1::RunStatus s = Training();
+  auto time = [&](int k, double rate, double train, double exchange) {
+    v1::WorkerStatus* w = s.mutable_workers(k);
+    w->set_exchange_rate_bytes_per_second(rate);
+    w->set_train_share(train);
+    w->set_exchange_share(exchange);
+    w->set_idle_share(1 - train - exchange);
+    w->set_slice_share(0.04);
+  };
+  time(0, 1.2e6, 0.2, 0.7);  // alice: 1.2 MB/s, mostly exchanging
+  time(1, 12e6, 0.2, 0.6);
+  time(2, 11e6, 0.2, 0.6);
+  auto f = ExplainWorker(s, "alice", std::nullopt);
+  ASSERT_TRUE(f.ok());
+  EXPECT_THAT(Text(*f), HasSubstr("its link, not its compute, bounds the rounds"));
+  EXPECT_THAT(Text(*f), HasSubstr("1.20 MB/s against a median of 11.50 MB/s"));
+  EXPECT_THAT(Text(*f), HasSubstr("--slice_sizing=bandwidth would give it a smaller slice"));
+  EXPECT_FALSE(AnyProblem(*f));
+  // With proportional slices it names its slice instead.
+  s.mutable_config()->mutable_exchange()->set_slice_sizing("bandwidth");
+  f = ExplainWorker(s, "alice", std::nullopt);
+  EXPECT_THAT(Text(*f), HasSubstr("its slice holds 4.0% of the model"));
+  // Doctor names it too, and only it.
+  DoctorFacts facts;
+  facts.coordinator_address = "127.0.0.1:7000";
+  const std::string doctor = Text(Doctor(s, facts));
+  EXPECT_THAT(doctor, HasSubstr("alice"));
+  EXPECT_EQ(doctor.find("bounds the rounds"), doctor.rfind("bounds the rounds"));
+  // A fast peer is not named; a slow link whose training dominates is not either.
+  f = ExplainWorker(s, "w2", std::nullopt);
+  EXPECT_THAT(Text(*f), Not(HasSubstr("bounds the rounds")));
+  time(0, 1.2e6, 0.7, 0.2);
+  f = ExplainWorker(s, "alice", std::nullopt);
+  EXPECT_THAT(Text(*f), Not(HasSubstr("bounds the rounds")));
+  // Nothing is named before rates are measured.
+  time(0, 0, 0.2, 0.7);
+  f = ExplainWorker(s, "alice", std::nullopt);
+  EXPECT_THAT(Text(*f), Not(HasSubstr("bounds the rounds")));
+}
+
 TEST(ExplainTest, FindingsAsJson) {
   const std::vector<Finding> f = {{Level::kOk, "w1", "fine"},
                                   {Level::kProblem, "w2", "said \"no\""}};

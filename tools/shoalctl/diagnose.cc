@@ -275,6 +275,43 @@ void ExplainLateness(const WorkerStatus* w, std::vector<Finding>* found) {
   }
 }
 
+// Its link, not its compute, bounds the rounds (issue 49): peers read from it
+// at less than half the median rate of the other measured members, and its
+// exchange takes more of its rounds than its training does. Rates are the
+// coordinator's smoothed measurements (WorkerStatus.exchange_rate_bytes_per_second,
+// measured in every run); the advice names --slice_sizing=bandwidth when the
+// run cuts equal slices.
+void ExplainLink(const RunStatus& s, const WorkerStatus* w, std::vector<Finding>* found) {
+  if (DepartedState(w->state()) || w->exchange_rate_bytes_per_second() <= 0) return;
+  std::vector<double> others;
+  for (const WorkerStatus& o : s.workers()) {
+    if (o.id() == w->id() || DepartedState(o.state())) continue;
+    if (o.exchange_rate_bytes_per_second() > 0)
+      others.push_back(o.exchange_rate_bytes_per_second());
+  }
+  if (others.empty()) return;
+  std::sort(others.begin(), others.end());
+  const size_t n = others.size();
+  const double median = n % 2 == 1 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  const double rate = w->exchange_rate_bytes_per_second();
+  if (rate >= 0.5 * median || w->exchange_share() <= w->train_share()) return;
+  const bool bandwidth = s.config().exchange().slice_sizing() == "bandwidth";
+  Add(found, Level::kNote, Who(*w),
+      absl::StrCat(
+          "its link, not its compute, bounds the rounds: peers read from it at ",
+          absl::StrFormat("%.2f MB/s", rate / 1e6), " against a median of ",
+          absl::StrFormat("%.2f MB/s", median / 1e6), " for the other ", n,
+          " member(s), and its exchange takes ",
+          absl::StrFormat("%.0f%%", 100 * w->exchange_share()), " of its rounds against ",
+          absl::StrFormat("%.0f%%", 100 * w->train_share()), " training; ",
+          bandwidth
+              ? absl::StrFormat("its slice holds %.1f%% of the model (--slice_sizing="
+                                "bandwidth sizes it by the rate)",
+                                100 * w->slice_share())
+              : "--slice_sizing=bandwidth would give it a smaller slice (docs/ARCHITECTURE.md "
+                "\"Bandwidth-proportional slices\")"));
+}
+
 // Topology: NAT, relay, zone role, and its address as seen from this host.
 void ExplainTopology(const WorkerStatus* w, const std::optional<absl::Status>& reachable,
                      std::vector<Finding>* found) {
@@ -320,6 +357,7 @@ absl::StatusOr<std::vector<Finding>> ExplainWorker(const RunStatus& s, const std
   ExplainState(s, *w, &out);
   ExplainHealth(s, *w, &out);
   ExplainLateness(*w, &out);
+  ExplainLink(s, *w, &out);
   ExplainTopology(*w, reachable, &out);
   return out;
 }
@@ -397,6 +435,7 @@ std::vector<Finding> Doctor(const RunStatus& s, const DoctorFacts& f) {
             absl::StrCat("holds a model of round ", w.model_round(),
                          " that differs from the agreed one"));
       }
+      ExplainLink(s, &w, &out);
     }
     if (checked > 0) {
       Add(&out, reachable == checked ? Level::kOk : Level::kNote, "members",

@@ -59,6 +59,7 @@ std::vector<TextRule> MakeRules() {
       rule("ConnectionsReadyRequest.unreachable", K::kToken, kIdBytes, 65536),
       rule("ReportRoundDoneRequest.worker_id", K::kToken, kIdBytes),
       rule("ReportRoundDoneRequest.model_hash", K::kHex, kHashBytes),
+      rule("PeerRead.worker_id", K::kToken, kIdBytes),
       rule("ReportAuditRequest.worker_id", K::kToken, kIdBytes),
       rule("ReportAuditRequest.replay_hash", K::kHex, kHashBytes),
       rule("ReportAuditRequest.error", K::kText, kErrorBytes),
