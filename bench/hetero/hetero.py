@@ -26,7 +26,14 @@ is the least of that over all slices summing to T (bisection; with one slow
 member it is about T / B_slow: it owns nothing and still sends its whole
 contribution). T from the coordinator's plan line, B from the tbf rates.
 
-Last line: hetero: ... equal_s=E bandwidth_s=W bound_s=B
+Plain TCP: after the arms, tcp_probe.py moves the slow member's bytes of a
+bandwidth round (T + (N-2) S_slow) out and in at once, over the same links,
+with the kernel's TCP alone: tcp_s=. The bound assumes a link carries its
+rate both ways at once; TCP through a tbf queue of --latency does not (the
+ACKs of one direction wait behind the other's data), so tcp_ratio=W/tcp_s
+says how far Shoal is from what the link gives TCP.
+
+Last line: hetero: ... equal_s=E bandwidth_s=W bound_s=B tcp_s= tcp_ratio=
 bound_ratio=W/B slow_share=<the slow member's slice share at the end>
 ratio=W/E. Goals (issue 49): ratio <= 0.5, bound_ratio <= 1.2.
 Needs root, ip and tc (exit --skip_code without them). Processes are
@@ -48,6 +55,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "wan"))
 import wan  # noqa: E402  (its Net, Procs and helpers)
 
 ROUND = re.compile(r"round (\d+): .* train=([\d.]+)s exchange=([\d.]+)s .* hash=([0-9a-f]+)")
+TCP_PORT = 9188  # tcp_probe.py's, inside the bench's namespaces
 PLAN = re.compile(r"round \d+ plan attempt \d+: \d+ participants, (\d+) elements")
 
 
@@ -158,6 +166,34 @@ def run_arm(args, net, procs, name, sizing):
     return res
 
 
+def tcp_seconds(args, net, procs, elements, share):
+    """Plain TCP (tcp_probe.py) moving the slow member's bytes of a round with
+    `share` each way at once: T - S to the other owners and S to each of them
+    out, as much in; the time the link allows without Shoal. None if it fails."""
+    probe = os.path.join(HERE, "tcp_probe.py")
+    for i in range(1, args.workers):
+        procs.spawn(net.w[i], ["/usr/bin/python3", probe, "serve", str(TCP_PORT)],
+                    os.path.join(args.out, f"tcp_probe_w{i + 1}.log"))
+    total = 4 * elements
+    own = int(total * share)
+    each = (total - own) // (args.workers - 1) + own
+    ips = ",".join(net.ip_of(i) for i in range(1, args.workers))
+    for _ in range(50):  # the servers listening
+        r = subprocess.run(["ip", "netns", "exec", net.w[0], "/usr/bin/python3", probe, "send",
+                            ips, str(TCP_PORT), "1", "0"], capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode == 0:
+            break
+        time.sleep(0.2)
+    r = subprocess.run(["ip", "netns", "exec", net.w[0], "/usr/bin/python3", probe, "send", ips,
+                        str(TCP_PORT), str(each), str(each)], capture_output=True, text=True,
+                       timeout=900)
+    if r.returncode != 0:
+        log(f"hetero: tcp probe failed: {r.stderr.strip()}")
+        return None
+    return float(r.stdout.strip())
+
+
 def bound_seconds(total_bytes, rates_bps):
     """min over slices S (sum T) of max_k (T + (N-2) S_k) / B_k."""
     n = len(rates_bps)
@@ -226,6 +262,7 @@ def main():
                   args.burst, args.latency)
     procs = wan.Procs()
     results = {}
+    tcp = None
     try:
         net.create()
         fast = f"{args.fast_mbit:g}mbit" if args.fast_mbit > 0 else None
@@ -234,6 +271,9 @@ def main():
             t = time.time()
             results[name] = run_arm(args, net, procs, name, name)
             log(f"hetero: arm {name}: {results[name]} ({time.time() - t:.0f} s)")
+        bw = results.get("bandwidth", {})
+        if bw.get("elements") and args.fast_mbit > 0 and not args.expect_shrink:
+            tcp = tcp_seconds(args, net, procs, bw["elements"], bw.get("slow_share", 0))
         log(net.qdisc_stats())
     except wan.Interrupted as e:
         log(f"hetero: interrupted ({e}); cleaning up")
@@ -260,11 +300,15 @@ def main():
     e, w = eq.get("exchange_s"), bw.get("exchange_s")
     ratio = f"{w / e:.3f}" if e and w else "n/a"
     bound_ratio = f"{w / bound:.3f}" if w and bound else "n/a"
+    tcp_ratio = f"{w / tcp:.3f}" if w and tcp else "n/a"
+    print(f"plain TCP moving the slow member's bytes of a bandwidth round both ways at once "
+          f"(tcp_probe.py, same links): {tcp if tcp is None else round(tcp, 2)} s")
     agree = all(r.get("hashes_agree") for r in results.values())
     print(f"hetero: workers={args.workers} slow_mbit={args.slow_mbit:g} "
           f"fast_mbit={args.fast_mbit:g} model_mb={total / 1e6:.1f} "
           f"equal_s={e if e is None else round(e, 2)} bandwidth_s={w if w is None else round(w, 2)} "
           f"bound_s={bound:.2f} slow_share={bw.get('slow_share', 0):.4f} "
+          f"tcp_s={tcp if tcp is None else round(tcp, 2)} tcp_ratio={tcp_ratio} "
           f"hashes_agree={str(agree).lower()} bound_ratio={bound_ratio} ratio={ratio}")
     if args.expect_shrink:
         share = bw.get("slow_share", 1)
