@@ -74,18 +74,7 @@ def shape(net, rates):
 
 
 def status(args, net, coord):
-    try:
-        r = subprocess.run(["ip", "netns", "exec", net.c, os.path.join(args.bin, "shoalctl"),
-                            "status", f"--coordinator={coord}", "--json", "--rpc_timeout=5s"],
-                           capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return None
-    if r.returncode != 0:
-        return None
-    try:
-        return json.loads(r.stdout)
-    except json.JSONDecodeError:
-        return None
+    return wan.shoal_status(args, net, coord)
 
 
 def run_arm(args, net, procs, name, sizing):

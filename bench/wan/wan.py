@@ -280,10 +280,13 @@ def run_tcp(args, net, procs, out, name="tcp", pace_mbit=0):
     return {"available": True, "exchange_s": statistics.median(reps), "exchange_rounds": len(reps)}
 
 
-def shoal_status(args, net):
+def shoal_status(args, net, coord=None):
+    """`shoalctl status --json` from the coordinator's namespace (coord, else
+    args._coord); None when it does not answer."""
     try:
         r = subprocess.run(["ip", "netns", "exec", net.c, os.path.join(args.bin, "shoalctl"),
-                            "status", f"--coordinator={args._coord}", "--json", "--rpc_timeout=5s"],
+                            "status", f"--coordinator={coord or args._coord}", "--json",
+                            "--rpc_timeout=5s"],
                            capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired:
         return None
