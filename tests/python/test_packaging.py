@@ -4,7 +4,8 @@ compiled again after `make build`: setup.py builds the target _shoal in it),
 then `import shoal` from another directory with no PYTHONPATH, its version,
 the example in a one-worker run, and `pip uninstall`; a wheel with
 `python3 -m build`; the stub of the extension against what it exposes, and
-the public API typed and documented."""
+the public API typed and documented; a torch that ships its CMake files
+(faked: Debian's does not) is the one a new build tree is configured with."""
 import ast
 import inspect
 import json
@@ -202,3 +203,43 @@ def test_the_public_api_is_typed_and_documented():
                  "close(self, reason: str"):
         assert word in text, word
     assert re.fullmatch(r"[0-9.]+(\+[a-z0-9.]+)?|unknown", shoal.__version__), shoal.__version__
+
+
+def fake_torch_with_cmake_files(tmp_path):
+    """A `torch` package whose torch.utils.cmake_prefix_path holds a
+    Torch/TorchConfig.cmake, as a pip or CUDA build of torch ships (Debian's
+    does not): the config stops CMake with a message naming itself, so a
+    configure that reaches it proves CMake looked there first."""
+    site = tmp_path / "site"
+    (site / "torch" / "utils").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    prefix = tmp_path / "share" / "cmake"
+    (prefix / "Torch").mkdir(parents=True)
+    (prefix / "Torch" / "TorchConfig.cmake").write_text(
+        'message(FATAL_ERROR "shoal-test: the interpreter\'s Torch at ${CMAKE_CURRENT_LIST_DIR}")\n')
+    (site / "torch" / "utils" / "__init__.py").write_text(f"cmake_prefix_path = {str(prefix)!r}\n")
+    return site, prefix
+
+
+def test_a_torch_that_ships_cmake_files_is_the_one_built_against(tmp_path):
+    site, prefix = fake_torch_with_cmake_files(tmp_path)
+    # A new build tree is configured with that torch's prefix first.
+    env = plain_env(PYTHONPATH=str(site))
+    env["SHOAL_BUILD_DIR"] = str(tmp_path / "tree")
+    out = subprocess.run(["/usr/bin/python3", "setup.py", "build_ext"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-4000:]
+    assert f"-DCMAKE_PREFIX_PATH={prefix}" in text, text[-4000:]
+    assert f"CMake Error at {prefix / 'Torch' / 'TorchConfig.cmake'}" in text, text[-4000:]
+    assert "shoal-test: the interpreter's Torch at" in text, text[-4000:]
+    # The tests' tree, built against the system's LibTorch, is not reused for
+    # it: setup.py says so and names both.
+    env["SHOAL_BUILD_DIR"] = str(BUILD)
+    out = subprocess.run(["/usr/bin/python3", "setup.py", "build_ext"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-4000:]
+    assert "is built against the Torch at" in text, text[-4000:]
+    assert f"but this interpreter's torch is {prefix / 'Torch'}" in text, text[-4000:]
+    assert "set SHOAL_BUILD_DIR to a new directory" in text
